@@ -1,0 +1,257 @@
+"""The bi-encoder: a query tower and a document tower (shared or separate weights) + shared aspect tables.
+
+A tower = backbone (any HF encoder, optionally truncated) + a head selected by the model name + an
+optional projection to d dimensions (paper 000 Sec. 8.2 projects to 128). The aspect value tables
+(paper 000 Sec. 5: "shared between the query and document encoders") live on the bi-encoder, which
+fills `TowerOutput.aspect_logits` from the tower's aspect representations.
+
+A saved model is a directory: the config that built it (`config.json`), the tokenizer, each backbone in
+HF form (safetensors), every other weight in `heads.safetensors`, and the aspect vocabularies as JSON.
+Loading reads only those formats: nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from madr.aspect_prediction import AspectClassifier, ValueEmbeddings, value_token_matrix
+from madr.aspects.vocabulary import AspectVocabularies
+from madr.backbone import MLMHead, build_backbone, hidden_size, load_pretrained_backbone, max_positions
+from madr.config import BackboneConfig, ModelConfig, from_dict
+from madr.heads import AspectAttentionHead, AspectTokensHead, ClsHead, DSSMEncoder, MultiPoolHead
+from madr.outputs import TowerOutput
+
+CONFIG_FILE = "config.json"
+HEADS_FILE = "heads.safetensors"
+VOCAB_FILE = "aspect_vocabularies.json"
+
+
+class Tower(nn.Module):
+    """One side of the bi-encoder. DSSM towers have no backbone (the head is the whole encoder)."""
+
+    def __init__(self, cfg: ModelConfig, backbone: nn.Module | None, vocab_size: int, pad_id: int) -> None:
+        super().__init__()
+        self.backbone = backbone
+        if backbone is None:
+            self.head: nn.Module = DSSMEncoder(vocab_size, cfg.dssm_hidden[0], cfg.dssm_hidden, pad_id)
+            out_dim = self.head.output_dim
+            self.mlm_head = None
+        else:
+            h = hidden_size(backbone)
+            self.head = _build_head(cfg, h)
+            self.mlm_head = MLMHead(h, backbone.get_input_embeddings().weight.shape[0],
+                                    getattr(backbone.config, "layer_norm_eps", 1e-12))
+            out_dim = h
+        self.projection = nn.Linear(out_dim, cfg.projection_dim) if cfg.projection_dim else None
+
+    @property
+    def word_embeddings(self) -> torch.Tensor | None:
+        return None if self.backbone is None else self.backbone.get_input_embeddings().weight
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TowerOutput:
+        if self.backbone is None:
+            out = self.head(input_ids, attention_mask)
+        else:
+            out = self.head(self.backbone, input_ids, attention_mask)
+        if self.projection is not None:
+            out.embedding = self.projection(out.embedding)
+        return out
+
+    def mlm_logits(self, out: TowerOutput) -> torch.Tensor:
+        """MLM scores [B, L, vocab] over the content positions of `out` (paper 001 Eq. 8)."""
+        if self.mlm_head is None or out.sequence_output is None:
+            raise ValueError("this tower has no MLM head (DSSM has no backbone)")
+        return self.mlm_head(out.sequence_output, self.word_embeddings)
+
+
+def _build_head(cfg: ModelConfig, hidden: int) -> nn.Module:
+    k = len(cfg.aspects) + int(cfg.use_other)
+    if cfg.name in ("bibert", "mtbert"):
+        return ClsHead(cfg.aspects, predict_aspects=cfg.aspect_learning)
+    if cfg.name == "mpbert":
+        return MultiPoolHead(k, hidden, cfg.fusion)
+    if cfg.name in ("madr", "madral"):
+        return AspectAttentionHead(cfg.aspects, cfg.use_other, hidden, cfg.fusion, cfg.aspect_learning)
+    if cfg.name in ("mur", "mural"):
+        return AspectTokensHead(cfg.aspects, cfg.granularities, cfg.grouping, hidden, cfg.aspect_learning)
+    raise ValueError(f"model {cfg.name!r} has no backbone head")
+
+
+def objective_keys(cfg: ModelConfig) -> list[tuple[str, str, str]]:
+    """(key, aspect, granularity) of every aspect-learning objective of this model (empty without)."""
+    if not cfg.aspect_learning:
+        return []
+    if cfg.uses_granularities:
+        return [(f"{a}/{g}", a, g) for a in cfg.aspects for g in cfg.granularities]
+    return [(a, a, "phrase") for a in cfg.aspects]
+
+
+class BiEncoder(nn.Module):
+    """Query tower + document tower + the aspect tables both share.
+
+    `backbone_paths` (used by `load`) overrides where each tower's backbone is read from.
+    """
+
+    def __init__(self, cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase,
+                 vocabularies: AspectVocabularies | None = None,
+                 backbone_paths: dict[str, str] | None = None) -> None:
+        super().__init__()
+        self.config = cfg
+        self.tokenizer = tokenizer
+        self.vocabularies = vocabularies
+        self.query_tower = self._tower("query", backbone_paths)
+        self._doc_tower = None if cfg.shared_towers else self._tower("doc", backbone_paths)
+        self._check_lengths()
+        self.aspect_predictor = self._aspect_predictor()
+        if cfg.name != "dssm" and cfg.backbone.name_or_path and backbone_paths is None:
+            for tower in self.towers():
+                tower.mlm_head.load_from_checkpoint(cfg.backbone.name_or_path)
+        if cfg.similarity == "cosine":
+            self.logit_scale = nn.Parameter(torch.tensor(1.0 / cfg.temperature).log())
+
+    # -- construction -------------------------------------------------------------------------
+    def _tower(self, side: str, backbone_paths: dict[str, str] | None) -> Tower:
+        cfg = self.config
+        backbone = None
+        if cfg.name != "dssm":
+            if backbone_paths:
+                backbone = load_pretrained_backbone(backbone_paths[side])
+            else:
+                backbone = build_backbone(cfg.backbone, vocab_size=len(self.tokenizer))
+        return Tower(cfg, backbone, len(self.tokenizer), self.tokenizer.pad_token_id or 0)
+
+    def _check_lengths(self) -> None:
+        head = self.query_tower.head
+        if self.query_tower.backbone is None:
+            return
+        extra = head.num_tokens if isinstance(head, AspectTokensHead) else 0
+        limit = max_positions(self.query_tower.backbone)
+        for name in ("max_query_length", "max_doc_length"):
+            if getattr(self.config, name) + extra > limit:
+                raise ValueError(f"model.{name}={getattr(self.config, name)} + {extra} aspect tokens exceeds the "
+                                 f"backbone's max_position_embeddings={limit}")
+
+    def _aspect_predictor(self) -> nn.Module | None:
+        keys = objective_keys(self.config)
+        if not keys:
+            return None
+        if self.vocabularies is None:
+            raise ValueError(f"model {self.config.name} learns aspects and needs aspect vocabularies")
+        if self.config.uses_granularities:
+            tok = self.tokenizer
+            ids = {k: value_token_matrix(self.vocabularies.get(a, g).values,
+                                         lambda s: tok(s, add_special_tokens=False)["input_ids"])
+                   for k, a, g in keys}
+            return ValueEmbeddings(ids, self.query_tower.word_embeddings.detach(), self.config.value_embeddings)
+        hidden = self.query_tower.word_embeddings.shape[1] if self.query_tower.backbone is not None else 0
+        return AspectClassifier({k: len(self.vocabularies.get(a, g)) for k, a, g in keys}, hidden)
+
+    # -- forward ------------------------------------------------------------------------------
+    @property
+    def doc_tower(self) -> Tower:
+        return self.query_tower if self._doc_tower is None else self._doc_tower
+
+    def towers(self) -> list[Tower]:
+        return [self.query_tower] if self._doc_tower is None else [self.query_tower, self._doc_tower]
+
+    def tower(self, side: str) -> Tower:
+        if side not in ("query", "doc"):
+            raise ValueError(f"side must be 'query' or 'doc', got {side!r}")
+        return self.query_tower if side == "query" else self.doc_tower
+
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, side: str) -> TowerOutput:
+        """Run one tower and add the aspect scores from the shared tables."""
+        tower = self.tower(side)
+        out = tower(input_ids, attention_mask)
+        if self.aspect_predictor is not None and out.aspect_repr:
+            out.aspect_logits = self.aspect_predictor(out.aspect_repr, tower.word_embeddings)
+        return out
+
+    def similarity(self, q: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        """Raw similarity matrix [Bq, Bd]: cosine or dot product (paper 000 uses cosine, 001 dot)."""
+        if self.config.similarity == "cosine":
+            q, d = nn.functional.normalize(q, dim=-1), nn.functional.normalize(d, dim=-1)
+        return q @ d.T
+
+    def tokenize(self, texts: list[str], side: str) -> dict[str, torch.Tensor]:
+        max_len = self.config.max_query_length if side == "query" else self.config.max_doc_length
+        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=max_len, return_tensors="pt")
+        return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+
+    @torch.no_grad()
+    def encode_texts(self, texts: list[str], side: str, batch_size: int = 128) -> torch.Tensor:
+        """Embeddings [N, d] of `texts` for search (eval mode, no grad); cosine models are L2-normalised."""
+        was_training = self.training
+        self.eval()
+        chunks = []
+        for i in range(0, len(texts), batch_size):
+            enc = self.tokenize(texts[i:i + batch_size], side)
+            emb = self.encode(enc["input_ids"], enc["attention_mask"], side).embedding
+            if self.config.similarity == "cosine":
+                emb = nn.functional.normalize(emb, dim=-1)
+            chunks.append(emb)
+        self.train(was_training)
+        dim = self.config.projection_dim or self.embedding_dim
+        return torch.cat(chunks) if chunks else torch.empty(0, dim)
+
+    @property
+    def embedding_dim(self) -> int:
+        if self.config.projection_dim:
+            return self.config.projection_dim
+        if self.query_tower.backbone is None:
+            return self.query_tower.head.output_dim
+        return hidden_size(self.query_tower.backbone)
+
+    # -- save / load --------------------------------------------------------------------------
+    def head_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every weight that is not inside a backbone (heads, projections, aspect tables, MLM heads)."""
+        return {k: v.detach().contiguous() for k, v in self.state_dict().items() if ".backbone." not in k}
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        (path / CONFIG_FILE).write_text(json.dumps(dataclasses.asdict(self.config), indent=2))
+        self.tokenizer.save_pretrained(str(path / "tokenizer"))
+        for side, tower in zip(("query", "doc"), self.towers(), strict=False):
+            if tower.backbone is not None:
+                tower.backbone.save_pretrained(str(path / f"{side}_backbone"), safe_serialization=True)
+        save_file(self.head_state_dict(), str(path / HEADS_FILE))
+        if self.vocabularies is not None:
+            self.vocabularies.save(path / VOCAB_FILE)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> BiEncoder:
+        path = Path(path)
+        if not (path / CONFIG_FILE).is_file():
+            raise ValueError(f"{path}: not a madr model directory (no {CONFIG_FILE})")
+        raw = json.loads((path / CONFIG_FILE).read_text())
+        cfg = from_dict(ModelConfig, raw)
+        if isinstance(cfg.backbone, dict):  # pragma: no cover - from_dict already builds it
+            cfg.backbone = from_dict(BackboneConfig, cfg.backbone)
+        tokenizer = AutoTokenizer.from_pretrained(str(path / "tokenizer"))
+        vocab = AspectVocabularies.load(path / VOCAB_FILE) if (path / VOCAB_FILE).is_file() else None
+        paths = None
+        if cfg.name != "dssm":
+            query = str(path / "query_backbone")
+            paths = {"query": query, "doc": query if cfg.shared_towers else str(path / "doc_backbone")}
+        model = cls(cfg, tokenizer, vocab, backbone_paths=paths)
+        state = load_file(str(path / HEADS_FILE))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [k for k in missing if ".backbone." not in k]
+        if missing or unexpected:
+            raise ValueError(f"{path / HEADS_FILE}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        return model
+
+
+def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase,
+                vocabularies: AspectVocabularies | None = None) -> BiEncoder:
+    """Build the bi-encoder named by `cfg.name` (see `ModelConfig`)."""
+    return BiEncoder(cfg, tokenizer, vocabularies)

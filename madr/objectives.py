@@ -1,0 +1,141 @@
+"""The combined pretraining and fine-tuning objectives of the two aspect papers.
+
+Pretraining, per tower input X (queries through the query tower, products through the document tower):
+    MADRAL / MtBERT (paper 000 Eq. 7): L_MLM + sum_{a != OTHER} (L_AP^a + L_APP^a)
+    MURAL (paper 001 Eq. 9):          L_MLM + lambda * L_A, L_A grouped by Eq. 3 / 4 / 5
+    models without aspect learning:   L_MLM
+Fine-tuning:
+    paper 000 Eq. 8: L_CE + L_SCE + lambda * sum_{a != OTHER} (L_AP^a + L_APP^a)(Q and D)
+    paper 001 Eq. 10: L_SCE with one hard negative per query (set pointwise_weight=0, aspect_weight=0)
+OTHER never receives an aspect loss: it has no annotations and no objective key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from madr.batching import TextBatch
+from madr.config import StageConfig
+from madr.losses import (
+    AspectPredictionLoss,
+    AspectPresenceLoss,
+    GroupWiseContrastiveLoss,
+    InBatchSoftmaxLoss,
+    MLMLoss,
+    PointwiseCELoss,
+    combine_objectives,
+    mask_tokens,
+)
+from madr.model import BiEncoder, objective_keys
+from madr.outputs import TowerOutput
+
+
+@dataclass
+class LossParts:
+    total: torch.Tensor
+    parts: dict[str, float]
+
+
+def aspect_loss(model: BiEncoder, out: TowerOutput, batch: TextBatch, side: str) -> tuple[torch.Tensor, dict[str, float]]:
+    """Aspect learning loss of one tower's output (zero, still on the graph, for models without it)."""
+    cfg = model.config
+    zero = out.embedding.sum() * 0.0
+    keys = objective_keys(cfg)
+    if not keys or not batch.aspect_labels:
+        return zero, {}
+    parts: dict[str, float] = {}
+    if cfg.uses_granularities:  # MURAL: group-wise contrastive (Eq. 2), grouped (Eq. 3-5)
+        word_emb = model.tower(side).word_embeddings
+        losses, has = {}, {}
+        loss_fn = GroupWiseContrastiveLoss()
+        for key, aspect, gran in keys:
+            labels = batch.aspect_labels[key]
+            losses[(aspect, gran)] = loss_fn(out.aspect_repr[key], model.aspect_predictor.value_table(key, word_emb), labels)
+            has[(aspect, gran)] = bool((labels >= 0).any())
+        total = combine_objectives(losses, has, cfg.grouping)
+        parts["aspect"] = float(total)
+        return total, parts
+    # MADRAL / MtBERT: sum over explicit aspects of AP (Eq. 3) (+ APP, Eq. 6, with Presence Weighting)
+    total = zero
+    ap = AspectPredictionLoss()
+    for key, _, _ in keys:
+        loss = ap(out.aspect_logits[key], batch.aspect_labels[key])
+        parts[f"ap_{key}"] = float(loss)
+        total = total + loss
+    if out.presence_logits is not None and batch.aspect_present is not None:
+        n = len(cfg.aspects)
+        labels = torch.zeros_like(out.presence_logits)
+        labels[:, :n] = batch.aspect_present
+        mask = torch.zeros(out.presence_logits.shape[1], dtype=torch.bool)
+        mask[:n] = True  # components after the explicit aspects (OTHER) get no loss
+        app = AspectPresenceLoss()(out.presence_logits, labels, aspect_mask=mask) * n  # mean -> sum over aspects
+        parts["app"] = float(app)
+        total = total + app
+    return total, parts
+
+
+def mlm_loss(model: BiEncoder, batch: TextBatch, side: str, probability: float,
+             generator: torch.Generator | None = None) -> tuple[torch.Tensor, TowerOutput]:
+    """Mask the batch (BERT 80/10/10), encode it and return L_MLM and the tower output."""
+    tok = model.tokenizer
+    masked, labels = mask_tokens(batch.input_ids, batch.attention_mask, tok.mask_token_id, len(tok),
+                                 tok.all_special_ids, probability=probability, generator=generator)
+    out = model.encode(masked, batch.attention_mask, side)
+    if model.tower(side).mlm_head is None:
+        return out.embedding.sum() * 0.0, out
+    return MLMLoss()(model.tower(side).mlm_logits(out), labels), out
+
+
+def pretrain_loss(model: BiEncoder, queries: TextBatch, docs: TextBatch, stage: StageConfig,
+                  generator: torch.Generator | None = None) -> LossParts:
+    """Eq. 7 (paper 000) / Eq. 9 (paper 001) on both the query and the document side."""
+    total = None
+    parts: dict[str, float] = {}
+    for side, batch in (("query", queries), ("doc", docs)):
+        mlm, out = mlm_loss(model, batch, side, stage.mlm_probability, generator)
+        asp, asp_parts = aspect_loss(model, out, batch, side)
+        loss = mlm + stage.aspect_weight * asp
+        total = loss if total is None else total + loss
+        parts[f"{side}_mlm"] = float(mlm)
+        parts.update({f"{side}_{k}": v for k, v in asp_parts.items()})
+    parts["loss"] = float(total)
+    return LossParts(total, parts)
+
+
+def finetune_loss(model: BiEncoder, queries: TextBatch, positives: TextBatch, negatives: TextBatch | None,
+                  stage: StageConfig, pointwise: PointwiseCELoss | None = None,
+                  neg_relevance: torch.Tensor | None = None) -> LossParts:
+    """Eq. 8 (paper 000) / Eq. 10 (paper 001).
+
+    L_SCE: each query against every positive in the batch and every hard negative. L_CE: pointwise
+    cross entropy on the judged (query, positive) pairs (target 1) and (query, hard negative) pairs
+    (target `neg_relevance`, default 0). Aspect losses on both sides, weighted by `stage.aspect_weight`.
+    """
+    cfg = model.config
+    q = model.encode(queries.input_ids, queries.attention_mask, "query")
+    p = model.encode(positives.input_ids, positives.attention_mask, "doc")
+    n = model.encode(negatives.input_ids, negatives.attention_mask, "doc") if negatives is not None else None
+    temperature = cfg.temperature if cfg.similarity == "cosine" else 1.0
+    sce = InBatchSoftmaxLoss(similarity=cfg.similarity, temperature=temperature)(
+        q.embedding, p.embedding, None if n is None else n.embedding)
+    total = sce
+    parts = {"sce": float(sce)}
+    if pointwise is not None and stage.pointwise_weight > 0:
+        docs = p.embedding if n is None else torch.cat([p.embedding, n.embedding])
+        qs = q.embedding if n is None else torch.cat([q.embedding, q.embedding])
+        target = torch.ones(len(p.embedding))
+        if n is not None:
+            neg_t = neg_relevance if neg_relevance is not None else torch.zeros(len(n.embedding))
+            target = torch.cat([target, neg_t.float()])
+        ce = pointwise(qs, docs, target)
+        parts["ce"] = float(ce)
+        total = total + stage.pointwise_weight * ce
+    if stage.aspect_weight > 0:
+        for side, out, batch in (("query", q, queries), ("doc", p, positives)):
+            asp, asp_parts = aspect_loss(model, out, batch, side)
+            total = total + stage.aspect_weight * asp
+            parts.update({f"{side}_{k}": v for k, v in asp_parts.items()})
+    parts["loss"] = float(total)
+    return LossParts(total, parts)

@@ -1,0 +1,1 @@
+"""Ray Serve deployments over `madr` (the hybrid query encoder and sharded searcher)."""
