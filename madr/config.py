@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-MODEL_NAMES = ("bibert", "mpbert", "mtbert", "dssm", "madr", "madral", "mur", "mural")
+MODEL_NAMES = ("bibert", "mpbert", "mtbert", "dssm", "madr", "madral", "mur", "mural", "hybrid")
 FUSIONS = ("weighted_sum", "presence", "cls_gating")
 GROUPINGS = ("single", "granularity", "aspect")
 
@@ -46,7 +46,8 @@ class ModelConfig:
     bibert: CLS; mpbert: first `len(aspects) + use_other` token encodings fused by `fusion`;
     mtbert: CLS that also predicts every aspect; dssm: bag of wordpieces -> MLP;
     madr/madral: Aspect Extraction Network + fusion, madral with aspect learning;
-    mur/mural: aspect tokens after CLS + CLS-gating, mural with multi-granularity aspect learning.
+    mur/mural: aspect tokens after CLS + CLS-gating, mural with multi-granularity aspect learning;
+    hybrid: SPLADE sparse vector from the MLM head + CLS dense vector (paper 002).
     """
 
     name: str = "madral"
@@ -65,6 +66,9 @@ class ModelConfig:
     max_doc_length: int = 128
     dssm_hidden: list[int] = field(default_factory=lambda: [256, 128])
     vocab_min_freq: int = 1
+    sparse_top_k: int | None = 256
+    sparse_pooling: str = "max"
+    hybrid_lambda: float = 0.5
 
     def __post_init__(self) -> None:
         _check_choice("model.name", self.name, MODEL_NAMES)
@@ -72,6 +76,9 @@ class ModelConfig:
         _check_choice("model.grouping", self.grouping, GROUPINGS)
         _check_choice("model.value_embeddings", self.value_embeddings, ("shared", "unshared"))
         _check_choice("model.similarity", self.similarity, ("cosine", "dot"))
+        _check_choice("model.sparse_pooling", self.sparse_pooling, ("max", "sum"))
+        if not 0.0 <= self.hybrid_lambda <= 1.0:
+            raise ValueError(f"model.hybrid_lambda must be in [0, 1], got {self.hybrid_lambda}")
         for g in self.granularities:
             _check_choice("model.granularities", g, ("phrase", "word", "token"))
 
@@ -110,6 +117,10 @@ class StageConfig:
     pointwise_weight: float = 1.0
     hard_negatives: int = 1
     mlm_probability: float = 0.15
+    sparse_temperature: float = 1.0
+    flops_query_weight: float = 5e-3
+    flops_doc_weight: float = 1e-3
+    flops_warmup_steps: int = 0
     log_every: int = 20
 
 

@@ -24,8 +24,8 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from madr.aspect_prediction import AspectClassifier, ValueEmbeddings, value_token_matrix
 from madr.aspects.vocabulary import AspectVocabularies
 from madr.backbone import MLMHead, build_backbone, hidden_size, load_pretrained_backbone, max_positions
-from madr.config import BackboneConfig, ModelConfig, from_dict
-from madr.heads import AspectAttentionHead, AspectTokensHead, ClsHead, DSSMEncoder, MultiPoolHead
+from madr.config import ModelConfig, from_dict
+from madr.heads import AspectAttentionHead, AspectTokensHead, ClsHead, DSSMEncoder, HybridHead, MultiPoolHead
 from madr.outputs import TowerOutput
 
 CONFIG_FILE = "config.json"
@@ -36,7 +36,8 @@ VOCAB_FILE = "aspect_vocabularies.json"
 class Tower(nn.Module):
     """One side of the bi-encoder. DSSM towers have no backbone (the head is the whole encoder)."""
 
-    def __init__(self, cfg: ModelConfig, backbone: nn.Module | None, vocab_size: int, pad_id: int) -> None:
+    def __init__(self, cfg: ModelConfig, backbone: nn.Module | None, vocab_size: int, pad_id: int,
+                 special_ids: list[int] | None = None) -> None:
         super().__init__()
         self.backbone = backbone
         if backbone is None:
@@ -45,7 +46,7 @@ class Tower(nn.Module):
             self.mlm_head = None
         else:
             h = hidden_size(backbone)
-            self.head = _build_head(cfg, h)
+            self.head = _build_head(cfg, h, special_ids or [])
             self.mlm_head = MLMHead(h, backbone.get_input_embeddings().weight.shape[0],
                                     getattr(backbone.config, "layer_norm_eps", 1e-12))
             out_dim = h
@@ -60,6 +61,8 @@ class Tower(nn.Module):
             out = self.head(input_ids, attention_mask)
         else:
             out = self.head(self.backbone, input_ids, attention_mask)
+            if getattr(self.head, "sparse_from_mlm", False):
+                out.sparse = self.head.sparsify(self.mlm_logits(out), attention_mask)
         if self.projection is not None:
             out.embedding = self.projection(out.embedding)
         return out
@@ -71,7 +74,7 @@ class Tower(nn.Module):
         return self.mlm_head(out.sequence_output, self.word_embeddings)
 
 
-def _build_head(cfg: ModelConfig, hidden: int) -> nn.Module:
+def _build_head(cfg: ModelConfig, hidden: int, special_ids: list[int]) -> nn.Module:
     k = len(cfg.aspects) + int(cfg.use_other)
     if cfg.name in ("bibert", "mtbert"):
         return ClsHead(cfg.aspects, predict_aspects=cfg.aspect_learning)
@@ -81,6 +84,8 @@ def _build_head(cfg: ModelConfig, hidden: int) -> nn.Module:
         return AspectAttentionHead(cfg.aspects, cfg.use_other, hidden, cfg.fusion, cfg.aspect_learning)
     if cfg.name in ("mur", "mural"):
         return AspectTokensHead(cfg.aspects, cfg.granularities, cfg.grouping, hidden, cfg.aspect_learning)
+    if cfg.name == "hybrid":
+        return HybridHead(cfg.sparse_top_k, cfg.sparse_pooling, special_ids)
     raise ValueError(f"model {cfg.name!r} has no backbone head")
 
 
@@ -113,8 +118,6 @@ class BiEncoder(nn.Module):
         if cfg.name != "dssm" and cfg.backbone.name_or_path and backbone_paths is None:
             for tower in self.towers():
                 tower.mlm_head.load_from_checkpoint(cfg.backbone.name_or_path)
-        if cfg.similarity == "cosine":
-            self.logit_scale = nn.Parameter(torch.tensor(1.0 / cfg.temperature).log())
 
     # -- construction -------------------------------------------------------------------------
     def _tower(self, side: str, backbone_paths: dict[str, str] | None) -> Tower:
@@ -125,7 +128,8 @@ class BiEncoder(nn.Module):
                 backbone = load_pretrained_backbone(backbone_paths[side])
             else:
                 backbone = build_backbone(cfg.backbone, vocab_size=len(self.tokenizer))
-        return Tower(cfg, backbone, len(self.tokenizer), self.tokenizer.pad_token_id or 0)
+        return Tower(cfg, backbone, len(self.tokenizer), self.tokenizer.pad_token_id or 0,
+                     self.tokenizer.all_special_ids)
 
     def _check_lengths(self) -> None:
         head = self.query_tower.head
@@ -179,6 +183,15 @@ class BiEncoder(nn.Module):
         if self.config.similarity == "cosine":
             q, d = nn.functional.normalize(q, dim=-1), nn.functional.normalize(d, dim=-1)
         return q @ d.T
+
+    def hybrid_scores(self, q: TowerOutput, d: TowerOutput, lam: float | None = None) -> torch.Tensor:
+        """Paper 002 Eq. 1: lambda * <dense_q, dense_d> + (1 - lambda) * <sparse_q, sparse_d>, [Bq, Bd]."""
+        if q.sparse is None or d.sparse is None:
+            raise ValueError(f"model {self.config.name} has no sparse vectors (use model.name=hybrid)")
+        lam = self.config.hybrid_lambda if lam is None else lam
+        if not 0.0 <= lam <= 1.0:
+            raise ValueError(f"lambda must be in [0, 1], got {lam}")
+        return lam * (q.embedding @ d.embedding.T) + (1.0 - lam) * (q.sparse @ d.sparse.T)
 
     def tokenize(self, texts: list[str], side: str) -> dict[str, torch.Tensor]:
         max_len = self.config.max_query_length if side == "query" else self.config.max_doc_length
@@ -234,8 +247,6 @@ class BiEncoder(nn.Module):
             raise ValueError(f"{path}: not a madr model directory (no {CONFIG_FILE})")
         raw = json.loads((path / CONFIG_FILE).read_text())
         cfg = from_dict(ModelConfig, raw)
-        if isinstance(cfg.backbone, dict):  # pragma: no cover - from_dict already builds it
-            cfg.backbone = from_dict(BackboneConfig, cfg.backbone)
         tokenizer = AutoTokenizer.from_pretrained(str(path / "tokenizer"))
         vocab = AspectVocabularies.load(path / VOCAB_FILE) if (path / VOCAB_FILE).is_file() else None
         paths = None

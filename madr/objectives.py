@@ -7,6 +7,7 @@ Pretraining, per tower input X (queries through the query tower, products throug
 Fine-tuning:
     paper 000 Eq. 8: L_CE + L_SCE + lambda * sum_{a != OTHER} (L_AP^a + L_APP^a)(Q and D)
     paper 001 Eq. 10: L_SCE with one hard negative per query (set pointwise_weight=0, aspect_weight=0)
+    paper 002 Eq. 3-5 (hybrid): L_dense + L_sparse + lambda_q FLOPS(queries) + lambda_d FLOPS(passages)
 OTHER never receives an aspect loss: it has no annotations and no objective key.
 """
 
@@ -21,6 +22,8 @@ from madr.config import StageConfig
 from madr.losses import (
     AspectPredictionLoss,
     AspectPresenceLoss,
+    FlopsLoss,
+    FlopsWeightSchedule,
     GroupWiseContrastiveLoss,
     InBatchSoftmaxLoss,
     MLMLoss,
@@ -106,7 +109,7 @@ def pretrain_loss(model: BiEncoder, queries: TextBatch, docs: TextBatch, stage: 
 
 def finetune_loss(model: BiEncoder, queries: TextBatch, positives: TextBatch, negatives: TextBatch | None,
                   stage: StageConfig, pointwise: PointwiseCELoss | None = None,
-                  neg_relevance: torch.Tensor | None = None) -> LossParts:
+                  neg_relevance: torch.Tensor | None = None, step: int = 0) -> LossParts:
     """Eq. 8 (paper 000) / Eq. 10 (paper 001).
 
     L_SCE: each query against every positive in the batch and every hard negative. L_CE: pointwise
@@ -117,6 +120,8 @@ def finetune_loss(model: BiEncoder, queries: TextBatch, positives: TextBatch, ne
     q = model.encode(queries.input_ids, queries.attention_mask, "query")
     p = model.encode(positives.input_ids, positives.attention_mask, "doc")
     n = model.encode(negatives.input_ids, negatives.attention_mask, "doc") if negatives is not None else None
+    if cfg.name == "hybrid":
+        return hybrid_loss(q, p, n, stage, step)
     temperature = cfg.temperature if cfg.similarity == "cosine" else 1.0
     sce = InBatchSoftmaxLoss(similarity=cfg.similarity, temperature=temperature)(
         q.embedding, p.embedding, None if n is None else n.embedding)
@@ -138,4 +143,25 @@ def finetune_loss(model: BiEncoder, queries: TextBatch, positives: TextBatch, ne
             total = total + stage.aspect_weight * asp
             parts.update({f"{side}_{k}": v for k, v in asp_parts.items()})
     parts["loss"] = float(total)
+    return LossParts(total, parts)
+
+
+def hybrid_loss(q: TowerOutput, p: TowerOutput, n: TowerOutput | None, stage: StageConfig, step: int) -> LossParts:
+    """Paper 002 Eq. 3-5: a contrastive loss with temperature for each representation + FLOPS.
+
+    Dense: CLS dot products; sparse: dot products of the top-k term weights; both in-batch plus hard
+    negatives. FLOPS weights warm up quadratically over `stage.flops_warmup_steps`.
+    """
+    dense = InBatchSoftmaxLoss("dot", stage.sparse_temperature)(
+        q.embedding, p.embedding, None if n is None else n.embedding)
+    sparse = InBatchSoftmaxLoss("dot", stage.sparse_temperature)(
+        q.sparse, p.sparse, None if n is None else n.sparse)
+    docs = p.sparse if n is None else torch.cat([p.sparse, n.sparse])
+    flops = FlopsLoss()
+    lq = FlopsWeightSchedule(stage.flops_query_weight, stage.flops_warmup_steps)(step)
+    ld = FlopsWeightSchedule(stage.flops_doc_weight, stage.flops_warmup_steps)(step)
+    fq, fd = flops(q.sparse), flops(docs)
+    total = dense + sparse + lq * fq + ld * fd
+    parts = {"dense": float(dense), "sparse": float(sparse), "flops_q": float(fq), "flops_d": float(fd),
+             "nnz_q": float((q.sparse > 0).sum(-1).float().mean()), "loss": float(total)}
     return LossParts(total, parts)

@@ -26,6 +26,7 @@ class TowerOutput:
     aspect_repr: objective key ("brand" or "brand/word") -> [B, H] representation that predicts it.
     aspect_logits: the same keys -> [B, |V|] scores over the aspect's value vocabulary (filled by the
         bi-encoder's shared aspect predictor).
+    sparse: [B, vocab] lexical term weights, top-k sparsified, zeros elsewhere (hybrid head, paper 002).
     """
 
     embedding: torch.Tensor
@@ -38,6 +39,7 @@ class TowerOutput:
     attention: torch.Tensor | None = None
     aspect_repr: dict[str, torch.Tensor] = field(default_factory=dict)
     aspect_logits: dict[str, torch.Tensor] = field(default_factory=dict)
+    sparse: torch.Tensor | None = None
 
     @property
     def presence(self) -> torch.Tensor | None:

@@ -99,10 +99,10 @@ def finetune_batches(model: BiEncoder, examples: list[FinetuneExample]) -> tuple
 
 
 def finetune_step(model: BiEncoder, sampler: CatalogSampler, stage: StageConfig,
-                  pointwise: PointwiseCELoss | None) -> LossParts:
+                  pointwise: PointwiseCELoss | None, step: int = 0) -> LossParts:
     qb, pb, nb, neg_rel = finetune_batches(model, sampler.finetune_batch(stage.batch_size))
     negatives = nb if stage.hard_negatives > 0 else None
-    return finetune_loss(model, qb, pb, negatives, stage, pointwise, neg_rel)
+    return finetune_loss(model, qb, pb, negatives, stage, pointwise, neg_rel, step=step)
 
 
 def train_stage(model: BiEncoder, sampler: CatalogSampler, stage: StageConfig, kind: str, seed: int = 0,
@@ -123,7 +123,7 @@ def train_stage(model: BiEncoder, sampler: CatalogSampler, stage: StageConfig, k
         if kind == "pretrain":
             result = pretrain_step(model, sampler, stage, generator)
         else:
-            result = finetune_step(model, sampler, stage, pointwise)
+            result = finetune_step(model, sampler, stage, pointwise, step)
         optimizer.zero_grad(set_to_none=True)
         result.total.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)

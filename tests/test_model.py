@@ -49,8 +49,12 @@ def test_shapes_gradients_and_round_trip(name, catalog, tokenizer, vocabularies,
         loss = loss + pretrain_loss(model, qb, pb, stage, torch.Generator().manual_seed(0)).total
     loss.backward()
     tower = model.query_tower
-    head_grads = [p.grad for p in tower.head.parameters() if p.requires_grad]
-    assert any(g is not None and g.abs().sum() > 0 for g in head_grads), f"{name}: no gradient in the head"
+    # BiBERT/MtBERT's CLS head has no weights of its own: its trainable head part is the projection
+    # (bibert here) or the shared aspect tables (mtbert).
+    head_params = [*tower.head.parameters(), *(tower.projection.parameters() if tower.projection else []),
+                   *(model.aspect_predictor.parameters() if model.aspect_predictor is not None else [])]
+    assert head_params, f"{name}: nothing trainable outside the backbone"
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in head_params), f"{name}: no gradient in the head"
     if tower.backbone is not None:
         bb = [p.grad for p in tower.backbone.parameters()]
         assert any(g is not None and g.abs().sum() > 0 for g in bb), f"{name}: no gradient in the backbone"
@@ -91,12 +95,12 @@ def test_truncated_backbone_has_k_layers(tokenizer, tmp_path):
     model = build_model(cfg, tokenizer)
     model.save(tmp_path / "full")
     cfg2 = ModelConfig(name="bibert", backbone=BackboneConfig(name_or_path=str(tmp_path / "full" / "query_backbone"),
-                                                              num_layers=1))
+                                                              num_layers=1), max_doc_length=48)
     model2 = build_model(cfg2, tokenizer)
     assert len(model2.query_tower.backbone.encoder.layer) == 1
     with pytest.raises(ValueError, match="num_layers"):
         build_model(ModelConfig(name="bibert", backbone=BackboneConfig(
-            name_or_path=str(tmp_path / "full" / "query_backbone"), num_layers=9)), tokenizer)
+            name_or_path=str(tmp_path / "full" / "query_backbone"), num_layers=9), max_doc_length=48), tokenizer)
 
 
 def test_mural_value_embeddings_unshared_start_at_average_token_embedding(tokenizer, vocabularies):

@@ -5,6 +5,7 @@ from madr.heads.aspect_tokens import AspectTokensHead, objective_token_index
 from madr.heads.base import run_backbone
 from madr.heads.cls import ClsHead
 from madr.heads.dssm import DSSMEncoder
+from madr.heads.hybrid import HybridHead, term_weights, top_k_sparsify
 from madr.heads.multi_pool import MultiPoolHead
 
 __all__ = [
@@ -13,7 +14,10 @@ __all__ = [
     "AspectTokensHead",
     "ClsHead",
     "DSSMEncoder",
+    "HybridHead",
     "MultiPoolHead",
     "objective_token_index",
     "run_backbone",
+    "term_weights",
+    "top_k_sparsify",
 ]
