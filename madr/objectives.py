@@ -35,6 +35,10 @@ from madr.model import BiEncoder, objective_keys
 from madr.outputs import TowerOutput
 
 
+def _value(t: torch.Tensor) -> float:
+    return float(t.detach())
+
+
 @dataclass
 class LossParts:
     total: torch.Tensor
@@ -58,14 +62,14 @@ def aspect_loss(model: BiEncoder, out: TowerOutput, batch: TextBatch, side: str)
             losses[(aspect, gran)] = loss_fn(out.aspect_repr[key], model.aspect_predictor.value_table(key, word_emb), labels)
             has[(aspect, gran)] = bool((labels >= 0).any())
         total = combine_objectives(losses, has, cfg.grouping)
-        parts["aspect"] = float(total)
+        parts["aspect"] = _value(total)
         return total, parts
     # MADRAL / MtBERT: sum over explicit aspects of AP (Eq. 3) (+ APP, Eq. 6, with Presence Weighting)
     total = zero
     ap = AspectPredictionLoss()
     for key, _, _ in keys:
         loss = ap(out.aspect_logits[key], batch.aspect_labels[key])
-        parts[f"ap_{key}"] = float(loss)
+        parts[f"ap_{key}"] = _value(loss)
         total = total + loss
     if out.presence_logits is not None and batch.aspect_present is not None:
         n = len(cfg.aspects)
@@ -74,7 +78,7 @@ def aspect_loss(model: BiEncoder, out: TowerOutput, batch: TextBatch, side: str)
         mask = torch.zeros(out.presence_logits.shape[1], dtype=torch.bool)
         mask[:n] = True  # components after the explicit aspects (OTHER) get no loss
         app = AspectPresenceLoss()(out.presence_logits, labels, aspect_mask=mask) * n  # mean -> sum over aspects
-        parts["app"] = float(app)
+        parts["app"] = _value(app)
         total = total + app
     return total, parts
 
@@ -101,9 +105,9 @@ def pretrain_loss(model: BiEncoder, queries: TextBatch, docs: TextBatch, stage: 
         asp, asp_parts = aspect_loss(model, out, batch, side)
         loss = mlm + stage.aspect_weight * asp
         total = loss if total is None else total + loss
-        parts[f"{side}_mlm"] = float(mlm)
+        parts[f"{side}_mlm"] = _value(mlm)
         parts.update({f"{side}_{k}": v for k, v in asp_parts.items()})
-    parts["loss"] = float(total)
+    parts["loss"] = _value(total)
     return LossParts(total, parts)
 
 
@@ -126,7 +130,7 @@ def finetune_loss(model: BiEncoder, queries: TextBatch, positives: TextBatch, ne
     sce = InBatchSoftmaxLoss(similarity=cfg.similarity, temperature=temperature)(
         q.embedding, p.embedding, None if n is None else n.embedding)
     total = sce
-    parts = {"sce": float(sce)}
+    parts = {"sce": _value(sce)}
     if pointwise is not None and stage.pointwise_weight > 0:
         docs = p.embedding if n is None else torch.cat([p.embedding, n.embedding])
         qs = q.embedding if n is None else torch.cat([q.embedding, q.embedding])
@@ -135,14 +139,14 @@ def finetune_loss(model: BiEncoder, queries: TextBatch, positives: TextBatch, ne
             neg_t = neg_relevance if neg_relevance is not None else torch.zeros(len(n.embedding))
             target = torch.cat([target, neg_t.float()])
         ce = pointwise(qs, docs, target)
-        parts["ce"] = float(ce)
+        parts["ce"] = _value(ce)
         total = total + stage.pointwise_weight * ce
     if stage.aspect_weight > 0:
         for side, out, batch in (("query", q, queries), ("doc", p, positives)):
             asp, asp_parts = aspect_loss(model, out, batch, side)
             total = total + stage.aspect_weight * asp
             parts.update({f"{side}_{k}": v for k, v in asp_parts.items()})
-    parts["loss"] = float(total)
+    parts["loss"] = _value(total)
     return LossParts(total, parts)
 
 
@@ -162,6 +166,6 @@ def hybrid_loss(q: TowerOutput, p: TowerOutput, n: TowerOutput | None, stage: St
     ld = FlopsWeightSchedule(stage.flops_doc_weight, stage.flops_warmup_steps)(step)
     fq, fd = flops(q.sparse), flops(docs)
     total = dense + sparse + lq * fq + ld * fd
-    parts = {"dense": float(dense), "sparse": float(sparse), "flops_q": float(fq), "flops_d": float(fd),
-             "nnz_q": float((q.sparse > 0).sum(-1).float().mean()), "loss": float(total)}
+    parts = {"dense": _value(dense), "sparse": _value(sparse), "flops_q": _value(fq), "flops_d": _value(fd),
+             "nnz_q": float((q.sparse > 0).sum(-1).float().mean()), "loss": _value(total)}
     return LossParts(total, parts)

@@ -48,7 +48,7 @@ def test_absent_presence_zeroes_the_aspect_weight():
     with torch.no_grad():
         f.presence_weight.copy_(torch.tensor([[0.0, 0.0], [0.0, 0.0]]))
         f.presence_bias.copy_(torch.tensor([20.0, -20.0]))
-    w = f(comps, comps[:, 0]).weights
+    w = f(comps, comps[:, 0]).weights.detach()
     assert w[0, 1] < 1e-6 and abs(float(w[0, 0]) - 1.0) < 1e-6, w
 
 
