@@ -1,0 +1,69 @@
+"""Record types of the multi-task sources (paper 004 Sec. III-A) and of product-QA evidence (paper 002).
+
+Readers (pipelines/, Ray Data) and generators (madr.data.synthetic_*) both produce these; the task
+definitions in `madr.multitask.tasks` consume them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+NLI_LABELS = ("entailment", "neutral", "contradiction")
+EVIDENCE_SOURCES = ("attribute", "bullet", "cqa", "description", "osp", "review")
+
+
+@dataclass
+class ClickRecord:
+    """One (query, document) impression from a click log.
+
+    `fields` holds the document's text fields (title, description, url, ...). `position` is the
+    1-based rank the old ranker showed it at: clicks are biased toward small positions, which is the
+    bias paper 004 trains away from.
+    """
+
+    query: str
+    fields: dict[str, str]
+    clicked: bool
+    position: int | None = None
+    impressions: int = 1
+    clicks: int = 0
+    language: str = "en"
+    query_id: str = ""
+    doc_id: str = ""
+    relevance: int | None = None  # ground truth where known (synthetic data), never used for training
+
+
+@dataclass
+class NLIRecord:
+    """SNLI / MNLI / QNLI / XNLI pair; label in NLI_LABELS (QNLI's not_entailment maps to neutral)."""
+
+    premise: str
+    hypothesis: str
+    label: str
+    language: str = "en"
+
+
+@dataclass
+class ParallelRecord:
+    """A translation pair (WikiMatrix / Tatoeba style); `target` is the English side when there is one."""
+
+    source: str
+    target: str
+    source_lang: str
+    target_lang: str = "en"
+    score: float | None = None
+
+
+@dataclass
+class EvidenceRecord:
+    """Product-QA evidence ranking (hetPQA layout, paper 002): a question and one candidate evidence."""
+
+    question_id: str
+    question: str
+    evidence_id: str
+    evidence: str
+    source: str  # one of EVIDENCE_SOURCES
+    label: int  # 1 = the evidence answers the question
+    product_id: str = ""
+    split: str = "train"
+    extra: dict[str, str] = field(default_factory=dict)
