@@ -18,13 +18,14 @@ from transformers import AutoConfig, AutoModel, BertConfig, BertModel, PreTraine
 
 from madr.config import BackboneConfig
 
-# Weights of a BERT MLM head in a `BertForMaskedLM` checkpoint, mapped to our MLMHead's names.
+# Weights of a BERT MLM head in a `BertForMaskedLM` checkpoint, mapped to our MLMHead's names (older
+# checkpoints name LayerNorm parameters gamma / beta).
 _MLM_HEAD_KEYS = {
-    "cls.predictions.transform.dense.weight": "dense.weight",
-    "cls.predictions.transform.dense.bias": "dense.bias",
-    "cls.predictions.transform.LayerNorm.weight": "layer_norm.weight",
-    "cls.predictions.transform.LayerNorm.bias": "layer_norm.bias",
-    "cls.predictions.bias": "bias",
+    "dense.weight": ("cls.predictions.transform.dense.weight",),
+    "dense.bias": ("cls.predictions.transform.dense.bias",),
+    "layer_norm.weight": ("cls.predictions.transform.LayerNorm.weight", "cls.predictions.transform.LayerNorm.gamma"),
+    "layer_norm.bias": ("cls.predictions.transform.LayerNorm.bias", "cls.predictions.transform.LayerNorm.beta"),
+    "bias": ("cls.predictions.bias",),
 }
 
 
@@ -122,7 +123,8 @@ class MLMHead(nn.Module):
         from safetensors import safe_open
 
         with safe_open(str(path), framework="pt") as f:
-            found = {ours: f.get_tensor(theirs) for theirs, ours in _MLM_HEAD_KEYS.items() if theirs in f.keys()}
+            keys = set(f.keys())
+            found = {ours: f.get_tensor(k) for ours, theirs in _MLM_HEAD_KEYS.items() for k in theirs if k in keys}
         if len(found) != len(_MLM_HEAD_KEYS):
             return False
         self.load_state_dict(found)
