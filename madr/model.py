@@ -154,7 +154,7 @@ class BiEncoder(nn.Module):
                                          lambda s: tok(s, add_special_tokens=False)["input_ids"])
                    for k, a, g in keys}
             return ValueEmbeddings(ids, self.query_tower.word_embeddings.detach(), self.config.value_embeddings)
-        hidden = self.query_tower.word_embeddings.shape[1] if self.query_tower.backbone is not None else 0
+        hidden = hidden_size(self.query_tower.backbone)
         return AspectClassifier({k: len(self.vocabularies.get(a, g)) for k, a, g in keys}, hidden)
 
     # -- forward ------------------------------------------------------------------------------

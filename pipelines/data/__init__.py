@@ -1,0 +1,9 @@
+"""Ray Data ingestion: read every source, validate it (bad rows to a quarantine), normalise it to one
+schema per task, tokenise it on CPU actors and mix the tasks into one-task batches for training.
+
+Modules: `sources` (one schema per source, one per task), `validation` (reasons, typed field checks),
+`quarantine` (bad rows, counts, summary), `readers` (Ray Data reads with exact row origins),
+`tokenize` (actor-pool tokenisation, length bucketing, padding), `mixing` (TaskSchedule-driven task
+mixing sharded over workers), `vocab_job` (aspect vocabularies with Ray aggregations), `stats` (aspect
+coverage and vocabulary sizes), `cli` (`python -m pipelines.data ...`).
+"""

@@ -1,0 +1,64 @@
+"""The real public samples in ../shared/data read through the readers without errors; row counts are the
+ones ../shared/data/README.md gives (verified there with pandas)."""
+
+from __future__ import annotations
+
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.data.quarantine import read_quarantine
+from pipelines.data.readers import ingest
+from pipelines.data.sources import SourceOptions
+
+# (source, files under ../shared/data, options, README rows, expected skipped)
+REAL = {
+    "snli": ("snli", ["nli/snli_dev_subset.parquet"], SourceOptions(), 1289, {"no_consensus": 16}),
+    "xnli_de": ("xnli", ["nli/xglue_xnli_de_train.parquet", "nli/xglue_xnli_de_dev.parquet"], SourceOptions(),
+                2245 + 250, {}),
+    "hetpqa": ("hetpqa", ["product_qa/hetpqa_evidence_ranking_dev.parquet"], SourceOptions(split="dev"), 2731, {}),
+    "esci": ("esci", ["esci/esci_sample_with_product_text_grandi9.parquet"], SourceOptions(), 485, {}),
+    "esci_exact100": ("esci", ["esci/esci_exact_sample100_with_product_text.parquet"],
+                      SourceOptions(default_label="E"), 100, {}),
+    "tatoeba": ("tatoeba", ["parallel/tatoeba_parallel_dev.parquet"], SourceOptions(), 62194, {}),
+    "qadsm_de": ("clicks", ["query_relevance/xglue_qadsm_de_train.parquet", "query_relevance/xglue_qadsm_de_dev.parquet"],
+                 SourceOptions(language="de"), 9000 + 1000, {}),
+}
+
+
+@pytest.mark.parametrize("name", list(REAL))
+def test_real_file_reads_without_errors(name, shared_data, ray_local, tmp_path):
+    ray_local.data.DataContext.get_current().enable_progress_bars = False
+    source, files, options, rows, skipped = REAL[name]
+    summary = ingest(source, [str(shared_data / f) for f in files], str(tmp_path / "out"), options=options)
+    bad = read_quarantine(str(tmp_path / "out.quarantine")).to_pylist()[:3]
+    assert summary.num_quarantined == 0, f"{name}: quarantined {dict(summary.quarantined)}, e.g. {bad}"
+    assert summary.rows == rows, f"{name}: read {summary.rows} rows, README says {rows}"
+    assert dict(summary.skipped) == skipped and summary.balanced, summary.to_dict()
+    assert summary.good == rows - sum(skipped.values())
+    assert len(summary.files) == len(files), summary.files
+
+
+def test_real_rows_are_normalised(shared_data, ray_local, tmp_path):
+    """Spot checks of normalised values: XNLI's language from the file name, hetPQA's source names, the
+    QADSM click stand-in's fields and labels, ESCI aspects as lists."""
+    xnli = pq.read_table(shared_data / "nli/xglue_xnli_de_dev.parquet").slice(0, 1).to_pylist()[0]
+    ingest("xnli", str(shared_data / "nli/xglue_xnli_de_dev.parquet"), str(tmp_path / "x"))
+    first = pq.read_table(tmp_path / "x").to_pylist()
+    assert {r["language"] for r in first} == {"de"}
+    assert any(r["premise"] == xnli["premise"] and r["label"] == xnli["label"] for r in first)
+
+    ingest("hetpqa", str(shared_data / "product_qa/hetpqa_evidence_ranking_dev.parquet"), str(tmp_path / "h"))
+    rows = pq.read_table(tmp_path / "h").to_pylist()
+    assert {r["source"] for r in rows} == {"osp", "bullet", "description", "attribute", "cqa", "review"}
+    assert sum(r["label"] for r in rows) == 648, "hetPQA dev has 648 positive candidates"
+
+    ingest("clicks", str(shared_data / "query_relevance/xglue_qadsm_de_dev.parquet"), str(tmp_path / "c"),
+           options=SourceOptions(language="de"))
+    rows = pq.read_table(tmp_path / "c").to_pylist()
+    assert all(dict(r["fields"]).keys() == {"title", "description"} for r in rows)
+    assert {r["relevance"] for r in rows} == {0, 1} and all(r["clicked"] == bool(r["relevance"]) for r in rows)
+
+    ingest("esci", str(shared_data / "esci/esci_sample_with_product_text_grandi9.parquet"), str(tmp_path / "e"))
+    rows = pq.read_table(tmp_path / "e").to_pylist()
+    assert sum(1 for r in rows if r["brand"]) == 485 - 39, "39 of the 485 products have no brand"
+    assert sum(1 for r in rows if r["color"]) == 485 - 137, "137 have no colour"
