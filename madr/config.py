@@ -20,6 +20,8 @@ import yaml
 MODEL_NAMES = ("bibert", "mpbert", "mtbert", "dssm", "madr", "madral", "mur", "mural", "hybrid")
 FUSIONS = ("weighted_sum", "presence", "cls_gating")
 GROUPINGS = ("single", "granularity", "aspect")
+LR_SCHEDULES = ("linear", "cosine", "constant")
+BACKENDS = ("auto", "ddp", "deepspeed")
 
 
 @dataclass
@@ -122,6 +124,32 @@ class StageConfig:
     flops_doc_weight: float = 1e-3
     flops_warmup_steps: int = 0
     log_every: int = 20
+    # Distributed job (pipelines/train) only; the in-process loop ignores these.
+    lr_schedule: str = "linear"       # warm-up (warmup_ratio of the steps) then linear / cosine decay, or constant
+    grad_accum: int = 1               # micro-batches per optimiser step (batch_size rows each)
+    gradcache_chunk: int = 0          # GradCache: encode in chunks of this many rows per worker (0: plain backprop)
+    validate_every: int = 0           # validation every N optimiser steps (0: at the start and the end only)
+    checkpoint_every: int = 0         # checkpoint every N optimiser steps (0: at the end only)
+    init_from: str | None = None      # model directory to start from (default: previous stage's export / new)
+
+    def __post_init__(self) -> None:
+        _check_choice("train.<stage>.lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        for name in ("grad_accum",):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.<stage>.{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("gradcache_chunk", "validate_every", "checkpoint_every", "steps"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.<stage>.{name} must be >= 0, got {getattr(self, name)}")
+
+
+@dataclass
+class DistillConfig(StageConfig):
+    """Query-tower distillation (paper 004 Sec. V-A): a `student_layers`-layer copy of the teacher's query
+    tower learns the teacher's query embeddings (L2). `teacher` is a saved model directory (default: the
+    fine-tune stage's export, `<output_dir>/finetune/model`)."""
+
+    teacher: str | None = None
+    student_layers: int = 3
 
 
 @dataclass
@@ -129,6 +157,8 @@ class TrainConfig:
     seed: int = 0
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(steps=100, aspect_weight=1.0))
     finetune: StageConfig = field(default_factory=lambda: StageConfig(steps=150, aspect_weight=0.1))
+    distill: DistillConfig = field(default_factory=lambda: DistillConfig(steps=200, learning_rate=1e-4,
+                                                                         weight_decay=0.0, warmup_ratio=0.0))
 
 
 @dataclass
@@ -146,6 +176,59 @@ class EvalConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """How `python -m pipelines.train` runs a stage on Ray Train (ignored by the in-process loop).
+
+    backend: "ddp" (torch DDP: gloo on CPU, nccl on GPU), "deepspeed" (ZeRO `zero_stage`, bf16 when
+    `bf16` and `use_gpu`; on CPU it runs over gloo with torch's AdamW), or "auto" (deepspeed with GPUs,
+    ddp without). `num_workers` data-parallel workers of `cpus_per_worker` CPUs (+1 GPU each with
+    `use_gpu`); a stage's `batch_size` is the global micro-batch, split evenly over the workers.
+    gather_negatives: in-batch negatives are every worker's documents (`madr.distributed`), not the local ones.
+    storage_path / run_name: where Ray Train keeps checkpoints (default `<output_dir>/ray_results`,
+    `<name>-<stage>`); re-running with the same pair resumes from the latest checkpoint. keep_last: the
+    checkpoints kept; max_failures: worker-group restarts before the job fails (-1: unlimited).
+    shuffle_buffer: rows of the per-worker local shuffle buffer (seeded per epoch, so resumable).
+    runtime_env: Ray runtime env of the job (env_vars, pip, working_dir, ...), e.g. for `ray job submit`.
+    fail_at_step / fail_rank: failure drill: that worker SIGKILLs itself once after reporting that step.
+    """
+
+    backend: str = "auto"
+    num_workers: int = 2
+    use_gpu: bool = False
+    cpus_per_worker: float = 1.0
+    zero_stage: int = 2
+    bf16: bool = True
+    gather_negatives: bool = True
+    storage_path: str | None = None
+    run_name: str | None = None
+    keep_last: int = 2
+    max_failures: int = 1
+    shuffle_buffer: int = 256
+    torch_threads: int | None = None
+    runtime_env: dict[str, Any] = field(default_factory=dict)
+    fail_at_step: int | None = None
+    fail_rank: int = 1
+
+    def __post_init__(self) -> None:
+        _check_choice("distributed.backend", self.backend, BACKENDS)
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"distributed.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
+        if self.num_workers < 1 or self.cpus_per_worker <= 0 or self.keep_last < 1:
+            raise ValueError(f"distributed: need num_workers >= 1, cpus_per_worker > 0 and keep_last >= 1, got "
+                             f"{self.num_workers}, {self.cpus_per_worker}, {self.keep_last}")
+        if not 0 <= self.fail_rank < self.num_workers:
+            raise ValueError(f"distributed.fail_rank={self.fail_rank} is not a worker rank "
+                             f"(num_workers={self.num_workers})")
+
+    @property
+    def resolved_backend(self) -> str:
+        """"auto" -> "deepspeed" with GPUs, "ddp" on CPU."""
+        if self.backend == "auto":
+            return "deepspeed" if self.use_gpu else "ddp"
+        return self.backend
+
+
+@dataclass
 class ExperimentConfig:
     name: str = "demo"
     output_dir: str = "runs/demo"
@@ -153,6 +236,7 @@ class ExperimentConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from madr.model import BiEncoder
 from madr.outputs import TowerOutput
@@ -27,28 +28,43 @@ class TermMatch:
 
     @property
     def expansion(self) -> bool:
+        """True when the term is missing from the query's or the document's text (an expansion term)."""
         return not (self.in_query_text and self.in_doc_text)
 
 
-def matched_terms(model: BiEncoder, query: str, doc: str, top: int = 20) -> list[TermMatch]:
-    """Terms with weight in both sparse vectors, by contribution q_j * d_j, largest first."""
+def match_terms(q_sparse: torch.Tensor, d_sparse: torch.Tensor, q_ids: list[int], d_ids: list[int],
+                tokenizer: PreTrainedTokenizerBase, top: int | None = 20) -> list[TermMatch]:
+    """Terms with weight in both sparse vectors [V], by contribution q_j * d_j, largest first (ties: lower
+    term id). Their contributions sum to the sparse score <sparse_q, sparse_d> (paper 002 Eq. 1) when
+    `top` is None or covers them all. `q_ids` / `d_ids` are the texts' token ids: a term absent from a
+    text's tokens is an expansion on that side (paper 002 Table 5, "Expansion")."""
+    if q_sparse.dim() != 1 or q_sparse.shape != d_sparse.shape:
+        raise ValueError(f"match_terms: need two [vocab] vectors, got {tuple(q_sparse.shape)} and "
+                         f"{tuple(d_sparse.shape)}")
+    contrib = q_sparse * d_sparse
+    ids = torch.nonzero(contrib > 0).flatten()  # ascending term ids; the stable sort keeps ties in that order
+    ids = ids[torch.sort(contrib[ids], descending=True, stable=True).indices][:top]
+    q_text, d_text = set(q_ids), set(d_ids)
+    names = tokenizer.convert_ids_to_tokens(ids.tolist())
+    return [TermMatch(t, float(q_sparse[i]), float(d_sparse[i]), float(contrib[i]), i in q_text, i in d_text)
+            for t, i in zip(names, ids.tolist(), strict=True)]
+
+
+def matched_terms(model: BiEncoder, query: str, doc: str, top: int | None = 20) -> list[TermMatch]:
+    """`match_terms` of a (query, document) pair encoded by a hybrid `model` (eval mode, no grad)."""
     q_enc, d_enc = model.tokenize([query], "query"), model.tokenize([doc], "doc")
     with torch.no_grad():
         q = model.encode(q_enc["input_ids"], q_enc["attention_mask"], "query")
         d = model.encode(d_enc["input_ids"], d_enc["attention_mask"], "doc")
-    if q.sparse is None:
+    if q.sparse is None or d.sparse is None:
         raise ValueError(f"model {model.config.name} has no sparse vectors to explain")
-    contrib = q.sparse[0] * d.sparse[0]
-    ids = torch.nonzero(contrib > 0).flatten()
-    ids = ids[torch.argsort(contrib[ids], descending=True)][:top]
-    q_text, d_text = set(q_enc["input_ids"][0].tolist()), set(d_enc["input_ids"][0].tolist())
-    vocab = model.tokenizer.convert_ids_to_tokens(ids.tolist())
-    return [TermMatch(t, float(q.sparse[0, i]), float(d.sparse[0, i]), float(contrib[i]),
-                      int(i) in q_text, int(i) in d_text) for t, i in zip(vocab, ids.tolist(), strict=True)]
+    return match_terms(q.sparse[0], d.sparse[0], q_enc["input_ids"][0].tolist(), d_enc["input_ids"][0].tolist(),
+                       model.tokenizer, top)
 
 
 def expansion_terms(model: BiEncoder, out: TowerOutput, input_ids: torch.Tensor, top: int = 10) -> list[tuple[str, float]]:
-    """The heaviest terms of the first text's sparse vector that are not among its input tokens."""
+    """The heaviest terms of the first text's sparse vector that are not among its input tokens
+    (weight descending)."""
     if out.sparse is None:
         return []
     w = out.sparse[0].clone()
@@ -79,7 +95,10 @@ def aspect_summary(model: BiEncoder, out: TowerOutput, row: int = 0) -> list[dic
 
 
 def explain_pair(model: BiEncoder, query: str, doc: str) -> dict:
-    """Everything explainable about one (query, document) pair, as plain JSON-ready data."""
+    """Everything explainable about one (query, document) pair, as plain JSON-ready data.
+
+    Hybrid models add the dense and sparse parts of Eq. 1, the interpolated score (the model's
+    `hybrid_lambda`) and the top matched terms (`match_terms`)."""
     model.eval()
     result: dict = {"model": model.config.name}
     encs = {"query": model.tokenize([query], "query"), "doc": model.tokenize([doc], "doc")}
@@ -91,6 +110,11 @@ def explain_pair(model: BiEncoder, query: str, doc: str) -> dict:
                             "expansion_terms": expansion_terms(model, outs[side], enc["input_ids"])}
         result["score"] = float(model.similarity(outs["query"].embedding, outs["doc"].embedding)[0, 0])
         if outs["query"].sparse is not None:
-            result["hybrid_score"] = float(model.hybrid_scores(outs["query"], outs["doc"])[0, 0])
-            result["matched_terms"] = [asdict(m) | {"expansion": m.expansion} for m in matched_terms(model, query, doc)]
+            q, d = outs["query"], outs["doc"]
+            result["dense_score"] = float(model.hybrid_scores(q, d, 1.0)[0, 0])
+            result["sparse_score"] = float(model.hybrid_scores(q, d, 0.0)[0, 0])
+            result["hybrid_score"] = float(model.hybrid_scores(q, d)[0, 0])
+            matches = match_terms(q.sparse[0], d.sparse[0], encs["query"]["input_ids"][0].tolist(),
+                                  encs["doc"]["input_ids"][0].tolist(), model.tokenizer)
+            result["matched_terms"] = [asdict(m) | {"expansion": m.expansion} for m in matches]
     return result

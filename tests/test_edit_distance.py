@@ -108,3 +108,20 @@ def test_bad_input_is_rejected():
         edit_distance_scores("a", ["a", ["a"]])
     with pytest.raises(ValueError, match="k must be"):
         rank_by_edit_distance("a", ["a"], k=-1)
+
+
+def test_batched_scores_match_the_pairwise_distance():
+    """`edit_distance_scores` runs one padded DP for all candidates; it must equal the one-pair DP."""
+    rng = random.Random(1)
+    alphabet = "abc跑鞋й "
+    for _ in range(30):
+        query = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 12)))
+        cands = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 15))) for _ in range(rng.randint(1, 8))]
+        got = edit_distance_scores(query, cands, score="distance", lowercase=False)
+        expected = [-reference(query, c) for c in cands]
+        assert got.tolist() == expected, f"batched DP differs for {query!r} vs {cands}"
+        sims = edit_distance_scores(query, cands, lowercase=False)
+        assert np.allclose(sims, [similarity(query, c) for c in cands]), "similarity = 1 - d / max length"
+    tokens = edit_distance_scores("the red shoes", ["the blue shoes", "red", ""], level="token", score="distance")
+    assert tokens.tolist() == [-1.0, -2.0, -3.0], f"token level: {tokens}"
+    assert edit_distance_scores("abc", []).shape == (0,), "no candidates, no scores"

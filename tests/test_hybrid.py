@@ -86,3 +86,70 @@ def test_hybrid_loss_trains_and_round_trips(hybrid, catalog, tmp_path):
         a = model.encode(qb.input_ids, qb.attention_mask, "query")
         b = loaded.encode(qb.input_ids, qb.attention_mask, "query")
     assert torch.equal(a.sparse, b.sparse) and torch.equal(a.embedding, b.embedding)
+
+
+def _ce(scores: list[float], target: int, temperature: float) -> float:
+    """-log softmax(scores / t)[target], written out."""
+    exps = [math.exp(s / temperature) for s in scores]
+    return -math.log(exps[target] / sum(exps))
+
+
+def test_hybrid_loss_by_hand():
+    """Paper 002 Eq. 3-5: both contrastive terms (in-batch + hard negatives, temperature) + warmed-up FLOPS."""
+    from madr.objectives import hybrid_loss
+    from madr.outputs import TowerOutput
+
+    q = TowerOutput(embedding=torch.tensor([[1.0, 0.0], [0.0, 1.0]]), sparse=torch.tensor([[1.0, 0.0, 2.0],
+                                                                                            [0.0, 1.0, 0.0]]))
+    p = TowerOutput(embedding=torch.tensor([[1.0, 1.0], [0.0, 2.0]]), sparse=torch.tensor([[1.0, 0.0, 0.0],
+                                                                                            [0.0, 3.0, 0.0]]))
+    n = TowerOutput(embedding=torch.tensor([[2.0, 0.0], [0.0, 0.0]]), sparse=torch.tensor([[0.0, 0.0, 1.0],
+                                                                                            [2.0, 0.0, 0.0]]))
+    stage = StageConfig(sparse_temperature=2.0, flops_query_weight=0.4, flops_doc_weight=0.2, flops_warmup_steps=4)
+    # documents [p0, p1, n0, n1]; query i's target is p_i
+    dense = (_ce([1, 0, 2, 0], 0, 2.0) + _ce([1, 2, 0, 0], 1, 2.0)) / 2
+    sparse = (_ce([1, 0, 2, 2], 0, 2.0) + _ce([0, 3, 0, 0], 1, 2.0)) / 2
+    flops_q = 0.5 ** 2 + 0.5 ** 2 + 1.0 ** 2  # column means of q.sparse: [.5, .5, 1]
+    flops_d = 0.75 ** 2 + 0.75 ** 2 + 0.25 ** 2  # column means of [p; n].sparse: [.75, .75, .25]
+    warm = (2 / 4) ** 2  # step 2 of a 4-step quadratic warm-up
+    res = hybrid_loss(q, p, n, stage, step=2)
+    assert res.parts["dense"] == pytest.approx(dense) and res.parts["sparse"] == pytest.approx(sparse)
+    assert res.parts["flops_q"] == pytest.approx(flops_q) and res.parts["flops_d"] == pytest.approx(flops_d)
+    expected = dense + sparse + 0.4 * warm * flops_q + 0.2 * warm * flops_d
+    assert float(res.total) == pytest.approx(expected, rel=1e-6)
+    assert float(hybrid_loss(q, p, n, stage, step=10).total) == pytest.approx(dense + sparse + 0.4 * flops_q
+                                                                              + 0.2 * flops_d, rel=1e-6)
+
+
+@pytest.mark.parametrize(("pooling", "k"), [("max", 128), ("sum", 8)])
+def test_tower_sparse_vector_is_the_formula_on_the_tied_mlm_head(tokenizer, pooling, k, tmp_path):
+    """Backbones without MLM-head weights get a head whose decoder is the word-embedding matrix; the tower's
+    sparse vector is top-k(pool_i log(1 + ReLU(logits))) with special tokens excluded."""
+    from madr.backbone import MLMHead
+
+    torch.manual_seed(1)
+    cfg = ModelConfig(name="hybrid", backbone=BackboneConfig(tiny=TINY), sparse_top_k=k, sparse_pooling=pooling,
+                      max_query_length=16, max_doc_length=48)
+    model = build_model(cfg, tokenizer).eval()
+    tower = model.query_tower
+    assert not any(p.shape == tower.word_embeddings.shape for p in tower.mlm_head.parameters()), \
+        "no separate decoder matrix: the head is tied to the word embeddings"
+    tower.backbone.save_pretrained(str(tmp_path / "bb"))
+    assert not MLMHead(32, len(tokenizer)).load_from_checkpoint(str(tmp_path / "bb")), "no MLM weights to load"
+    enc = model.tokenize(["red running shoes size 42", "blue socks"], "query")
+    with torch.no_grad():
+        out = model.encode(enc["input_ids"], enc["attention_mask"], "query")
+        head = tower.mlm_head
+        h = head.layer_norm(torch.nn.functional.gelu(head.dense(out.sequence_output)))
+        by_hand = h @ tower.word_embeddings.T + head.bias  # decoder = word embeddings (tied)
+        logits = tower.mlm_logits(out)
+        assert torch.allclose(logits, by_hand, atol=1e-5)
+        w = torch.log1p(torch.relu(logits)) * enc["attention_mask"].unsqueeze(-1)
+        pooled = w.max(dim=1).values if pooling == "max" else w.sum(dim=1)
+        pooled[:, tokenizer.all_special_ids] = 0.0
+        expected = torch.zeros_like(pooled).scatter(1, pooled.topk(k, dim=1).indices, pooled.topk(k, dim=1).values)
+    assert torch.allclose(out.sparse, expected, atol=1e-6)
+    assert int((out.sparse > 0).sum(-1).max()) <= k and torch.all(out.sparse[:, tokenizer.all_special_ids] == 0)
+    with torch.no_grad():
+        tower.word_embeddings.mul_(2.0)  # tied: changing the embeddings changes the term weights
+        assert not torch.allclose(model.encode(enc["input_ids"], enc["attention_mask"], "query").sparse, out.sparse)

@@ -15,7 +15,7 @@ from madr.data.synthetic_multilingual import (
     generate_parallel,
     translate_term,
 )
-from madr.tokenization import load_tokenizer, train_wordpiece_tokenizer
+from madr.tokenization import MULTILINGUAL, load_tokenizer, train_wordpiece_tokenizer
 
 SCRIPTS = {"de": "LATIN", "fr": "LATIN", "es": "LATIN", "ru": "CYRILLIC", "zh": "CJK", "ar": "ARABIC"}
 
@@ -101,3 +101,73 @@ def test_uncased_strips_accents_cased_keeps_them(tok, held_out):
     assert cased.tokenize("légers")[0] == "légers", "cased keeps é"
     assert "й" in "".join(cased.tokenize("йод")), "cased keeps й distinct from и"
     assert cased.tokenize("أحذية") == ["أحذية"], "cased keeps the hamza of أ"
+
+
+@pytest.fixture(scope="module")
+def multilingual(tmp_path_factory, held_out):
+    """lowercase=True, strip_accents=False: the multilingual setting (`madr.tokenization.MULTILINGUAL`)."""
+    out = tmp_path_factory.mktemp("ml_tok_accents")
+    train = [s for sentences in texts(seed=0).values() for s in sentences] + lexicon() + ["йод", "Éclair"]
+    return train_wordpiece_tokenizer(train, vocab_size=3000, out_dir=str(out), **MULTILINGUAL), out
+
+
+def test_multilingual_lowercases_but_keeps_accents_in_every_script(multilingual):
+    tok, _ = multilingual
+    assert tok.tokenize("LÉGERS Éclair") == ["légers", "éclair"], "lowercased, é kept"
+    assert tok.tokenize("ЙОД") == ["йод"], "Cyrillic lowercased, й not folded to и"
+    assert tok.tokenize("أحذية") == ["أحذية"], "the hamza of أ survives"
+    assert tok.tokenize("跑鞋") == ["跑", "鞋"], "CJK: one piece per character"
+    for lang, sentences in texts(seed=1).items():
+        for s in sentences[:20]:
+            ids = tok(s, add_special_tokens=False)["input_ids"]
+            assert tok.unk_token_id not in ids, f"{lang}: {s!r} has [UNK] pieces"
+            assert tok.decode(ids).replace(" ", "") == s.lower().replace(" ", ""), f"{lang}: lossless for {s!r}"
+
+
+def test_multilingual_setting_survives_save_and_load(multilingual):
+    tok, out = multilingual
+    sample = "Légers йод أحذية 跑鞋"
+    assert load_tokenizer(out).tokenize(sample) == tok.tokenize(sample), "saved dir keeps strip_accents=False"
+    bare = load_tokenizer(out / "vocab.txt", **MULTILINGUAL)
+    assert bare.tokenize(sample) == tok.tokenize(sample), "a bare vocab.txt takes the setting as arguments"
+    assert load_tokenizer(out / "vocab.txt").tokenize("Légers")[0] != "légers", "default (uncased) strips é"
+
+
+def test_limit_alphabet_bounds_the_characters():
+    """More distinct CJK characters than the trainer's default alphabet limit (1000): the excess is [UNK]
+    unless limit_alphabet is raised or None."""
+    chars = [chr(0x4E00 + i) for i in range(1200)]
+    corpus = ["".join(chars[i:i + 12]) for i in range(0, 1200, 12)]
+    default = train_wordpiece_tokenizer(corpus, vocab_size=5000, **MULTILINGUAL)
+    unlimited = train_wordpiece_tokenizer(corpus, vocab_size=5000, limit_alphabet=None, **MULTILINGUAL)
+    small = train_wordpiece_tokenizer(corpus, vocab_size=5000, limit_alphabet=100, **MULTILINGUAL)
+    text = "".join(chars)
+    unk = {name: tok.tokenize(text).count("[UNK]") for name, tok in
+           (("default", default), ("unlimited", unlimited), ("small", small))}
+    assert unk["unlimited"] == 0, f"no limit keeps every character, got {unk}"
+    assert unk["default"] == 200 and unk["small"] == 1100, f"limit 1000 / 100 keep 1000 / 100 characters: {unk}"
+    with pytest.raises(ValueError, match="limit_alphabet"):
+        train_wordpiece_tokenizer(corpus, limit_alphabet=0)
+
+
+
+def test_training_is_deterministic():
+    """The upstream trainer gives a different vocabulary on each call (hash-map order, tokenizers#1794: the
+    control below); ours gives the same one."""
+    from tokenizers import BertWordPieceTokenizer
+
+    sentences = [t for r in generate_parallel(600, seed=0) for t in (r.source, r.target)]
+
+    def upstream() -> list[str]:
+        trainer = BertWordPieceTokenizer(lowercase=True, strip_accents=False)
+        trainer.train_from_iterator(sentences, vocab_size=800, min_frequency=1, show_progress=False)
+        return sorted(trainer.get_vocab(), key=trainer.get_vocab().get)
+
+    def ours() -> list[str]:
+        tok = train_wordpiece_tokenizer(sentences, 800, limit_alphabet=None, **MULTILINGUAL)
+        return sorted(tok.get_vocab(), key=tok.get_vocab().get)
+
+    assert len({tuple(upstream()) for _ in range(4)}) > 1, "control: upstream training varies from call to call"
+    runs = {tuple(ours()) for _ in range(4)}
+    assert len(runs) == 1, "the same text must train the same vocabulary (pieces and ids) every time"
+    assert len(next(iter(runs))) > 300, "a real vocabulary, not only the alphabet"

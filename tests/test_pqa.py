@@ -4,6 +4,7 @@ the source-aware prior by hand, and a short training run that must beat the untr
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,12 +21,19 @@ from madr.pqa import (
     build_pqa_model,
     evaluate_pqa,
     group_questions,
+    lambda_sweep,
+    load_pqa_config,
+    representation_loss,
     score_split,
     source_aware_scores,
     train_pqa,
     tune_lambda,
+    tune_source_aware,
 )
 from madr.tokenization import train_wordpiece_tokenizer
+from madr.training import finetune_batches
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY = {"hidden_size": 48, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 96,
         "max_position_embeddings": 64}
@@ -115,15 +123,73 @@ def test_tune_lambda_picks_the_best_on_dev():
     assert (norm, value) == ("none", 1.0) and lam < 1 / 3 and lam == LAMBDA_GRID[0]
 
 
-def test_training_beats_untrained(records, tokenizer):
-    model = _model(tokenizer)
-    before = evaluate_pqa(model, records, grid=LAMBDA_GRID[::2])
-    train_pqa(model, records, StageConfig(steps=80, batch_size=24, learning_rate=1e-3, warmup_ratio=0.1), seed=0)
-    after = evaluate_pqa(model, records, grid=LAMBDA_GRID[::2])
-
-    def hybrid(report):
-        return next(v for k, v in report.rows.items() if k.startswith("Hybrid ("))["mrr@5"]
-
-    assert hybrid(after) > hybrid(before) + 0.15, f"MRR@5 untrained {hybrid(before):.3f} -> trained {hybrid(after):.3f}"
+def test_training_beats_untrained_and_hybrid_beats_single_representations(records, tokenizer):
+    """End to end at a tiny size (fixed seeds): the joint hybrid beats its untrained self and the dense and
+    sparse models trained alone (paper 002 Table 3 rows c, e vs f-h) on test MRR@5, lambda tuned on dev."""
+    stage = StageConfig(steps=80, batch_size=24, learning_rate=1e-3, warmup_ratio=0.1)
+    models = {rep: _model(tokenizer) for rep in ("hybrid", "dense", "sparse")}
+    before = evaluate_pqa(models["hybrid"], records, grid=LAMBDA_GRID[::2])
+    for rep, model in models.items():
+        train_pqa(model, records, stage, seed=0, representation=rep)
+    after = evaluate_pqa(models["hybrid"], records, grid=LAMBDA_GRID[::2], dense_model=models["dense"],
+                         sparse_model=models["sparse"])
+    mrr = {k: v["mrr@5"] for k, v in after.rows.items()}
+    assert mrr["hybrid"] > before.rows["hybrid"]["mrr@5"] + 0.15, (before.rows["hybrid"], mrr)
+    assert mrr["hybrid"] >= max(mrr["dense_alone"], mrr["sparse_alone"]) + 0.03, mrr
+    assert min(mrr["dense_alone"], mrr["sparse_alone"]) > mrr["random"] + 0.15, mrr
     assert all(math.isfinite(v) for row in after.rows.values() for v in row.values())
     assert set(after.priors) <= {"attribute", "bullet", "cqa", "description", "osp", "review"}
+
+
+def test_config_file_loads_and_validates():
+    cfg = load_pqa_config(ROOT / "configs" / "pqa_synthetic.yaml")
+    assert cfg.model.name == "hybrid" and cfg.representations == ["hybrid", "dense", "sparse"]
+    assert cfg.eval.grid == LAMBDA_GRID and cfg.pretrain is None and cfg.finetune.hard_negatives == 1
+    over = load_pqa_config(ROOT / "configs" / "pqa_synthetic.yaml", {"finetune.steps": 7, "seeds": [1, 2]})
+    assert over.finetune.steps == 7 and over.seeds == [1, 2] and over.finetune.batch_size == cfg.finetune.batch_size
+    with pytest.raises(ValueError, match="finetune.stepz"):
+        load_pqa_config(None, {"finetune.stepz": 1})
+    with pytest.raises(ValueError, match="model.name"):
+        load_pqa_config(None, {"model.name": "bibert"})
+    with pytest.raises(ValueError, match="representations"):
+        load_pqa_config(None, {"representations": ["dense"]})
+    with pytest.raises(ValueError, match="normalisations"):
+        load_pqa_config(None, {"eval.normalisations": ["l2"]})
+
+
+def test_representation_losses_split_equation_5(records, tokenizer):
+    model = _model(tokenizer).train()
+    qb, pb, nb, _ = finetune_batches(model, PQASampler(records, seed=2).finetune_batch(8))
+    q = model.encode(qb.input_ids, qb.attention_mask, "query")
+    p = model.encode(pb.input_ids, pb.attention_mask, "doc")
+    n = model.encode(nb.input_ids, nb.attention_mask, "doc")
+    stage = StageConfig(flops_query_weight=0.05, flops_doc_weight=0.01, flops_warmup_steps=10)
+    parts = {r: representation_loss(q, p, n, stage, 5, r) for r in ("hybrid", "dense", "sparse")}
+    assert float(parts["hybrid"].total) == pytest.approx(float(parts["dense"].total + parts["sparse"].total), rel=1e-5)
+    assert parts["dense"].parts["dense"] == pytest.approx(parts["hybrid"].parts["dense"])
+    assert parts["sparse"].parts["flops_q"] == pytest.approx(parts["hybrid"].parts["flops_q"])
+    with pytest.raises(ValueError, match="representation"):
+        representation_loss(q, p, n, stage, 5, "late_interaction")
+
+
+def test_dense_alone_never_trains_the_mlm_head(records, tokenizer):
+    for rep, trained in (("dense", False), ("sparse", True)):
+        model = _model(tokenizer)
+        before = {k: v.clone() for k, v in model.query_tower.mlm_head.state_dict().items()}
+        train_pqa(model, records, StageConfig(steps=2, batch_size=8), representation=rep)
+        after = model.query_tower.mlm_head.state_dict()
+        assert any(not torch.equal(before[k], after[k]) for k in before) == trained, rep
+
+
+def test_lambda_sweep_and_source_aware_tuning_by_hand():
+    s = _toy()
+    sweep = lambda_sweep(s, s, grid=(0.0, 0.5, 1.0), normalisations=("none",))
+    # raw scores: lambda 0 -> sparse [4, 2, 0]; .5 -> [2.5, 2.5, 1] (tie, e1 < e2 by id); 1 -> dense [1, 3, 2]
+    assert sweep["lambda"] == [0.0, 0.5, 1.0] and sweep["none"] == pytest.approx([1.0, 1.0, 1 / 3])
+    assert sweep["source_prior"] == pytest.approx([1.0, 1.0, 1.0]), "only 'attribute' has a positive: prior 1, rest 0"
+    lam, priors, value = tune_source_aware(s, grid=(0.0, 0.5, 1.0))
+    assert (lam, priors, value) == (0.0, {"attribute": 1.0}, 1.0)
+    other = SplitScores(["q"], [["e1", "e3", "e2"]], [["attribute", "bullet", "review"]], [np.zeros(3)],
+                        [np.zeros(3)], [np.zeros(3)], s.qrels)
+    with pytest.raises(ValueError, match="different questions or candidates"):
+        s.combine(other, s)

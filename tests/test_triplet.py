@@ -145,3 +145,35 @@ def test_bad_arguments_raise():
         TripletLoss()(Q, P, torch.zeros(3, 2, 1))
     with pytest.raises(ValueError, match="anchors"):
         TripletLoss()(Q, P[:1])
+
+
+# Hand-built 2-D batch where the three distances disagree on the hardest negative (query q = (1, 0)):
+#   n0 = (2, 1):   L1 2.0, L2 1.414, cosine 1 - 2/sqrt(5)    = 0.106
+#   n1 = (1, 1.5): L1 1.5, L2 1.5,   cosine 1 - 1/sqrt(3.25) = 0.445
+#   n2 = (5, 0.3): L1 4.3, L2 4.011, cosine 1 - 5/sqrt(25.09) = 0.0018
+# hardest: L1 -> n1, L2 -> n0, cosine -> n2.
+Q2 = torch.tensor([[1.0, 0.0]])
+NEG2 = torch.tensor([[[2.0, 1.0], [1.0, 1.5], [5.0, 0.3]]])
+
+
+@pytest.mark.parametrize("distance, hardest", [("l1", 1), ("l2", 0), ("cosine", 2)])
+def test_hard_negative_depends_on_the_distance(distance, hardest):
+    neg = NEG2.clone().requires_grad_(True)
+    # positive = the query itself (d_ap = 0) and a wide margin: every hinge is active, so only the selection
+    # decides which negative gets a gradient
+    TripletLoss(distance=distance, margin=10.0, negatives="hard")(Q2, Q2.clone(), neg).backward()
+    got = (neg.grad.abs().sum(-1)[0] > 0).nonzero().flatten().tolist()
+    assert got == [hardest], f"{distance}: hardest negative should be n{hardest}, gradient reached {got}"
+
+
+@pytest.mark.parametrize("distance, d_ap, margin, expected", [
+    # semi-hard: closest negative farther than the positive; batch-all: d_an <= d_ap + margin
+    ("l1", 1.8, 0.5, {"semi_hard": [0], "batch_all": [0, 1]}),  # farther than 1.8: n0 2.0, n2 4.3; <= 2.3
+    ("l2", 1.45, 0.5, {"semi_hard": [1], "batch_all": [0, 1]}),  # farther than 1.45: n1 1.5, n2 4.011; <= 1.95
+    ("cosine", 0.05, 0.3, {"semi_hard": [0], "batch_all": [0, 2]}),  # farther than .05: n0 .106, n1 .445; <= .35
+])
+def test_semi_hard_and_batch_all_follow_the_distance(distance, d_ap, margin, expected):
+    dist_an = pairwise_distance(Q2[:, None, :], NEG2, distance)
+    for mode, cols in expected.items():
+        got = picked(select(torch.tensor([d_ap]), dist_an, mode, margin))
+        assert got == [cols], f"{distance} {mode}: expected n{cols}, got {got} (distances {dist_an.tolist()})"

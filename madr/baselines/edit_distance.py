@@ -13,6 +13,11 @@ which folds the insertion chain D[i, j-1] + 1 into a cumulative minimum, so each
 operations and no per-character Python objects exist beyond the row. Code points are not normalised
 (compose with `unicodedata.normalize` first if the texts mix NFC and NFD).
 
+`edit_distance_scores` runs the same recurrence for one query against all candidates at once: the
+candidates are padded into an `[N, L]` matrix and the row over the query's units is updated for all of them
+together (column j of the DP depends only on columns <= j, so padding never changes a candidate's cell
+`D[m, len(candidate)]`). Cost: len(query) vectorised steps of size N x L instead of N Python-level DPs.
+
 The ranker scores a candidate by `similarity = 1 - d / max(len(query), len(candidate))` (1.0 for two empty
 sequences), or by `-d` with `score="distance"`; ties keep the candidates' order.
 """
@@ -62,6 +67,23 @@ def _distance(a: np.ndarray, b: np.ndarray) -> int:
         np.minimum(row[:-1] + (b != a[i - 1]), row[1:] + 1, out=t[1:])
         row = np.minimum.accumulate(t - cols) + cols
     return int(row[-1])
+
+
+def _distances(query: np.ndarray, candidates: Sequence[np.ndarray]) -> np.ndarray:
+    """Levenshtein distance of `query` to every candidate (1-D int arrays): the batched DP of the docstring."""
+    lengths = np.array([len(c) for c in candidates], dtype=np.int64)
+    width = int(lengths.max(initial=0))
+    padded = np.full((len(candidates), width), -1, dtype=np.int64)  # -1 never equals a unit id / code point
+    for i, c in enumerate(candidates):
+        padded[i, :len(c)] = c
+    cols = np.arange(width + 1, dtype=np.int64)
+    row = np.broadcast_to(cols, (len(candidates), width + 1)).copy()
+    t = np.empty_like(row)
+    for i, unit in enumerate(query.tolist(), 1):
+        t[:, 0] = i
+        np.minimum(row[:, :-1] + (padded != unit), row[:, 1:] + 1, out=t[:, 1:])
+        row = np.minimum.accumulate(t - cols, axis=1) + cols
+    return row[np.arange(len(candidates)), lengths]
 
 
 def char_levenshtein(a: str, b: str) -> int:
@@ -137,13 +159,20 @@ def edit_distance_scores(query: str | Sequence[Hashable], candidates: Sequence[s
         return _units(x, level, tokenize, what)
 
     q = prep(query, "query")
-    out = np.empty(len(candidates), dtype=np.float64)
-    for i, cand in enumerate(candidates):
-        c = prep(cand, f"candidate {i}")
-        d = _distance(_codes(q), _codes(c)) if level == "char" else _distance(*_ids(q, c))
-        longest = max(len(q), len(c))
-        out[i] = -d if score == "distance" else (1.0 if longest == 0 else 1.0 - d / longest)
-    return out
+    cands = [prep(cand, f"candidate {i}") for i, cand in enumerate(candidates)]
+    if not cands:
+        return np.empty(0, dtype=np.float64)
+    if level == "char":
+        units_q, units = _codes(q).astype(np.int64), [_codes(c).astype(np.int64) for c in cands]
+    else:
+        vocab: dict[Hashable, int] = {}
+        units_q = np.array([vocab.setdefault(t, len(vocab)) for t in q], dtype=np.int64)
+        units = [np.array([vocab.setdefault(t, len(vocab)) for t in c], dtype=np.int64) for c in cands]
+    d = _distances(units_q, units).astype(np.float64)
+    if score == "distance":
+        return -d
+    longest = np.maximum(len(q), np.array([len(c) for c in cands], dtype=np.float64))
+    return np.where(longest == 0, 1.0, 1.0 - d / np.maximum(longest, 1.0))
 
 
 def rank_by_edit_distance(query: str | Sequence[Hashable], candidates: Sequence[str | Sequence[Hashable]],

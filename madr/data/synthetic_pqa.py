@@ -13,8 +13,9 @@ text, review), label 1 for those that answer it:
 
 - positives (1-3): the asked attribute of the asked product. Questions and evidences draw their wording
   from different synonym lists ("colour" / "shade", "how fast does it charge" / "charging speed",
-  "waterproof" / "rated ipx7"), so lexical matching often misses them; 60% name the product by the
-  question's reference;
+  "waterproof" / "rated ipx7"), so lexical matching often misses them; 70% name the product by the
+  question's reference (`REFERENCE_MENTION`: as often as the lexical traps and near misses, so that the
+  reference alone tells no label among the asked product's candidates);
 - lexical traps (1-3): the same product and the same reference, another attribute ("the XR-2400
   weighs 950 grams" for a colour question): exact tokens match, the meaning does not;
 - sibling traps (1-3): the asked attribute of a sibling (same brand, model number with the same prefix,
@@ -44,6 +45,10 @@ SPLIT_NAMES = ("train", "dev", "test")
 POWERED = ("computers", "phone accessories", "audio", "kitchen appliances")
 MODEL_PREFIXES = ("XR", "ZT", "KP", "MX", "QL", "VT", "HX", "RB", "TN", "GS", "PX", "DW")
 CANDIDATES_PER_QUESTION = (6, 15)
+# How often a candidate of each kind names the product by the question's reference (else "it", "this one").
+# Equal for positives, lexical traps and near misses: an earlier 0.85 for traps vs 0.6 for positives made
+# the reference anti-correlated with the label and put BM25 below a random order.
+REFERENCE_MENTION = {"positive": 0.7, "lexical_trap": 0.7, "near_miss": 0.7, "wrong_answer": 0.6}
 
 # Per attribute: question templates ({ref}), attribute-source keys, prose verb phrases for bullet /
 # description / OSP ({v} = value), chat replies for CQA / reviews, and non-answers. Question words and
@@ -257,17 +262,21 @@ def _sibling(product: PQAProduct, attribute: str, ref_kind: str,
 def _candidates(product: PQAProduct, attribute: str, ref: str, ref_kind: str, products: list[PQAProduct],
                 families: dict, by_sub: dict, rng: random.Random) -> list[tuple[str, str, int, str]]:
     """(evidence, source, label, kind) for one question, unshuffled."""
+
+    def named(kind: str) -> str:  # the reference, or "it" / "this one" / "this item"
+        return _mention(ref, rng, REFERENCE_MENTION[kind])
+
     out = []
     for _ in range(rng.choices([1, 2, 3], weights=[0.45, 0.35, 0.2])[0]):
         src = _source(rng, SOURCE_WEIGHTS_POSITIVE)
-        out.append((render_evidence(src, attribute, product.value(attribute), _mention(ref, rng, 0.6), rng),
+        out.append((render_evidence(src, attribute, product.value(attribute), named("positive"), rng),
                     src, 1, "positive"))
     others = [a for a in product.attributes() if a != attribute]
     for other in rng.sample(others, rng.randint(1, 3)):
         src = _source(rng, SOURCE_WEIGHTS_TRAP)
         if src == "attribute":  # an attribute line names no product: make it prose instead
             src = "description"
-        out.append((render_evidence(src, other, product.value(other), _mention(ref, rng, 0.85), rng),
+        out.append((render_evidence(src, other, product.value(other), named("lexical_trap"), rng),
                     src, 0, "lexical_trap"))
     for _ in range(rng.randint(1, 3)):
         sib = _sibling(product, attribute, ref_kind, families, by_sub, rng)
@@ -277,12 +286,13 @@ def _candidates(product: PQAProduct, attribute: str, ref: str, ref_kind: str, pr
         out.append((render_evidence(src, attribute, sib[0].value(attribute), sib[1], rng), src, 0, "sibling_trap"))
     for _ in range(rng.choices([0, 1, 2], weights=[0.3, 0.45, 0.25])[0]):
         src = rng.choice(["cqa", "review"])
-        out.append((render_miss(src, attribute, _mention(ref, rng, 0.7), rng), src, 0, "near_miss"))
+        out.append((render_miss(src, attribute, named("near_miss"), rng), src, 0, "near_miss"))
     wrong = [p for p in products if attribute in p.attributes() and p.value(attribute) != product.value(attribute)]
     for _ in range(rng.choices([0, 1, 2], weights=[0.35, 0.4, 0.25])[0]):
         src = rng.choice(["cqa", "review"])  # a presumptive answer: the right product, a wrong value
         value = rng.choice(wrong).value(attribute)
-        out.append((render_evidence(src, attribute, value, _mention(ref, rng, 0.6), rng), src, 0, "wrong_answer"))
+        out.append((render_evidence(src, attribute, value, named("wrong_answer"), rng), src, 0,
+                    "wrong_answer"))
     target = max(rng.randint(*CANDIDATES_PER_QUESTION), len(out))
     while len(out) < target:
         if rng.random() < 0.3:

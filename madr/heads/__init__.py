@@ -5,6 +5,7 @@ from madr.heads.aspect_tokens import AspectTokensHead, objective_token_index
 from madr.heads.base import run_backbone
 from madr.heads.cls import ClsHead
 from madr.heads.dssm import DSSMEncoder
+from madr.heads.field_attention import FieldAttention, FieldAttentionOutput, concat_fields
 from madr.heads.hybrid import HybridHead, term_weights, top_k_sparsify
 from madr.heads.multi_pool import MultiPoolHead
 
@@ -14,8 +15,11 @@ __all__ = [
     "AspectTokensHead",
     "ClsHead",
     "DSSMEncoder",
+    "FieldAttention",
+    "FieldAttentionOutput",
     "HybridHead",
     "MultiPoolHead",
+    "concat_fields",
     "objective_token_index",
     "run_backbone",
     "term_weights",

@@ -312,6 +312,14 @@ class NLITask(BaseTask):
 class TranslationTask(BaseTask):
     """Parallel sentences, the bridge task aligning languages (paper 004 Sec. III; `TranslationLoss`).
 
+    Which objective: in-batch softmax (the default), not MSE to the English side. Paper 004 trains one
+    encoder from the start on every task, so there is no frozen English teacher to regress onto; with one
+    trainable encoder on both sides, MSE only pulls pairs together and is minimised by collapsing every
+    sentence to one point, whereas the softmax also pushes each sentence away from the batch's other
+    translations (the translation-ranking bridge task of the paper's reference [13]) and keeps the shared
+    space discriminative for retrieval. `TranslationLoss(objective="mse")` remains available for the
+    setting where the English side comes from a frozen encoder (Reimers & Gurevych 2020).
+
     Args:
         tokenizer: `SideTokenizer.from_model(model)`.
         name: task name in the schedule.

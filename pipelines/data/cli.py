@@ -1,6 +1,8 @@
 """`python -m pipelines.data <command>`: ingest, tokenize, mix (dry run), vocab, stats, sources.
 
     python -m pipelines.data ingest --source snli --input snli_1.0_train.jsonl --output out/snli [--strict]
+    python -m pipelines.data ingest --source snli --input s3://bucket/snli/ --output out/snli_tok \\
+        --tokenizer tok/ --split-mb 64          # read + validate + tokenise in one pass
     python -m pipelines.data tokenize --task nli --input out/snli --tokenizer tok/ --output out/snli_tok
     python -m pipelines.data mix --input nli=out/snli_tok --input click=out/clicks_tok --batch-size 32
     python -m pipelines.data vocab --input catalog/products.parquet catalog/queries.parquet \\
@@ -69,7 +71,7 @@ def cmd_sources(args: argparse.Namespace) -> int:
     from pipelines.data.sources import SOURCES
 
     for spec in SOURCES.values():
-        print(f"{spec.name:<11} task={spec.task:<9} formats={'/'.join(spec.formats):<17} {spec.description}")
+        print(f"{spec.name:<15} task={spec.task:<9} formats={'/'.join(spec.formats):<17} {spec.description}")
         for name, aliases in spec.columns.items():
             print(f"    {name:<12} <- {', '.join(aliases)}")
     return 0
@@ -87,7 +89,9 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     try:
         summary = ingest(args.source, args.input, args.output, quarantine_dir=args.quarantine, options=options,
                          strict=args.strict, fmt=args.format, rows_per_block=args.rows_per_block,
-                         split_bytes=int(args.split_mb * (1 << 20)) if args.split_mb else None)
+                         split_bytes=int(args.split_mb * (1 << 20)) if args.split_mb else None,
+                         tokenizer=args.tokenizer, max_length=args.max_length, bucket=args.bucket,
+                         compute=args.compute, workers=args.workers)
     except (StrictModeError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -181,6 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--split", default="train", help="split written into evidence rows")
     p.add_argument("--split-mb", type=float, default=None, help="read large line files in ranges of this size")
     p.add_argument("--rows-per-block", type=int, default=10_000)
+    p.add_argument("--tokenizer", default=None, help="also tokenise, in the same pass (writes token ids)")
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--bucket", action="store_true", help="sort each block by length (with --tokenizer)")
+    p.add_argument("--compute", choices=("tasks", "actors"), default="tasks",
+                   help="tokenise in the read tasks (default) or on an actor pool")
+    p.add_argument("--workers", type=int, default=None, help="concurrent tasks / actors (default: CPUs)")
     p.set_defaults(fn=cmd_ingest)
 
     p = sub.add_parser("tokenize", help="tokenise normalised rows of one task on an actor pool")

@@ -3,12 +3,20 @@
 Pipeline of `read_source` (lazy, streaming):
 
     plan_parts (driver: list files, read TSV headers, optional byte-range split)
-      -> RawFileDatasource: one read task per file part, yielding blocks of `rows_per_block` raw rows
-         with `_file` and `_row` (JSONL/TSV: the raw line bytes; Parquet: the file's columns)
-      -> repartition(target_num_rows_per_block=rows_per_block) (streaming: keeps blocks small, so the
-         work spreads over tasks and actors)
-      -> map_batches(validate_block): parse + check + normalise; bad rows and per-block counts go to
-         the quarantine directory (`pipelines.data.quarantine`); good rows continue in the task schema.
+      -> RawFileDatasource: one read task per file part; the task cuts its part into raw blocks of
+         `rows_per_block` rows with `_file` and `_row` (JSONL/TSV: the raw line bytes; Parquet: the
+         file's columns) and passes each through `IngestBlock` in the same task:
+      -> validate_block: parse + check + normalise; bad rows and per-block counts go to the quarantine
+         directory (`pipelines.data.quarantine`); good rows continue in the task schema;
+      -> (`read_tokenized` with compute="tasks") tokenize_table with the worker's cached encoder.
+
+Validation (and tokenisation) run inside the read task, so a row crosses the object store once, already
+normalised (or as token ids), and there is no separate operator, repartition or actor start-up between
+reading and tokenising. The read task's output is cut into blocks of about `block_bytes` so the stream
+reaches its consumer in small steps. Parallelism is one task per file part: split large line files with
+`split_bytes` (or give several files) so there are at least as many parts as workers.
+`read_tokenized(..., compute="actors")` instead tokenises in `map_batches` on an actor pool
+(`pipelines.data.tokenize.tokenize_dataset`); `benchmarks/bench_ingest.py` measures both.
 
 Row numbers stay exact while streaming because a read task reads its part sequentially and counts lines
 itself: JSONL/TSV rows are 1-based line numbers (the TSV header is line 1, as `sed -n Np` counts), Parquet
@@ -24,7 +32,7 @@ Paths are local paths, object-store URIs (s3://, gs://, ...; pyarrow filesystems
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
@@ -40,6 +48,13 @@ from ray.data.datasource import Datasource, ReadTask
 
 from pipelines.data import quarantine
 from pipelines.data.sources import SourceOptions, get_source
+from pipelines.data.tokenize import (
+    TASK_SIDES,
+    SharedEncoder,
+    default_workers,
+    tokenize_dataset,
+    tokenize_table,
+)
 from pipelines.data.validation import StrictModeError, validate_rows
 
 _CHUNK = 4 << 20
@@ -47,6 +62,7 @@ _COMPRESSED = (".gz", ".bz2", ".zst", ".lz4")
 _EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".tsv": "tsv", ".txt": "tsv",
                ".parquet": "parquet"}
 ORIGIN_COLUMNS = ("_file", "_row")
+BLOCK_BYTES = 8 << 20  # output blocks of a read task: small enough to stream, large enough to amortise
 
 
 @dataclass(frozen=True)
@@ -236,27 +252,34 @@ def _read_parquet(part: FilePart, rows_per_block: int) -> Iterator[pa.Table]:
         yield table
 
 
-def _read_part(part: FilePart, rows_per_block: int) -> Iterator[pa.Table]:
+BlockTransform = Callable[[pa.Table], pa.Table]
+
+
+def _read_part(part: FilePart, rows_per_block: int, transform: BlockTransform | None = None) -> Iterator[pa.Table]:
     reader = _read_parquet if part.fmt == "parquet" else _read_lines
-    yield from reader(part, rows_per_block)
+    for raw in reader(part, rows_per_block):
+        yield raw if transform is None else transform(raw)
 
 
 class RawFileDatasource(Datasource):
-    """One read task per `FilePart`; blocks of raw rows with `_file` and `_row` (their exact origin)."""
+    """One read task per `FilePart`; blocks of raw rows with `_file` and `_row` (their exact origin), or,
+    with `transform`, what it makes of each raw block (run in the read task itself)."""
 
-    def __init__(self, parts: Sequence[FilePart], rows_per_block: int = 10_000) -> None:
+    def __init__(self, parts: Sequence[FilePart], rows_per_block: int = 10_000,
+                 transform: BlockTransform | None = None) -> None:
         super().__init__()
         if rows_per_block < 1:
             raise ValueError(f"rows_per_block must be >= 1, got {rows_per_block}")
         self.parts = list(parts)
         self.rows_per_block = rows_per_block
+        self.transform = transform
 
     def estimate_inmemory_data_size(self) -> int | None:
         return sum(p.size for p in self.parts)
 
     def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                        data_context: Any = None) -> list[ReadTask]:
-        return [ReadTask(partial(_read_part, part, self.rows_per_block),
+        return [ReadTask(partial(_read_part, part, self.rows_per_block, self.transform),
                          BlockMetadata(num_rows=None, size_bytes=part.size, exec_stats=None,
                                        input_files=[part.display]))
                 for part in self.parts]
@@ -267,7 +290,8 @@ class RawFileDatasource(Datasource):
 
 # -- validation (runs in the tasks fused with the reads) ------------------------------------------------
 def validate_block(block: pa.Table, *, source: str, options: SourceOptions, layouts: dict[str, tuple[str, tuple]],
-                   quarantine_dir: str | None, strict: bool, with_origin: bool) -> pa.Table:
+                   quarantine_dir: str | None, strict: bool, with_origin: bool,
+                   quarantine_filesystem: pafs.FileSystem | None = None) -> pa.Table:
     """Raw rows -> normalised good rows (task schema); quarantine rows and counts written per file."""
     spec = get_source(source)
     max_chars = options.max_chars or spec.max_chars
@@ -294,7 +318,7 @@ def validate_block(block: pa.Table, *, source: str, options: SourceOptions, layo
             counts = {"file": file, "first_row": int(file_rows[0]), "rows": result.rows, "good": len(result.good),
                       "skipped": dict(result.skipped), "quarantined": dict(result.quarantined)}
             quarantine.write_block(quarantine_dir, quarantine.block_key(file, int(file_rows[0])), counts,
-                                   result.bad)
+                                   result.bad, quarantine_filesystem)
     table = pa.Table.from_pylist(good, schema=spec.schema)
     if with_origin:
         table = table.append_column("_file", pa.array(good_files, pa.string()))
@@ -302,30 +326,96 @@ def validate_block(block: pa.Table, *, source: str, options: SourceOptions, layo
     return table
 
 
+@dataclass(frozen=True)
+class IngestBlock:
+    """What a read task does to each raw block: validate + normalise (`validate_block`), then, with an
+    `encoder`, tokenise (`tokenize_table`) with the worker process's cached encoder."""
+
+    source: str
+    options: SourceOptions
+    layouts: dict[str, tuple[str, tuple]]
+    quarantine_dir: str | None
+    strict: bool = False
+    with_origin: bool = False
+    encoder: SharedEncoder | None = None
+    bucket: bool = False
+    quarantine_filesystem: pafs.FileSystem | None = None
+
+    def __call__(self, raw: pa.Table) -> pa.Table:
+        good = validate_block(raw, source=self.source, options=self.options, layouts=self.layouts,
+                              quarantine_dir=self.quarantine_dir, strict=self.strict,
+                              with_origin=self.with_origin and self.encoder is None,
+                              quarantine_filesystem=self.quarantine_filesystem)
+        if self.encoder is None:
+            return good
+        return tokenize_table(good, None, get_source(self.source).task, bucket=self.bucket,
+                              encoder=self.encoder.get())
+
+
+def _read(source: str, paths: str | Sequence[str], quarantine_dir: str | None, options: SourceOptions | None,
+          strict: bool, fmt: str | None, filesystem: pafs.FileSystem | None, rows_per_block: int,
+          split_bytes: int | None, with_origin: bool, encoder: SharedEncoder | None, bucket: bool,
+          block_bytes: int, workers: int | None, quarantine_filesystem: pafs.FileSystem | None) -> Dataset:
+    spec = get_source(source)
+    if quarantine_dir is None and not strict:
+        raise ValueError("read_source: give a quarantine_dir (or strict=True)")
+    if block_bytes < 1:
+        raise ValueError(f"block_bytes must be >= 1, got {block_bytes}")
+    parts = plan_parts(source, paths, fmt, filesystem, split_bytes)
+    transform = IngestBlock(spec.name, options or SourceOptions(), {p.display: (p.fmt, p.header) for p in parts},
+                            quarantine_dir, strict, with_origin, encoder, bucket, quarantine_filesystem)
+    ds = ray.data.read_datasource(RawFileDatasource(parts, rows_per_block, transform),
+                                  override_num_blocks=len(parts), concurrency=workers)
+    ds.context.target_max_block_size = block_bytes  # this dataset's copy of the context only
+    return ds
+
+
 def read_source(source: str, paths: str | Sequence[str], *, quarantine_dir: str | None,
                 options: SourceOptions | None = None, strict: bool = False, fmt: str | None = None,
                 filesystem: pafs.FileSystem | None = None, rows_per_block: int = 10_000,
-                split_bytes: int | None = None, with_origin: bool = False) -> Dataset:
+                split_bytes: int | None = None, with_origin: bool = False, block_bytes: int = BLOCK_BYTES,
+                quarantine_filesystem: pafs.FileSystem | None = None) -> Dataset:
     """A lazy, streaming Dataset of `source`'s good rows in its task schema (`get_source(source).schema`).
 
     Bad rows go to `quarantine_dir` with their reason and origin, and every block's counts too (read them
     with `quarantine.read_summary` once the dataset has been consumed). `strict=True` stops at the first
     bad row with a StrictModeError naming its file, row and field (`quarantine_dir` may then be None).
-    `with_origin` adds `_file` / `_row` columns to the good rows.
+    `with_origin` adds `_file` / `_row` columns to the good rows. Paths and `quarantine_dir` may be
+    object-store URIs; `filesystem` / `quarantine_filesystem` override the filesystems inferred from them.
     """
-    spec = get_source(source)
-    if quarantine_dir is None and not strict:
-        raise ValueError("read_source: give a quarantine_dir (or strict=True)")
-    parts = plan_parts(source, paths, fmt, filesystem, split_bytes)
-    layouts = {p.display: (p.fmt, p.header) for p in parts}
-    ds = ray.data.read_datasource(RawFileDatasource(parts, rows_per_block), override_num_blocks=len(parts))
-    # Ray buffers a read task's output into blocks of up to 128 MiB, so one part would reach the next
-    # operator as one block (one actor would then validate and tokenise a whole file): cut it back to
-    # `rows_per_block` rows with a streaming (shuffle-free) repartition.
-    ds = ds.repartition(target_num_rows_per_block=rows_per_block)
-    kwargs = {"source": spec.name, "options": options or SourceOptions(), "layouts": layouts,
-              "quarantine_dir": quarantine_dir, "strict": strict, "with_origin": with_origin}
-    return ds.map_batches(validate_block, fn_kwargs=kwargs, batch_size=None, batch_format="pyarrow")
+    return _read(source, paths, quarantine_dir, options, strict, fmt, filesystem, rows_per_block, split_bytes,
+                 with_origin, None, False, block_bytes, None, quarantine_filesystem)
+
+
+def read_tokenized(source: str, paths: str | Sequence[str], tokenizer: str | os.PathLike | SharedEncoder, *,
+                   quarantine_dir: str | None, max_length: int = 128, bucket: bool = False,
+                   compute: str = "tasks", workers: int | None = None, options: SourceOptions | None = None,
+                   strict: bool = False, fmt: str | None = None, filesystem: pafs.FileSystem | None = None,
+                   rows_per_block: int = 2048, split_bytes: int | None = None, block_bytes: int = BLOCK_BYTES,
+                   quarantine_filesystem: pafs.FileSystem | None = None) -> Dataset:
+    """Read + validate + tokenise `source`: a streaming Dataset of int columns (`tokenize_table`'s).
+
+    compute="tasks" (default): tokenised inside the read tasks, `rows_per_block` rows per tokenizer call,
+    at most `workers` tasks at a time (default: as many as the cluster's CPUs). compute="actors": read
+    tasks validate, an autoscaling pool of 1..`workers` actors tokenises in `map_batches`. `bucket` sorts
+    each `rows_per_block` window by length. Quarantine and strict mode as in `read_source`.
+    """
+    if compute not in ("tasks", "actors"):
+        raise ValueError(f"compute must be 'tasks' or 'actors', got {compute!r}")
+    task = get_source(source).task
+    if task not in TASK_SIDES:
+        raise ValueError(f"source {source!r} ({task} rows) is not tokenised; tokenised tasks: {', '.join(TASK_SIDES)}")
+    if workers is not None and workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    shared = tokenizer if isinstance(tokenizer, SharedEncoder) else SharedEncoder(tokenizer, max_length)
+    workers = workers or default_workers()
+    if compute == "tasks":
+        return _read(source, paths, quarantine_dir, options, strict, fmt, filesystem, rows_per_block,
+                     split_bytes, False, shared, bucket, block_bytes, workers, quarantine_filesystem)
+    ds = read_source(source, paths, quarantine_dir=quarantine_dir, options=options, strict=strict, fmt=fmt,
+                     filesystem=filesystem, rows_per_block=rows_per_block, split_bytes=split_bytes,
+                     block_bytes=block_bytes, quarantine_filesystem=quarantine_filesystem)
+    return tokenize_dataset(ds, task, shared, window=rows_per_block, bucket=bucket, max_actors=workers)
 
 
 def find_strict_error(err: BaseException) -> StrictModeError | None:
@@ -337,8 +427,8 @@ def find_strict_error(err: BaseException) -> StrictModeError | None:
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        if isinstance(e, StrictModeError):
-            return e
+        if isinstance(e, StrictModeError) and not isinstance(getattr(e, "cause", None), StrictModeError):
+            return e  # the original error, not Ray's wrapper (whose text is the whole remote traceback)
         stack += [e.__cause__, e.__context__, getattr(e, "cause", None)]
     text = str(err)
     marker = "StrictModeError: "
@@ -350,14 +440,22 @@ def find_strict_error(err: BaseException) -> StrictModeError | None:
 def ingest(source: str, paths: str | Sequence[str], output: str, *, quarantine_dir: str | None = None,
            options: SourceOptions | None = None, strict: bool = False, fmt: str | None = None,
            filesystem: pafs.FileSystem | None = None, rows_per_block: int = 10_000,
-           split_bytes: int | None = None) -> quarantine.IngestSummary:
+           split_bytes: int | None = None, tokenizer: str | os.PathLike | SharedEncoder | None = None,
+           max_length: int = 128, bucket: bool = False, compute: str = "tasks",
+           workers: int | None = None) -> quarantine.IngestSummary:
     """Read, validate and normalise `paths`, write the good rows as Parquet under `output` and the bad ones
     under `quarantine_dir` (default `<output>.quarantine`), and return the summary (also written there as
-    summary.json). Strict mode raises StrictModeError naming the first bad row's file, row and field."""
+    summary.json). Strict mode raises StrictModeError naming the first bad row's file, row and field.
+    With a `tokenizer`, the rows written are tokenised in the same pass (`read_tokenized`)."""
     qdir = quarantine_dir or output.rstrip("/") + ".quarantine"
     quarantine.clear(qdir, filesystem)
-    ds = read_source(source, paths, quarantine_dir=qdir, options=options, strict=strict, fmt=fmt,
-                     filesystem=filesystem, rows_per_block=rows_per_block, split_bytes=split_bytes)
+    common = {"quarantine_dir": qdir, "options": options, "strict": strict, "fmt": fmt, "filesystem": filesystem,
+              "rows_per_block": rows_per_block, "split_bytes": split_bytes, "quarantine_filesystem": filesystem}
+    if tokenizer is None:
+        ds = read_source(source, paths, **common)
+    else:
+        ds = read_tokenized(source, paths, tokenizer, max_length=max_length, bucket=bucket, compute=compute,
+                            workers=workers, **common)
     try:
         ds.write_parquet(output, filesystem=filesystem, mode="overwrite")
     except Exception as err:  # Ray wraps the UDF's exception: surface the strict-mode message as is

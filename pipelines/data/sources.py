@@ -14,10 +14,15 @@ aliases):
 | `tatoeba` | parallel | lang, text, text_eng (the LASER Tatoeba release) |
 | `esci` | aspect | query, product_id, product_title, product_description, product_brand, product_color, category, esci_label E/S/C/I |
 | `hetpqa` | evidence | qid, question, candidate, source, label (+ ASIN, qa_pair_id, confidence, ...) |
+| `epqa` | evidence | hetPQA's columns with a graded label 0/1/2 (+ title, answer): label = 1 iff grade 2 |
+| `semipqa` | evidence | qid, qa_pair_id, question, candidate (a JSON attribute), label: source "attribute" |
+| `esci_judgments` | judgment | query, product_id, esci_label E/S/C/I or rating 100/10/1/0 (no product text: qrels) |
 
 Normalised task schemas carry the fields of the record types in `madr.data.records` (`ClickRecord`,
 `NLIRecord`, `ParallelRecord`, `EvidenceRecord`); the aspect task follows the catalog layout of
-`madr.data.schema` (multi-valued aspects as list<string> columns, ESCI label + 0-4 grade).
+`madr.data.schema` (multi-valued aspects as list<string> columns, ESCI label + 0-4 grade). The judgment
+task holds graded query-product pairs without product text (evaluation qrels, joined to a catalog by
+product id); it is not tokenised.
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ TASK_SCHEMAS: dict[str, pa.Schema] = {
                          ("title", pa.string()), ("description", pa.string()), ("esci", pa.string()),
                          ("relevance", pa.int8()), ("language", pa.string())]
                         + [(a, pa.list_(pa.string())) for a in ASPECTS]),
+    "judgment": pa.schema([("query_id", pa.string()), ("query", pa.string()), ("product_id", pa.string()),
+                           ("esci", pa.string()), ("relevance", pa.int8()), ("language", pa.string())]),
 }
 TASKS = tuple(TASK_SCHEMAS)
 RECORD_TYPES = {"nli": NLIRecord, "click": ClickRecord, "parallel": ParallelRecord, "evidence": EvidenceRecord}
@@ -244,16 +251,55 @@ _EVIDENCE_SOURCES = {"osp": "osp", "bullet": "bullet", "bullets": "bullet", "des
 assert set(_EVIDENCE_SOURCES.values()) == set(EVIDENCE_SOURCES)
 
 
-def _hetpqa(f: Fields, opts: SourceOptions, file: str) -> dict[str, Any]:
+def _evidence(f: Fields, opts: SourceOptions, label: Callable[[], int]) -> dict[str, Any]:
     out = {"question_id": f.ident(("qid", "question_id"), required=True), "question": f.text(("question",)),
            "evidence_id": f.ident(("cid", "candidate_id", "evidence_id", "qa_pair_id")),
            "evidence": f.text(("candidate", "evidence")),
            "source": f.choice(("source", "source_type"), _EVIDENCE_SOURCES),
-           "label": f.choice(("label",), _BINARY | {"yes": 1, "no": 0}),
-           "product_id": f.ident(("ASIN", "asin", "product_id")), "split": opts.split}
+           "label": label(), "product_id": f.ident(("ASIN", "asin", "product_id")), "split": opts.split}
     out["extra"] = {k: str(v) for k, v in f.unused().items()
                     if isinstance(v, str | int | float) and not isinstance(v, bool)}
     return out
+
+
+def _hetpqa(f: Fields, opts: SourceOptions, file: str) -> dict[str, Any]:
+    return _evidence(f, opts, lambda: f.choice(("label",), _BINARY | {"yes": 1, "no": 0}))
+
+
+def _epqa(f: Fields, opts: SourceOptions, file: str) -> dict[str, Any]:
+    """ePQA: hetPQA's layout with a graded label. In the public dev file a grade-2 candidate answers the
+    question, a grade-1 one is related but does not answer it: label 1 iff grade 2 (the grade stays in
+    `extra["grade"]`, with the title and the reference answer)."""
+    seen: dict[str, int] = {}
+
+    def label() -> int:
+        seen["grade"] = f.choice(("label",), {"0": 0, "1": 1, "2": 2})
+        return int(seen["grade"] == 2)
+
+    out = _evidence(f, opts, label)
+    out["extra"]["grade"] = str(seen["grade"])
+    return out
+
+
+def _semipqa(f: Fields, opts: SourceOptions, file: str) -> dict[str, Any]:
+    """semiPQA attribute ranking: every candidate is a product attribute (JSON text), no ASIN."""
+    return {"question_id": f.ident(("qid", "question_id"), required=True), "question": f.text(("question",)),
+            "evidence_id": f.ident(("qa_pair_id", "cid", "candidate_id")), "evidence": f.text(("candidate",)),
+            "source": "attribute", "label": f.choice(("label",), _BINARY), "product_id": f.ident(("ASIN", "asin")),
+            "split": opts.split, "extra": {}}
+
+
+_RATING = {"100": "E", "10": "S", "1": "C", "0": "I"}  # the ESCI-S judgments file's rating column
+
+
+def _esci_judgment(f: Fields, opts: SourceOptions, file: str) -> dict[str, Any]:
+    name, _ = f.find(("esci_label", "label", "rating"))
+    label = f.choice((name,), _RATING if name == "rating" else _ESCI)
+    locale = f.text(("product_locale", "language", "locale"), required=False)
+    return {"query_id": f.ident(("query_id", "qid")), "query": f.text(("query", "query_text")),
+            "product_id": f.ident(("product_id", "asin", "ASIN"), required=True), "esci": label,
+            "relevance": ESCI_RELEVANCE[label],
+            "language": opts.language or _LOCALE_LANGUAGE.get((locale or "").lower(), locale or "en")}
 
 
 SOURCES: dict[str, SourceSpec] = {
@@ -302,6 +348,20 @@ SOURCES: dict[str, SourceSpec] = {
                           "source": ("source",), "label": ("label",), "product_id": ("ASIN",)},
                          max_chars=100_000, label_values=("0", "1"),
                          description="hetPQA evidence ranking: sources OSP/bullet/Desc/attribute/CQA/review"),
+    "epqa": SourceSpec("epqa", "evidence", _epqa,
+                       {"question_id": ("qid",), "question": ("question",), "evidence": ("candidate",),
+                        "source": ("source",), "label": ("label",), "product_id": ("ASIN",)},
+                       max_chars=100_000, label_values=("0", "1", "2"),
+                       description="ePQA evidence ranking: graded 0/1/2, label = 1 iff grade 2 (answers)"),
+    "semipqa": SourceSpec("semipqa", "evidence", _semipqa,
+                          {"question_id": ("qid",), "question": ("question",), "evidence": ("candidate",),
+                           "label": ("label",)}, max_chars=100_000, label_values=("0", "1"),
+                          description="semiPQA attribute ranking: JSON attributes as evidence"),
+    "esci_judgments": SourceSpec("esci_judgments", "judgment", _esci_judgment,
+                                 {"query": ("query",), "product_id": ("product_id", "asin"),
+                                  "esci": ("esci_label", "label", "rating")},
+                                 max_chars=10_000, label_values=("E", "S", "C", "I", "100", "10", "1", "0"),
+                                 description="ESCI judgments without product text (qrels): label or rating"),
 }
 
 

@@ -12,11 +12,20 @@ leaves the tokeniser: consecutive rows then have similar lengths and batches cut
 little padding (do not combine it with a local shuffle, which would undo it).
 
 `tokenize_dataset` runs `Tokenize` with `compute=ActorPoolStrategy(min_size=1, max_size=N)`: the tokenizer
-is loaded once per actor from a path (`madr.tokenization.load_tokenizer`), not once per batch.
+is loaded once per actor, not once per batch. `pipelines.data.readers.read_tokenized` can instead run the
+tokeniser inside the read tasks (rows then cross the object store once, as token ids).
+
+Loading: `SharedEncoder` loads the tokenizer once on the driver (`madr.tokenization.load_tokenizer`, so
+the ids are exactly the `transformers` tokenizer's) and ships its Rust backend (`tokenizers` JSON, with
+truncation set) through the object store; each worker process rebuilds it once (`SharedEncoder.get`,
+cached per process) with `tokenizers` alone, so a worker never imports `transformers` / `torch` (about
+3 s of CPU per process on this machine). Encoding uses `Tokenizer.encode_batch_fast` (no offsets; same
+ids, about 20% faster here) on whole batches.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Mapping
 from itertools import chain
@@ -24,6 +33,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import ray
 from ray.data import Dataset
 
@@ -62,27 +72,38 @@ TASK_SIDES: dict[str, tuple[tuple[str, Callable[[pa.Table], list[str]]], ...]] =
 }
 
 
-def _index(values: list[Any], vocabulary: tuple[str, ...]) -> np.ndarray:
-    lookup = {v: i for i, v in enumerate(vocabulary)}
-    return np.array([lookup[v] for v in values], dtype=np.int8)
+def _index(column: pa.ChunkedArray, vocabulary: tuple[str, ...]) -> np.ndarray:
+    """Positions of the values in `vocabulary` (vectorised; a value outside it is an error)."""
+    ids = pc.index_in(column, value_set=pa.array(vocabulary))
+    if ids.null_count:
+        unknown = pc.filter(column, pc.is_null(ids)).unique().to_pylist()
+        raise ValueError(f"values {unknown[:5]} are not in {vocabulary}")
+    return ids.to_numpy().astype(np.int8)
+
+
+def _numbers(table: pa.Table, name: str, dtype: Any, fill: Any = None) -> np.ndarray:
+    column = table.column(name)
+    if fill is not None and column.null_count:
+        column = pc.fill_null(column, fill)
+    return column.to_numpy().astype(dtype)
 
 
 def _targets(table: pa.Table, task: str) -> dict[str, np.ndarray]:
     """The numeric columns a task's loss needs (unknown position 0, unknown relevance -1, no score NaN)."""
-    col = lambda name: table.column(name).to_pylist()  # noqa: E731
     if task == "nli":
-        return {"label_id": _index(col("label"), NLI_LABELS)}
+        return {"label_id": _index(table.column("label"), NLI_LABELS)}
     if task == "click":
-        return {"clicked": np.array(col("clicked"), dtype=np.int8),
-                "position": np.array([p or 0 for p in col("position")], dtype=np.int32),
-                "clicks": np.array(col("clicks"), dtype=np.int32),
-                "impressions": np.array(col("impressions"), dtype=np.int32),
-                "relevance": np.array([-1 if r is None else r for r in col("relevance")], dtype=np.int32)}
+        return {"clicked": _numbers(table, "clicked", np.int8),
+                "position": _numbers(table, "position", np.int32, 0),
+                "clicks": _numbers(table, "clicks", np.int32),
+                "impressions": _numbers(table, "impressions", np.int32),
+                "relevance": _numbers(table, "relevance", np.int32, -1)}
     if task == "parallel":
-        return {"score": np.array([np.nan if s is None else s for s in col("score")], dtype=np.float32)}
+        return {"score": _numbers(table, "score", np.float32, float("nan"))}
     if task == "evidence":
-        return {"label": np.array(col("label"), dtype=np.int8), "source_id": _index(col("source"), EVIDENCE_SOURCES)}
-    return {"relevance": np.array(col("relevance"), dtype=np.int8), "esci_id": _index(col("esci"), ESCI_LABELS)}
+        return {"label": _numbers(table, "label", np.int8),
+                "source_id": _index(table.column("source"), EVIDENCE_SOURCES)}
+    return {"relevance": _numbers(table, "relevance", np.int8), "esci_id": _index(table.column("esci"), ESCI_LABELS)}
 
 
 def _ragged(ids: list[list[int]]) -> pa.ListArray:
@@ -96,6 +117,29 @@ def _ragged(ids: list[list[int]]) -> pa.ListArray:
 Encoder = Callable[[list[str]], list[list[int]]]
 
 
+def backend_state(tokenizer: Any, max_length: int) -> str | None:
+    """The fast tokenizer's Rust backend as `tokenizers` JSON, truncating to `max_length`, unpadded
+    (None for a slow, Python-only tokenizer)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    from tokenizers import Tokenizer
+
+    own = Tokenizer.from_str(backend.to_str())
+    own.no_padding()
+    own.enable_truncation(max_length)
+    return own.to_str()
+
+
+def encoder_from_state(state: str) -> Encoder:
+    """texts -> ids of a backend JSON from `backend_state` (imports `tokenizers` only)."""
+    from tokenizers import Tokenizer
+
+    own = Tokenizer.from_str(state)
+    encode = getattr(own, "encode_batch_fast", own.encode_batch)  # no offsets: same ids, faster
+    return lambda texts: [e.ids for e in encode(texts, add_special_tokens=True)]
+
+
 def make_encoder(tokenizer: Any, max_length: int) -> Encoder:
     """texts -> token ids with special tokens, truncated to `max_length`, unpadded.
 
@@ -103,18 +147,55 @@ def make_encoder(tokenizer: Any, max_length: int) -> Encoder:
     `transformers` call builds a BatchEncoding per call, about 30% slower here); the ids are the same as
     `tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]`.
     """
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
+    state = backend_state(tokenizer, max_length)
+    if state is None:
         def slow(texts: list[str]) -> list[list[int]]:
             return tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length,
                              return_attention_mask=False, return_token_type_ids=False)["input_ids"]
         return slow
-    from tokenizers import Tokenizer
+    return encoder_from_state(state)
 
-    own = Tokenizer.from_str(backend.to_str())
-    own.no_padding()
-    own.enable_truncation(max_length)
-    return lambda texts: [e.ids for e in own.encode_batch(texts, add_special_tokens=True)]
+
+_ENCODERS: dict[str, Encoder] = {}  # per process: SharedEncoder key -> encoder
+
+
+class SharedEncoder:
+    """A tokenizer loaded once on the driver and rebuilt once per worker process, without `transformers`.
+
+    `SharedEncoder(path_or_tokenizer, max_length)` loads the tokenizer (`load_tokenizer` for a path),
+    keeps its backend JSON (`backend_state`) in the object store when Ray is running (one copy however many
+    tasks or actors carry this object) and `get()` returns the process's cached encoder. A slow tokenizer
+    (no Rust backend) is reloaded from its path with `transformers` in each process instead.
+    """
+
+    def __init__(self, tokenizer: Any, max_length: int = 128) -> None:
+        if max_length < 2:
+            raise ValueError(f"max_length must be >= 2, got {max_length}")
+        path = str(tokenizer) if isinstance(tokenizer, str | os.PathLike) else None
+        if path is not None:
+            from madr.tokenization import load_tokenizer
+
+            tokenizer = load_tokenizer(path)
+        state = backend_state(tokenizer, max_length)
+        if state is None and path is None:
+            raise ValueError("SharedEncoder: a slow (non-Rust) tokenizer must be given by its path")
+        self.max_length, self.path = max_length, path
+        self.key = hashlib.sha1(f"{state or path}|{max_length}".encode()).hexdigest()
+        self._state: Any = ray.put(state) if state is not None and ray.is_initialized() else state
+
+    def get(self) -> Encoder:
+        """This process's encoder (built on first use)."""
+        encoder = _ENCODERS.get(self.key)
+        if encoder is None:
+            if self._state is None:
+                from madr.tokenization import load_tokenizer
+
+                encoder = make_encoder(load_tokenizer(self.path), self.max_length)
+            else:
+                state = self._state if isinstance(self._state, str) else ray.get(self._state)
+                encoder = encoder_from_state(state)
+            _ENCODERS[self.key] = encoder
+        return encoder
 
 
 def tokenize_table(table: pa.Table, tokenizer: Any, task: str, max_length: int = 128,
@@ -142,37 +223,42 @@ def tokenize_table(table: pa.Table, tokenizer: Any, task: str, max_length: int =
 
 
 class Tokenize:
-    """`map_batches` callable for an actor pool: the tokenizer is loaded once, when the actor starts."""
+    """`map_batches` callable for an actor pool: the tokenizer is loaded once, when the actor starts.
 
-    def __init__(self, tokenizer: str, task: str, max_length: int = 128, bucket: bool = False,
+    `tokenizer`: a `SharedEncoder` (no `transformers` import in the actor) or a tokenizer path."""
+
+    def __init__(self, tokenizer: SharedEncoder | str, task: str, max_length: int = 128, bucket: bool = False,
                  threads: bool = False) -> None:
         if not threads:  # one actor per core: no extra Rust threads fighting the other actors
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
-        from madr.tokenization import load_tokenizer
-
-        self.tokenizer = load_tokenizer(tokenizer)
-        self.encoder = make_encoder(self.tokenizer, max_length)
-        self.task, self.max_length, self.bucket = task, max_length, bucket
+        shared = tokenizer if isinstance(tokenizer, SharedEncoder) else SharedEncoder(tokenizer, max_length)
+        self.encoder = shared.get()
+        self.task, self.max_length, self.bucket = task, shared.max_length, bucket
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        return tokenize_table(batch, self.tokenizer, self.task, self.max_length, self.bucket, self.encoder)
+        return tokenize_table(batch, None, self.task, self.max_length, self.bucket, self.encoder)
 
 
-def tokenize_dataset(ds: Dataset, task: str, tokenizer: str | os.PathLike, *, max_length: int = 128,
-                     window: int = 2048, bucket: bool = False, max_actors: int | None = None,
-                     num_cpus: float = 1.0) -> Dataset:
+def default_workers(num_cpus: float = 1.0) -> int:
+    """How many `num_cpus` workers the cluster's CPUs hold (at least 1)."""
+    return max(1, int(ray.cluster_resources().get("CPU", 1) // max(num_cpus, 1e-3)))
+
+
+def tokenize_dataset(ds: Dataset, task: str, tokenizer: str | os.PathLike | SharedEncoder, *,
+                     max_length: int = 128, window: int = 2048, bucket: bool = False,
+                     max_actors: int | None = None, num_cpus: float = 1.0) -> Dataset:
     """`ds` (normalised `task` rows) tokenised on an autoscaling pool of 1..`max_actors` CPU actors
-    (default: the cluster's CPUs); `window` rows per call (the bucketing window)."""
+    (default: the cluster's CPUs); `window` rows per call (the bucketing window). A `SharedEncoder`
+    carries its own `max_length`."""
     if task not in TASK_SIDES:
         raise ValueError(f"unknown task {task!r}; tasks: {', '.join(TASK_SIDES)}")
     if window < 1 or max_length < 2:
         raise ValueError(f"need window >= 1 and max_length >= 2, got {window}, {max_length}")
-    max_actors = max_actors or max(1, int(ray.cluster_resources().get("CPU", 1) // max(num_cpus, 1e-3)))
+    shared = tokenizer if isinstance(tokenizer, SharedEncoder) else SharedEncoder(tokenizer, max_length)
     return ds.map_batches(
-        Tokenize, fn_constructor_kwargs={"tokenizer": str(tokenizer), "task": task, "max_length": max_length,
-                                         "bucket": bucket},
+        Tokenize, fn_constructor_kwargs={"tokenizer": shared, "task": task, "bucket": bucket},
         batch_size=window, batch_format="pyarrow", num_cpus=num_cpus, udf_modifying_row_count=False,
-        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=max_actors))
+        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=max_actors or default_workers(num_cpus)))
 
 
 def pad_batch(batch: Mapping[str, Any], pad_id: int = 0) -> dict[str, np.ndarray]:
@@ -202,4 +288,4 @@ def collate_to_torch(batch: Mapping[str, Any], pad_id: int = 0) -> dict[str, Any
     strings = [k for k, v in batch.items() if np.asarray(v).dtype.kind in "OUS" and not k.endswith("_input_ids")]
     if strings:
         raise ValueError(f"collate_to_torch: string columns {strings} cannot become tensors; drop them first")
-    return {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in pad_batch(batch, pad_id).items()}
+    return {k: torch.from_numpy(np.require(v, requirements=("C", "W"))) for k, v in pad_batch(batch, pad_id).items()}

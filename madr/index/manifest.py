@@ -1,0 +1,217 @@
+"""The manifest of a sharded index: what every shard holds and how to check it (format ``madr.index/1``).
+
+An index directory holds, per shard ``s`` (``shard-{s:05d}`` below):
+
+- ``shard-{s:05d}.faiss``: the dense FAISS index, inner product, with *global* int64 ids
+  (``add_with_ids``; Flat / HNSW wrapped in ``IndexIDMap2``, IVF indexes carry the ids themselves);
+- ``shard-{s:05d}.ids.npy``: the shard's global ids in row order (ascending);
+- ``shard-{s:05d}.sparse.npz``: hybrid models only, the sparse ``InvertedIndex`` of the same documents;
+- ``shard-{s:05d}.json``: the shard's ``ShardInfo``, written last: a shard is complete when this record
+  exists and the checksums of its files match (the encode job's resume test);
+
+and ``manifest.json`` (this module's ``Manifest``), written once all shards are complete. Paths inside
+records are relative to the directory that holds them, so an index directory can be moved or copied.
+Every file is written to a temporary name and renamed (POSIX rename is atomic), so a crash never leaves a
+half-written file under a final name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FORMAT = "madr.index/1"
+MANIFEST_FILE = "manifest.json"
+_CHUNK = 1 << 22
+
+
+def shard_stem(shard: int) -> str:
+    """File name stem of shard ``shard``: ``shard-00003``."""
+    return f"shard-{shard:05d}"
+
+
+def sha256_file(path: str | Path) -> str:
+    """Hex sha256 of a file, read in 4 MiB chunks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def atomic_write(path: str | Path, write: Callable[[str], Any]) -> Path:
+    """Call ``write(tmp_path)`` for a temporary file beside ``path``, fsync it, then rename it to ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def atomic_write_text(path: str | Path, text: str) -> Path:
+    return atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def atomic_save_npy(path: str | Path, array: np.ndarray) -> Path:
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            np.save(f, array, allow_pickle=False)
+
+    return atomic_write(path, write)
+
+
+@dataclass
+class ShardInfo:
+    """One shard: its files (relative paths), its global ids and their checksums."""
+
+    shard: int
+    dense_path: str
+    sparse_path: str | None
+    ids_path: str
+    count: int
+    min_id: int
+    max_id: int
+    sha256: dict[str, str] = field(default_factory=dict)
+
+    def files(self) -> list[str]:
+        return [p for p in (self.dense_path, self.sparse_path, self.ids_path) if p is not None]
+
+    def verify(self, base: str | Path) -> None:
+        """Raise a ValueError naming the file whose sha256 differs from the record (or that is missing);
+        every file of the shard and every other file the record lists are checked."""
+        base = Path(base)
+        for rel in dict.fromkeys([*self.files(), *self.sha256]):
+            path = base / rel
+            if not path.is_file():
+                raise ValueError(f"shard {self.shard}: file {path} is missing")
+            want = self.sha256.get(rel)
+            if want is None:
+                raise ValueError(f"shard {self.shard}: no checksum recorded for {rel}")
+            got = sha256_file(path)
+            if got != want:
+                raise ValueError(f"shard {self.shard}: checksum mismatch for {path}: sha256 {got[:16]}..., "
+                                 f"manifest says {want[:16]}... (corrupted or replaced file)")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "shard") -> ShardInfo:
+        return _from_dict(cls, data, where)
+
+    def save(self, path: str | Path) -> Path:
+        return atomic_write_text(path, json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> ShardInfo:
+        return cls.from_dict(_read_json(path), str(path))
+
+
+@dataclass
+class Manifest:
+    """A sharded index (see the module docstring). ``lam`` None = dense-only; otherwise the default of
+    paper 002 Eq. 1 for hybrid search with the sparse shards."""
+
+    dim: int
+    index_factory: str
+    num_docs: int
+    shards: list[ShardInfo]
+    metric: str = "ip"
+    model_dir: str | None = None
+    config_hash: str | None = None
+    lam: float | None = None
+    sparse_vocab_size: int | None = None
+    docs_path: str | None = None
+    created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
+    format: str = FORMAT
+
+    def __post_init__(self) -> None:
+        if self.format != FORMAT:
+            raise ValueError(f"manifest: format is {self.format!r}, expected {FORMAT!r}")
+        if self.metric != "ip":
+            raise ValueError(f"manifest: metric {self.metric!r} is not supported (only 'ip')")
+        if self.lam is not None and not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"manifest: lam must be in [0, 1] or null, got {self.lam}")
+        numbers = [s.shard for s in self.shards]
+        if numbers != list(range(len(numbers))):
+            raise ValueError(f"manifest: shards must be numbered 0..{len(numbers) - 1} in order, got {numbers}")
+        total = sum(s.count for s in self.shards)
+        if total != self.num_docs:
+            raise ValueError(f"manifest: num_docs is {self.num_docs} but the shards hold {total}")
+
+    @property
+    def has_sparse(self) -> bool:
+        return bool(self.shards) and all(s.sparse_path is not None for s in self.shards)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["shards"] = [s.to_dict() for s in self.shards]
+        return {"format": out.pop("format"), **out}
+
+    def save(self, path: str | Path) -> Path:
+        """Write JSON atomically (temp file + rename)."""
+        return atomic_write_text(path, json.dumps(self.to_dict(), indent=1))
+
+    @classmethod
+    def load(cls, path: str | Path) -> Manifest:
+        """Read a manifest; a directory means its ``manifest.json``. Errors name the file and field."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / MANIFEST_FILE
+        data = _read_json(path)
+        shards = data.get("shards")
+        if not isinstance(shards, list):
+            raise ValueError(f"{path}: field 'shards' must be a list")
+        data = dict(data, shards=[ShardInfo.from_dict(s, f"{path}: shards[{i}]") for i, s in enumerate(shards)])
+        try:
+            return _from_dict(cls, data, str(path))
+        except ValueError as e:
+            if str(e).startswith(str(path)):
+                raise
+            raise ValueError(f"{path}: {e}") from None
+
+    def verify(self, base: str | Path) -> None:
+        """Checksums of every shard file (ValueError naming the first bad file)."""
+        for s in self.shards:
+            s.verify(base)
+
+
+def _read_json(path: str | Path) -> dict[str, Any]:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: top level must be a JSON object")
+    return data
+
+
+def _from_dict(cls: type, data: dict[str, Any], where: str) -> Any:
+    names = {f.name for f in dataclasses.fields(cls)}
+    required = {f.name for f in dataclasses.fields(cls)
+                if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+    unknown, missing = sorted(set(data) - names), sorted(required - set(data))
+    if unknown or missing:
+        raise ValueError(f"{where}: unknown field(s) {unknown}, missing field(s) {missing}")
+    return cls(**data)

@@ -1,0 +1,285 @@
+"""Searching a sharded index (``madr.index.manifest``): per-shard dense / hybrid top-k and the merge.
+
+Dense search is the FAISS inner-product top-k of each shard (``nprobe`` for IVF, ``ef_search`` for HNSW,
+passed per call as FAISS ``SearchParameters``, so concurrent searches with different settings do not
+interfere). Hybrid search (paper 002 Eq. 1, ``s = lam * <dense_q, dense_p> + (1 - lam) * <sparse_q,
+sparse_p>``) follows ``madr.hybrid_searcher.HybridSearcher`` within each shard: the dense and the sparse
+top-``candidates`` nominate documents, every candidate is re-scored exactly (dense from the vector the
+index reconstructs, sparse from the inverted index) and interpolated without normalisation, so a score
+does not depend on which shard a document lives in; ``merge_topk`` then keeps the best ``k`` over all
+shards. With Flat shards and ``candidates`` >= the shard size the result equals the unsharded
+``HybridSearcher`` (exhaustive candidates) and brute-force search.
+
+Results follow ``madr.hybrid_search``: [Q, k] float32 scores and int64 global ids, padded with -inf / -1,
+ties broken by id ascending.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from madr.hybrid_search import PAD_ID, hybrid_merge
+from madr.index.build import build_index, ivf_of
+from madr.index.manifest import MANIFEST_FILE, Manifest, ShardInfo
+from madr.sparse import InvertedIndex, SparseBatch
+
+__all__ = ["DEFAULT_CANDIDATES", "Shard", "ShardedIndex", "build_index", "load_shard", "merge_topk"]
+
+DEFAULT_CANDIDATES = 100
+TopK = tuple[np.ndarray, np.ndarray]
+
+
+def _manifest_path(path: str | Path) -> Path:
+    path = Path(path)
+    return path / MANIFEST_FILE if path.is_dir() else path
+
+
+def merge_topk(results: Sequence[TopK], k: int) -> TopK:
+    """Best ``k`` of several (scores [Q, ki], ids [Q, ki]) lists of the same queries: score descending, ties
+    by id ascending, padding (-1 / -inf) last. Returns ([Q, k] float32, [Q, k] int64)."""
+    if k < 1:
+        raise ValueError(f"merge_topk: k must be >= 1, got {k}")
+    if not results:
+        raise ValueError("merge_topk: no result lists")
+    counts = {np.asarray(s).shape[0] for s, _ in results}
+    if len(counts) != 1:
+        raise ValueError(f"merge_topk: result lists have different query counts {sorted(counts)}")
+    nq = counts.pop()
+    scores = np.concatenate([np.asarray(s, dtype=np.float32).reshape(nq, -1) for s, _ in results], 1)
+    ids = np.concatenate([np.asarray(i, dtype=np.int64).reshape(nq, -1) for _, i in results], 1)
+    if scores.shape != ids.shape:
+        raise ValueError(f"merge_topk: scores {scores.shape} and ids {ids.shape} differ in shape")
+    pad = (ids == PAD_ID) | ~np.isfinite(scores)
+    key = np.where(pad, np.inf, -scores.astype(np.float64))
+    order = np.lexsort((np.where(pad, np.iinfo(np.int64).max, ids), key), axis=1)[:, :k]
+    out_s = np.take_along_axis(np.where(pad, -np.inf, scores), order, 1).astype(np.float32)
+    out_i = np.take_along_axis(np.where(pad, PAD_ID, ids), order, 1)
+    if out_s.shape[1] < k:
+        width = k - out_s.shape[1]
+        out_s = np.pad(out_s, ((0, 0), (0, width)), constant_values=-np.inf)
+        out_i = np.pad(out_i, ((0, 0), (0, width)), constant_values=PAD_ID)
+    return out_s, out_i
+
+
+def _search_params(index: faiss.Index, nprobe: int | None, ef_search: int | None) -> faiss.SearchParameters | None:
+    """Per-call FAISS parameters for ``index`` (IVF nprobe, HNSW efSearch), wrapped through pre-transforms."""
+    if (nprobe is not None and nprobe < 1) or (ef_search is not None and ef_search < 1):
+        raise ValueError(f"nprobe and ef_search must be >= 1, got {nprobe}, {ef_search}")
+    inner = index.index if isinstance(index, faiss.IndexPreTransform) else index
+    params = None
+    if nprobe is not None and ivf_of(index) is not None:
+        params = faiss.SearchParametersIVF(nprobe=int(nprobe))
+    elif ef_search is not None and _hnsw_of(index) is not None:
+        params = faiss.SearchParametersHNSW(efSearch=int(ef_search))
+    if params is not None and inner is not index:
+        params = faiss.SearchParametersPreTransform(index_params=params)
+    return params
+
+
+def _hnsw_of(index: faiss.Index) -> faiss.IndexHNSW | None:
+    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap) else index
+    return inner if isinstance(inner, faiss.IndexHNSW) else None
+
+
+def _read_index(path: Path, mmap: bool) -> faiss.Index:
+    if mmap:
+        try:
+            return faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+        except RuntimeError:
+            pass  # index types without mmap support are read into memory
+    try:
+        return faiss.read_index(str(path))
+    except RuntimeError as e:
+        raise ValueError(f"{path}: not a readable FAISS index ({str(e).strip()[:200]})") from None
+
+
+class Shard:
+    """One shard: a FAISS index over global ids, its id array and, for hybrid indexes, an inverted index."""
+
+    def __init__(self, index: faiss.Index, ids: np.ndarray, sparse: InvertedIndex | None = None,
+                 lam: float | None = None, shard: int = 0) -> None:
+        if index.ntotal != ids.size:
+            raise ValueError(f"shard {shard}: the FAISS index holds {index.ntotal} vectors but {ids.size} ids")
+        if sparse is not None and len(sparse) != ids.size:
+            raise ValueError(f"shard {shard}: the sparse index holds {len(sparse)} documents but {ids.size} ids")
+        self.index, self.ids, self.sparse, self.lam, self.shard = index, ids, sparse, lam, shard
+        self._lock = threading.Lock()
+        self._direct_map = False
+
+    @property
+    def ntotal(self) -> int:
+        return int(self.ids.size)
+
+    @property
+    def dim(self) -> int:
+        return int(self.index.d)
+
+    # ---- vectors -----------------------------------------------------------------------------------------
+
+    def reconstruct(self, ids: np.ndarray) -> np.ndarray:
+        """Stored dense vectors [n, d] of global ``ids`` (exact for Flat / HNSW / IVF-Flat, decoded for PQ)."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        if isinstance(self.index, faiss.IndexIDMap):
+            pos = np.minimum(np.searchsorted(self.ids, ids), max(self.ids.size - 1, 0))
+            if ids.size and (self.ids.size == 0 or (self.ids[pos] != ids).any()):
+                raise ValueError(f"shard {self.shard}: id {int(ids[self.ids[pos] != ids][0])} is not in this shard")
+            return faiss.downcast_index(self.index.index).reconstruct_batch(pos.astype(np.int64))
+        with self._lock:
+            if not self._direct_map:
+                ivf_of(self.index).set_direct_map_type(faiss.DirectMap.Hashtable)
+                self._direct_map = True
+        try:
+            return self.index.reconstruct_batch(ids)
+        except RuntimeError as e:
+            raise ValueError(f"shard {self.shard}: cannot reconstruct ids ({str(e).strip()[:120]})") from None
+
+    # ---- search ------------------------------------------------------------------------------------------
+
+    def _resolve_lam(self, sparse: SparseBatch | None, lam: float | None) -> float | None:
+        lam = self.lam if lam is None else float(lam)
+        if lam is not None and not 0.0 <= lam <= 1.0:
+            raise ValueError(f"search: lam must be in [0, 1], got {lam}")
+        if lam is None or lam == 1.0:
+            return None
+        if self.sparse is None:
+            raise ValueError(f"search: lam={lam} asks for hybrid search but the index has no sparse shards")
+        if sparse is None:
+            raise ValueError(f"search: lam={lam} needs sparse query vectors (hybrid model); pass sparse= or lam=1")
+        return lam
+
+    def _dense_topk(self, dense: np.ndarray, k: int, params: faiss.SearchParameters | None) -> TopK:
+        n = dense.shape[0]
+        if self.ntotal == 0:
+            return np.full((n, k), -np.inf, np.float32), np.full((n, k), PAD_ID, np.int64)
+        scores, ids = self.index.search(dense, min(k, self.ntotal), params=params)
+        valid = ids >= 0
+        return np.where(valid, scores, -np.inf).astype(np.float32), np.where(valid, ids, PAD_ID)
+
+    def search(self, dense: np.ndarray, k: int, sparse: SparseBatch | None = None, lam: float | None = None,
+               candidates: int | None = None, nprobe: int | None = None, ef_search: int | None = None) -> TopK:
+        """Top ``k`` of this shard per query (module docstring): ([Q, k] float32, [Q, k] int64), padded.
+
+        ``lam`` None takes the manifest's; dense-only when that is None or 1. ``candidates`` (hybrid only,
+        default max(k, 100)) is how many documents each retriever nominates."""
+        dense = np.ascontiguousarray(dense, dtype=np.float32)
+        if dense.ndim != 2 or dense.shape[1] != self.dim:
+            raise ValueError(f"search: dense queries must be [Q, {self.dim}], got shape {dense.shape}")
+        if k < 1:
+            raise ValueError(f"search: k must be >= 1, got {k}")
+        lam = self._resolve_lam(sparse, lam)
+        params = _search_params(self.index, nprobe, ef_search)
+        if lam is None:
+            return merge_topk([self._dense_topk(dense, k, params)], k)
+        if len(sparse) != dense.shape[0]:
+            raise ValueError(f"search: {dense.shape[0]} dense but {len(sparse)} sparse query vectors")
+        n_cand = max(k, DEFAULT_CANDIDATES) if candidates is None else int(candidates)
+        if n_cand < 1:
+            raise ValueError(f"search: candidates must be >= 1, got {candidates}")
+        return self._hybrid(dense, sparse, lam, k, n_cand, params)
+
+    def _hybrid(self, dense: np.ndarray, sparse: SparseBatch, lam: float, k: int, n_cand: int,
+                params: faiss.SearchParameters | None) -> TopK:
+        d_top = self._dense_topk(dense, n_cand, params)
+        s_top = self.sparse.search(sparse, n_cand) if self.ntotal else d_top
+        unions = [np.union1d(d[d != PAD_ID], s[s != PAD_ID]) for d, s in zip(d_top[1], s_top[1], strict=True)]
+        width = max([u.size for u in unions] + [1])
+        cand = np.full((len(unions), width), PAD_ID, dtype=np.int64)
+        for q, u in enumerate(unions):
+            cand[q, : u.size] = u
+        live = cand != PAD_ID
+        d_exact = np.full(cand.shape, -np.inf)
+        if live.any():
+            q_rows, _ = np.nonzero(live)
+            vecs = self.reconstruct(cand[live]).astype(np.float64)
+            d_exact[live] = np.einsum("nd,nd->n", vecs, dense[q_rows].astype(np.float64))
+        s_exact = self.sparse.score(sparse, cand).astype(np.float64)
+
+        def rescore(q: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            return d_exact[q, : ids.size], s_exact[q, : ids.size]
+
+        return hybrid_merge(d_top, s_top, lam, k, "none", rescore=rescore)
+
+
+def load_shard(manifest_path: str | Path, shard: int, mmap: bool = False, verify: bool = True) -> Shard:
+    """Open shard ``shard`` of a manifest; ``verify`` checks its sha256 checksums first (ValueError naming
+    the file), ``mmap`` maps the FAISS file instead of reading it (types that support it)."""
+    path = _manifest_path(manifest_path)
+    manifest = Manifest.load(path)
+    if not 0 <= shard < len(manifest.shards):
+        raise ValueError(f"{path}: no shard {shard} (the index has {len(manifest.shards)})")
+    return _open_shard(path.parent, manifest.shards[shard], manifest, mmap, verify)
+
+
+def _open_shard(base: Path, info: ShardInfo, manifest: Manifest, mmap: bool, verify: bool) -> Shard:
+    if verify:
+        info.verify(base)
+    index = _read_index(base / info.dense_path, mmap)
+    if index.d != manifest.dim:
+        raise ValueError(f"{base / info.dense_path}: dimension {index.d}, manifest says {manifest.dim}")
+    ids = np.load(base / info.ids_path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    sparse = InvertedIndex.load(base / info.sparse_path) if info.sparse_path else None
+    return Shard(index, ids, sparse, manifest.lam, info.shard)
+
+
+class ShardedIndex:
+    """All shards of a manifest, searched one after the other and merged (``merge_topk``)."""
+
+    def __init__(self, manifest: Manifest, shards: list[Shard], base: Path | None = None) -> None:
+        self.manifest, self.shards, self.base = manifest, shards, base
+
+    @classmethod
+    def open(cls, manifest_path: str | Path, mmap: bool = False, verify: bool = True) -> ShardedIndex:
+        """Open every shard of ``manifest_path`` (a manifest file or its directory)."""
+        path = _manifest_path(manifest_path)
+        manifest = Manifest.load(path)
+        shards = [_open_shard(path.parent, info, manifest, mmap, verify) for info in manifest.shards]
+        return cls(manifest, shards, path.parent)
+
+    @property
+    def dim(self) -> int:
+        return self.manifest.dim
+
+    @property
+    def ntotal(self) -> int:
+        return sum(s.ntotal for s in self.shards)
+
+    @property
+    def num_shards(self) -> int:
+        return len(self.shards)
+
+    @property
+    def has_sparse(self) -> bool:
+        return bool(self.shards) and all(s.sparse is not None for s in self.shards)
+
+    @property
+    def lam(self) -> float | None:
+        return self.manifest.lam
+
+    def reconstruct(self, ids: np.ndarray) -> np.ndarray:
+        """Dense vectors of global ``ids`` (found through the shards' id ranges)."""
+        ids = np.asarray(ids, dtype=np.int64).reshape(-1)
+        out = np.zeros((ids.size, self.dim), np.float32)
+        done = np.zeros(ids.size, bool)
+        for s in self.shards:
+            if s.ntotal == 0:
+                continue
+            pos = np.minimum(np.searchsorted(s.ids, ids), s.ntotal - 1)
+            here = (s.ids[pos] == ids) & ~done
+            if here.any():
+                out[here] = s.reconstruct(ids[here])
+                done |= here
+        if not done.all():
+            raise ValueError(f"reconstruct: id {int(ids[~done][0])} is in no shard")
+        return out
+
+    def search(self, dense: np.ndarray, k: int, sparse: SparseBatch | None = None, lam: float | None = None,
+               candidates: int | None = None, nprobe: int | None = None, ef_search: int | None = None) -> TopK:
+        """``Shard.search`` on every shard, merged to the global top ``k``."""
+        if not self.shards:
+            raise ValueError("search: the index has no shards")
+        return merge_topk([s.search(dense, k, sparse, lam, candidates, nprobe, ef_search) for s in self.shards], k)

@@ -1,0 +1,5 @@
+import sys
+
+from pipelines.encode.cli import main
+
+sys.exit(main())

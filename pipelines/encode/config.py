@@ -1,0 +1,116 @@
+"""Configuration of the encode job (``configs/encode*.yaml``): one dataclass, loaded like ``madr.config``."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from madr.config import from_dict
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+@dataclass
+class EncodeConfig:
+    """Corpus -> sharded index. Paths may be local or pyarrow-filesystem URIs (s3://, gs://, ...) for the
+    input; the output is a local (or shared, mounted) directory, since FAISS writes local files.
+
+    The corpus has one row per document: an integer id column (``id_column``; the global id in the index)
+    and the text columns joined with a space (``text_columns``). ``display_columns`` (default: the text
+    columns) go to the index's ``docs`` table for display; ``external_id_column`` (e.g. a product id
+    string) is kept there too, for qrels that name documents by it.
+    """
+
+    input: list[str] = field(default_factory=list)
+    output: str = ""
+    model_dir: str = ""
+    format: str | None = None  # parquet | jsonl; default: by file extension
+    id_column: str = "doc_id"
+    text_columns: list[str] = field(default_factory=lambda: ["title", "text"])
+    display_columns: list[str] | None = None
+    external_id_column: str | None = None
+    store_docs: bool = True
+    # index
+    num_shards: int | None = 4
+    max_docs_per_shard: int | None = None  # alternative to num_shards: ceil(rows / this) shards
+    index_factory: str = "Flat"
+    train_size: int = 100_000
+    seed: int = 0
+    lam: float | None = None  # hybrid default of the manifest; None: the model's hybrid_lambda
+    # encoding
+    max_length: int | None = None  # default: the model's max_doc_length
+    batch_size: int = 128  # rows per forward pass (cut from a length-sorted piece)
+    rows_per_read: int = 2048  # rows per piece: one read task, and the length-bucketing window
+    device: str = "auto"
+    dtype: str = "auto"  # auto: bfloat16 on GPUs that support it, float16 on others, float32 on CPU
+    tokenize_actors: int = 1
+    encode_actors: int = 1
+    tokenize_cpus: float = 0.5
+    encode_cpus: float = 1.0
+    io_cpus: float = 0.25  # read, write-part and shard-finalise tasks
+    torch_threads: int | None = None  # per encode actor; default: its CPU share rounded up
+    overwrite: bool = False  # start over when the output holds another job
+
+    def __post_init__(self) -> None:
+        if isinstance(self.input, str):
+            self.input = [self.input]
+        if self.device not in DEVICES:
+            raise ValueError(f"encode.device: {self.device!r} is not one of {', '.join(DEVICES)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"encode.dtype: {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.format not in (None, "parquet", "jsonl"):
+            raise ValueError(f"encode.format: {self.format!r} is not parquet or jsonl")
+        if (self.num_shards is None) == (self.max_docs_per_shard is None):
+            raise ValueError("encode: give exactly one of num_shards and max_docs_per_shard")
+        for name in ("num_shards", "max_docs_per_shard", "batch_size", "rows_per_read", "train_size",
+                     "tokenize_actors", "encode_actors"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"encode.{name} must be >= 1, got {value}")
+        if not self.text_columns:
+            raise ValueError("encode.text_columns is empty")
+
+    def check_paths(self) -> None:
+        missing = [name for name in ("output", "model_dir") if not getattr(self, name)]
+        if not self.input:
+            missing.insert(0, "input")
+        if missing:
+            raise ValueError(f"encode: missing {', '.join(missing)} (set in the YAML or on the command line)")
+
+    @property
+    def docs_columns(self) -> list[str]:
+        cols = list(self.display_columns if self.display_columns is not None else self.text_columns)
+        if self.external_id_column and self.external_id_column not in cols:
+            cols.append(self.external_id_column)
+        return [c for c in cols if c != self.id_column]
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def load_yaml_config(cls: type, path: str | Path | None, overrides: dict[str, Any] | None = None,
+                     section: str | None = None) -> Any:
+    """Dataclass ``cls`` from a YAML file (optionally its ``section`` mapping), then dotted ``overrides``
+    (values None are skipped, so unset CLI flags keep the file's values)."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        loaded = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: top level must be a mapping, got {type(loaded).__name__}")
+        data = loaded.get(section, {}) if section else loaded
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: section {section!r} must be a mapping")
+    for key, value in (overrides or {}).items():
+        if isinstance(value, dict) and isinstance(data.get(key), dict):
+            data[key] = {**data[key], **{k: v for k, v in value.items() if v is not None}}
+        elif value is not None:
+            data[key] = value
+    try:
+        return from_dict(cls, data, f"{section}." if section else "")
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path or '<defaults>'}: {e}") from None

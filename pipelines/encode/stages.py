@@ -1,0 +1,141 @@
+"""The per-batch stages of the encode job, each a ``map_batches`` callable over Arrow tables.
+
+- ``TokenizeDocs`` (CPU actor): ``text`` -> ``input_ids`` (ragged list<int32>, special tokens, truncated,
+  unpadded), rows sorted by length within the window (length bucketing, so forward batches pad little).
+- ``EncodeDocs`` (GPU or CPU actor): the model is loaded once per actor; each window is cut, in length
+  order, into forward batches of ``batch_size`` rows, padded per batch and run under autocast
+  (bf16 / fp16 on GPUs); out come ``dense`` (fixed-size list<float32>) and, for hybrid models,
+  ``sparse_indices`` / ``sparse_values`` (the top-k SPLADE term weights, paper 002 Sec. 4.2). In the
+  job the actor writes them itself (``write_parts``: Parquet parts per shard under
+  ``parts/<run>/shard-NNNNN/``) and returns only (shard, rows): vectors never travel to the driver.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from madr.index.manifest import atomic_write, shard_stem
+
+PARTS_DIR = "parts"
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("encode.device is 'cuda' but torch sees no GPU")
+    return device
+
+
+def resolve_dtype(dtype: str, device: str):
+    import torch
+
+    if dtype == "auto":
+        if device != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return getattr(torch, dtype)
+
+
+class TokenizeDocs:
+    """``map_batches`` actor: the model's tokenizer, loaded once (``pipelines.data.tokenize.make_encoder``)."""
+
+    def __init__(self, model_dir: str, max_length: int | None = None) -> None:
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one actor per core share
+        import json
+
+        from madr.tokenization import load_tokenizer
+        from pipelines.data.tokenize import make_encoder
+
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+        self.max_length = int(max_length or cfg.get("max_doc_length", 128))
+        self.encode = make_encoder(load_tokenizer(Path(model_dir) / "tokenizer"), self.max_length)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        ids = ragged(self.encode(batch.column("text").to_pylist()))
+        lengths = np.diff(ids.offsets.to_numpy())
+        out = batch.drop_columns(["text"]).append_column("input_ids", ids)
+        return out.take(pa.array(np.argsort(lengths, kind="stable")))
+
+
+class EncodeDocs:
+    """``map_batches`` actor holding the ``BiEncoder`` on its device (see the module docstring)."""
+
+    def __init__(self, model_dir: str, batch_size: int = 128, device: str = "auto", dtype: str = "auto",
+                 torch_threads: int | None = None, out_dir: str | None = None, run: str | None = None) -> None:
+        import torch
+
+        from madr.model import BiEncoder
+
+        if torch_threads:
+            torch.set_num_threads(int(torch_threads))
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.model = BiEncoder.load(model_dir).to(self.device).eval()
+        self.batch_size = batch_size
+        self.out_dir, self.run = out_dir, run
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        out = self.encode(batch)
+        return out if self.out_dir is None else write_parts(out, self.out_dir, self.run)
+
+    def encode(self, batch: pa.Table) -> pa.Table:
+        from madr.index.encode import encode_token_batch
+
+        rows = batch.column("input_ids").to_pylist()
+        order = np.argsort([len(r) for r in rows], kind="stable")
+        dense, sparse = [], []
+        for i in range(0, len(rows), self.batch_size):
+            chunk = [rows[j] for j in order[i:i + self.batch_size]]
+            d, s = encode_token_batch(self.model, chunk, "doc", self.device, self.dtype)
+            dense.append(d)
+            sparse.append(s)
+        out = batch.drop_columns(["input_ids"]).take(pa.array(order))
+        if not dense:
+            return out
+        vecs = np.concatenate(dense).astype(np.float32)
+        out = out.append_column("dense", pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), vecs.shape[1]))
+        if sparse[0] is not None:
+            from madr.sparse import SparseBatch
+
+            sb = SparseBatch.concat(sparse)
+            offsets = pa.array(sb.indptr.astype(np.int32))
+            out = out.append_column("sparse_indices", pa.ListArray.from_arrays(offsets, pa.array(sb.indices)))
+            out = out.append_column("sparse_values", pa.ListArray.from_arrays(offsets, pa.array(sb.values)))
+        return out
+
+
+def ragged(rows: list[list[int]]) -> pa.ListArray:
+    """Token id lists -> list<int32> without per-row Python objects in Arrow."""
+    offsets = np.zeros(len(rows) + 1, dtype=np.int32)
+    np.cumsum([len(r) for r in rows], out=offsets[1:])
+    values = np.fromiter((t for r in rows for t in r), dtype=np.int32, count=int(offsets[-1]))
+    return pa.ListArray.from_arrays(pa.array(offsets), pa.array(values))
+
+
+def parts_dir(out_dir: str | Path, run: str, shard: int) -> Path:
+    return Path(out_dir) / PARTS_DIR / run / shard_stem(shard)
+
+
+def write_parts(batch: pa.Table, out_dir: str, run: str) -> pa.Table:
+    """One Parquet part per shard in ``batch``, named by a hash of its input positions (a retried task
+    rewrites the same file); returns (shard, piece, rows) only, so vectors never travel to the driver."""
+    shards, pieces = batch.column("_shard").to_numpy(), batch.column("_piece").to_numpy()
+    out: dict[str, list[int]] = {"_shard": [], "_piece": [], "rows": []}
+    for shard, piece in sorted(set(zip(shards.tolist(), pieces.tolist(), strict=True))):
+        part = batch.filter(pa.array((shards == shard) & (pieces == piece)))
+        key = hashlib.sha1(part.column("_pos").to_numpy().tobytes()).hexdigest()[:20]
+        path = parts_dir(out_dir, run, int(shard)) / f"part-{key}.parquet"
+        atomic_write(path, lambda tmp, t=part: pq.write_table(t, tmp))
+        for name, value in (("_shard", shard), ("_piece", piece), ("rows", part.num_rows)):
+            out[name].append(int(value))
+    return pa.table({"_shard": pa.array(out["_shard"], pa.int32()), "_piece": pa.array(out["_piece"], pa.int32()),
+                     "rows": pa.array(out["rows"], pa.int64())})

@@ -1,0 +1,5 @@
+import sys
+
+from pipelines.evaluate.cli import main
+
+sys.exit(main())

@@ -1,0 +1,72 @@
+"""`python -m pipelines.evaluate`: metrics of one or more indexed models on queries + qrels, and a
+recall-vs-latency plot (nprobe / efSearch sweep).
+
+    python -m pipelines.evaluate --config configs/encode_eval.yaml
+    python -m pipelines.evaluate --queries q.parquet --qrels qrels.parquet --run base=index_a/ \\
+        --run hybrid=index_b/ --doc-key product_id --output eval_out
+
+A run is NAME=MANIFEST (the model is the manifest's model_dir unless the YAML sets one). Ray starts
+locally (loopback only) unless RAY_ADDRESS names a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pipelines.encode.config import load_yaml_config
+from pipelines.evaluate.job import EvaluateConfig, run_evaluate
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipelines.evaluate", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=None, help="YAML with the EvaluateConfig fields (optionally under 'evaluate:')")
+    p.add_argument("--queries", default=None)
+    p.add_argument("--qrels", default=None)
+    p.add_argument("--run", action="append", default=None, metavar="NAME=MANIFEST")
+    p.add_argument("--doc-key", dest="doc_key", default=None)
+    p.add_argument("--output", default=None)
+    p.add_argument("--k", type=int, default=None)
+    p.add_argument("--metrics", nargs="+", default=None)
+    p.add_argument("--num-cpus", type=int, default=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    overrides = {k: getattr(args, k) for k in ("queries", "qrels", "doc_key", "output", "k", "metrics")}
+    if args.run:
+        runs = []
+        for item in args.run:
+            if "=" not in item:
+                raise SystemExit(f"--run expects NAME=MANIFEST, got {item!r}")
+            name, path = item.split("=", 1)
+            runs.append({"name": name, "index": path})
+        overrides["runs"] = runs
+    try:
+        cfg = load_yaml_config(EvaluateConfig, args.config, overrides, section=_section(args.config, "evaluate"))
+        from pipelines.data.cli import init_ray
+
+        init_ray(args.num_cpus)
+        result = run_evaluate(cfg)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(Path(cfg.output, "results.md").read_text(), end="")
+    return 0 if result["results"] else 1
+
+
+def _section(path: str | None, name: str) -> str | None:
+    if path is None:
+        return None
+    import yaml
+
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    return name if isinstance(data, dict) and name in data else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""The evaluation job: queries + qrels -> search every model's sharded index -> metrics table + plot.
+
+For each run (``SearchSpec``: an index manifest and its model) the queries are searched on a Ray actor
+pool (``pipelines.evaluate.searcher``), index ids are mapped to the qrels' doc keys, and every metric of
+``madr.metrics.evaluate`` is computed (Recall@k, NDCG@k, MRR@k, MAP, P@k, Hit@k, R-Prec, AUC, with the
+conventions of that module). Results go to ``results.csv`` and ``results.md`` (one row per run).
+
+The recall-vs-latency sweep runs in the driver process, one search setting at a time over all queries
+(queries encoded once, so the time is search only): ``nprobe`` for IVF indexes, ``efSearch`` for HNSW;
+each point is (ms per query, Recall@k). It is written to ``sweep.csv`` and plotted to
+``recall_latency.png`` (matplotlib, Agg backend).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from madr.metrics import Qrels, Run, evaluate
+from pipelines.evaluate.io import read_qrels, read_queries
+from pipelines.evaluate.searcher import (
+    DocKeys,
+    SearchSpec,
+    collect,
+    resolve_model_dir,
+    search_dataset,
+)
+
+DEFAULT_METRICS = ["recall@10", "recall@100", "ndcg@10", "mrr@10", "map@100", "p@1", "hit@10"]
+
+
+@dataclass
+class EvaluateConfig:
+    """Queries/qrels files, the runs to compare, metrics, and the sweep (module docstring)."""
+
+    queries: str = ""
+    qrels: str = ""
+    runs: list[SearchSpec] = field(default_factory=list)
+    output: str = "eval_out"
+    doc_key: str | None = None  # docs-table column the qrels name documents by (None: the index id)
+    qrels_doc_column: str = "doc_id"
+    metrics: list[str] = field(default_factory=lambda: list(DEFAULT_METRICS))
+    k: int = 100
+    relevance_threshold: float = 1.0
+    gains: str = "exp2"
+    sweep: list[int] | None = None  # nprobe / efSearch values; None: powers of two up to nlist (IVF), 16..512 (HNSW)
+    sweep_metric: str = "recall@10"
+    search_actors: int = 1
+    batch_size: int = 256
+    plot: bool = True
+
+    def __post_init__(self) -> None:
+        self.runs = [r if isinstance(r, SearchSpec) else SearchSpec(**r) for r in self.runs]
+        if self.k < 1:
+            raise ValueError(f"evaluate.k must be >= 1, got {self.k}")
+        names = [r.name for r in self.runs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"evaluate.runs: run names must be unique, got {names}")
+
+
+def to_run(results: dict[str, tuple[np.ndarray, np.ndarray]], keys: DocKeys) -> Run:
+    """Search results (ids, scores per query) -> a ``madr.metrics`` run over doc keys (padding dropped)."""
+    run: Run = {}
+    for qid, (ids, scores) in results.items():
+        live = ids >= 0
+        run[qid] = dict(zip(keys.keys(ids[live]), scores[live].astype(float).tolist(), strict=True))
+    return run
+
+
+def _metrics(run: Run, qrels: Qrels, cfg: EvaluateConfig, names: list[str]) -> dict[str, float]:
+    return evaluate(run, qrels, names, relevance_threshold=cfg.relevance_threshold, gains=cfg.gains)
+
+
+def _sweep_param(index: Any) -> tuple[str | None, list[int]]:
+    from madr.index.build import ivf_of
+    from madr.index.sharded import _hnsw_of
+
+    shard = index.shards[0].index
+    ivf = ivf_of(shard)
+    if ivf is not None:
+        return "nprobe", [v for v in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if v <= ivf.nlist]
+    if _hnsw_of(shard) is not None:
+        return "ef_search", [16, 32, 64, 128, 256, 512]
+    return None, [0]
+
+
+def sweep(spec: SearchSpec, queries: Any, qrels: Qrels, keys: DocKeys, cfg: EvaluateConfig) -> list[dict[str, Any]]:
+    """(setting, ms/query, metric) points of one run, timed in this process (search only)."""
+    import torch
+
+    from madr.index import ShardedIndex, encode_queries
+    from madr.model import BiEncoder
+
+    model = BiEncoder.load(resolve_model_dir(spec)).eval()
+    index = ShardedIndex.open(spec.index, mmap=True, verify=False)
+    param, values = _sweep_param(index)
+    if cfg.sweep and param:
+        values = list(cfg.sweep)
+    texts, qids = queries.column("text").to_pylist(), queries.column("query_id").to_pylist()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the search actors do, so the query vectors are the same as the table's
+    try:
+        with torch.no_grad():
+            dense, sparse = encode_queries(model, texts)
+    finally:
+        torch.set_num_threads(threads)
+    hybrid = sparse is not None and index.has_sparse
+    points = []
+    for v in values:
+        kw = {param: v} if param else {}
+        start = time.perf_counter()
+        scores, ids = index.search(dense, cfg.k, sparse=sparse if hybrid else None, lam=spec.lam if hybrid else 1.0,
+                                   candidates=spec.candidates, **kw)
+        ms = 1000 * (time.perf_counter() - start) / max(len(texts), 1)
+        run = to_run({q: (i, s) for q, i, s in zip(qids, ids, scores, strict=True)}, keys)
+        value = _metrics(run, qrels, cfg, [cfg.sweep_metric])[cfg.sweep_metric]
+        points.append({"run": spec.name, "param": param or "-", "value": v, "ms_per_query": ms,
+                       cfg.sweep_metric: value})
+    return points
+
+
+def write_table(rows: list[dict[str, Any]], out: Path, name: str) -> None:
+    """``name``.csv and ``name``.md of the rows (same columns in every row)."""
+    cols = list(rows[0])
+    with open(out / f"{name}.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, cols)
+        w.writeheader()
+        w.writerows(rows)
+    fmt = lambda v: f"{v:.4f}" if isinstance(v, float) else str(v)  # noqa: E731
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(fmt(r[c]) for c in cols) + " |" for r in rows]
+    (out / f"{name}.md").write_text("\n".join(lines) + "\n")
+
+
+def plot(points: list[dict[str, Any]], metric: str, path: Path) -> Path | None:
+    """Recall (``metric``) vs ms/query, one line per run; None when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name in dict.fromkeys(p["run"] for p in points):
+        pts = [p for p in points if p["run"] == name]
+        ax.plot([p["ms_per_query"] for p in pts], [p[metric] for p in pts], marker="o", label=name)
+        for p in pts:
+            if p["param"] != "-":
+                ax.annotate(str(p["value"]), (p["ms_per_query"], p[metric]), fontsize=7)
+    ax.set_xlabel("search latency (ms / query, batched)")
+    ax.set_ylabel(metric)
+    ax.set_xscale("log")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    ax.set_title(f"{metric} vs latency (labels: nprobe / efSearch)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def run_evaluate(cfg: EvaluateConfig, log=print) -> dict[str, Any]:
+    """Evaluate every run of ``cfg`` (Ray must be initialised); returns {"results": rows, "sweep": points}."""
+    if not cfg.runs:
+        raise ValueError("evaluate: no runs given (each run names an index manifest)")
+    out = Path(cfg.output)
+    out.mkdir(parents=True, exist_ok=True)
+    queries = read_queries(cfg.queries)
+    qrels = read_qrels(cfg.qrels, cfg.qrels_doc_column)
+    missing = sorted(set(qrels) - set(queries.column("query_id").to_pylist()))
+    if missing:
+        raise ValueError(f"{cfg.qrels}: {len(missing)} judged queries are not in {cfg.queries}, e.g. {missing[:3]}")
+    rows, points = [], []
+    for spec in cfg.runs:
+        log(f"run {spec.name}: searching {queries.num_rows} queries in {spec.index}")
+        keys = DocKeys(spec.index, cfg.doc_key)
+        results = collect(search_dataset(queries, spec, cfg.k, cfg.search_actors, cfg.batch_size))
+        values = _metrics(to_run(results, keys), qrels, cfg, cfg.metrics)
+        rows.append({"run": spec.name, "index": str(spec.index), "queries": len(qrels), **values})
+        log("  " + ", ".join(f"{k}={v:.4f}" for k, v in values.items()))
+        points.extend(sweep(spec, queries, qrels, keys, cfg))
+    write_table(rows, out, "results")
+    write_table(points, out, "sweep")
+    png = plot(points, cfg.sweep_metric, out / "recall_latency.png") if cfg.plot else None
+    log(f"results -> {out / 'results.csv'}, {out / 'results.md'}; plot -> {png}")
+    return {"results": rows, "sweep": points, "plot": png, "config": dataclasses.asdict(cfg)}

@@ -1,0 +1,137 @@
+"""Query -> top-k over a sharded index, as a Ray Data actor (shared by the evaluation and mining jobs).
+
+``SearchQueries`` loads the model and opens the ``ShardedIndex`` once per actor (memory-mapped where the
+index type allows it, so several actors on one node share the page cache), encodes a batch of query
+texts (``madr.index.encode_queries``) and searches all shards: dense, or hybrid (paper 002 Eq. 1) when the
+index has sparse shards and the model is hybrid. ``DocKeys`` maps index ids to the display key that
+qrels use (e.g. a product id) through the index's docs table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+
+@dataclass
+class SearchSpec:
+    """One searcher: an index manifest, the model that encodes queries (default: the manifest's), and the
+    search settings (``lam`` None = the manifest's; dense-only for dense indexes)."""
+
+    name: str = "model"
+    index: str = ""
+    model_dir: str | None = None
+    lam: float | None = None
+    candidates: int | None = None
+    nprobe: int | None = None
+    ef_search: int | None = None
+
+
+def resolve_model_dir(spec: SearchSpec) -> str:
+    from madr.index import Manifest
+
+    if spec.model_dir:
+        return spec.model_dir
+    m = Manifest.load(spec.index)
+    if not m.model_dir:
+        raise ValueError(f"{spec.index}: the manifest names no model_dir; set model_dir for run {spec.name!r}")
+    return m.model_dir
+
+
+class SearchQueries:
+    """``map_batches`` actor: (query_id, text) -> (query_id, ids list<int64>, scores list<float32>)."""
+
+    def __init__(self, spec: dict[str, Any], k: int, torch_threads: int | None = 1, mmap: bool = True) -> None:
+        import torch
+
+        from madr.index import ShardedIndex
+        from madr.model import BiEncoder
+
+        if torch_threads:
+            torch.set_num_threads(torch_threads)
+        self.spec, self.k = SearchSpec(**spec), k
+        self.model = BiEncoder.load(resolve_model_dir(self.spec)).eval()
+        self.index = ShardedIndex.open(self.spec.index, mmap=mmap, verify=False)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        scores, ids = search_texts(self.model, self.index, batch.column("text").to_pylist(), self.k, self.spec)
+        return pa.table({"query_id": batch.column("query_id"),
+                         "ids": pa.array(list(ids), pa.list_(pa.int64())),
+                         "scores": pa.array(list(scores), pa.list_(pa.float32()))})
+
+
+def search_texts(model: Any, index: Any, texts: list[str], k: int, spec: SearchSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Encode ``texts`` and search ``index`` with ``spec``'s settings: (scores [Q, k], ids [Q, k])."""
+    from madr.index import encode_queries
+
+    dense, sparse = encode_queries(model, texts)
+    if sparse is None or not index.has_sparse:  # dense model or dense index: dense-only (lam = 1)
+        sparse, lam = None, 1.0
+    else:
+        lam = spec.lam
+    return index.search(dense, k, sparse=sparse, lam=lam, candidates=spec.candidates, nprobe=spec.nprobe,
+                        ef_search=spec.ef_search)
+
+
+def search_dataset(queries: pa.Table, spec: SearchSpec, k: int, actors: int = 1, batch_size: int = 256,
+                   num_cpus: float = 1.0) -> Any:
+    """A Ray Dataset of search results of ``queries`` (query_id, text) on an actor pool."""
+    import dataclasses
+
+    import ray
+
+    ds = ray.data.from_arrow(queries)
+    return ds.map_batches(SearchQueries, fn_constructor_kwargs={"spec": dataclasses.asdict(spec), "k": k},
+                          batch_size=batch_size, batch_format="pyarrow", num_cpus=num_cpus,
+                          compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors))
+
+
+def collect(ds: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """query id -> (ids, scores) from a ``search_dataset`` (the results are small: Q x k)."""
+    out = {}
+    for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+        for qid, ids, scores in zip(*(batch.column(c).to_pylist() for c in ("query_id", "ids", "scores")), strict=True):
+            out[qid] = (np.asarray(ids, np.int64), np.asarray(scores, np.float32))
+    return out
+
+
+class DocKeys:
+    """Index id <-> display key (a column of the index's docs table, e.g. a product id); ``None`` key
+    column: the id itself as a string."""
+
+    def __init__(self, manifest_path: str | Path, key: str | None) -> None:
+        from madr.index import DocStore, Manifest
+
+        self.key = key
+        self._to_key: dict[int, str] = {}
+        self._to_id: dict[str, int] = {}
+        if key is None:
+            return
+        m = Manifest.load(manifest_path)
+        if not m.docs_path:
+            raise ValueError(f"{manifest_path}: the index has no docs table to map ids to {key!r}")
+        base = Path(manifest_path).parent if Path(manifest_path).is_file() else Path(manifest_path)
+        store = DocStore.open(base / m.docs_path, columns=[key])
+        if key not in store.table.column_names:
+            raise ValueError(f"{base / m.docs_path}: no column {key!r} (columns: {store.table.column_names})")
+        ids = store.table.column("doc_id").to_pylist()
+        keys = [str(x) for x in store.table.column(key).to_pylist()]
+        self._to_key = dict(zip(ids, keys, strict=True))
+        self._to_id = dict(zip(keys, ids, strict=True))
+
+    def keys(self, ids: np.ndarray) -> list[str]:
+        if self.key is None:
+            return [str(int(i)) for i in ids]
+        return [self._to_key.get(int(i), str(int(i))) for i in ids]
+
+    def id_of(self, key: str) -> int | None:
+        if self.key is None:
+            try:
+                return int(key)
+            except ValueError:
+                return None
+        return self._to_id.get(key)

@@ -1,0 +1,100 @@
+"""The deploy stage: put the Ray Serve app of serve/serve_config.yaml on a cluster, or run it here.
+
+With an address: `serve deploy` (the dashboard's REST API, with the cluster's token), then wait until every
+application is RUNNING. The app's code must be importable on the cluster's nodes (installed by the cluster
+launcher's setup commands or baked into the KubeRay image; on a same-host cluster, this checkout's venv).
+Without an address: `serve run` in the foreground (Ctrl-C / SIGTERM stops it), or `--non-blocking` into
+the cluster of RAY_ADDRESS when this runs inside a Ray job.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pipelines.jobs.stages import load_yaml
+
+DEFAULT_SERVE_CONFIG = "serve/serve_config.yaml"
+PATH_ARG_SUFFIXES = ("_path", "_dir", "_file")
+
+
+def load_serve_config(path: str, args: Mapping[str, Any] | None = None, absolute_paths: bool = False,
+                      root: str | None = None) -> dict[str, Any]:
+    """The Serve config with `args` set in every application's args, validated by Serve's own schema.
+
+    absolute_paths: relative path-like args (`*_path`, `*_dir`, `*_file`) resolved against `root`, for a
+    cluster on this machine whose replicas do not run in this directory.
+    """
+    cfg = load_yaml(path)
+    apps = cfg.get("applications")
+    if not isinstance(apps, list) or not apps:
+        raise ValueError(f"{path}: no applications list")
+    for i, app in enumerate(apps):
+        if not isinstance(app, dict) or "import_path" not in app:
+            raise ValueError(f"{path}: applications[{i}] has no import_path")
+        app_args = dict(app.get("args") or {})
+        app_args.update(args or {})
+        if absolute_paths:
+            base = Path(root or os.getcwd())
+            for key, value in app_args.items():
+                if (key.endswith(PATH_ARG_SUFFIXES) and isinstance(value, str) and value
+                        and "://" not in value and not Path(value).is_absolute()):
+                    app_args[key] = str(base / value)
+        app["args"] = app_args
+    validate_serve_config(cfg, path)
+    return cfg
+
+
+def validate_serve_config(cfg: dict[str, Any], where: str = "serve config") -> None:
+    from ray.serve.schema import ServeDeploySchema
+
+    try:
+        ServeDeploySchema.model_validate(cfg)
+    except Exception as err:  # pydantic.ValidationError: keep Serve's message, name the file
+        raise ValueError(f"{where}: not a valid Serve config: {err}") from None
+
+
+def deploy_to_cluster(address: str, headers: dict[str, str], cfg: dict[str, Any], timeout_s: float = 600.0,
+                      poll_s: float = 1.0) -> dict[str, str]:
+    """`serve deploy` over REST; returns {app: status} once all are RUNNING (RuntimeError on a failure)."""
+    from ray.dashboard.modules.serve.sdk import ServeSubmissionClient
+
+    client = ServeSubmissionClient(address, headers=dict(headers))
+    client.deploy_applications(cfg)
+    names = [a.get("name", "default") for a in cfg["applications"]]
+    deadline = time.monotonic() + timeout_s
+    statuses: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        details = client.get_serve_details()
+        apps = details.get("applications") or {}
+        statuses = {n: str((apps.get(n) or {}).get("status", "NOT_STARTED")) for n in names}
+        failed = {n: s for n, s in statuses.items() if s in ("DEPLOY_FAILED", "UNHEALTHY")}
+        if failed:
+            messages = {n: (apps.get(n) or {}).get("message", "") for n in failed}
+            raise RuntimeError(f"serve deploy failed: {failed}: {messages}")
+        if all(s == "RUNNING" for s in statuses.values()):
+            return statuses
+        time.sleep(poll_s)
+    raise TimeoutError(f"Serve applications not RUNNING after {timeout_s} s: {statuses}")
+
+
+def serve_run_here(cfg: dict[str, Any], blocking: bool) -> int:
+    """`serve run <config>` as a child process (foreground when blocking)."""
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="madr-serve-", delete=False) as f:
+        yaml.safe_dump(cfg, f, sort_keys=False)
+    cmd = [sys.executable, "-m", "ray.serve.scripts", "run", f.name]
+    if not blocking:
+        cmd.append("--non-blocking")
+    print(f"[madr.jobs] deploy: {' '.join(cmd)}", flush=True)
+    try:
+        return subprocess.call(cmd)
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,215 @@
+"""A single-machine Ray cluster for job submission and Serve: `ray start --head --block` on loopback.
+
+Bound to 127.0.0.1 with every port chosen free, its own --temp-dir, token auth with a fresh token of its
+own (never ~/.ray/auth_token), no usage stats. `ray start --block` owns the cluster's processes and takes
+them down on SIGTERM, so stopping it never touches other Ray instances on the machine (no `ray stop`).
+State (pid, ports, token file) lives in a JSON file so `up` and `down` can be separate commands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+DEFAULT_STATE = "runs/_cluster/local.json"
+
+
+@dataclass
+class LocalCluster:
+    pid: int
+    gcs_port: int
+    dashboard_port: int
+    temp_dir: str
+    token_file: str
+    log_file: str
+
+    @property
+    def address(self) -> str:
+        """The dashboard (job submission, serve deploy) address."""
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    @property
+    def gcs_address(self) -> str:
+        return f"127.0.0.1:{self.gcs_port}"
+
+    @property
+    def token(self) -> str:
+        return Path(self.token_file).read_text().strip()
+
+    def alive(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return _not_zombie(self.pid)
+
+    def save(self, path: str | Path) -> None:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(asdict(self), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: str | Path) -> LocalCluster:
+        return cls(**json.loads(Path(path).read_text()))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(num_cpus: int | None = None, num_gpus: int | None = None, temp_dir: str | None = None,
+          object_store_memory: int | None = None, timeout_s: float = 180.0) -> LocalCluster:
+    """Start the head and wait until its dashboard answers an authenticated request."""
+    temp = Path(temp_dir or tempfile.mkdtemp(prefix="madr-ray-"))
+    temp.mkdir(parents=True, exist_ok=True)
+    token_file = temp / "auth_token"
+    token_file.write_text(secrets.token_hex(24))
+    token_file.chmod(0o600)
+    gcs, dash = free_port(), free_port()
+    cmd = [_ray_bin(), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
+           "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--include-dashboard", "true",
+           "--ray-client-server-port", str(free_port()), "--dashboard-agent-listen-port", str(free_port()),
+           "--temp-dir", str(temp), "--disable-usage-stats"]
+    if num_cpus is not None:
+        cmd += ["--num-cpus", str(num_cpus)]
+    if num_gpus is not None:
+        cmd += ["--num-gpus", str(num_gpus)]
+    if object_store_memory is not None:
+        cmd += ["--object-store-memory", str(object_store_memory)]
+    log = temp / "ray-start.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, env=cluster_env(str(token_file)), stdout=out, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    cluster = LocalCluster(proc.pid, gcs, dash, str(temp), str(token_file), str(log))
+    try:
+        _wait_ready(cluster, proc, timeout_s)
+    except BaseException:
+        stop(cluster)
+        raise
+    return cluster
+
+
+def cluster_env(token_file: str) -> dict[str, str]:
+    """Environment of the head (and so of every job on it): loopback, no usage stats, token auth."""
+    env = dict(os.environ)
+    env.update(RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="token",
+               RAY_AUTH_TOKEN_PATH=token_file)
+    env.pop("RAY_AUTH_TOKEN", None)
+    env.pop("RAY_ADDRESS", None)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")  # jobs' `python`
+    bootstrap = Path.home() / "ray_bootstrap_config.yaml"
+    if not bootstrap.exists():
+        bootstrap.write_text("provider:\n  type: local\n")
+    return env
+
+
+def stop(cluster: LocalCluster, timeout_s: float = 60.0) -> None:
+    """SIGTERM `ray start --block` (it stops its own processes), then SIGKILL its process group if needed."""
+    try:
+        os.kill(cluster.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and cluster.alive():
+        _reap(cluster.pid)
+        time.sleep(0.2)
+    try:
+        os.killpg(cluster.pid, signal.SIGKILL)  # the group it leads (start_new_session): its children only
+    except (ProcessLookupError, PermissionError):
+        pass
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and cluster.alive():
+        _reap(cluster.pid)
+        time.sleep(0.1)
+
+
+def recorded(address: str, state: str | Path = DEFAULT_STATE) -> LocalCluster | None:
+    """The `up` cluster recorded in `state` when `address` is its dashboard and it is running."""
+    p = Path(state)
+    if not p.exists():
+        return None
+    try:
+        cluster = LocalCluster.load(p)
+    except (ValueError, TypeError, OSError):
+        return None
+    address = address.rstrip("/")
+    if "://" not in address:
+        address = "http://" + address
+    if address not in (cluster.address, cluster.address.replace("127.0.0.1", "localhost")):
+        return None
+    return cluster if cluster.alive() else None
+
+
+def started_here(address: str, state: str | Path = DEFAULT_STATE) -> bool:
+    return recorded(address, state) is not None
+
+
+def token_for(address: str, state: str | Path = DEFAULT_STATE) -> str | None:
+    """The token of the `up` cluster recorded in `state`, when `address` is its dashboard."""
+    cluster = recorded(address, state)
+    if cluster is None:
+        return None
+    try:
+        return cluster.token
+    except OSError:
+        return None
+
+
+def _wait_ready(cluster: LocalCluster, proc: subprocess.Popen, timeout_s: float) -> None:
+    headers = {"Authorization": f"Bearer {cluster.token}"}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"ray start exited with {proc.returncode}:\n{_tail(cluster.log_file)}")
+        try:
+            req = urllib.request.Request(cluster.address + "/api/version", headers=headers)
+            with urllib.request.urlopen(req, timeout=2) as resp:
+                if resp.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+            pass
+        time.sleep(0.5)
+    raise TimeoutError(f"the dashboard at {cluster.address} did not answer within {timeout_s} s:\n"
+                       f"{_tail(cluster.log_file)}")
+
+
+def _ray_bin() -> str:
+    here = Path(sys.executable).parent / "ray"
+    return str(here) if here.exists() else (shutil.which("ray") or "ray")
+
+
+def _tail(path: str, n: int = 30) -> str:
+    try:
+        return "\n".join(Path(path).read_text().splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def _not_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass

@@ -1,0 +1,212 @@
+"""Run stages where this process is: a stage's module as a child process, skipped when already complete.
+
+This is both the no-address path of `python -m pipelines.jobs` (each stage starts its own local Ray,
+loopback only) and the entrypoint of every submitted job (`run-stage`, on the cluster, where RAY_ADDRESS
+makes the stage join the cluster).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from madr.config import config_hash
+from pipelines.jobs import markers
+from pipelines.jobs.stages import STAGES, Stage, StageConfigs, check_available, load_yaml, stage_keys
+
+
+def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """`key.sub=value` pairs (values parsed as YAML) -> {dotted key: value}."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"--set expects key=value, got {pair!r}")
+        key, value = pair.split("=", 1)
+        out[key.strip()] = yaml.safe_load(value)
+    return out
+
+
+def parse_stage_configs(pairs: Sequence[str], table: Mapping[str, Stage] = STAGES) -> dict[str, str]:
+    out = {}
+    for pair in pairs:
+        name, sep, path = pair.partition("=")
+        if not sep or name not in table:
+            raise ValueError(f"--stage-config expects STAGE=PATH with STAGE one of {', '.join(table)}, "
+                             f"got {pair!r}")
+        out[name] = path
+    return out
+
+
+def apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    out = yaml.safe_load(yaml.safe_dump(data))  # deep copy of plain YAML data
+    for key, value in overrides.items():
+        node = out
+        *parents, leaf = key.split(".")
+        for p in parents:
+            child = node.setdefault(p, {})
+            if not isinstance(child, dict):
+                raise ValueError(f"--set {key}: {p!r} is not a mapping in the config")
+            node = child
+        node[leaf] = value
+    return out
+
+
+@dataclass
+class Invocation:
+    """What the user asked for: config file(s), `--set` overrides of the default config, and the state dir.
+
+    With overrides, the default config is written out (materialised) next to the markers and the stages
+    read that file, so the module entry points need no override syntax of their own.
+    """
+
+    config: str
+    per_stage: dict[str, str] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)
+    state_dir: str | None = None
+    table: Mapping[str, Stage] = field(default_factory=lambda: STAGES)
+
+    def __post_init__(self) -> None:
+        base = load_yaml(self.config)
+        self._default_data = apply_overrides(base, self.overrides) if self.overrides else base
+        if self.state_dir is None:
+            self.state_dir = markers.default_state_dir(self._default_data, self.config)
+        self._default_path: str | None = None if self.overrides else self.config
+
+    def _materialise(self) -> str:
+        stem = Path(self.config).stem
+        name = f"{stem}-{config_hash(self._default_data)[:8]}.yaml"
+        assert self.state_dir is not None
+        folder = (Path(self.state_dir) / "configs" if not markers.is_uri(self.state_dir)
+                  else Path(os.environ.get("TMPDIR", "/tmp")) / "madr-configs")
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / name
+        path.write_text(f"# {self.config} with --set {self.overrides}\n"
+                        + yaml.safe_dump(self._default_data, sort_keys=False))
+        return str(path)
+
+    @property
+    def configs(self) -> StageConfigs:
+        """The config file of each stage (the materialised copy is written on first use)."""
+        if self._default_path is None:
+            self._default_path = self._materialise()
+        return StageConfigs(self._default_path, dict(self.per_stage))
+
+    def keys(self, stages: Sequence[Stage]) -> dict[str, str]:
+        parsed = {name: load_yaml(self.per_stage[name]) if name in self.per_stage else self._default_data
+                  for name in self.table}
+        return stage_keys(stages, parsed, self.table)
+
+
+def upstream_of(stage: Stage, table: Mapping[str, Stage]) -> Stage | None:
+    """The stage whose outputs this one reads: the previous non-optional module stage of the table."""
+    previous = None
+    for s in table.values():
+        if s.name == stage.name:
+            return previous
+        if s.kind == "module" and not s.optional:
+            previous = s
+    return None
+
+
+def status(stage: Stage, inv: Invocation, key: str) -> tuple[bool, str]:
+    """(complete, why): the marker has the current key, and the upstream stage has not run again since."""
+    assert inv.state_dir is not None
+    marker = markers.read_marker(inv.state_dir, stage.name)
+    if marker is None:
+        return False, "no completion marker"
+    if marker.get("key") != key:
+        return False, f"config changed (marker key {marker.get('key')}, now {key})"
+    up = upstream_of(stage, inv.table)
+    if up is not None:
+        up_marker = markers.read_marker(inv.state_dir, up.name)
+        up_run = None if up_marker is None else up_marker.get("run_id")
+        if up_run != marker.get("upstream_run"):
+            return False, f"{up.name} ran again since" if up_marker else f"{up.name} is not complete"
+    return True, f"complete ({marker.get('finished_at', '?')}, key {key})"
+
+
+def run_stage_here(stage: Stage, inv: Invocation, force: bool = False, python: str | None = None,
+                   extra_env: Mapping[str, str] | None = None) -> int:
+    """Run one stage in a child process unless complete; write its marker when it exits 0. Returns its rc."""
+    assert inv.state_dir is not None
+    key = inv.keys([stage])[stage.name]
+    complete, why = status(stage, inv, key)
+    if complete and not force:
+        print(f"[madr.jobs] {stage.name}: skip, {why}", flush=True)
+        return 0
+    check_available(stage)
+    markers.clear_marker(inv.state_dir, stage.name)  # a crash from here on must not leave an old marker
+    config = inv.configs.path(stage.name)
+    cmd = [python or sys.executable, "-m", stage.module, *stage.argv(config)]
+    print(f"[madr.jobs] {stage.name}: run ({'forced' if complete else why}): {' '.join(cmd)}", flush=True)
+    up = upstream_of(stage, inv.table)
+    up_marker = markers.read_marker(inv.state_dir, up.name) if up is not None else None
+    started = time.time()
+    rc = subprocess.call(cmd, env=stage_env(extra_env))
+    if rc != 0:
+        print(f"[madr.jobs] {stage.name}: failed with exit code {rc}; no marker written", flush=True)
+        return rc
+    path = markers.write_marker(inv.state_dir, stage.name, key, config=config, command=cmd,
+                                duration_s=round(time.time() - started, 3), ray_job=current_job_id(),
+                                run_id=uuid.uuid4().hex,
+                                upstream_run=None if up_marker is None else up_marker.get("run_id"))
+    print(f"[madr.jobs] {stage.name}: done in {time.time() - started:.1f} s; marker {path}", flush=True)
+    return 0
+
+
+def current_job_id() -> str | None:
+    """The Ray job submission id when this runs as a job's entrypoint (from the job config Ray passes)."""
+    raw = os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR")
+    if not raw:
+        return None
+    try:
+        return json.loads(raw).get("metadata", {}).get("job_submission_id")
+    except (ValueError, AttributeError):
+        return None
+
+
+def stage_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The child's environment: no usage stats anywhere; loopback-only Ray when no cluster is joined."""
+    env = dict(os.environ)
+    env.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    if not env.get("RAY_ADDRESS"):
+        env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+        bootstrap = Path.home() / "ray_bootstrap_config.yaml"
+        if not bootstrap.exists():
+            bootstrap.write_text("provider:\n  type: local\n")
+    env.update(extra or {})
+    return env
+
+
+def plan(inv: Invocation, stages: Sequence[Stage], visible: bool = True) -> list[markers.PlanItem]:
+    """What `pipeline` will do per stage: a stage runs when it is not complete, or when its upstream runs."""
+    keys = inv.keys(stages)
+    items: list[markers.PlanItem] = []
+    running: set[str] = set()
+    for stage in stages:
+        key = keys[stage.name]
+        up = upstream_of(stage, inv.table)
+        if stage.kind == "deploy":
+            items.append(markers.PlanItem(stage.name, key, "run", "deploy always runs (idempotent)"))
+            continue
+        if not visible:
+            items.append(markers.PlanItem(stage.name, key, "unknown", "state dir not visible: job decides"))
+            continue
+        complete, why = status(stage, inv, key)
+        if complete and up is not None and up.name in running:
+            complete, why = False, f"{up.name} runs first"
+        if not complete:
+            running.add(stage.name)
+        items.append(markers.PlanItem(stage.name, key, "skip" if complete else "run", why))
+    return items

@@ -1,0 +1,186 @@
+"""The stage table: which module runs each stage of the pipeline, and each stage's identity (its key).
+
+A stage is one `python -m <module> <args>` command over one experiment YAML. Its key hashes the stage name,
+its command, the parsed config it reads and the key of the stage before it, so changing the config of a
+stage reruns it and every stage after it, while an unchanged stage is skipped (see `markers`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from madr.config import config_hash
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One pipeline stage: `python -m module *args`, where "{config}" in args is replaced by the config path.
+
+    kind "module" runs the module; kind "deploy" deploys the Serve config (see `deploy`).
+    `optional` stages are left out of `pipeline` unless named in --stages.
+    """
+
+    name: str
+    module: str
+    args: tuple[str, ...] = ("--config", "{config}")
+    kind: str = "module"
+    optional: bool = False
+    gpu: bool = False
+    help: str = ""
+
+    def argv(self, config: str) -> list[str]:
+        return [a.replace("{config}", config) for a in self.args]
+
+
+STAGES: dict[str, Stage] = {s.name: s for s in (
+    Stage("data", "pipelines.data", ("prepare", "--config", "{config}"),
+          help="ingest, validate, tokenise and write the task datasets, tokenizer and aspect vocabularies"),
+    Stage("pretrain", "pipelines.train", ("--config", "{config}", "--stage", "pretrain"), gpu=True,
+          help="MLM + aspect pretraining (paper 000 Eq. 7 / paper 001 Eq. 9)"),
+    Stage("finetune", "pipelines.train", ("--config", "{config}", "--stage", "finetune"), gpu=True,
+          help="retrieval fine-tuning (paper 000 Eq. 8 / paper 001 Eq. 10)"),
+    Stage("distill", "pipelines.train", ("--config", "{config}", "--stage", "distill"), gpu=True,
+          help="distil the query tower into a small student (paper 004)"),
+    Stage("encode", "pipelines.encode", gpu=True, help="corpus -> sharded FAISS (+ sparse) index + manifest"),
+    Stage("mine", "pipelines.mine", optional=True,
+          help="hard negatives from the index for the next fine-tuning round"),
+    Stage("evaluate", "pipelines.evaluate", help="Recall/NDCG/MRR/AUC/Accuracy@1 over the index"),
+    Stage("deploy", "serve", (), kind="deploy",
+          help="deploy the Ray Serve app (serve deploy to --address; serve run in the foreground without)"),
+)}
+ORDER: tuple[str, ...] = tuple(STAGES)
+
+
+def load_table(path: str | Path | None) -> dict[str, Stage]:
+    """The built-in table, or the one of a YAML file (`stages: [{name, module, args, optional}]`, in order).
+
+    A table file replaces the built-in table: it adapts the pipeline (other entry points, extra stages)
+    without code changes. Bad entries are errors naming the file and the entry.
+    """
+    if path is None:
+        return dict(STAGES)
+    data = load_yaml(path)
+    entries = data.get("stages")
+    if not isinstance(entries, list) or not entries:
+        raise ValueError(f"{path}: expected a non-empty `stages:` list")
+    table: dict[str, Stage] = {}
+    known = {"name", "module", "args", "kind", "optional", "gpu", "help"}
+    for i, entry in enumerate(entries):
+        where = f"{path}: stages[{i}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry.get("module"):
+            raise ValueError(f"{where}: needs `name` and `module`")
+        unknown = sorted(set(entry) - known)
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(sorted(known))}")
+        args = entry.get("args", ["--config", "{config}"])
+        if not isinstance(args, list) or not all(isinstance(a, (str, int, float)) for a in args):
+            raise ValueError(f"{where}: `args` must be a list of strings")
+        if entry["name"] in table:
+            raise ValueError(f"{where}: duplicate stage name {entry['name']!r}")
+        if entry.get("kind", "module") not in ("module", "deploy"):
+            raise ValueError(f"{where}: `kind` must be module or deploy")
+        table[entry["name"]] = Stage(entry["name"], str(entry["module"]), tuple(str(a) for a in args),
+                                     kind=entry.get("kind", "module"),
+                                     optional=bool(entry.get("optional", False)),
+                                     gpu=bool(entry.get("gpu", False)), help=str(entry.get("help", "")))
+    return table
+
+
+class StageUnavailable(RuntimeError):
+    """A stage whose entry-point module is not in this checkout."""
+
+
+def check_available(stage: Stage) -> None:
+    """Fail with a clear message when `python -m stage.module` cannot run here."""
+    if stage.kind != "module":
+        return
+    if not _runnable(stage.module):
+        raise StageUnavailable(
+            f"stage {stage.name!r} runs `python -m {stage.module}`, but {stage.module} is not in this "
+            f"checkout (no module, or a package without __main__.py); see the stage table in "
+            f"pipelines/jobs/stages.py")
+
+
+def _runnable(module: str) -> bool:
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ModuleNotFoundError, ValueError):
+        return False
+    if spec is None:
+        return False
+    if spec.submodule_search_locations is not None:  # a package: needs __main__
+        try:
+            return importlib.util.find_spec(module + ".__main__") is not None
+        except ModuleNotFoundError:
+            return False
+    return True
+
+
+def select(names: Sequence[str] | None, table: Mapping[str, Stage] = STAGES) -> list[Stage]:
+    """Stages to run, in table order: all non-optional ones, or exactly `names` (unknown names are errors)."""
+    if not names:
+        return [s for s in table.values() if not s.optional]
+    unknown = [n for n in names if n not in table]
+    if unknown:
+        raise ValueError(f"unknown stage(s) {', '.join(unknown)}; known: {', '.join(table)}")
+    return [s for s in table.values() if s.name in set(names)]
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    """The parsed config file (a mapping), with the file named in errors."""
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except FileNotFoundError:
+        raise FileNotFoundError(f"config file {path} does not exist") from None
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not valid YAML: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def stage_keys(stages: Sequence[Stage], configs: Mapping[str, dict[str, Any]],
+               table: Mapping[str, Stage] = STAGES) -> dict[str, str]:
+    """Chained keys of every stage in `table` order: key(s) = hash(name, command, config of s, key(previous)).
+
+    `configs` maps each stage name to the parsed config it runs with. Keys are computed over the whole
+    table, whichever stages run, so one stage submitted alone has the key it has inside `pipeline`.
+    """
+    keys: dict[str, str] = {}
+    previous = ""
+    for stage in table.values():
+        cfg = configs.get(stage.name, {})
+        previous = config_hash({"stage": stage.name, "module": stage.module, "args": list(stage.args),
+                                "kind": stage.kind, "config": cfg, "previous": previous})
+        keys[stage.name] = previous
+    return {s.name: keys[s.name] for s in stages}
+
+
+@dataclass
+class StageConfigs:
+    """Which config file each stage reads: one default, optionally replaced per stage (NAME=PATH)."""
+
+    default: str
+    per_stage: dict[str, str] = field(default_factory=dict)
+
+    def path(self, stage: str) -> str:
+        return self.per_stage.get(stage, self.default)
+
+    def parsed(self, table: Mapping[str, Stage] = STAGES) -> dict[str, dict[str, Any]]:
+        cache: dict[str, dict[str, Any]] = {}
+        out = {}
+        for name in table:
+            p = self.path(name)
+            if p not in cache:
+                cache[p] = load_yaml(p)
+            out[name] = cache[p]
+        return out

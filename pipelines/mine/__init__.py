@@ -1,0 +1,1 @@
+"""Hard-negative mining job: training queries -> sharded search -> negatives Parquet for fine-tuning."""

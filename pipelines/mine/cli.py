@@ -1,0 +1,58 @@
+"""`python -m pipelines.mine`: hard negatives for fine-tuning from a sharded index (see pipelines.mine.job
+for the output columns).
+
+    python -m pipelines.mine --config configs/encode_mine.yaml
+    python -m pipelines.mine --queries train_q.parquet --positives train_qrels.parquet --index index/ \\
+        --rank-min 10 --rank-max 100 --num-negatives 8 --output negatives.parquet
+
+Ray starts locally (loopback only) unless RAY_ADDRESS names a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from pipelines.encode.config import load_yaml_config
+from pipelines.evaluate.cli import _section
+from pipelines.mine.job import MineConfig, run_mine
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m pipelines.mine", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=None, help="YAML with the MineConfig fields (optionally under 'mine:')")
+    p.add_argument("--queries", default=None)
+    p.add_argument("--positives", default=None)
+    p.add_argument("--index", default=None, help="index manifest (or its directory)")
+    p.add_argument("--model-dir", dest="model_dir", default=None)
+    p.add_argument("--doc-key", dest="doc_key", default=None)
+    p.add_argument("--rank-min", dest="rank_min", type=int, default=None)
+    p.add_argument("--rank-max", dest="rank_max", type=int, default=None)
+    p.add_argument("--num-negatives", dest="num_negatives", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--output", default=None)
+    p.add_argument("--num-cpus", type=int, default=None)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    overrides = {k: getattr(args, k) for k in ("queries", "positives", "doc_key", "rank_min", "rank_max",
+                                               "num_negatives", "seed", "output")}
+    if args.index or args.model_dir:
+        overrides["search"] = {"index": args.index, "model_dir": args.model_dir}
+    try:
+        cfg = load_yaml_config(MineConfig, args.config, overrides, section=_section(args.config, "mine"))
+        from pipelines.data.cli import init_ray
+
+        init_ray(args.num_cpus)
+        run_mine(cfg)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,14 @@
+"""Distributed training on Ray Train: pretrain, fine-tune and distil stages that survive worker failures.
+
+| module | holds |
+|---|---|
+| `objectives` | `StageModule`: model + stage losses in one module (DDP / DeepSpeed wrap it); Ray-free |
+| `engine` | `DDPEngine` / `DeepSpeedEngine`: accumulation, GradCache, clipping, warm-up + decay, save/load |
+| `examples` | a stage's training rows from a catalog, as Parquet; batch decoding in the worker |
+| `data` | deterministic streaming split + `RowStream` (resumable data position) |
+| `loop` | `train_loop_per_worker`: resume, stream, step, validate, checkpoint, report, failure drill |
+| `metrics` | controller-side history + TensorBoard callback, curves PNG |
+| `job` | driver: prepare, `TorchTrainer.fit`, export, plot; `ray job submit` command |
+
+Entry point: `python -m pipelines.train --config configs/train_tiny.yaml --stage pretrain`.
+"""

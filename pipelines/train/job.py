@@ -1,0 +1,178 @@
+"""The driver of a training stage: prepare inputs, run Ray Train's `TorchTrainer`, export the model, plot.
+
+`run_stage(cfg, kind)`:
+1. prepare (driver, no Ray): the catalog (read, or generated under `<output_dir>/catalog`), the stage's
+   starting model (pretrain: a new model with a tokenizer + aspect vocabularies built from the catalog;
+   finetune: `init_from`, else the pretrain export when present, else new; distill: the teacher), and
+   the stage's rows as Parquet (`pipelines.train.examples`);
+2. fit: `TorchTrainer(train_loop_per_worker)` over `ScalingConfig(num_workers, use_gpu)`, gloo on CPU /
+   nccl on GPU, the rows as the "train" dataset (streamed, split over workers), `CheckpointConfig
+   (num_to_keep=keep_last)`, `FailureConfig(max_failures)`, the metrics callback, storage at
+   `<storage_path>/<run_name>`: re-running the same stage with the same pair resumes from its latest
+   checkpoint (Ray Train V2 resumes by run name, not `resume_from_checkpoint`);
+3. export the final checkpoint's model to `<output_dir>/<stage>/model` (`BiEncoder.save` layout) and write
+   `curves.png` and `result.json` beside it. TensorBoard: `tensorboard --logdir <output_dir>/<stage>/logs`.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from madr.config import ExperimentConfig, config_hash
+from madr.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies
+from madr.model import build_model
+from pipelines.train.examples import ROWS, write_examples
+from pipelines.train.loop import MODEL_DIR, JobSpec, train_loop_per_worker
+from pipelines.train.metrics import MetricsLogger, plot_curves, read_history
+
+KINDS = ("pretrain", "finetune", "distill")
+
+
+@dataclass
+class StageResult:
+    kind: str
+    model_dir: str
+    log_dir: str
+    plot: str
+    steps: int
+    metrics: dict[str, Any]
+    checkpoint: str
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def stage_dir(cfg: ExperimentConfig, kind: str) -> Path:
+    return Path(cfg.output_dir).resolve() / kind
+
+
+def _absolute(cfg: ExperimentConfig) -> ExperimentConfig:
+    cfg.output_dir = str(Path(cfg.output_dir).resolve())
+    if cfg.data.catalog_dir:
+        cfg.data.catalog_dir = str(Path(cfg.data.catalog_dir).resolve())
+    if cfg.distributed.storage_path and "://" not in cfg.distributed.storage_path:
+        cfg.distributed.storage_path = str(Path(cfg.distributed.storage_path).resolve())
+    return cfg
+
+
+def _starting_model(cfg: ExperimentConfig, kind: str, catalog: Any, out: Path) -> str:
+    """The model directory a stage starts from (built and saved once when none is given)."""
+    stage = getattr(cfg.train, kind)
+    given = getattr(stage, "init_from", None)
+    if given:
+        return str(Path(given).resolve())
+    previous = stage_dir(cfg, "pretrain") / "model"
+    if kind == "finetune" and (previous / "config.json").is_file():
+        return str(previous)
+    init = out / "init_model"
+    if not (init / "config.json").is_file():
+        torch.manual_seed(cfg.train.seed)
+        tokenizer = prepare_tokenizer(cfg, catalog)
+        model = build_model(cfg.model, tokenizer, prepare_vocabularies(cfg, catalog, tokenizer))
+        model.save(init)
+    return str(init)
+
+
+def prepare_stage(cfg: ExperimentConfig, kind: str) -> JobSpec:
+    """Everything the workers read, under `<output_dir>/<kind>` (see the module docstring, step 1)."""
+    if kind not in KINDS:
+        raise ValueError(f"--stage must be one of {', '.join(KINDS)}, got {kind!r}")
+    stage = getattr(cfg.train, kind)
+    if stage.steps < 1:
+        raise ValueError(f"train.{kind}.steps is {stage.steps}: nothing to train")
+    cfg = _absolute(cfg)
+    out = stage_dir(cfg, kind)
+    out.mkdir(parents=True, exist_ok=True)
+    catalog = load_catalog(cfg)
+    catalog_dir = cfg.data.catalog_dir or str(Path(cfg.output_dir) / "catalog")
+    spec = JobSpec(experiment=cfg.to_dict(), kind=kind, catalog_dir=catalog_dir,
+                   drill_flag=str(out / "failure_drill.done"))
+    if kind == "distill":
+        teacher = Path(cfg.train.distill.teacher or stage_dir(cfg, "finetune") / "model").resolve()
+        if not (teacher / "config.json").is_file():
+            raise ValueError(f"train.distill.teacher: {teacher} is not a saved model (run --stage finetune first "
+                             f"or set train.distill.teacher)")
+        spec.teacher = str(teacher)
+    else:
+        spec.init_model = _starting_model(cfg, kind, catalog, out)
+    fingerprint = config_hash({"data": asdict(cfg.data), "seed": cfg.train.seed, "kind": kind})
+    write_examples(kind, ROWS[kind](catalog, cfg.train.seed), out / "examples", fingerprint=fingerprint)
+    return spec
+
+
+def _ray_init(cfg: ExperimentConfig, address: str | None) -> None:
+    import ray
+
+    if ray.is_initialized():
+        return
+    env = cfg.distributed.runtime_env or None
+    if address:
+        ray.init(address=address, runtime_env=env)
+    else:
+        ray.init(runtime_env=env, include_dashboard=False)
+
+
+def build_trainer(cfg: ExperimentConfig, spec: JobSpec) -> Any:
+    """The `TorchTrainer` of a prepared stage (see the module docstring, step 2)."""
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from pipelines.train.data import read_examples, train_data_config
+
+    d = cfg.distributed
+    out = stage_dir(cfg, spec.kind)
+    storage = d.storage_path or str(Path(cfg.output_dir) / "ray_results")
+    resources = {"CPU": d.cpus_per_worker, **({"GPU": 1} if d.use_gpu else {})}
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config=spec.to_dict(),
+        scaling_config=ScalingConfig(num_workers=d.num_workers, use_gpu=d.use_gpu, resources_per_worker=resources),
+        torch_config=TorchConfig(backend="nccl" if d.use_gpu else "gloo"),
+        run_config=RunConfig(
+            name=d.run_name or f"{cfg.name}-{spec.kind}", storage_path=storage,
+            failure_config=FailureConfig(max_failures=d.max_failures),
+            checkpoint_config=CheckpointConfig(num_to_keep=d.keep_last),
+            callbacks=[MetricsLogger(str(out / "logs"))],
+            worker_runtime_env=d.runtime_env or None),
+        datasets={"train": read_examples(str(out / "examples"))},
+        dataset_config=train_data_config(),
+    )
+
+
+def run_stage(cfg: ExperimentConfig, kind: str, address: str | None = None) -> StageResult:
+    """Prepare, fit and export one stage (see the module docstring)."""
+    start = time.perf_counter()
+    spec = prepare_stage(cfg, kind)
+    cfg = _absolute(cfg)
+    _ray_init(cfg, address)
+    result = build_trainer(cfg, spec).fit()
+    if result.error is not None:
+        raise result.error
+    out = stage_dir(cfg, kind)
+    model_dir = out / "model"
+    with result.checkpoint.as_directory() as ckpt:
+        if model_dir.exists():
+            shutil.rmtree(model_dir)
+        shutil.copytree(Path(ckpt) / MODEL_DIR, model_dir)
+    history = read_history(out / "logs")
+    plot = plot_curves(out / "logs", out / "curves.png", title=f"{cfg.name}: {kind}")
+    final = history[-1] if history else {}
+    res = StageResult(kind, str(model_dir), str(out / "logs"), str(plot), int(final.get("step", 0)),
+                      dict(result.metrics or {}), str(result.checkpoint.path), time.perf_counter() - start)
+    (out / "result.json").write_text(json.dumps(res.to_dict(), indent=1, default=str))
+    return res
+
+
+def submit_command(config_path: str, kind: str, cfg: ExperimentConfig) -> str:
+    """A `ray job submit` command line for this stage, with the config's runtime env (working dir = here)."""
+    env = {"working_dir": ".", **cfg.distributed.runtime_env}
+    return (f"RAY_AUTH_MODE=token ray job submit --runtime-env-json '{json.dumps(env)}' -- "
+            f"python -m pipelines.train --config {config_path} --stage {kind}")

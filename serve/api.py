@@ -1,0 +1,362 @@
+"""The HTTP API (FastAPI, no Ray): routes, request validation, API key, body-size limit, filters.
+
+``create_api(backend, settings, docs)`` builds the app over any `serve.backend.Backend`: the Ray Serve ingress
+(`serve/app.py`) hands it Ray handles, ``plain_app`` an in-process model and index (the uvicorn baseline).
+
+Routes: ``POST /search`` (query, k, aspect filters, lambda override -> ids, scores, DocStore fields),
+``POST /explain`` (paper 000 Table 8 aspect predictions / presence / fusion weights and paper 002 matched
+and expansion terms of a query and a document), ``POST /encode`` (dense vector + top sparse terms),
+``GET /healthz`` (the process answers), ``GET /ready`` (model and every shard loaded), ``/openapi.json``,
+``/docs``. Bad input answers 4xx with a message naming the field: 401 (API key), 404 (unknown doc id),
+413 (body over ``max_body_bytes``), 422 (validation: types, ranges, blank or over-long text, unknown
+filters or fields). A failing backend answers 503, a slow one 504.
+"""
+
+# No `from __future__ import annotations`: FastAPI must see the request models built in create_api as
+# real classes, not strings naming local variables.
+
+import asyncio
+import hmac
+import json
+import time
+from typing import Any
+
+import numpy as np
+from fastapi import FastAPI, HTTPException
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from madr.index.manifest import Manifest
+from serve.backend import (
+    Backend,
+    BackendBadRequest,
+    BackendTimeout,
+    BackendUnavailable,
+    Docs,
+    EncodedQuery,
+    SearchParams,
+)
+from serve.config import ServeSettings
+from serve.filters import check_filters, matches
+
+TITLE = "madr search"
+
+
+# ---- request and response models ----------------------------------------------------------------------------
+
+def _not_blank(value: str, what: str) -> str:
+    if not value.strip():
+        raise ValueError(f"{what} is blank (only whitespace)")
+    return value
+
+
+class SearchHit(BaseModel):
+    id: int
+    score: float
+    doc: dict[str, Any] | None = None
+
+
+class FilterReport(BaseModel):
+    fetched: int = Field(description="candidates fetched from the index before filtering")
+    matched: int = Field(description="candidates that passed the filters")
+    complete: bool = Field(description="False when fewer than k matched within max_filter_fetch candidates")
+
+
+class SearchResponse(BaseModel):
+    query: str
+    k: int
+    lam: float | None = Field(description="hybrid lambda used (None: the index default / dense-only)")
+    results: list[SearchHit]
+    filter: FilterReport | None = None
+    took_ms: float = Field(description="time in the API, from the parsed request to the response")
+    timings_ms: dict[str, float] = Field(default_factory=dict, description="encode / search / docs")
+
+
+def request_models(s: ServeSettings, filter_fields: list[str], doc_fields: list[str]) -> dict[str, type]:
+    """Pydantic request models with this deployment's limits (so they show in the OpenAPI schema)."""
+
+    class SearchRequest(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+        query: str = Field(min_length=1, max_length=s.max_query_chars, description="query text")
+        k: int = Field(10, ge=1, le=s.max_k, description="number of results")
+        filters: dict[str, str | list[str]] | None = Field(
+            None, description=f"aspect filters on document fields ({', '.join(filter_fields) or 'none'}): "
+                              "a value or list of values per field; AND across fields, OR within one")
+        lam: float | None = Field(None, ge=0.0, le=1.0, description="hybrid lambda (paper 002 Eq. 1) override")
+        include_docs: bool = Field(True, description="attach DocStore fields to each result")
+        fields: list[str] | None = Field(None, description="DocStore fields to return (default: all)")
+
+        @field_validator("query")
+        @classmethod
+        def _query(cls, v: str) -> str:
+            return _not_blank(v, "query")
+
+        @field_validator("filters")
+        @classmethod
+        def _filters(cls, v: dict | None) -> dict | None:
+            if v is not None:
+                check_filters(v, filter_fields)
+            return v
+
+        @field_validator("fields")
+        @classmethod
+        def _fields(cls, v: list[str] | None) -> list[str] | None:
+            unknown = [f for f in v or [] if f not in doc_fields]
+            if unknown:
+                raise ValueError(f"unknown document field(s) {unknown}; known: {', '.join(doc_fields) or 'none'}")
+            return v
+
+    class ExplainRequest(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+        query: str = Field(min_length=1, max_length=s.max_query_chars)
+        doc_id: int | None = Field(None, ge=0, description="a document of the index (its DocStore text)")
+        doc_text: str | None = Field(None, min_length=1, max_length=8 * s.max_query_chars,
+                                     description="or the document text itself")
+
+        @field_validator("query", "doc_text")
+        @classmethod
+        def _text(cls, v: str | None) -> str | None:
+            return v if v is None else _not_blank(v, "text")
+
+        @model_validator(mode="after")
+        def _one_doc(self) -> "ExplainRequest":
+            if (self.doc_id is None) == (self.doc_text is None):
+                raise ValueError("give exactly one of doc_id and doc_text")
+            return self
+
+    class EncodeRequest(BaseModel):
+        model_config = ConfigDict(extra="forbid", strict=True)
+        texts: list[str] = Field(min_length=1, max_length=s.max_encode_texts, description="query texts")
+        top_terms: int = Field(20, ge=0, le=256, description="sparse terms to return per text")
+        include_dense: bool = True
+
+        @field_validator("texts")
+        @classmethod
+        def _texts(cls, v: list[str]) -> list[str]:
+            for i, t in enumerate(v):
+                if not t.strip() or len(t) > s.max_query_chars:
+                    raise ValueError(f"texts[{i}] must be non-blank and at most {s.max_query_chars} characters")
+            return v
+
+    return {"search": SearchRequest, "explain": ExplainRequest, "encode": EncodeRequest}
+
+
+# ---- ASGI guard: API key and body size ----------------------------------------------------------------------
+
+class Guard:
+    """Pure ASGI middleware: refuses requests without the API key (401) and bodies over `max_body` (413),
+    by Content-Length before reading and by counting streamed chunks."""
+
+    def __init__(self, app: Any, api_key: str | None, max_body: int) -> None:
+        self.app, self.max_body = app, max_body
+        self.key = api_key.encode() if api_key else None
+
+    def _authorised(self, headers: dict[bytes, bytes]) -> bool:
+        given = headers.get(b"x-api-key")
+        auth = headers.get(b"authorization", b"")
+        if given is None and auth[:7].lower() == b"bearer ":
+            given = auth[7:].strip()
+        return given is not None and hmac.compare_digest(given, self.key)
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope.get("headers") or [])
+        if self.key is not None and not self._authorised(headers):
+            return await _send_error(send, 401, "missing or wrong API key (send header X-API-Key)")
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_body):
+            return await _send_error(send, 413, f"request body over {self.max_body} bytes")
+        seen = 0
+
+        async def limited() -> dict:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_body:
+                raise HTTPException(413, f"request body over {self.max_body} bytes")
+            return message
+
+        await self.app(scope, limited, send)
+
+
+async def _send_error(send: Any, status: int, message: str) -> None:
+    body = json.dumps({"error": message, "detail": message}).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _validation_error(_: Any, exc: RequestValidationError) -> JSONResponse:
+    detail = [{"loc": list(e.get("loc", ())), "msg": str(e.get("msg", "")), "type": str(e.get("type", ""))}
+              for e in exc.errors()]
+    summary = "; ".join(f"{'.'.join(str(p) for p in d['loc'])}: {d['msg']}" for d in detail)
+    return JSONResponse({"error": summary, "detail": detail}, status_code=422)
+
+
+def _http_error(_: Any, exc: HTTPException) -> JSONResponse:
+    return JSONResponse({"error": str(exc.detail), "detail": exc.detail}, status_code=exc.status_code,
+                        headers=getattr(exc, "headers", None))
+
+
+# ---- the app ------------------------------------------------------------------------------------------------
+
+class SearchRoutes:
+    """Route bodies, separate from FastAPI wiring so each stays short."""
+
+    def __init__(self, backend: Backend, settings: ServeSettings, docs: Docs) -> None:
+        self.backend, self.s, self.docs = backend, settings, docs
+        self.has_sparse = Manifest.load(settings.require_manifest()).has_sparse
+
+    async def _call(self, awaitable: Any) -> Any:
+        try:
+            return await asyncio.wait_for(awaitable, self.s.request_timeout_s)
+        except (asyncio.TimeoutError, BackendTimeout) as e:
+            raise HTTPException(504, f"backend did not answer within {self.s.request_timeout_s} s") from e
+        except BackendUnavailable as e:
+            raise HTTPException(503, f"backend unavailable, retry: {e}", headers={"Retry-After": "1"}) from e
+        except BackendBadRequest as e:
+            raise HTTPException(422, str(e)) from e
+
+    def _params(self, k: int, lam: float | None) -> SearchParams:
+        return SearchParams(k=k, lam=lam, candidates=self.s.candidates, nprobe=self.s.nprobe,
+                            ef_search=self.s.ef_search)
+
+    async def search(self, req: Any) -> dict[str, Any]:
+        start = time.perf_counter()
+        if req.lam is not None and req.lam != 1.0 and not self.has_sparse:
+            raise HTTPException(422, "lam: the index is dense-only (no sparse shards); a hybrid lambda does not apply")
+        query: EncodedQuery = await self._call(self.backend.encode(req.query))
+        encoded = time.perf_counter()
+        if req.lam is not None and req.lam != 1.0 and query.sparse is None:
+            raise HTTPException(422, "lam: the model is dense-only; a hybrid lambda does not apply")
+        if req.filters:
+            hits, report = await self._filtered(query, req)
+            searched = time.perf_counter()
+        else:
+            scores, ids = await self._call(self.backend.search(query, self._params(req.k, req.lam)))
+            searched = time.perf_counter()
+            live = ids >= 0
+            docs = self.docs.get(ids[live]) if req.include_docs else None
+            hits, report = _hits(scores[live], ids[live], docs), None
+        for h in hits:
+            h["doc"] = _project(h["doc"], req.fields) if req.include_docs else None
+        end = time.perf_counter()
+        timings = {"encode": 1000 * (encoded - start), "search": 1000 * (searched - encoded),
+                   "docs": 1000 * (end - searched)}
+        return {"query": req.query, "k": req.k, "lam": req.lam, "results": hits, "filter": report,
+                "took_ms": 1000 * (end - start), "timings_ms": timings}
+
+    async def _filtered(self, query: EncodedQuery, req: Any) -> tuple[list[dict], dict]:
+        """Over-fetch `k * filter_overfetch` candidates, doubling up to `max_filter_fetch`, until k pass."""
+        wanted = check_filters(req.filters, self.docs.filter_fields(self.s))
+        fetch = min(max(req.k * self.s.filter_overfetch, req.k), self.s.max_filter_fetch)
+        while True:
+            scores, ids = await self._call(self.backend.search(query, self._params(fetch, req.lam)))
+            live = ids >= 0
+            docs = self.docs.get(ids[live])
+            keep = [i for i, d in enumerate(docs) if matches(d, wanted)]
+            exhausted = int(live.sum()) < fetch or fetch >= self.s.max_filter_fetch
+            if len(keep) >= req.k or exhausted:
+                break
+            fetch = min(2 * fetch, self.s.max_filter_fetch)
+        keep = keep[: req.k]
+        hits = _hits(scores[live][keep], ids[live][keep], [docs[i] for i in keep])
+        return hits, {"fetched": fetch, "matched": len(keep), "complete": len(keep) >= req.k}
+
+    async def explain(self, req: Any) -> dict[str, Any]:
+        text, doc_id = req.doc_text, req.doc_id
+        if doc_id is not None:
+            try:
+                text = self.docs.text(doc_id, self.s.doc_text_field)
+            except LookupError as e:
+                raise HTTPException(404, str(e)) from e
+            except ValueError as e:
+                raise HTTPException(422, str(e)) from e
+        out = await self._call(self.backend.explain(req.query, text))
+        return {"doc_id": doc_id, **out}
+
+    async def encode(self, req: Any) -> dict[str, Any]:
+        encoded = await self._call(asyncio.gather(*[self.backend.encode(t) for t in req.texts]))
+        results = []
+        for q in encoded:
+            terms: list[dict] = []
+            if q.sparse is not None and req.top_terms:
+                ids, weights = q.sparse.row(0)
+                order = np.argsort(-weights, kind="stable")[: req.top_terms]
+                names = await self._call(self.backend.term_names([int(i) for i in ids[order]]))
+                terms = [{"id": int(ids[o]), "term": n, "weight": float(weights[o])} for o, n in zip(order, names,
+                                                                                                      strict=True)]
+            results.append({"dense": q.dense.tolist() if req.include_dense else None,
+                            "sparse_nnz": 0 if q.sparse is None else int(q.sparse.nnz), "terms": terms})
+        return {"dim": int(encoded[0].dense.shape[0]), "results": results}
+
+    async def ready(self) -> JSONResponse:
+        try:
+            info = await asyncio.wait_for(self.backend.ready(), self.s.request_timeout_s)
+        except Exception as e:  # noqa: BLE001 - any failure means not ready; say which
+            return JSONResponse({"ready": False, "error": f"{type(e).__name__}: {e}"}, status_code=503)
+        return JSONResponse({"ready": True, "docstore": self.docs.path is not None, **info})
+
+
+def _hits(scores: np.ndarray, ids: np.ndarray, docs: list | None) -> list[dict]:
+    return [{"id": int(i), "score": float(s), "doc": None if docs is None else docs[j]}
+            for j, (s, i) in enumerate(zip(scores, ids, strict=True))]
+
+
+def _project(doc: dict | None, fields: list[str] | None) -> dict | None:
+    if doc is None:
+        return None
+    doc = {k: _jsonable(v) for k, v in doc.items()}
+    return doc if fields is None else {f: doc.get(f) for f in fields}
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, (bytes, bytearray)):
+        return value.decode("utf-8", "replace")
+    return value if isinstance(value, (str, int, float, bool, list, dict, type(None))) else str(value)
+
+
+def create_api(backend: Backend, settings: ServeSettings, docs: Docs) -> FastAPI:
+    """The FastAPI app over `backend`; wrapped in `Guard` (API key + body size)."""
+    routes = SearchRoutes(backend, settings, docs)
+    models = request_models(settings, docs.filter_fields(settings), docs.fields)
+    search_model, explain_model, encode_model = models["search"], models["explain"], models["encode"]
+    app = FastAPI(title=TITLE, version="1", description=__doc__)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(HTTPException, _http_error)
+
+    @app.post("/search", response_model=SearchResponse)
+    async def search(req: search_model) -> dict:  # type: ignore[valid-type]
+        return await routes.search(req)
+
+    @app.post("/explain")
+    async def explain(req: explain_model) -> dict:  # type: ignore[valid-type]
+        return await routes.explain(req)
+
+    @app.post("/encode")
+    async def encode(req: encode_model) -> dict:  # type: ignore[valid-type]
+        return await routes.encode(req)
+
+    @app.get("/healthz")
+    async def healthz() -> dict:
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        return await routes.ready()
+
+    app.add_middleware(Guard, api_key=settings.resolved_api_key(), max_body=settings.max_body_bytes)
+    return app
+
+
+def plain_app(settings: ServeSettings) -> FastAPI:
+    """The same API over an in-process `LocalBackend` (no Ray): `uvicorn` runs it directly."""
+    from serve.backend import LocalBackend
+
+    manifest = settings.require_manifest()
+    backend = LocalBackend(manifest, settings.model_dir, settings.mmap, settings.verify, settings.torch_threads)
+    return create_api(backend, settings, Docs.open(manifest))

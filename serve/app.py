@@ -1,0 +1,81 @@
+"""The Ray Serve application: a FastAPI ingress over the query encoder and the shard searchers.
+
+`build_app(args)` is the Serve application builder named by `serve_config.yaml` (``import_path:
+serve.app:build_app``); ``args`` are `ServeSettings` fields. It lays out
+
+    SearchIngress (FastAPI, serve/api.py) -> QueryEncoder (batched)      -> merge_topk -> DocStore fields
+                                          -> searcher-0 .. searcher-{G-1} (shard groups, fan out)
+
+Run locally with ``serve run serve/serve_config.yaml`` or from Python with `run_local`; deploy to a running
+cluster with ``serve deploy serve/serve_config.yaml`` (see the README "Serving" section).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+
+from madr.index.manifest import Manifest
+from serve.api import create_api
+from serve.backend import Docs, resolve_model_dir, shard_groups
+from serve.config import ServeSettings, settings_from_dict
+from serve.deployments import QueryEncoder, RayBackend, ShardSearcher
+
+APP_NAME = "madr"
+
+
+@serve.deployment(name="SearchIngress")
+@serve.ingress()
+class SearchIngress:
+    """HTTP entry point; the FastAPI app is built on the replica from the settings (`__serve_build_asgi_app__`)."""
+
+    def __init__(self, encoder: Any, searchers: list[Any], settings: dict[str, Any]) -> None:
+        self.settings = settings_from_dict(settings)
+        self.backend = RayBackend(encoder, searchers)
+        self.docs = Docs.open(self.settings.require_manifest())
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return create_api(self.backend, self.settings, self.docs)
+
+
+def _absolute(settings: ServeSettings) -> ServeSettings:
+    """Paths made absolute where the builder runs, so replicas with another working directory find them."""
+    manifest = settings.require_manifest().resolve()
+    model_dir = resolve_model_dir(manifest, settings.model_dir).resolve()
+    if not model_dir.is_dir():
+        raise ValueError(f"serve settings: model_dir {str(model_dir)!r} does not exist")
+    return dataclasses.replace(settings, manifest_path=str(manifest), model_dir=str(model_dir))
+
+
+def build_app(args: dict[str, Any] | ServeSettings | None = None) -> Application:
+    """The Serve application for these settings (module docstring)."""
+    s = args if isinstance(args, ServeSettings) else settings_from_dict(args)
+    s = _absolute(s)
+    manifest = Manifest.load(s.manifest_path)
+    encoder = QueryEncoder.options(name="QueryEncoder", **s.encoder.options()).bind(
+        s.model_dir, s.torch_threads, s.encoder_max_batch_size, s.encoder_batch_wait_timeout_s)
+    searchers = [
+        ShardSearcher.options(name=f"searcher-{g}", **s.searcher.options()).bind(
+            s.manifest_path, group, s.mmap, s.verify, s.faiss_threads, s.searcher_max_batch_size,
+            s.searcher_batch_wait_timeout_s)
+        for g, group in enumerate(shard_groups(len(manifest.shards), s.shard_groups))]
+    return SearchIngress.options(name="SearchIngress", **s.ingress.options()).bind(
+        encoder, searchers, dataclasses.asdict(s))
+
+
+def run_local(settings: ServeSettings, name: str = APP_NAME, route_prefix: str = "/") -> Any:
+    """Start Serve's HTTP proxy on `settings.host:port` (127.0.0.1 unless told otherwise) on the connected
+    Ray cluster and deploy the app; returns the ingress handle once every replica is up."""
+    serve.start(http_options={"host": settings.host, "port": settings.port})
+    logging = {"log_level": settings.log_level, "enable_access_log": settings.access_log}
+    return serve.run(build_app(settings), name=name, route_prefix=route_prefix, logging_config=logging)
+
+
+def url(settings: ServeSettings) -> str:
+    return f"http://{settings.host}:{settings.port}"
+
+
+__all__ = ["APP_NAME", "SearchIngress", "build_app", "run_local", "url"]

@@ -1,0 +1,146 @@
+"""Serving settings: one dataclass tree, loaded from the `args:` of `serve_config.yaml` or a YAML file.
+
+Unknown keys are errors naming their dotted path (the `madr.config.from_dict` convention), so a typo in the
+Serve config never silently falls back to a default. Paths are resolved on the replica that opens them:
+`model_dir` defaults to the manifest's `model_dir`, relative paths in the manifest are relative to it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from madr.config import from_dict
+
+DEFAULT_API_KEY_ENV = "MADR_API_KEY"
+
+
+@dataclass
+class DeploymentSettings:
+    """Scaling and resources of one deployment; a `deployments:` entry in the Serve YAML overrides these.
+
+    `autoscaling` is a Ray Serve `autoscaling_config` mapping (min_replicas, max_replicas,
+    target_ongoing_requests, ...); when set it replaces `num_replicas`. `health_check_period_s` (None: Serve's
+    default) is how often the controller checks a replica, i.e. how soon a dead one is noticed and replaced.
+    """
+
+    num_replicas: int = 1
+    num_cpus: float = 1.0
+    max_ongoing_requests: int = 64
+    autoscaling: dict[str, Any] | None = None
+    health_check_period_s: float | None = None
+
+    def options(self) -> dict[str, Any]:
+        """`Deployment.options(...)` keyword arguments."""
+        opts: dict[str, Any] = {"ray_actor_options": {"num_cpus": self.num_cpus},
+                                "max_ongoing_requests": self.max_ongoing_requests}
+        if self.autoscaling:
+            opts["autoscaling_config"] = dict(self.autoscaling)
+        else:
+            opts["num_replicas"] = self.num_replicas
+        if self.health_check_period_s is not None:
+            opts["health_check_period_s"] = self.health_check_period_s
+        return opts
+
+
+@dataclass
+class ServeSettings:
+    """Everything the HTTP app and its deployments need.
+
+    Index / model: `manifest_path` (a `madr.index` manifest JSON or its directory), `model_dir` (None: the
+    manifest's).
+    Searchers: the manifest's shards are split into `shard_groups` contiguous groups, one `ShardSearcher`
+    deployment per group (`searcher-0`, `searcher-1`, ...), each with its own replicas.
+    Search knobs passed to every shard: `candidates`, `nprobe`, `ef_search` (None: the index defaults).
+    Validation: `max_query_chars`, `max_k`, `max_encode_texts`, `max_body_bytes` (HTTP 413 above it).
+    Filters (post-filters on DocStore fields, see serve/app.py): `filter_fields` (None: every DocStore
+    column but the id and `doc_text_field`), fetch `k * filter_overfetch` candidates, doubling up to
+    `max_filter_fetch` until `k` documents match.
+    Auth: the API key is `api_key` or, when that is None, the environment variable `api_key_env` read on the
+    ingress replica; empty or unset = no key. Clients send it as `X-API-Key: <key>` or
+    `Authorization: Bearer <key>`.
+    Logging (`run_local` only; the Serve YAML has its own `logging_config`): `log_level`, `access_log`.
+    """
+
+    manifest_path: str = ""
+    model_dir: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None
+    api_key_env: str = DEFAULT_API_KEY_ENV
+    max_query_chars: int = 512
+    max_k: int = 100
+    max_encode_texts: int = 32
+    max_body_bytes: int = 16384
+    filter_fields: list[str] | None = None
+    doc_text_field: str = "text"
+    filter_overfetch: int = 10
+    max_filter_fetch: int = 1000
+    candidates: int | None = None
+    nprobe: int | None = None
+    ef_search: int | None = None
+    shard_groups: int = 1
+    mmap: bool = False
+    verify: bool = True
+    torch_threads: int = 1
+    faiss_threads: int = 1
+    encoder_max_batch_size: int = 16
+    encoder_batch_wait_timeout_s: float = 0.003
+    searcher_max_batch_size: int = 16
+    searcher_batch_wait_timeout_s: float = 0.001
+    request_timeout_s: float = 10.0
+    log_level: str = "INFO"
+    access_log: bool = True
+    encoder: DeploymentSettings = field(default_factory=DeploymentSettings)
+    searcher: DeploymentSettings = field(default_factory=DeploymentSettings)
+    ingress: DeploymentSettings = field(default_factory=lambda: DeploymentSettings(num_cpus=0.5))
+
+    def __post_init__(self) -> None:
+        positive = ("max_query_chars", "max_k", "max_encode_texts", "max_body_bytes", "filter_overfetch",
+                    "max_filter_fetch", "shard_groups", "torch_threads", "faiss_threads",
+                    "encoder_max_batch_size", "searcher_max_batch_size", "port")
+        for name in positive:
+            if int(getattr(self, name)) < 1:
+                raise ValueError(f"serve settings: {name} must be >= 1, got {getattr(self, name)}")
+        if self.max_filter_fetch < self.max_k:
+            raise ValueError(f"serve settings: max_filter_fetch ({self.max_filter_fetch}) must be >= max_k "
+                             f"({self.max_k})")
+        if self.request_timeout_s <= 0:
+            raise ValueError(f"serve settings: request_timeout_s must be > 0, got {self.request_timeout_s}")
+
+    def resolved_api_key(self) -> str | None:
+        """The key requests must carry, or None when the API is open."""
+        key = self.api_key if self.api_key is not None else os.environ.get(self.api_key_env, "")
+        return key or None
+
+    def require_manifest(self) -> Path:
+        if not self.manifest_path:
+            raise ValueError("serve settings: manifest_path is required (a madr.index manifest JSON)")
+        path = Path(self.manifest_path).expanduser()
+        if path.is_dir():
+            path = path / "manifest.json"
+        if not path.is_file():
+            raise ValueError(f"serve settings: manifest_path {str(path)!r} does not exist")
+        return path
+
+
+def settings_from_dict(data: dict[str, Any] | None) -> ServeSettings:
+    """Settings from a plain mapping (the Serve application `args`). A `config` key names a YAML file whose
+    mapping is loaded first; the other keys override it."""
+    data = dict(data or {})
+    base: dict[str, Any] = {}
+    if "config" in data:
+        path = Path(str(data.pop("config")))
+        base = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(base, dict):
+            raise ValueError(f"{path}: top level must be a mapping, got {type(base).__name__}")
+    base.update(data)
+    return from_dict(ServeSettings, base)
+
+
+def load_settings(path: str | Path) -> ServeSettings:
+    return settings_from_dict({"config": str(path)})

@@ -1,0 +1,131 @@
+"""Ray Serve deployments: the batching query encoder, the shard searchers, and the handles backend.
+
+- `QueryEncoder`: the model's query tower behind `@serve.batch` (dynamic batching: concurrent requests are
+  encoded as one padded batch, up to `encoder_max_batch_size` or `encoder_batch_wait_timeout_s`); also
+  answers `/explain` (both towers) and term names for `/encode`.
+- `ShardSearcher`: one deployment per shard group (`searcher-<g>`), each replica holding its shards in
+  memory; `@serve.batch` groups concurrent requests with equal search knobs into one FAISS call.
+- `RayBackend`: the `serve.backend.Backend` the ingress uses: encode once, fan out to every shard group,
+  `merge_topk` (paper 002 Eq. 1 scores, comparable across shards), Ray failures -> `BackendUnavailable`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import ray
+from ray import serve
+
+from madr.index.sharded import merge_topk
+from serve.backend import (
+    BackendBadRequest,
+    BackendUnavailable,
+    EncodedQuery,
+    SearchParams,
+    ShardGroup,
+    encode_texts,
+    explain_texts,
+    load_model,
+    search_batched,
+    term_names,
+)
+
+
+def replica_actor_name() -> str:
+    """The Ray actor name of the calling replica (namespace "serve"): lets tests kill a given replica."""
+    return serve.get_replica_context().replica_id.to_full_id_str()
+
+
+@serve.deployment(name="QueryEncoder")
+class QueryEncoder:
+    """The query tower with dynamic batching (module docstring)."""
+
+    def __init__(self, model_dir: str, threads: int = 1, max_batch_size: int = 16,
+                 batch_wait_timeout_s: float = 0.003) -> None:
+        self.model = load_model(model_dir, threads)
+        self.encode.set_max_batch_size(max_batch_size)
+        self.encode.set_batch_wait_timeout_s(batch_wait_timeout_s)
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.003)
+    async def encode(self, texts: list[str]) -> list[EncodedQuery]:
+        # In a thread: the event loop keeps queueing requests for the next batch meanwhile.
+        return await asyncio.to_thread(encode_texts, self.model, texts)
+
+    def explain(self, query: str, doc_text: str) -> dict[str, Any]:
+        return explain_texts(self.model, query, doc_text)
+
+    def term_names(self, ids: list[int]) -> list[str]:
+        return term_names(self.model, ids)
+
+    def info(self) -> dict[str, Any]:
+        return {"model": self.model.config.name, "dim": int(self.model.embedding_dim),
+                "replica": replica_actor_name()}
+
+
+@serve.deployment(name="ShardSearcher")
+class ShardSearcher:
+    """Some shards of the index (module docstring)."""
+
+    def __init__(self, manifest_path: str, shards: Sequence[int], mmap: bool = False, verify: bool = True,
+                 threads: int = 1, max_batch_size: int = 16, batch_wait_timeout_s: float = 0.001) -> None:
+        import faiss
+
+        faiss.omp_set_num_threads(threads)
+        self.group = ShardGroup(manifest_path, shards, mmap=mmap, verify=verify)
+        self.search.set_max_batch_size(max_batch_size)
+        self.search.set_batch_wait_timeout_s(batch_wait_timeout_s)
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.001)
+    async def search(self, requests: list[tuple[EncodedQuery, SearchParams]]
+                     ) -> list[tuple[np.ndarray, np.ndarray]]:
+        return await asyncio.to_thread(search_batched, self.group.search, requests)
+
+    def info(self) -> dict[str, Any]:
+        return {"shards": self.group.shard_ids, "ntotal": self.group.ntotal, "replica": replica_actor_name()}
+
+    def check_health(self) -> None:
+        if not self.group.shards:
+            raise RuntimeError("ShardSearcher has no shards loaded")
+
+
+class RayBackend:
+    """`Backend` over deployment handles: one encoder, one handle per shard group."""
+
+    def __init__(self, encoder: Any, searchers: Sequence[Any]) -> None:
+        self.encoder, self.searchers = encoder, list(searchers)
+
+    @staticmethod
+    async def _await(response: Any) -> Any:
+        try:
+            return await response
+        except ray.exceptions.RayTaskError as e:  # the deployment's own code raised
+            if isinstance(e.cause, ValueError):
+                raise BackendBadRequest(str(e.cause)) from e
+            raise
+        except (ray.exceptions.RayError, serve.exceptions.BackPressureError) as e:
+            raise BackendUnavailable(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
+
+    async def encode(self, text: str) -> EncodedQuery:
+        return await self._await(self.encoder.encode.remote(text))
+
+    async def search(self, query: EncodedQuery, params: SearchParams) -> tuple[np.ndarray, np.ndarray]:
+        parts = await asyncio.gather(*[self._await(h.search.remote((query, params))) for h in self.searchers])
+        if len(parts) == 1:
+            return parts[0]
+        scores, ids = merge_topk([(s[None, :], i[None, :]) for s, i in parts], params.k)
+        return scores[0], ids[0]
+
+    async def explain(self, query: str, doc_text: str) -> dict[str, Any]:
+        return await self._await(self.encoder.explain.remote(query, doc_text))
+
+    async def term_names(self, ids: list[int]) -> list[str]:
+        return await self._await(self.encoder.term_names.remote(ids))
+
+    async def ready(self) -> dict[str, Any]:
+        enc = await self._await(self.encoder.info.remote())
+        groups = await asyncio.gather(*[self._await(h.info.remote()) for h in self.searchers])
+        return {"model": enc["model"], "dim": enc["dim"], "num_shards": sum(len(g["shards"]) for g in groups),
+                "ntotal": sum(g["ntotal"] for g in groups), "shard_groups": [g["shards"] for g in groups]}

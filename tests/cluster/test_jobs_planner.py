@@ -1,0 +1,157 @@
+"""The stage planner and runner of `python -m pipelines.jobs`, with real child processes (toy stage modules)
+and no Ray: completed stages are skipped, a changed config reruns its stage and the ones after it, a failed
+stage leaves no marker, and a stage whose module is missing fails with a clear message."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from pipelines.jobs import cli, markers
+from pipelines.jobs.runner import Invocation, plan
+from pipelines.jobs.stages import STAGES, Stage, StageUnavailable, check_available, load_table, select
+
+
+def runs(out: Path) -> list[str]:
+    log = out / "runs.log"
+    return log.read_text().split() if log.exists() else []
+
+
+def pipeline(toy: dict[str, Path], *extra: str) -> int:
+    return cli.main(["pipeline", "--config", str(toy["config"]), "--stage-table", str(toy["table"]), *extra])
+
+
+def actions(toy: dict[str, Path], config: Path | None = None) -> dict[str, str]:
+    table = load_table(toy["table"])
+    inv = Invocation(str(config or toy["config"]), table=table)
+    return {i.stage: i.action for i in plan(inv, select(None, table))}
+
+
+def test_pipeline_skips_complete_stages_and_reruns_on_config_change(toy):
+    assert actions(toy) == {"prep": "run", "train": "run", "index": "run"}
+    assert pipeline(toy) == 0
+    assert runs(toy["out"]) == ["prep", "train", "index"]
+    marker = json.loads((toy["out"] / "_stages" / "train.done.json").read_text())
+    assert marker["stage"] == "train" and len(marker["key"]) == 16 and marker["duration_s"] >= 0
+
+    assert actions(toy) == {"prep": "skip", "train": "skip", "index": "skip"}
+    assert pipeline(toy) == 0
+    assert runs(toy["out"]) == ["prep", "train", "index"]  # nothing ran again
+
+    cfg = yaml.safe_load(toy["config"].read_text())
+    toy["config"].write_text(yaml.safe_dump({**cfg, "lr": 0.2}))
+    assert actions(toy) == {"prep": "run", "train": "run", "index": "run"}
+    assert pipeline(toy) == 0
+    assert runs(toy["out"]) == ["prep", "train", "index"] * 2
+    assert json.loads((toy["out"] / "train.json").read_text())["config"]["lr"] == 0.2
+
+
+def test_an_upstream_rerun_makes_the_later_stages_stale(toy):
+    assert pipeline(toy) == 0
+    (toy["out"] / "_stages" / "prep.done.json").unlink()  # e.g. its outputs were deleted with it
+    table = load_table(toy["table"])
+    items = {i.stage: i for i in plan(Invocation(str(toy["config"]), table=table), select(None, table))}
+    assert items["prep"].reason == "no completion marker"
+    assert items["train"].action == "run" and items["train"].reason == "prep is not complete"
+    assert items["index"].action == "run" and items["index"].reason == "train runs first"
+    assert cli.main(["submit", "--stage", "prep", "--config", str(toy["config"]),
+                     "--stage-table", str(toy["table"])]) == 0
+    items = {i.stage: i for i in plan(Invocation(str(toy["config"]), table=table), select(None, table))}
+    assert (items["prep"].action, items["train"].reason) == ("skip", "prep ran again since")
+    assert pipeline(toy) == 0
+    assert runs(toy["out"]) == ["prep", "train", "index", "prep", "train", "index"]
+    assert actions(toy) == {"prep": "skip", "train": "skip", "index": "skip"}
+
+
+def test_stage_config_change_reruns_that_stage_and_later_ones(toy, tmp_path):
+    assert pipeline(toy) == 0
+    own = tmp_path / "train.yaml"
+    own.write_text(yaml.safe_dump({"output_dir": str(toy["out"]), "lr": 0.5}))
+    assert pipeline(toy, "--stage-config", f"train={own}") == 0
+    assert runs(toy["out"]) == ["prep", "train", "index", "train", "index"]
+    assert json.loads((toy["out"] / "train.json").read_text())["config"]["lr"] == 0.5
+    assert json.loads((toy["out"] / "index.json").read_text())["config"]["lr"] == 0.1
+
+
+def test_failed_stage_leaves_no_marker_and_the_rerun_resumes_there(toy, capsys):
+    cfg = yaml.safe_load(toy["config"].read_text())
+    failing = toy["config"].with_name("failing.yaml")
+    failing.write_text(yaml.safe_dump({**cfg, "fail": "train"}))
+    state = str(toy["out"] / "_stages")
+    assert pipeline(toy, "--config", str(failing)) == 3
+    assert "stopped at train (exit code 3)" in capsys.readouterr().err
+    assert runs(toy["out"]) == ["prep", "train"]
+    assert markers.read_marker(state, "prep") is not None
+    assert markers.read_marker(state, "train") is None and markers.read_marker(state, "index") is None
+
+    # the same config again after the cause is fixed (here the toy fails on purpose, so it fails again),
+    # resumes at train: prep is complete and skipped
+    assert pipeline(toy, "--config", str(failing)) == 3
+    assert runs(toy["out"]) == ["prep", "train", "train"]
+    # --set changes the config, so its hash: every stage reruns, on the materialised copy
+    assert pipeline(toy, "--config", str(failing), "--set", "fail=none") == 0
+    assert runs(toy["out"]) == ["prep", "train", "train", "prep", "train", "index"]
+    copies = list((toy["out"] / "_stages" / "configs").glob("failing-*.yaml"))
+    assert len(copies) == 1 and yaml.safe_load(copies[0].read_text())["fail"] == "none"
+
+
+def test_a_crashed_rerun_does_not_leave_the_old_marker(toy):
+    assert pipeline(toy) == 0
+    cfg = yaml.safe_load(toy["config"].read_text())
+    toy["config"].write_text(yaml.safe_dump({**cfg, "fail": "prep"}))
+    assert pipeline(toy) == 3
+    toy["config"].write_text(yaml.safe_dump(cfg))  # back to the config of the old marker
+    assert actions(toy)["prep"] == "run"  # the crashed run cleared it: its outputs are not the old ones
+
+
+def test_single_stage_submit_and_force(toy):
+    assert cli.main(["submit", "--stage", "train", "--config", str(toy["config"]),
+                     "--stage-table", str(toy["table"])]) == 0
+    assert runs(toy["out"]) == ["train"]
+    assert cli.main(["submit", "--stage", "train", "--config", str(toy["config"]),
+                     "--stage-table", str(toy["table"])]) == 0
+    assert runs(toy["out"]) == ["train"]
+    assert cli.main(["submit", "--stage", "train", "--config", str(toy["config"]),
+                     "--stage-table", str(toy["table"]), "--force"]) == 0
+    assert runs(toy["out"]) == ["train", "train"]
+    assert pipeline(toy) == 0  # prep had not run: it runs, and so does everything after it
+    assert runs(toy["out"]) == ["train", "train", "prep", "train", "index"]
+
+
+def test_missing_entry_point_is_a_clear_error(toy, tmp_path, capsys):
+    table = tmp_path / "missing.yaml"
+    table.write_text(yaml.safe_dump({"stages": [
+        {"name": "prep", "module": "toy_stage", "args": ["--config", "{config}", "--name", "prep"]},
+        {"name": "encode", "module": "pipelines.no_such_module"}]}))
+    rc = cli.main(["pipeline", "--config", str(toy["config"]), "--stage-table", str(table)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert "stage 'encode' runs `python -m pipelines.no_such_module`" in err and "not in this checkout" in err
+    assert runs(toy["out"]) == []  # checked before anything runs
+    with pytest.raises(StageUnavailable, match="package without __main__"):
+        check_available(Stage("x", "madr"))  # a package without __main__.py
+    check_available(Stage("data", "pipelines.data"))
+
+
+def test_stage_table_and_config_errors_name_the_file(tmp_path, toy, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"stages": [{"name": "a", "module": "m", "argz": []}]}))
+    with pytest.raises(ValueError, match=r"bad.yaml: stages\[0\]: unknown field\(s\) argz"):
+        load_table(bad)
+    with pytest.raises(ValueError, match="unknown stage"):
+        select(["prep", "nope"], load_table(toy["table"]))
+    assert cli.main(["plan", "--config", str(tmp_path / "absent.yaml")]) == 2
+    assert "absent.yaml does not exist" in capsys.readouterr().err
+
+
+def test_builtin_table_maps_every_stage_of_the_issue():
+    assert list(STAGES) == ["data", "pretrain", "finetune", "distill", "encode", "mine", "evaluate", "deploy"]
+    assert STAGES["pretrain"].argv("c.yaml") == ["--config", "c.yaml", "--stage", "pretrain"]
+    assert [s.name for s in select(None)] == ["data", "pretrain", "finetune", "distill", "encode", "evaluate",
+                                             "deploy"]
+    # one stage alone has the key it has inside the pipeline (keys chain over the whole table)
+    inv = Invocation("configs/demo.yaml")
+    assert inv.keys([STAGES["encode"]]) == {"encode": inv.keys(select(None))["encode"]}

@@ -1,0 +1,86 @@
+"""The hard-negative mining job on a local Ray: negatives exclude the positives, come from the rank range,
+are the deterministic sample of an in-process search, and carry ids, keys and texts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from madr.index import ShardedIndex
+from madr.model import BiEncoder
+from pipelines.encode.job import run_encode
+from pipelines.evaluate.searcher import SearchSpec, search_texts
+from pipelines.mine.job import MineConfig, run_mine, sample_negatives
+from tests.pipelines.test_encode import encode_config, make_corpus, make_model
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory, tokenizer):
+    base = tmp_path_factory.mktemp("mine")
+    catalog, table = make_corpus(base / "docs", n=1000)
+    model = make_model(base / "bibert", tokenizer, "bibert")
+    run_encode(encode_config(base / "docs", base / "index", model, num_shards=2), local=True, log=lambda _: None)
+    queries = catalog.queries[:30]
+    pq.write_table(pa.table({"query_id": [q.query_id for q in queries], "text": [q.text for q in queries]}),
+                   base / "queries.parquet")
+    pq.write_table(pa.table({"query_id": [j.query_id for j in catalog.judgments],
+                             "doc_id": [j.product_id for j in catalog.judgments],
+                             "relevance": [j.relevance for j in catalog.judgments]}), base / "positives.parquet")
+    return base, catalog, table
+
+
+@pytest.mark.ray
+def test_mining_job(ray_local, setup):
+    base, catalog, table = setup
+    cfg = MineConfig(queries=str(base / "queries.parquet"), positives=str(base / "positives.parquet"),
+                     search=SearchSpec(index=str(base / "index")), output=str(base / "neg.parquet"),
+                     doc_key="product_id", min_relevance=2, rank_min=3, rank_max=40, num_negatives=5, seed=1,
+                     text_column="title", batch_size=8)
+    out = pq.read_table(run_mine(cfg, log=lambda _: None)).to_pylist()
+    id_of = dict(zip(table.column("product_id").to_pylist(), table.column("doc_id").to_pylist(), strict=True))
+    title_of = dict(zip(table.column("doc_id").to_pylist(), table.column("title").to_pylist(), strict=True))
+    positives: dict[str, set[int]] = {}
+    for j in catalog.judgments:
+        if j.relevance >= 2:
+            positives.setdefault(j.query_id, set()).add(id_of[j.product_id])
+    asked = {q.query_id: q.text for q in catalog.queries[:30]}
+    assert {r["query_id"] for r in out} == {q for q in asked if q in positives}  # queries with a positive
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        index = ShardedIndex.open(base / "index")
+        model = BiEncoder.load(index.manifest.model_dir).eval()
+        scores, ids = search_texts(model, index, [r["query"] for r in out], 40, cfg.search)
+    finally:
+        torch.set_num_threads(threads)
+    for r, s_row, i_row in zip(out, scores, ids, strict=True):
+        pos = positives[r["query_id"]]
+        assert set(r["positive_ids"]) == pos
+        neg = np.array(r["negative_ids"])
+        assert not (set(neg.tolist()) & pos), "a positive was sampled as a negative"
+        assert all(3 <= k <= 40 for k in r["negative_ranks"]) and r["negative_ranks"] == sorted(r["negative_ranks"])
+        ranked = i_row.tolist()
+        assert [ranked.index(n) + 1 for n in neg] == r["negative_ranks"]  # ranks are positions in the results
+        n_cand = sum(1 for rank, d in enumerate(ranked, 1) if 3 <= rank <= 40 and d not in pos)
+        assert len(neg) == min(5, n_cand)
+        exp = sample_negatives(i_row, s_row, pos, cfg, r["query_id"])[0]
+        assert neg.tolist() == exp.tolist()  # the seeded per-query sample, whatever the batching
+        assert r["negative_keys"] == [table.column("product_id")[(n - 5) // 7].as_py() for n in neg]
+        assert r["negative_texts"] == [title_of[n] for n in neg]
+
+
+def test_sample_negatives_rank_range_and_determinism():
+    cfg = MineConfig(rank_min=2, rank_max=6, num_negatives=2, seed=7)
+    ids = np.array([10, 11, 12, 13, 14, 15, 16, -1])
+    scores = np.linspace(1, 0, 8).astype(np.float32)
+    a = sample_negatives(ids, scores, {12}, cfg, "q1")
+    b = sample_negatives(ids, scores, {12}, cfg, "q1")
+    assert a[0].tolist() == b[0].tolist() and len(a[0]) == 2
+    assert set(a[0].tolist()) <= {11, 13, 14, 15} and all(2 <= r <= 6 for r in a[1])
+    everything = sample_negatives(ids, scores, {12}, MineConfig(rank_min=2, rank_max=6, num_negatives=10), "q1")
+    assert everything[0].tolist() == [11, 13, 14, 15]
+    with pytest.raises(ValueError, match="rank_min <= rank_max"):
+        MineConfig(rank_min=5, rank_max=2)

@@ -1,0 +1,36 @@
+"""A tiny hybrid model and a 3-shard index of the session catalog, written to disk like the encode job does:
+what the serving tests deploy. Random-init tiny BERT (no download); 400 products, Flat shards + sparse."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from serve_helpers import ID_OFFSET, ID_STEP, TINY, docs_table
+
+from madr.config import BackboneConfig, ModelConfig
+
+
+@pytest.fixture(scope="session")
+def served_index(catalog, tokenizer, tmp_path_factory) -> dict:
+    """{model, model_dir, manifest, ids, docs (pa.Table), queries}: the saved model and its 3-shard index."""
+    from madr.hybrid_searcher import encode_corpus
+    from madr.index import build_index
+    from madr.model import BiEncoder, build_model
+
+    root: Path = tmp_path_factory.mktemp("served")
+    torch.manual_seed(0)
+    cfg = ModelConfig(name="hybrid", backbone=BackboneConfig(tiny=TINY), sparse_top_k=24, max_query_length=24,
+                      max_doc_length=48, hybrid_lambda=0.4)
+    build_model(cfg, tokenizer).save(root / "model")
+    model = BiEncoder.load(root / "model").eval()
+    ids = np.arange(len(catalog.products), dtype=np.int64) * ID_STEP + ID_OFFSET
+    corpus = encode_corpus(model, [catalog.product_text(p) for p in catalog.products], ids, batch_size=128)
+    docs = docs_table(catalog, ids)
+    manifest = build_index(corpus.dense, ids, root / "index", num_shards=3, index_factory="Flat",
+                           sparse=corpus.sparse, lam=cfg.hybrid_lambda, model_dir=str(root / "model"), docs=docs)
+    queries = [q.text for q in catalog.queries[:12]]
+    return {"model": model, "model_dir": root / "model", "manifest": Path(manifest), "ids": ids, "docs": docs,
+            "queries": queries}

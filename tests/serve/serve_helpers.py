@@ -1,0 +1,47 @@
+"""Helpers shared by the serving tests (imported as a plain module: tests/serve is on sys.path)."""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import pyarrow as pa
+
+TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+        "max_position_embeddings": 64}
+ID_OFFSET, ID_STEP = 5, 3  # global ids are not row numbers
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def docs_table(catalog, ids: np.ndarray) -> pa.Table:
+    """doc_id, text (what the towers encode), title and the aspect fields (brand: a string, color and
+    category: lists) that the filters act on."""
+    ps = catalog.products
+    return pa.table({
+        "doc_id": pa.array(ids, pa.int64()),
+        "text": [catalog.product_text(p) for p in ps],
+        "title": [p.title for p in ps],
+        "brand": [(p.aspects.get("brand") or [None])[0] for p in ps],
+        "color": [list(p.aspects.get("color") or []) for p in ps],
+        "category": [list(p.aspects.get("category") or []) for p in ps],
+    })
+
+
+def assert_same_ranking(got_scores, got_ids, ref_scores, ref_ids, what):
+    """Scores equal to 1e-4; ids equal wherever the reference score is not within 1e-4 of a neighbour
+    (batched vs single encoding moves scores by ~1e-6, which may swap exact near-ties)."""
+    ref_scores, ref_ids = np.asarray(ref_scores), np.asarray(ref_ids)
+    live = ref_ids >= 0
+    ref_scores, ref_ids = ref_scores[live], ref_ids[live]
+    assert len(got_ids) == len(ref_ids), f"{what}: {len(got_ids)} results, offline {len(ref_ids)}"
+    np.testing.assert_allclose(got_scores, ref_scores, rtol=1e-4, atol=1e-4, err_msg=what)
+    gaps = np.abs(np.diff(ref_scores))
+    isolated = np.ones(len(ref_ids), bool)
+    isolated[:-1] &= gaps > 1e-4
+    isolated[1:] &= gaps > 1e-4
+    assert np.array_equal(np.asarray(got_ids)[isolated], ref_ids[isolated]), f"{what}: {got_ids} != {ref_ids}"

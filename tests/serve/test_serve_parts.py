@@ -1,0 +1,124 @@
+"""Pieces of the serving layer without Ray: the filter semantics, the settings and the Serve YAML, the plain
+FastAPI app (uvicorn on 127.0.0.1, no API key) giving the offline ShardedIndex results, and batched search
+equal to one-by-one search."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import requests
+import yaml
+from serve_helpers import assert_same_ranking, free_port
+
+from serve.backend import SearchParams, shard_groups
+from serve.config import ServeSettings, settings_from_dict
+from serve.filters import check_filters, matches
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_filters_and_across_fields_or_within_case_insensitive():
+    f = check_filters({"brand": "Acme", "color": ["red", "Navy Blue"]}, ["brand", "color", "category"])
+    assert matches({"brand": "acme ", "color": ["navy blue", "white"]}, f)
+    assert not matches({"brand": "acme", "color": ["white"]}, f), "color must match too (AND)"
+    assert not matches({"brand": "zentra", "color": "red"}, f)
+    assert not matches({"brand": None, "color": "red"}, f), "a missing field never matches"
+    assert not matches(None, f)
+    assert matches({"brand": "acme", "color": np.array(["red"])}, f), "numpy list values"
+    with pytest.raises(ValueError, match="unknown filter field 'size'; filterable fields: brand, color"):
+        check_filters({"size": "xl"}, ["brand", "color"])
+    with pytest.raises(ValueError, match="filter 'brand': expected a string or a list of strings"):
+        check_filters({"brand": [1]}, ["brand"])
+
+
+def test_shard_groups_are_contiguous_and_cover_all():
+    assert shard_groups(5, 2) == [[0, 1, 2], [3, 4]]
+    assert shard_groups(2, 4) == [[0], [1]]
+    assert shard_groups(3, 1) == [[0, 1, 2]]
+
+
+def test_settings_reject_unknown_keys_and_bad_values(tmp_path):
+    with pytest.raises(ValueError, match="unknown config key.*max_kk"):
+        settings_from_dict({"max_kk": 3})
+    with pytest.raises(ValueError, match="max_k must be >= 1"):
+        ServeSettings(max_k=0)
+    (tmp_path / "s.yaml").write_text("max_k: 7\nencoder: {num_cpus: 0.5}\n")
+    s = settings_from_dict({"config": str(tmp_path / "s.yaml"), "port": 9001})
+    assert (s.max_k, s.encoder.num_cpus, s.port) == (7, 0.5, 9001)
+    auto = settings_from_dict({"searcher": {"autoscaling": {"min_replicas": 1, "max_replicas": 3}}})
+    assert auto.searcher.options()["autoscaling_config"]["max_replicas"] == 3
+
+
+def test_api_key_from_environment(monkeypatch):
+    monkeypatch.setenv("MY_KEY", "s3cret")
+    assert ServeSettings(api_key_env="MY_KEY").resolved_api_key() == "s3cret"
+    monkeypatch.setenv("MY_KEY", "")
+    assert ServeSettings(api_key_env="MY_KEY").resolved_api_key() is None
+
+
+def test_serve_config_yaml_is_valid_and_binds_loopback():
+    from ray.serve.schema import ServeDeploySchema
+
+    raw = yaml.safe_load((REPO / "serve" / "serve_config.yaml").read_text())
+    schema = ServeDeploySchema.model_validate(raw)
+    assert schema.http_options.host == "127.0.0.1"
+    app = schema.applications[0]
+    assert app.import_path == "serve.app:build_app"
+    settings = settings_from_dict(app.args)
+    names = {d.name for d in app.deployments}
+    assert {"QueryEncoder", "SearchIngress"} | {f"searcher-{g}" for g in range(settings.shard_groups)} == names
+
+
+def test_batched_search_equals_one_by_one(served_index):
+    from madr.index.encode import encode_queries
+    from serve.backend import EncodedQuery, ShardGroup, search_batched
+
+    group = ShardGroup(served_index["manifest"], [0, 1, 2])
+    dense, sparse = encode_queries(served_index["model"], served_index["queries"][:6])
+    queries = [EncodedQuery(dense[i], sparse.select([i])) for i in range(6)]
+    params = [SearchParams(k=5), SearchParams(k=5, lam=0.9), SearchParams(k=3)] * 2
+    batched = search_batched(group.search, list(zip(queries, params, strict=True)))
+    for q, p, (scores, ids) in zip(queries, params, batched, strict=True):
+        s1, i1 = group.search(q.dense[None], q.sparse, p)
+        np.testing.assert_allclose(scores, s1[0], rtol=1e-5, atol=1e-5)
+        assert np.array_equal(ids, i1[0])
+
+
+@pytest.fixture(scope="module")
+def plain(served_index):
+    import uvicorn
+
+    from serve.api import plain_app
+
+    settings = ServeSettings(manifest_path=str(served_index["manifest"]), api_key_env="MADR_TEST_UNSET_KEY",
+                             port=free_port())
+    server = uvicorn.Server(uvicorn.Config(plain_app(settings), host="127.0.0.1", port=settings.port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{settings.port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+
+
+def test_plain_app_without_key_equals_offline(plain, served_index):
+    from madr.index.encode import encode_queries
+    from madr.index.sharded import ShardedIndex
+
+    queries = served_index["queries"][:4]
+    dense, sparse = encode_queries(served_index["model"], queries)
+    ref_scores, ref_ids = ShardedIndex.open(served_index["manifest"]).search(dense, 5, sparse=sparse)
+    for qi, q in enumerate(queries):
+        r = requests.post(plain + "/search", json={"query": q, "k": 5}, timeout=20)
+        assert r.status_code == 200, r.text
+        hits = r.json()["results"]
+        assert_same_ranking([h["score"] for h in hits], [h["id"] for h in hits], ref_scores[qi], ref_ids[qi], q)
+    assert requests.get(plain + "/ready", timeout=20).json()["ntotal"] == len(served_index["ids"])
+    assert requests.post(plain + "/search", json={"query": ""}, timeout=20).status_code == 422
