@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModel, BertConfig, BertModel, PreTrainedModel
+from transformers.utils import logging as hf_logging
 
 from madr.config import BackboneConfig
 
@@ -84,7 +85,12 @@ def load_pretrained_backbone(name_or_path: str, num_layers: int | None = None) -
             raise ValueError(f"backbone {name_or_path}: num_layers={num_layers} > the model's {total}")
         config.num_hidden_layers = num_layers
     kwargs = {"add_pooling_layer": False} if config.model_type in ("bert", "roberta", "xlm-roberta") else {}
-    return AutoModel.from_pretrained(name_or_path, config=config, **kwargs)
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # the MLM head's `cls.*` weights are "unexpected" here: MLMHead loads them
+    try:
+        return AutoModel.from_pretrained(name_or_path, config=config, **kwargs)
+    finally:
+        hf_logging.set_verbosity(verbosity)
 
 
 def hidden_size(backbone: PreTrainedModel) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -102,6 +103,7 @@ class DataConfig:
     synthetic_products: int = 1500
     synthetic_queries: int = 500
     seed: int = 0
+    languages: list[str] = field(default_factory=lambda: ["en"])  # query languages of the generator
     tokenizer: str | None = None
     tokenizer_vocab_size: int = 3000
 
@@ -229,7 +231,32 @@ class DistributedConfig:
 
 
 @dataclass
+class IndexConfig:
+    """The index the pipeline's encode stage builds from the fine-tuned model (see `madr.layout`).
+
+    `index_factory` is a FAISS factory string ("Flat", "IVF256,Flat", "OPQ16,IVF256,PQ16", "HNSW32");
+    `nprobe` / `ef_search` are the search-time defaults of evaluation and serving (None: the index's own).
+    """
+
+    num_shards: int = 2
+    index_factory: str = "Flat"
+    nprobe: int | None = None
+    ef_search: int | None = None
+    model_stage: str = "finetune"  # whose export is indexed: pretrain | finetune
+
+    def __post_init__(self) -> None:
+        _check_choice("index.model_stage", self.model_stage, ("pretrain", "finetune"))
+        if self.num_shards < 1:
+            raise ValueError(f"index.num_shards must be >= 1, got {self.num_shards}")
+
+
+@dataclass
 class ExperimentConfig:
+    """One experiment end to end. `encode`, `evaluate` and `serve` are optional overrides of the settings
+    the pipeline derives for those stages (`pipelines/jobs/experiment.py`); each is checked by its stage
+    (`pipelines.encode.config.EncodeConfig`, `pipelines.evaluate.job.EvaluateConfig`,
+    `serve.config.ServeSettings`), so a typo there is an error naming the key."""
+
     name: str = "demo"
     output_dir: str = "runs/demo"
     data: DataConfig = field(default_factory=DataConfig)
@@ -237,6 +264,10 @@ class ExperimentConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    index: IndexConfig = field(default_factory=IndexConfig)
+    encode: dict[str, Any] = field(default_factory=dict)
+    evaluate: dict[str, Any] = field(default_factory=dict)
+    serve: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -299,6 +330,17 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
             node = node.setdefault(p, {})
         node[leaf] = value
     return from_dict(ExperimentConfig, data)
+
+
+def parse_value(text: str) -> Any:
+    """A `--set key=value` value: YAML scalars and lists, plus the floats YAML 1.1 reads as strings (5e-4)."""
+    value = yaml.safe_load(text)
+    if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+        return float(value)
+    return value
+
+
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 def config_hash(obj: Any) -> str:

@@ -21,6 +21,7 @@ from madr.config import ExperimentConfig
 from madr.data.schema import Catalog
 from madr.data.synthetic import generate_catalog
 from madr.evaluation import evaluate_model
+from madr.layout import RunLayout, prepared_catalog
 from madr.model import BiEncoder, build_model
 from madr.tokenization import load_tokenizer, train_wordpiece_tokenizer
 from madr.training import CatalogSampler, train_stage
@@ -37,12 +38,24 @@ class ExperimentResult:
     seconds: float = 0.0
 
 
+def catalog_dir(cfg: ExperimentConfig) -> Path:
+    """Where `load_catalog` reads or writes: the data stage's validated catalog when it was prepared from this
+    config (`madr.layout`), else `data.catalog_dir`, else `<output_dir>/catalog` (generated)."""
+    prepared = prepared_catalog(cfg)
+    if prepared is not None:
+        return prepared
+    return Path(cfg.data.catalog_dir) if cfg.data.catalog_dir else Path(cfg.output_dir) / "catalog"
+
+
 def load_catalog(cfg: ExperimentConfig) -> Catalog:
-    """The catalog in `data.catalog_dir`, or a generated one (written to `<output_dir>/catalog`)."""
-    if cfg.data.catalog_dir:
-        return Catalog.read(cfg.data.catalog_dir, aspect_names=cfg.model.aspects)
-    catalog = generate_catalog(cfg.data.synthetic_products, cfg.data.synthetic_queries, seed=cfg.data.seed)
-    catalog.write(Path(cfg.output_dir) / "catalog")
+    """The catalog of `catalog_dir(cfg)`; generated (seeded, `data.languages`) and written there when the
+    config names no catalog and the data stage has not prepared one."""
+    where = catalog_dir(cfg)
+    if prepared_catalog(cfg) is not None or cfg.data.catalog_dir:
+        return Catalog.read(where, aspect_names=cfg.model.aspects)
+    catalog = generate_catalog(cfg.data.synthetic_products, cfg.data.synthetic_queries, seed=cfg.data.seed,
+                               languages=cfg.data.languages)
+    catalog.write(where)
     return catalog
 
 
@@ -52,6 +65,9 @@ def prepare_tokenizer(cfg: ExperimentConfig, catalog: Catalog) -> PreTrainedToke
         return load_tokenizer(resolve_backbone_path(cfg.data.tokenizer))
     if cfg.model.backbone.name_or_path:
         return load_tokenizer(resolve_backbone_path(cfg.model.backbone.name_or_path))
+    trained = Path(cfg.output_dir) / "tokenizer"
+    if prepared_catalog(cfg) is not None and (trained / "vocab.txt").is_file():
+        return load_tokenizer(str(trained))  # trained by the data stage on this very catalog
     texts = [catalog.product_text(p) for p in catalog.products] + [q.text for q in catalog.queries]
     return train_wordpiece_tokenizer(texts, vocab_size=cfg.data.tokenizer_vocab_size,
                                      out_dir=str(Path(cfg.output_dir) / "tokenizer"))
@@ -59,7 +75,11 @@ def prepare_tokenizer(cfg: ExperimentConfig, catalog: Catalog) -> PreTrainedToke
 
 def prepare_vocabularies(cfg: ExperimentConfig, catalog: Catalog,
                          tokenizer: PreTrainedTokenizerBase) -> AspectVocabularies:
-    """Phrase / word / token value vocabularies over product and query annotations (paper 001 Sec. 5.3.1)."""
+    """Phrase / word / token value vocabularies over product and query annotations (paper 001 Sec. 5.3.1);
+    the data stage's (built with Ray Data over the same annotations) when it prepared this catalog."""
+    vocab = RunLayout.of(cfg).vocab
+    if prepared_catalog(cfg) is not None and vocab.is_file():
+        return AspectVocabularies.load(vocab, tokenize=tokenizer.tokenize)  # same vocab_min_freq
     annotations = [p.aspects for p in catalog.products] + [q.aspects for q in catalog.queries]
     return build_vocabularies(annotations, cfg.model.aspects, ["phrase", "word", "token"],
                               tokenize=tokenizer.tokenize, min_freq=cfg.model.vocab_min_freq)

@@ -67,11 +67,14 @@ class Tower(nn.Module):
             out.embedding = self.projection(out.embedding)
         return out
 
-    def mlm_logits(self, out: TowerOutput) -> torch.Tensor:
-        """MLM scores [B, L, vocab] over the content positions of `out` (paper 001 Eq. 8)."""
+    def mlm_logits(self, out: TowerOutput, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """MLM scores [B, L, vocab] over the content positions of `out` (paper 001 Eq. 8), or [N, vocab] at
+        the N positions where the bool mask `positions` [B, L] is set: the MLM loss needs only the masked
+        ~15%, and the vocabulary projection is most of a small model's compute."""
         if self.mlm_head is None or out.sequence_output is None:
             raise ValueError("this tower has no MLM head (DSSM has no backbone)")
-        return self.mlm_head(out.sequence_output, self.word_embeddings)
+        hidden = out.sequence_output if positions is None else out.sequence_output[positions]
+        return self.mlm_head(hidden, self.word_embeddings)
 
 
 def _build_head(cfg: ModelConfig, hidden: int, special_ids: list[int]) -> nn.Module:

@@ -31,6 +31,7 @@ from madr.losses import (
     combine_objectives,
     mask_tokens,
 )
+from madr.losses.mlm import IGNORE_INDEX
 from madr.model import BiEncoder, objective_keys
 from madr.outputs import TowerOutput
 
@@ -92,7 +93,8 @@ def mlm_loss(model: BiEncoder, batch: TextBatch, side: str, probability: float,
     out = model.encode(masked, batch.attention_mask, side)
     if model.tower(side).mlm_head is None:
         return out.embedding.sum() * 0.0, out
-    return MLMLoss()(model.tower(side).mlm_logits(out), labels), out
+    predicted = labels != IGNORE_INDEX  # logits at the masked positions only (the loss ignores the rest)
+    return MLMLoss()(model.tower(side).mlm_logits(out, predicted), labels[predicted]), out
 
 
 def pretrain_loss(model: BiEncoder, queries: TextBatch, docs: TextBatch, stage: StageConfig,

@@ -1,4 +1,9 @@
-"""`madr` command line: `python -m pipelines.cli <command> [--config FILE] [--set key=value ...]`."""
+"""`madr` command line: `python -m pipelines.cli <command>`.
+
+    demo        the README's main job: the whole pipeline on a local Ray cluster, ending with queries
+                answered over HTTP (pipelines/demo.py; configs/demo.yaml)
+    experiment  one experiment in this process, without Ray: train, then print metrics before / after
+"""
 
 from __future__ import annotations
 
@@ -6,9 +11,7 @@ import argparse
 import logging
 import sys
 
-import yaml
-
-from madr.config import load_config
+from madr.config import load_config, parse_value
 
 
 def _overrides(pairs: list[str]) -> dict[str, object]:
@@ -17,25 +20,50 @@ def _overrides(pairs: list[str]) -> dict[str, object]:
         if "=" not in pair:
             raise SystemExit(f"--set expects key=value, got {pair!r}")
         key, value = pair.split("=", 1)
-        out[key] = yaml.safe_load(value)
+        out[key] = parse_value(value)
     return out
 
 
+def format_table(before: dict[str, float], after: dict[str, float]) -> str:
+    keys = sorted(set(before) | set(after))
+    width = max(len(k) for k in keys)
+    lines = [f"{'metric':<{width}}  untrained   trained", "-" * (width + 22)]
+    for k in keys:
+        lines.append(f"{k:<{width}}  {before.get(k, float('nan')):9.4f} {after.get(k, float('nan')):9.4f}")
+    return "\n".join(lines)
+
+
+def run_in_process(config: str, overrides: list[str]) -> int:
+    from madr.experiment import run_experiment
+
+    cfg = load_config(config, _overrides(overrides))
+    result = run_experiment(cfg)
+    print(format_table(result.before, result.after))
+    print(f"model saved to {result.model_dir} ({result.seconds:.0f} s)")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="madr", description=__doc__)
+    parser = argparse.ArgumentParser(prog="madr", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run the main job end to end on embedded defaults")
+    demo = sub.add_parser("demo", help="the whole pipeline on a local Ray cluster, ending with a served index")
     demo.add_argument("--config", default=None, help="experiment YAML (default: configs/demo.yaml)")
-    demo.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                      help="override a config value, e.g. --set model.name=mural")
+    demo.add_argument("--port", type=int, default=8000, help="HTTP port of the search API")
+    demo.add_argument("--serve", action="store_true", help="keep serving after the sample queries (Ctrl-C stops)")
+    demo.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local cluster (default: all)")
+    exp = sub.add_parser("experiment", help="one experiment in this process (no Ray): metrics before / after")
+    exp.add_argument("--config", default="configs/experiment.yaml")
+    for p in (demo, exp):
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a config value, e.g. --set model.name=mural")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if args.command == "demo":
         from pipelines.demo import run_demo
 
-        cfg = load_config(args.config or "configs/demo.yaml", _overrides(args.set))
-        return run_demo(cfg)
-    return 2
+        return run_demo(args.config, args.set, port=args.port, keep_serving=args.serve, num_cpus=args.num_cpus)
+    return run_in_process(args.config, args.set)
 
 
 if __name__ == "__main__":

@@ -1,28 +1,143 @@
-"""The README's main job on embedded defaults.
+"""The README's main job: the whole pipeline on this machine, ending with queries answered over HTTP.
 
-Today: the in-process experiment (synthetic multi-aspect catalog -> MADRAL pretrain + fine-tune ->
-retrieval metrics before/after training). Later issues grow it into the full Ray pipeline.
+1. start a single-node Ray cluster here (`ray start --head`, loopback only, token auth; `local_cluster`);
+2. submit every stage of the experiment to it as a Ray job (`pipelines.jobs pipeline --address ...`):
+   data -> pretrain -> finetune -> encode -> evaluate, skipping stages already complete; then deploy the
+   Ray Serve app over the index (`serve deploy`);
+3. print the data statistics and the evaluation table, send sample queries (one per language) to
+   `POST /search` and one to `POST /explain` over HTTP, print the answers;
+4. stop the cluster (or keep serving with `--serve`, until Ctrl-C).
 """
 
 from __future__ import annotations
 
-from madr.config import ExperimentConfig
-from madr.experiment import run_experiment
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from madr.config import ExperimentConfig, load_config
+from madr.layout import RunLayout
+
+DEFAULT_CONFIG = "configs/demo.yaml"
+STAGES = "data,pretrain,finetune,encode,evaluate,deploy"
 
 
-def format_table(before: dict[str, float], after: dict[str, float]) -> str:
-    keys = sorted(set(before) | set(after))
-    width = max(len(k) for k in keys)
-    lines = [f"{'metric':<{width}}  untrained   trained", "-" * (width + 22)]
-    for k in keys:
-        lines.append(f"{k:<{width}}  {before.get(k, float('nan')):9.4f} {after.get(k, float('nan')):9.4f}")
-    return "\n".join(lines)
+def pipeline_argv(config: str, cluster: Any, port: int, overrides: list[str]) -> list[str]:
+    argv = ["pipeline", "--config", config, "--address", cluster.address, "--token-file", cluster.token_file,
+            "--same-host", "--stages", STAGES, "--serve-port", str(port), "--no-follow"]
+    for pair in overrides:
+        argv += ["--set", pair]
+    return argv
 
 
-def run_demo(cfg: ExperimentConfig) -> int:
-    print(f"madr demo: model={cfg.model.name} backbone={cfg.model.backbone.name_or_path or 'tiny random BERT'} "
-          f"output={cfg.output_dir}", flush=True)
-    result = run_experiment(cfg)
-    print(format_table(result.before, result.after))
-    print(f"model saved to {result.model_dir} ({result.seconds:.0f} s)")
-    return 0
+def sample_queries(cfg: ExperimentConfig, per_language: int = 1) -> list[dict[str, str]]:
+    """The first evaluation queries of each language, with their judged relevant products."""
+    layout = RunLayout.of(cfg)
+    queries = pq.read_table(layout.queries("eval")).to_pylist()
+    picked: dict[str, list[dict[str, str]]] = {}
+    for q in queries:
+        bucket = picked.setdefault(q["language"], [])
+        if len(bucket) < per_language:
+            bucket.append(q)
+    return [q for lang in sorted(picked) for q in picked[lang]]
+
+
+def judged(cfg: ExperimentConfig) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for row in pq.read_table(RunLayout.of(cfg).qrels("eval")).to_pylist():
+        out.setdefault(row["query_id"], {})[row["product_id"]] = int(row["relevance"])
+    return out
+
+
+def answer_queries(cfg: ExperimentConfig, url: str, k: int = 3) -> list[dict[str, Any]]:
+    """Sample queries over HTTP (`serve.client`); prints each hit with its judged relevance (0-4, '-' unjudged)."""
+    from serve.client import MadrClient
+
+    grades = judged(cfg)
+    answers = []
+    with MadrClient(url) as client:
+        client.wait_ready(timeout=120)
+        for q in sample_queries(cfg):
+            reply = client.search(q["text"], k=k)
+            answers.append(reply)
+            print(f"\nPOST {url}/search  {json.dumps({'query': q['text'], 'k': k}, ensure_ascii=False)}"
+                  f"  [{q['language']}, {reply['took_ms']:.0f} ms]")
+            for rank, hit in enumerate(reply["results"], 1):
+                doc = hit.get("doc") or {}
+                grade = grades.get(q["query_id"], {}).get(doc.get("product_id", ""), "-")
+                print(f"  {rank}. {hit['score']:.3f}  {doc.get('title', hit['id'])}  (relevance {grade})")
+        if answers and answers[0]["results"]:
+            first = answers[0]
+            top = first["results"][0]
+            explained = client.explain(first["query"], doc_id=top["id"])
+            print(f"\nPOST {url}/explain  query {first['query']!r}, document {top['id']}:")
+            print(json.dumps(_short(explained), ensure_ascii=False, indent=1)[:2000])
+    return answers
+
+
+def _short(obj: Any, items: int = 5) -> Any:
+    """Long lists and mappings cut to their first `items` entries, for printing."""
+    if isinstance(obj, dict):
+        return {k: _short(v, items) for k, v in list(obj.items())[: max(items, 12)]}
+    if isinstance(obj, list):
+        return [_short(v, items) for v in obj[:items]]
+    return round(obj, 4) if isinstance(obj, float) else obj
+
+
+def show_results(cfg: ExperimentConfig) -> None:
+    layout = RunLayout.of(cfg)
+    summary = json.loads((layout.data / "summary.json").read_text())
+    print(f"\ndata: {summary['origin']}: {json.dumps(summary['counts'])}")
+    table = layout.evaluation / "results.md"
+    if table.is_file():
+        print(f"\nevaluation ({layout.evaluation}):\n{table.read_text()}")
+
+
+def run_demo(config: str | None = None, overrides: list[str] | None = None, port: int = 8000,
+             keep_serving: bool = False, num_cpus: int | None = None) -> int:
+    """The main job (module docstring). Returns the process exit code."""
+    from pipelines.jobs import cli as jobs_cli
+    from pipelines.jobs import local_cluster
+
+    config = config or DEFAULT_CONFIG
+    overrides = list(overrides or [])
+    cfg = load_config(config, _parsed(overrides))
+    print(f"madr demo: {cfg.model.name} on {cfg.model.backbone.name_or_path or 'a tiny random BERT'}, "
+          f"output {cfg.output_dir}", flush=True)
+    started = time.perf_counter()
+    cluster = local_cluster.start(num_cpus=num_cpus or os.cpu_count())
+    print(f"[demo] local Ray cluster {cluster.address} (dashboard and jobs API, loopback only)", flush=True)
+    try:
+        rc = jobs_cli.main(pipeline_argv(config, cluster, port, overrides))
+        if rc != 0:
+            return rc
+        show_results(cfg)
+        answer_queries(cfg, f"http://127.0.0.1:{port}")
+        print(f"\nmadr demo: done in {time.perf_counter() - started:.0f} s", flush=True)
+        if keep_serving:
+            print(f"serving on http://127.0.0.1:{port} (docs: /docs); Ctrl-C stops", flush=True)
+            _wait_for_interrupt()
+        return 0
+    finally:
+        local_cluster.stop(cluster)
+
+
+def _wait_for_interrupt() -> None:
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        pass
+
+
+def _parsed(pairs: list[str]) -> dict[str, Any]:
+    from pipelines.jobs.runner import parse_overrides
+
+    return parse_overrides(pairs)
+
+

@@ -3,8 +3,8 @@
     python -m pipelines.jobs submit --stage pretrain --config configs/demo.yaml [--address http://HEAD:8265]
     python -m pipelines.jobs pipeline --config configs/demo.yaml [--address ...] [--stages data,pretrain]
     python -m pipelines.jobs plan --config configs/demo.yaml          # what pipeline would run / skip
-    python -m pipelines.jobs submit --stage deploy --address ... \
-        --serve-arg manifest_path=runs/demo/index/manifest.json
+    python -m pipelines.jobs submit --stage deploy --config configs/demo.yaml --address ...  # serve the index
+        [--serve-arg nprobe=16 ...]                                     # (app args: serve/config.py)
     python -m pipelines.jobs up [--num-cpus 2]                          # a loopback cluster on this machine
     python -m pipelines.jobs down
 
@@ -98,17 +98,32 @@ def _submit_stage(args: argparse.Namespace, cluster: submit.Cluster, stage: Stag
     return 0 if status == "SUCCEEDED" else 1
 
 
+def _serve_args(args: argparse.Namespace) -> dict:
+    """The app args: those of the experiment (`--config`, its index's manifest), then every --serve-arg."""
+    derived: dict = {}
+    if getattr(args, "config", None):
+        from madr.config import load_config
+        from pipelines.jobs.experiment import serve_args
+
+        try:
+            derived = serve_args(load_config(args.config, runner.parse_overrides(args.set)))
+        except ValueError as err:  # not an experiment config (e.g. a custom stage table's): no derived args
+            print(f"[madr.jobs] deploy: {args.config} is not an experiment config ({err}); "
+                  f"using the Serve config's args", flush=True)
+    return {**derived, **runner.parse_overrides(args.serve_arg)}
+
+
 def _deploy(args: argparse.Namespace) -> int:
     if args.address:
         same = _same_host(args)
-        cfg = deploy_mod.load_serve_config(args.serve_config, runner.parse_overrides(args.serve_arg),
-                                           absolute_paths=same)
+        cfg = deploy_mod.load_serve_config(args.serve_config, _serve_args(args), absolute_paths=same,
+                                           port=args.serve_port)
         address = submit.normalise_address(args.address)
         statuses = deploy_mod.deploy_to_cluster(address, submit.auth_headers(address, _token(args)), cfg,
                                                 timeout_s=args.timeout or 600.0)
         print(f"[madr.jobs] deploy: {statuses} on {address}", flush=True)
         return 0
-    cfg = deploy_mod.load_serve_config(args.serve_config, runner.parse_overrides(args.serve_arg))
+    cfg = deploy_mod.load_serve_config(args.serve_config, _serve_args(args), port=args.serve_port)
     return deploy_mod.serve_run_here(cfg, blocking=not os.environ.get("RAY_ADDRESS"))
 
 
@@ -250,6 +265,7 @@ def _common(p: argparse.ArgumentParser, with_cluster: bool = True) -> None:
                    help="deploy: Serve config YAML")
     p.add_argument("--serve-arg", action="append", default=[], metavar="KEY=VALUE",
                    help="deploy: set an application arg (e.g. manifest_path=runs/demo/index/manifest.json)")
+    p.add_argument("--serve-port", type=int, default=None, help="deploy: HTTP port (default: the Serve config's)")
 
 
 def build_parser() -> argparse.ArgumentParser:

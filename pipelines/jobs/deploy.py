@@ -27,13 +27,16 @@ PATH_ARG_SUFFIXES = ("_path", "_dir", "_file")
 
 
 def load_serve_config(path: str, args: Mapping[str, Any] | None = None, absolute_paths: bool = False,
-                      root: str | None = None) -> dict[str, Any]:
+                      root: str | None = None, port: int | None = None) -> dict[str, Any]:
     """The Serve config with `args` set in every application's args, validated by Serve's own schema.
 
     absolute_paths: relative path-like args (`*_path`, `*_dir`, `*_file`) resolved against `root`, for a
-    cluster on this machine whose replicas do not run in this directory.
+    cluster on this machine whose replicas do not run in this directory. port: the HTTP port instead of
+    the file's `http_options.port`.
     """
     cfg = load_yaml(path)
+    if port is not None:
+        cfg["http_options"] = {**(cfg.get("http_options") or {}), "port": int(port)}
     apps = cfg.get("applications")
     if not isinstance(apps, list) or not apps:
         raise ValueError(f"{path}: no applications list")

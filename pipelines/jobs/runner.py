@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from madr.config import config_hash
+from madr.config import config_hash, parse_value
 from pipelines.jobs import markers
 from pipelines.jobs.stages import STAGES, Stage, StageConfigs, check_available, load_yaml, stage_keys
 
@@ -32,7 +32,7 @@ def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
         if "=" not in pair:
             raise ValueError(f"--set expects key=value, got {pair!r}")
         key, value = pair.split("=", 1)
-        out[key.strip()] = yaml.safe_load(value)
+        out[key.strip()] = parse_value(value)
     return out
 
 

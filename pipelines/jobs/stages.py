@@ -39,18 +39,21 @@ class Stage:
 
 
 STAGES: dict[str, Stage] = {s.name: s for s in (
-    Stage("data", "pipelines.data", ("prepare", "--config", "{config}"),
-          help="ingest, validate, tokenise and write the task datasets, tokenizer and aspect vocabularies"),
+    Stage("data", "pipelines.data.prepare",
+          help="validate the catalog (or generate the synthetic one); corpus, eval/train queries + qrels, "
+               "tokenizer, aspect vocabularies and statistics (Ray Data)"),
     Stage("pretrain", "pipelines.train", ("--config", "{config}", "--stage", "pretrain"), gpu=True,
           help="MLM + aspect pretraining (paper 000 Eq. 7 / paper 001 Eq. 9)"),
     Stage("finetune", "pipelines.train", ("--config", "{config}", "--stage", "finetune"), gpu=True,
           help="retrieval fine-tuning (paper 000 Eq. 8 / paper 001 Eq. 10)"),
-    Stage("distill", "pipelines.train", ("--config", "{config}", "--stage", "distill"), gpu=True,
-          help="distil the query tower into a small student (paper 004)"),
-    Stage("encode", "pipelines.encode", gpu=True, help="corpus -> sharded FAISS (+ sparse) index + manifest"),
-    Stage("mine", "pipelines.mine", optional=True,
+    Stage("distill", "pipelines.train", ("--config", "{config}", "--stage", "distill"), optional=True,
+          gpu=True, help="distil the query tower into a small student (paper 004)"),
+    Stage("encode", "pipelines.jobs.experiment", ("encode", "--config", "{config}"), gpu=True,
+          help="corpus -> sharded FAISS (+ sparse) index + manifest"),
+    Stage("mine", "pipelines.jobs.experiment", ("mine", "--config", "{config}"), optional=True,
           help="hard negatives from the index for the next fine-tuning round"),
-    Stage("evaluate", "pipelines.evaluate", help="Recall/NDCG/MRR/AUC/Accuracy@1 over the index"),
+    Stage("evaluate", "pipelines.jobs.experiment", ("evaluate", "--config", "{config}"),
+          help="Recall/NDCG/MRR over the index, results table and recall-vs-latency plot"),
     Stage("deploy", "serve", (), kind="deploy",
           help="deploy the Ray Serve app (serve deploy to --address; serve run in the foreground without)"),
 )}

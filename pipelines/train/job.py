@@ -17,6 +17,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from dataclasses import asdict, dataclass
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 
 from madr.config import ExperimentConfig, config_hash
+from madr.experiment import catalog_dir as catalog_dir_of
 from madr.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies
 from madr.model import build_model
 from pipelines.train.examples import ROWS, write_examples
@@ -92,7 +94,7 @@ def prepare_stage(cfg: ExperimentConfig, kind: str) -> JobSpec:
     out = stage_dir(cfg, kind)
     out.mkdir(parents=True, exist_ok=True)
     catalog = load_catalog(cfg)
-    catalog_dir = cfg.data.catalog_dir or str(Path(cfg.output_dir) / "catalog")
+    catalog_dir = str(catalog_dir_of(cfg))
     spec = JobSpec(experiment=cfg.to_dict(), kind=kind, catalog_dir=catalog_dir,
                    drill_flag=str(out / "failure_drill.done"))
     if kind == "distill":
@@ -114,6 +116,9 @@ def _ray_init(cfg: ExperimentConfig, address: str | None) -> None:
     if ray.is_initialized():
         return
     env = cfg.distributed.runtime_env or None
+    if env and os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
+        # inside `ray job submit`: the job's runtime env and the config's are combined (config wins a key)
+        os.environ.setdefault("RAY_OVERRIDE_JOB_RUNTIME_ENV", "1")
     if address:
         ray.init(address=address, runtime_env=env)
     else:

@@ -150,8 +150,10 @@ def test_stage_table_and_config_errors_name_the_file(tmp_path, toy, capsys):
 def test_builtin_table_maps_every_stage_of_the_issue():
     assert list(STAGES) == ["data", "pretrain", "finetune", "distill", "encode", "mine", "evaluate", "deploy"]
     assert STAGES["pretrain"].argv("c.yaml") == ["--config", "c.yaml", "--stage", "pretrain"]
-    assert [s.name for s in select(None)] == ["data", "pretrain", "finetune", "distill", "encode", "evaluate",
-                                             "deploy"]
+    assert [s.name for s in select(None)] == ["data", "pretrain", "finetune", "encode", "evaluate", "deploy"]
+    assert STAGES["encode"].argv("c.yaml") == ["encode", "--config", "c.yaml"]
+    for stage in STAGES.values():  # every entry point of the built-in table exists in this checkout
+        check_available(stage)
     # one stage alone has the key it has inside the pipeline (keys chain over the whole table)
     inv = Invocation("configs/demo.yaml")
     assert inv.keys([STAGES["encode"]]) == {"encode": inv.keys(select(None))["encode"]}

@@ -1,0 +1,112 @@
+"""Where each stage of an experiment reads and writes, under the experiment's `output_dir`.
+
+One place for the paths the pipeline stages hand to each other (data -> train -> encode -> evaluate ->
+serve), so that a stage never guesses where the previous one wrote:
+
+    <output_dir>/data/catalog/        validated catalog (products / queries / judgments Parquet) + prepared.json
+    <output_dir>/data/corpus/         one row per product: doc_id (int64, the index id), product_id, text fields
+    <output_dir>/data/eval/           queries.parquet + qrels.parquet of the evaluation split
+    <output_dir>/data/train/          the same for the training split (hard-negative mining)
+    <output_dir>/data/vocab.json      phrase / word / token aspect vocabularies (Ray Data aggregation)
+    <output_dir>/data/stats.json      aspect coverage (paper 000 Table 3 / paper 001 Table 2)
+    <output_dir>/data/quarantine/     catalog rows that failed validation, with reason and origin
+    <output_dir>/<stage>/model/       the export of a training stage (pretrain / finetune / distill)
+    <output_dir>/index/manifest.json  the sharded index
+    <output_dir>/evaluation/          results.md / results.csv / recall-vs-latency plot
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from madr.config import ExperimentConfig, config_hash
+
+PREPARED_MARKER = "prepared.json"
+
+
+@dataclass(frozen=True)
+class RunLayout:
+    root: Path
+
+    @classmethod
+    def of(cls, cfg: ExperimentConfig) -> RunLayout:
+        return cls(Path(cfg.output_dir))
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def catalog(self) -> Path:
+        return self.data / "catalog"
+
+    @property
+    def corpus(self) -> Path:
+        return self.data / "corpus"
+
+    def queries(self, split: str) -> Path:
+        """Queries of the evaluation (`eval`) or training (`train`) split."""
+        return self.data / split / "queries.parquet"
+
+    def qrels(self, split: str) -> Path:
+        return self.data / split / "qrels.parquet"
+
+    @property
+    def vocab(self) -> Path:
+        return self.data / "vocab.json"
+
+    @property
+    def stats(self) -> Path:
+        return self.data / "stats.json"
+
+    @property
+    def quarantine(self) -> Path:
+        return self.data / "quarantine"
+
+    def model(self, stage: str) -> Path:
+        return self.root / stage / "model"
+
+    @property
+    def index(self) -> Path:
+        return self.root / "index"
+
+    @property
+    def manifest(self) -> Path:
+        return self.index / "manifest.json"
+
+    @property
+    def evaluation(self) -> Path:
+        return self.root / "evaluation"
+
+    @property
+    def negatives(self) -> Path:
+        return self.root / "mine" / "negatives.parquet"
+
+    @property
+    def stage_configs(self) -> Path:
+        """The derived config of each stage the pipeline ran (`pipelines/jobs/experiment.py`)."""
+        return self.root / "_stages" / "configs"
+
+
+def data_key(cfg: ExperimentConfig) -> str:
+    """The hash of what decides the prepared catalog: the data section and the aspect names."""
+    return config_hash({"data": cfg.data, "aspects": cfg.model.aspects})
+
+
+def mark_prepared(cfg: ExperimentConfig, counts: dict[str, int]) -> Path:
+    """Record that `RunLayout.catalog` holds the catalog of this config (written last by the data stage)."""
+    path = RunLayout.of(cfg).catalog / PREPARED_MARKER
+    path.write_text(json.dumps({"data_key": data_key(cfg), "counts": counts}, indent=1))
+    return path
+
+
+def prepared_catalog(cfg: ExperimentConfig) -> Path | None:
+    """The data stage's catalog when it was prepared from this very data config, else None."""
+    path = RunLayout.of(cfg).catalog / PREPARED_MARKER
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return path.parent if info.get("data_key") == data_key(cfg) else None
