@@ -44,7 +44,8 @@ def encode_settings(cfg: ExperimentConfig) -> dict[str, Any]:
                "model_dir": _abs(layout.model(cfg.index.model_stage)), "id_column": "doc_id",
                "text_columns": ["title", "description"], "display_columns": DISPLAY + list(cfg.model.aspects),
                "external_id_column": "product_id", "num_shards": cfg.index.num_shards,
-               "index_factory": cfg.index.index_factory, "max_length": cfg.model.max_doc_length}
+               "index_factory": cfg.index.index_factory, "max_length": cfg.model.max_doc_length,
+               "replace_other_job": True}  # the pipeline reran this stage: a changed model or corpus rebuilds
     docs = _corpus_size(layout)
     if docs:  # pieces small enough that every shard gets rows (a piece never spans two shards)
         derived["rows_per_read"] = max(1, min(2048, docs // cfg.index.num_shards))

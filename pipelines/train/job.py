@@ -8,7 +8,8 @@
 2. fit: `TorchTrainer(train_loop_per_worker)` over `ScalingConfig(num_workers, use_gpu)`, gloo on CPU /
    nccl on GPU, the rows as the "train" dataset (streamed, split over workers), `CheckpointConfig
    (num_to_keep=keep_last)`, `FailureConfig(max_failures)`, the metrics callback, storage at
-   `<storage_path>/<run_name>`: re-running the same stage with the same pair resumes from its latest
+   `<storage_path>/<run_name>` (default run name: `default_run_name`, which hashes the data, model and
+   train config): re-running the same stage with the same pair resumes from its latest
    checkpoint (Ray Train V2 resumes by run name, not `resume_from_checkpoint`);
 3. export the final checkpoint's model to `<output_dir>/<stage>/model` (`BiEncoder.save` layout) and write
    `curves.png` and `result.json` beside it. TensorBoard: `tensorboard --logdir <output_dir>/<stage>/logs`.
@@ -125,6 +126,13 @@ def _ray_init(cfg: ExperimentConfig, address: str | None) -> None:
         ray.init(runtime_env=env, include_dashboard=False)
 
 
+def default_run_name(cfg: ExperimentConfig, kind: str) -> str:
+    """`<name>-<stage>-<hash of data, model and train>`: a rerun of the same stage config resumes from its
+    latest checkpoint, while a changed one (another learning rate, a retrained upstream stage's config)
+    starts a run of its own instead of resuming a finished run of the old config."""
+    return f"{cfg.name}-{kind}-{config_hash({'data': cfg.data, 'model': cfg.model, 'train': cfg.train})[:8]}"
+
+
 def build_trainer(cfg: ExperimentConfig, spec: JobSpec) -> Any:
     """The `TorchTrainer` of a prepared stage (see the module docstring, step 2)."""
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -142,7 +150,7 @@ def build_trainer(cfg: ExperimentConfig, spec: JobSpec) -> Any:
         scaling_config=ScalingConfig(num_workers=d.num_workers, use_gpu=d.use_gpu, resources_per_worker=resources),
         torch_config=TorchConfig(backend="nccl" if d.use_gpu else "gloo"),
         run_config=RunConfig(
-            name=d.run_name or f"{cfg.name}-{spec.kind}", storage_path=storage,
+            name=d.run_name or default_run_name(cfg, spec.kind), storage_path=storage,
             failure_config=FailureConfig(max_failures=d.max_failures),
             checkpoint_config=CheckpointConfig(num_to_keep=d.keep_last),
             callbacks=[MetricsLogger(str(out / "logs"))],

@@ -79,7 +79,9 @@ def _tensorboard_scalars(log_dir: str) -> dict[str, list[tuple[int, float]]]:
 
 
 def _checkpoints(cfg, kind: str) -> list[Path]:
-    root = Path(cfg.output_dir) / "ray_results" / f"{cfg.name}-{kind}"
+    from pipelines.train.job import default_run_name
+
+    root = Path(cfg.output_dir) / "ray_results" / default_run_name(cfg, kind)
     return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("checkpoint_"))
 
 
@@ -179,3 +181,17 @@ def test_distill_job_with_deepspeed_zero2(ray_local, out_dir):
     assert served.query_tower.backbone.config.num_hidden_layers == 1
     assert served.doc_tower.backbone.config.num_hidden_layers == 2
     assert served.encode_texts(["oak table"], "query").shape == (1, 16)
+
+
+def test_run_name_follows_the_stage_config():
+    """A changed training config must not resume a finished run of the old one; a rerun of the same does."""
+    from madr.config import load_config
+    from pipelines.train.job import default_run_name
+
+    cfg = load_config("configs/train_tiny.yaml")
+    name = default_run_name(cfg, "finetune")
+    assert name.startswith("train_tiny-finetune-") and default_run_name(cfg, "finetune") == name
+    cfg.distributed.num_workers = 1  # scaling knobs are not part of what was trained
+    assert default_run_name(cfg, "finetune") == name
+    cfg.train.finetune.learning_rate *= 2
+    assert default_run_name(cfg, "finetune") != name
