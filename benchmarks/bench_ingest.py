@@ -11,28 +11,37 @@ Contenders (the same reader, validation, quarantine and tokenisation functions, 
   TOKENIZERS_PARALLELISM=false: one core. The time of each stage is reported.
 - `loop_threads`: the same loop with TOKENIZERS_PARALLELISM=true (the Rust tokenizer's own threads use
   every core inside each `encode_batch_fast` call; reading and validation stay on one core).
-- `ray_tasks`: `read_tokenized(compute="tasks")`: the file read as `--ranges` byte ranges, validation and
-  tokenisation inside the read tasks, at most `--workers` at a time; the driver iterates the int batches.
+- `ray_tasks`: `read_tokenized(compute="tasks")` with its defaults: the file split into parts by
+  `split_bytes="auto"` (about 4 parts per CPU; `--ranges N` forces N), validation and tokenisation inside
+  the read tasks, at most `--workers` at a time; the driver iterates the int batches.
 - `ray_actors`: `read_tokenized(compute="actors")`: read tasks validate, `map_batches` on an actor pool
   (1..`--workers` actors) tokenises.
 - `ray_tasks_w1`: `ray_tasks` with one worker (the scaling check: 1 vs 2 workers).
-Each Ray contender starts Ray in its own process (`ray.init(num_cpus=cores)`, not timed, reported) and
-runs the pipeline twice in that Ray session: `cold` (the first run: worker processes import the modules
+Each Ray contender starts Ray in its own process (`ray.init(num_cpus=cores)`, timed and reported apart)
+and runs the pipeline twice in that Ray session: `cold` (the first run: worker processes import the modules
 and build the tokenizer) and `warm` (a second run over the same file: what a long-running job sees).
+Three Ray figures are compared with the loop: warm, cold, and cold + `ray.init` (a one-off job's whole cost).
 Ray starts its worker processes at niceness 15 unless told otherwise: on this 2-core machine, shared with
 other jobs, that alone made the Ray contenders 2-3x slower than the nice-0 loop. The benchmark runs Ray's
 workers at `--ray-worker-niceness` (default 0, the loop's priority) so the comparison is of the code.
 Each contender runs `--repeat` times, interleaved with the others (loop, ray, loop, ray, ...) so a change
-in the machine's load hits them alike; the best run of each is compared.
+in the machine's load hits them alike; the best run of each is compared. `--quiet-wait S` waits (at most S
+seconds) before each run until the other jobs on the machine use fewer than `--quiet-below` cores.
+
+`--rows` takes several sizes (a sweep): every size runs every mode; the sizes where Ray's warm, cold and
+cold + init throughput cross the loop's are reported (interpolated between neighbouring sizes).
 
 Measured per run: wall seconds from the first read to the last batch (loading the tokenizer included;
-importing `transformers` / `ray` in the benchmark's own process is not),
-rows/s, CPU seconds used by the process and all its descendants over that interval (Ray's raylet, GCS
-and workers included: a load-independent cost), and peak memory: the peak of the summed PSS (proportional
-set size, so shared object-store pages are not counted twice) over the process and its descendants,
-sampled every 0.5 s (`ProcessTree`).
+importing `transformers` / `ray` in the benchmark's own process is not), rows/s, the seconds to the first
+batch (Ray), CPU seconds used by the process and all its descendants over that interval (Ray's raylet, GCS,
+agents and workers included: a load-independent cost), the CPU the rest of the machine used meanwhile
+(`others`, in cores: /proc/stat busy time less ours; this machine is shared), and peak memory: the peak of
+the summed PSS (proportional set size, so shared object-store pages are not counted twice) over the
+process and its descendants, sampled every second (`ProcessTree`).
 
-    python benchmarks/bench_ingest.py                   # 200k rows, the reported run
+    python benchmarks/bench_ingest.py                   # 200k rows, every mode: the reported run
+    python benchmarks/bench_ingest.py --rows 20000 50000 100000 200000 500000 --modes loop ray_tasks \\
+        --repeat 1 --out benchmarks/results/ingest_sweep.json --plot benchmarks/plots/ingest_sweep.png
     python benchmarks/bench_ingest.py --rows 20000 --repeat 1      # smoke check
 """
 
@@ -106,14 +115,33 @@ def make_data(path: Path, rows: int, seed: int = 0) -> int:
     return good
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy (every process: /proc/stat, all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_quiet(below: float, max_wait: float, window: float = 5.0) -> float:
+    """Wait (up to `max_wait` s) until the machine's busy CPU over `window` s is under `below` cores (nothing of
+    ours runs between contenders, so that is the other jobs' load); returns the last reading."""
+    deadline = time.monotonic() + max_wait
+    while True:
+        busy0 = machine_busy_seconds()
+        time.sleep(window)
+        cores = (machine_busy_seconds() - busy0) / window
+        if cores < below or time.monotonic() >= deadline:
+            return cores
+
+
 class ProcessTree:
     """Peak summed PSS (sampled in a thread) and CPU seconds of this process and its descendants.
 
     Reading smaps_rollup is not free: with Ray's ten processes one sample costs about 40 ms of CPU here, so
-    a 50 ms interval took a quarter of a core from the Ray contenders. Samples are 0.5 s apart and the
-    sampler's own CPU time is left out of `cpu_seconds`."""
+    samples are a second apart and the sampler's own CPU time is left out of `cpu_seconds`."""
 
-    def __init__(self, interval: float = 0.5) -> None:
+    def __init__(self, interval: float = 1.0) -> None:
         import psutil
 
         self.proc, self.interval, self.peak, self._stop = psutil.Process(), interval, 0, threading.Event()
@@ -162,6 +190,19 @@ class ProcessTree:
         self.peak = max(self.peak, self._sample())
 
 
+class Interval:
+    """Wall, our CPU and the rest of the machine's CPU over one measured interval."""
+
+    def __init__(self, tree: ProcessTree) -> None:
+        self.tree = tree
+        self.start, self.cpu0, self.busy0 = time.perf_counter(), tree.cpu_seconds(), machine_busy_seconds()
+
+    def result(self) -> dict:
+        seconds, cpu = time.perf_counter() - self.start, self.tree.cpu_seconds() - self.cpu0
+        busy = machine_busy_seconds() - self.busy0
+        return {"seconds": seconds, "cpu": cpu, "others_cores": max(busy - cpu, 0.0) / seconds}
+
+
 def count_tokens(table) -> int:
     return sum(len(table.column(c).combine_chunks().values) for c in ("premise_input_ids", "hypothesis_input_ids"))
 
@@ -176,12 +217,14 @@ def run_loop(data: Path, tokenizer: str, window: int, max_length: int) -> dict:
     qdir = tempfile.mkdtemp(prefix="bench_quarantine_")
     stages = {"read": 0.0, "validate": 0.0, "tokenize": 0.0}
     with ProcessTree() as tree:
-        cpu0, start = tree.cpu_seconds(), time.perf_counter()
+        span = Interval(tree)
+        start = time.perf_counter()
         encoder = SharedEncoder(tokenizer, max_length).get()
         stages["load_tokenizer"] = time.perf_counter() - start
         (part,) = plan_parts("snli", str(data))
         layouts = {part.display: (part.fmt, part.header)}
         rows = tokens = 0
+        first = None
         t = time.perf_counter()
         for raw in _read_part(part, window):
             t1 = time.perf_counter()
@@ -190,15 +233,16 @@ def run_loop(data: Path, tokenizer: str, window: int, max_length: int) -> dict:
             t2 = time.perf_counter()
             out = tokenize_table(good, None, "nli", encoder=encoder)
             t3 = time.perf_counter()
+            first = t3 - start if first is None else first
             rows += out.num_rows
             tokens += count_tokens(out)
             stages["read"] += t1 - t
             stages["validate"] += t2 - t1
             stages["tokenize"] += t3 - t2
             t = time.perf_counter()
-        seconds, cpu = time.perf_counter() - start, tree.cpu_seconds() - cpu0
+        measured = span.result()
     summary = read_summary(qdir)
-    return {"rows": rows, "bad": summary.num_quarantined, "tokens": tokens, "seconds": seconds, "cpu": cpu,
+    return {"rows": rows, "bad": summary.num_quarantined, "tokens": tokens, **measured, "first_batch": first,
             "peak_bytes": tree.peak, "balanced": summary.balanced, "stages": stages}
 
 
@@ -208,20 +252,24 @@ def _ray_pass(data: Path, tokenizer: str, args: argparse.Namespace, compute: str
     from pipelines.data.readers import read_tokenized
 
     qdir = tempfile.mkdtemp(prefix="bench_quarantine_")
-    cpu0, start = tree.cpu_seconds(), time.perf_counter()
-    split = -(-data.stat().st_size // args.ranges) if args.ranges > 1 else None
+    span = Interval(tree)
+    split = -(-data.stat().st_size // args.ranges) if args.ranges > 1 else ("auto" if args.ranges == 0 else None)
     ds = read_tokenized("snli", str(data), tokenizer, quarantine_dir=qdir, max_length=args.max_length,
                         compute=compute, workers=workers, rows_per_block=args.window, split_bytes=split)
     rows = tokens = 0
+    first = None
     for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+        first = time.perf_counter() - span.start if first is None else first
         rows += batch.num_rows
         tokens += count_tokens(batch)
-    seconds, cpu = time.perf_counter() - start, tree.cpu_seconds() - cpu0
+    measured = span.result()
     summary = read_summary(qdir)
-    stats = [ln.strip() for ln in ds.stats().splitlines() if "tasks executed" in ln or "Remote wall" in ln
-             or "Remote cpu" in ln]
-    return {"rows": rows, "bad": summary.num_quarantined, "tokens": tokens, "seconds": seconds, "cpu": cpu,
-            "balanced": summary.balanced, "stats": stats}
+    stats = ds.stats()
+    tasks = [ln.strip() for ln in stats.splitlines() if "tasks executed" in ln]
+    detail = [ln.strip() for ln in stats.splitlines() if "tasks executed" in ln or "Remote wall" in ln
+              or "Remote cpu" in ln]
+    return {"rows": rows, "bad": summary.num_quarantined, "tokens": tokens, **measured, "first_batch": first,
+            "balanced": summary.balanced, "stats": detail, "tasks": tasks}
 
 
 def run_ray(data: Path, tokenizer: str, args: argparse.Namespace, compute: str, workers: int) -> dict:
@@ -235,14 +283,14 @@ def run_ray(data: Path, tokenizer: str, args: argparse.Namespace, compute: str, 
     import ray
 
     with ProcessTree() as tree:
-        t0 = time.perf_counter()
+        span = Interval(tree)
         ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, log_to_driver=False)
         ray.data.DataContext.get_current().enable_progress_bars = False
-        init = time.perf_counter() - t0
+        init = span.result()
         cold = _ray_pass(data, tokenizer, args, compute, workers, tree)
         warm = _ray_pass(data, tokenizer, args, compute, workers, tree)
         ray.shutdown()
-    return {**cold, "warm": warm, "init": init, "peak_bytes": tree.peak}
+    return {**cold, "warm": warm, "init": init["seconds"], "init_cpu": init["cpu"], "peak_bytes": tree.peak}
 
 
 def child(args: argparse.Namespace) -> None:
@@ -259,6 +307,7 @@ def child(args: argparse.Namespace) -> None:
 
 
 def spawn(mode: str, args: argparse.Namespace, data: Path, tok: str) -> dict:
+    quiet = wait_quiet(args.quiet_below, args.quiet_wait) if args.quiet_wait > 0 else None
     cmd = [sys.executable, __file__, "--child", mode, "--data", str(data), "--tokenizer", tok,
            "--window", str(args.window), "--max-length", str(args.max_length), "--ranges", str(args.ranges),
            "--workers", str(args.workers), "--ray-worker-niceness", str(args.ray_worker_niceness)]
@@ -266,22 +315,34 @@ def spawn(mode: str, args: argparse.Namespace, data: Path, tok: str) -> dict:
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"{mode} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return {**json.loads(lines[-1][len("RESULT "):]), "others_before": quiet}
+
+
+def _rate(r: dict) -> float:
+    return r["rows"] / r["seconds"]
 
 
 def report(mode: str, runs: list[dict], good: int) -> dict:
-    best = min(runs, key=lambda r: r["seconds"])
+    """Print and return the best run of `mode` (Ray: its best cold, best warm and best cold + init)."""
     for r in runs:
         assert r["rows"] == good and r["balanced"], f"{mode}: {r['rows']} good rows, expected {good}"
+    best = dict(min(runs, key=lambda r: r["seconds"]))
     times = ", ".join(f"{r['seconds']:.1f}" for r in runs)
-    line = (f"{mode:<13} {best['rows'] / best['seconds']:>8,.0f} rows/s  {best['seconds']:6.2f} s (runs: {times})  "
-            f"CPU {best['cpu']:6.1f} s  peak PSS {best['peak_bytes'] / 2**20:,.0f} MiB  quarantined {best['bad']}")
+    others = ", ".join(f"{r['others_cores']:.2f}" for r in runs)
+    line = (f"{mode:<13} {_rate(best):>8,.0f} rows/s  {best['seconds']:6.2f} s (runs: {times})  CPU "
+            f"{best['cpu']:6.1f} s ({1e6 * best['cpu'] / good:.0f} us/row)  peak PSS {best['peak_bytes'] / 2**20:,.0f} "
+            f"MiB  first batch {best['first_batch']:.2f} s  others' load {others} cores  quarantined {best['bad']}")
     if "warm" in best:
         warm = min((r["warm"] for r in runs), key=lambda r: r["seconds"])
-        assert warm["rows"] == good and warm["tokens"] == best["tokens"]
-        best["warm_best"] = warm
-        line += (f"\n{'':<13} warm: {warm['rows'] / warm['seconds']:>8,.0f} rows/s  {warm['seconds']:6.2f} s  "
-                 f"CPU {warm['cpu']:6.1f} s; ray.init {best['init']:.1f} s (not included)")
+        assert all(r["warm"]["rows"] == good and r["warm"]["balanced"] for r in runs)
+        assert warm["tokens"] == best["tokens"]
+        with_init = min(runs, key=lambda r: r["seconds"] + r["init"])
+        best.update(warm_best=warm, init_best=min(r["init"] for r in runs),
+                    with_init_seconds=with_init["seconds"] + with_init["init"])
+        line += (f"\n{'':<13} warm: {_rate(warm):>8,.0f} rows/s  {warm['seconds']:6.2f} s  CPU {warm['cpu']:6.1f} s "
+                 f"({1e6 * warm['cpu'] / good:.0f} us/row)  first batch {warm['first_batch']:.2f} s  others' load "
+                 f"{warm['others_cores']:.2f} cores; cold + ray.init: {good / best['with_init_seconds']:,.0f} rows/s "
+                 f"(ray.init {best['init_best']:.1f} s)")
         line += "".join(f"\n{'':<15}{s}" for s in warm["stats"])
     if "stages" in best:
         line += f"\n{'':<13} stages (s): " + ", ".join(f"{k} {v:.2f}" for k, v in best["stages"].items())
@@ -289,18 +350,97 @@ def report(mode: str, runs: list[dict], good: int) -> dict:
     return best
 
 
+def ratios(results: dict[str, dict], args: argparse.Namespace) -> dict[str, float]:
+    """Throughput of each Ray figure over each loop's (>1: Ray is faster), and the 1 -> N worker scaling."""
+    out: dict[str, float] = {}
+    for base in ("loop", "loop_threads"):
+        for mode in [m for m in results if m.startswith("ray")]:
+            if base not in results:
+                continue
+            b = results[base]["seconds"]
+            out[f"{mode}/{base} cold"] = b / results[mode]["seconds"]
+            out[f"{mode}/{base} warm"] = b / results[mode]["warm_best"]["seconds"]
+            out[f"{mode}/{base} cold+init"] = b / results[mode]["with_init_seconds"]
+    if "ray_tasks" in results and "ray_tasks_w1" in results:
+        one, many = results["ray_tasks_w1"]["warm_best"]["seconds"], results["ray_tasks"]["warm_best"]["seconds"]
+        out[f"ray_tasks {args.workers} workers / 1 worker warm"] = one / many
+    return out
+
+
+def crossings(sizes: list[int], per_size: dict[int, dict[str, dict]]) -> dict[str, float | None]:
+    """The row count where ray_tasks' throughput reaches the loop's, per Ray figure (log-linear interpolation
+    of the ratio between the two neighbouring sizes; None when it never does, the smallest size when always)."""
+    import math
+
+    out: dict[str, float | None] = {}
+    for key, seconds in (("warm", lambda r: r["warm_best"]["seconds"]), ("cold", lambda r: r["seconds"]),
+                         ("cold+init", lambda r: r["with_init_seconds"])):
+        ratio = [per_size[n]["loop"]["seconds"] / seconds(per_size[n]["ray_tasks"]) for n in sizes]
+        out[key] = None
+        for i, r in enumerate(ratio):
+            if r >= 1.0:
+                if i == 0:
+                    out[key] = float(sizes[0])
+                else:
+                    lo, hi = math.log(sizes[i - 1]), math.log(sizes[i])
+                    frac = (1.0 - ratio[i - 1]) / (r - ratio[i - 1])
+                    out[key] = float(math.exp(lo + frac * (hi - lo)))
+                break
+    return out
+
+
+def plot(path: str, sizes: list[int], per_size: dict[int, dict[str, dict]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    modes = list(per_size[sizes[0]])
+    for mode in modes:
+        ax.plot(sizes, [_rate(per_size[n][mode]) for n in sizes], marker="o",
+                label=mode if mode.startswith("loop") else f"{mode} cold")
+        if mode.startswith("ray"):
+            ax.plot(sizes, [per_size[n][mode]["rows"] / per_size[n][mode]["warm_best"]["seconds"] for n in sizes],
+                    marker="s", linestyle="--", label=f"{mode} warm")
+            ax.plot(sizes, [per_size[n][mode]["rows"] / per_size[n][mode]["with_init_seconds"] for n in sizes],
+                    marker="^", linestyle=":", label=f"{mode} cold + ray.init")
+    ax.set_xscale("log")
+    ax.set_xlabel("input rows (SNLI-layout JSONL, 1% bad)")
+    ax.set_ylabel("good rows/s (read + validate + tokenise)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def prefix_file(big: Path, rows: int, path: Path) -> None:
+    """The first `rows` lines of `big` (make_data is row-by-row deterministic: the same rows as make_data(rows))."""
+    with big.open("rb") as src, path.open("wb") as dst:
+        for _ in range(rows):
+            dst.write(src.readline())
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--rows", type=int, nargs="+", default=[200_000], help="one size, or several (a sweep)")
     parser.add_argument("--window", type=int, default=2048, help="rows per validate/tokenise call")
     parser.add_argument("--max-length", type=int, default=64)
-    parser.add_argument("--ranges", type=int, default=8, help="byte ranges the Ray reader splits the file into")
+    parser.add_argument("--ranges", type=int, default=0,
+                        help="0: the reader's split_bytes='auto' (default); N > 1: N byte ranges; 1: the file whole")
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="Ray tasks/actors")
     parser.add_argument("--repeat", type=int, default=2, help="runs of each contender (best is reported)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--ray-worker-niceness", type=int, default=0,
                         help="Ray's default is 15: on a machine shared with other jobs its workers then get a "
                              "fraction of the CPU the nice-0 loop gets; 0 runs both contenders at one priority")
+    parser.add_argument("--quiet-below", type=float, default=0.3,
+                        help="before each run, wait until the other jobs use fewer cores than this ...")
+    parser.add_argument("--quiet-wait", type=float, default=0.0, help="... for at most this many seconds (0: no wait)")
+    parser.add_argument("--out", default=None, help="write every run's numbers here (JSON)")
+    parser.add_argument("--plot", default=None, help="rows/s against input size (PNG; with several --rows)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--tokenizer", default=None, help=argparse.SUPPRESS)
@@ -309,37 +449,60 @@ def main() -> None:
         args.mode = args.child
         return child(args)
 
-    print(machine_info(), flush=True)
-    print(f"before: {load()}", flush=True)
+    info = machine_info()
+    print(info, flush=True)
+    load_before = load()
+    print(f"before: {load_before}", flush=True)
+    sizes = sorted(set(args.rows))
     work = Path(tempfile.mkdtemp(prefix="bench_ingest_"))
-    data = work / "snli_synthetic.jsonl"
     t = time.perf_counter()
-    good = make_data(data, args.rows)
+    big = work / f"snli_{sizes[-1]}.jsonl"
+    make_data(big, sizes[-1])
     from madr.tokenization import train_wordpiece_tokenizer
 
     rng = random.Random(1)
     train_wordpiece_tokenizer([sentence(rng) for _ in range(5000)], vocab_size=2000, out_dir=str(work / "tok"))
-    print(f"data: {args.rows} rows ({good} good), {data.stat().st_size / 2**20:.1f} MiB JSONL, one file; "
-          f"window {args.window}, max_length {args.max_length}, {args.ranges} byte ranges, {args.workers} "
-          f"workers, Ray worker niceness {args.ray_worker_niceness}; setup {time.perf_counter() - t:.1f} s",
-          flush=True)
-    runs: dict[str, list[dict]] = {m: [] for m in args.modes}
-    for _ in range(args.repeat):
-        for mode in args.modes:
-            runs[mode].append(spawn(mode, args, data, str(work / "tok")))
-    results = {mode: report(mode, r, good) for mode, r in runs.items()}
-    assert len({r["tokens"] for r in results.values()}) == 1, "every contender must produce the same tokens"
-    print(f"after: {load()}", flush=True)
-    for base in ("loop", "loop_threads"):
-        for mode in [m for m in results if m.startswith("ray")]:
-            if base not in results:
-                continue
-            cold = results[base]["seconds"] / results[mode]["seconds"]
-            warm = results[base]["seconds"] / results[mode]["warm_best"]["seconds"]
-            print(f"{mode} / {base}: {cold:.2f}x the throughput (cold), {warm:.2f}x (warm)")
-    if "ray_tasks" in results and "ray_tasks_w1" in results:
-        one, two = results["ray_tasks_w1"]["warm_best"]["seconds"], results["ray_tasks"]["warm_best"]["seconds"]
-        print(f"ray_tasks scaling: {args.workers} workers / 1 worker = {one / two:.2f}x (warm)")
+    print(f"data: {', '.join(f'{n:,}' for n in sizes)} rows, SNLI-layout JSONL, one file each; window {args.window}, "
+          f"max_length {args.max_length}, {'auto split' if args.ranges == 0 else f'{args.ranges} byte ranges'}, "
+          f"{args.workers} workers, Ray worker niceness {args.ray_worker_niceness}; setup "
+          f"{time.perf_counter() - t:.1f} s", flush=True)
+    per_size: dict[int, dict[str, dict]] = {}
+    all_ratios: dict[int, dict[str, float]] = {}
+    for n in sizes:
+        data = big if n == sizes[-1] else work / f"snli_{n}.jsonl"
+        if data != big:
+            prefix_file(big, n, data)
+        good = sum(1 for i in range(n) if i % 100 not in (17, 41, 73))
+        print(f"\n== {n:,} rows ({good:,} good), {data.stat().st_size / 2**20:.1f} MiB; {load()}", flush=True)
+        runs: dict[str, list[dict]] = {m: [] for m in args.modes}
+        for _ in range(args.repeat):
+            for mode in args.modes:
+                runs[mode].append(spawn(mode, args, data, str(work / "tok")))
+        results = {mode: report(mode, r, good) for mode, r in runs.items()}
+        assert len({r["tokens"] for r in results.values()}) == 1, "every contender must produce the same tokens"
+        per_size[n] = results
+        all_ratios[n] = ratios(results, args)
+        for key, value in all_ratios[n].items():
+            print(f"{key}: {value:.2f}x")
+    load_after = load()
+    print(f"\nafter: {load_after}", flush=True)
+    cross = None
+    if len(sizes) > 1 and "loop" in args.modes and "ray_tasks" in args.modes:
+        cross = crossings(sizes, per_size)
+        print("ray_tasks reaches the loop's rows/s at: " + ", ".join(
+            f"{k} {'never (in this range)' if v is None else f'~{v:,.0f} rows'}" for k, v in cross.items()))
+        if args.plot:
+            plot(args.plot, sizes, per_size, f"bench_ingest.py on dev-cpu ({args.workers} cores), "
+                                               f"best of {args.repeat}; {load_before}")
+            print(f"plot: {args.plot}")
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps({
+            "command": " ".join(sys.argv), "machine": info, "load_before": load_before, "load_after": load_after,
+            "args": {k: v for k, v in vars(args).items() if k not in ("child", "data", "tokenizer")},
+            "results": {str(n): per_size[n] for n in sizes}, "ratios": {str(n): all_ratios[n] for n in sizes},
+            "crossing_rows": cross}, indent=1))
+        print(f"results: {args.out}")
 
 
 if __name__ == "__main__":

@@ -1,26 +1,40 @@
-"""Training throughput of the Ray Train job vs the plain in-process loop, and GradCache memory at batch 1024.
+"""Training throughput of the Ray Train job (DDP/gloo and DeepSpeed ZeRO-2 on CPU) vs a plain PyTorch loop on
+the same model, rows, batch and steps; and GradCache's peak memory vs plain backprop at batch 1024.
 
-A. Throughput (same model, batch and objective, same run): fine-tuning the tiny MADRAL of
-   configs/train_tiny.yaml (L_SCE + pointwise L_CE + aspect losses, Eq. 8) for `--steps` steps at global
-   batch `--batch`:
-   - peer: `madr.training.train_stage` in this process (CatalogSampler batches), torch threads 2 and 1;
-   - the Ray Train job (`pipelines.train.job.run_stage`): 2 DDP/gloo workers x 1 torch thread, rows streamed
-     from Ray Data, negatives gathered across workers; pairs/s in steady state (what the workers report,
-     first window excluded) and end to end (steps x batch / whole `fit`, start-up included).
-B. Memory: one fine-tuning step at `--big-batch` pairs (the papers' 1024) of a larger encoder, plain
-   backprop vs GradCache chunks (4-layer, hidden-128 BERT, no dropout so the losses must agree), each in a
-   fresh subprocess (peak RSS = ru_maxrss), through the job's engine (`DDPEngine.train_step`, one process).
+A. Throughput: fine-tuning (paper 000 Eq. 8: L_SCE with in-batch negatives + pointwise L_CE + aspect losses)
+   the MADRAL of configs/train_tiny.yaml, backbone `--size` (tiny: the config's 2-layer hidden-64 BERT; small:
+   4 layers, hidden 256), for `--steps` steps at global batch `--batch`. Every contender starts from the same
+   saved model (`prepare_stage`'s init model) and reads the same rows (the stage's Parquet examples):
+   - `plain_1t` / `plain_2t`: one process, no Ray, no DDP: the example files in order, `decode_batch`, the
+     job's `StageModule` loss, `backward`, clip to norm 1, torch AdamW + the job's warm-up/decay schedule
+     (torch threads 1 / 2);
+   - `ray_ddp`: `pipelines.train.job.run_stage` with 2 Ray Train workers x 1 torch thread, DDP over gloo,
+     rows streamed from Ray Data, in-batch negatives gathered across workers;
+   - `ray_deepspeed`: the same job with `distributed.backend=deepspeed`, ZeRO stage 2 on CPU (gloo, torch
+     AdamW; no bf16 on CPU).
+   Reported: steady-state pairs/s (steps after the first `log_every` window; the Ray job's own reports,
+   whose windows exclude validation and checkpoints) and end to end (steps x batch / the whole run:
+   model load, Ray Train start-up, the job's start/end validation, checkpoint and export included;
+   `ray.init` apart), CPU seconds per pair of the whole process tree, the other jobs' load meanwhile
+   (this machine is shared), and the training loss (mean of the last three logged steps' losses; the
+   contenders see the same rows, but the Ray split deals them to the workers in another order). Each contender runs in a fresh subprocess,
+   `--repeat` times interleaved; the best steady-state run is reported.
+B. Memory: one fine-tuning step at `--big-batch` pairs (the papers' 1024) of a 4-layer, hidden-128 BERT
+   bi-encoder, plain backprop vs GradCache chunks (`--chunks`), each in a fresh subprocess (peak RSS =
+   ru_maxrss), through the job's engine (`DDPEngine.train_step`, one process, dropout off so the losses
+   must agree).
 
-`python benchmarks/bench_train.py [--steps 60] [--batch 32] [--big-batch 1024] [--out results.json]`
+    python benchmarks/bench_train.py --out benchmarks/results/train_cpu.json --plot benchmarks/plots/train_cpu.png
+    python benchmarks/bench_train.py --steps 20 --repeat 1 --skip memory       # smoke check
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -28,6 +42,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+MODES = ("plain_1t", "plain_2t", "ray_ddp", "ray_deepspeed")
+SIZES = {
+    "tiny": None,  # configs/train_tiny.yaml's backbone (hidden 64, 2 layers)
+    "small": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 1024,
+              "max_position_embeddings": 128},
+}
 
 
 def machine() -> dict:
@@ -40,58 +62,158 @@ def machine() -> dict:
                 if line.startswith("model name")), platform.processor())
     mem = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
                    if line.startswith("MemTotal"))) / 2**20
-    return {"cpu": cpu, "cores": os.cpu_count(), "ram_gib": round(mem, 1), "python": platform.python_version(),
-            "torch": torch.__version__, "ray": ray.__version__, "deepspeed": deepspeed.__version__,
-            "transformers": transformers.__version__, "load_avg_start": os.getloadavg()}
+    return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "ram_gib": round(mem, 1),
+            "python": platform.python_version(), "torch": torch.__version__, "ray": ray.__version__,
+            "deepspeed": deepspeed.__version__, "transformers": transformers.__version__,
+            "load_avg_start": os.getloadavg()}
 
 
 # -- A. throughput ------------------------------------------------------------------------------------
 
-def _config(out: str, steps: int, batch: int):
+def config(work: str, size: str, steps: int, batch: int, backend: str = "ddp"):
     from madr.config import load_config
 
-    return load_config(ROOT / "configs" / "train_tiny.yaml", {
-        "name": "bench", "output_dir": out, "train.finetune.steps": steps, "train.finetune.batch_size": batch,
+    overrides = {
+        "name": "bench", "output_dir": work, "train.finetune.steps": steps, "train.finetune.batch_size": batch,
         "train.finetune.log_every": 10, "train.finetune.validate_every": 0, "train.finetune.checkpoint_every": 0,
-        "distributed.cpus_per_worker": 0.5, "distributed.torch_threads": 1})
+        "distributed.cpus_per_worker": 0.5, "distributed.torch_threads": 1, "distributed.backend": backend,
+        "distributed.zero_stage": 2, "distributed.run_name": f"bench-{backend}-{time.time_ns()}"}
+    if SIZES[size] is not None:
+        overrides["model.backbone.tiny"] = SIZES[size]
+    return load_config(ROOT / "configs" / "train_tiny.yaml", overrides)
 
 
-def in_process(out: str, steps: int, batch: int, threads: int) -> dict:
+def prepare(work: str, size: str, steps: int, batch: int) -> str:
+    """The stage's init model and Parquet rows under `work` (what every contender starts from)."""
+    from pipelines.train.job import prepare_stage
+
+    spec = prepare_stage(config(work, size, steps, batch), "finetune")
+    return spec.init_model
+
+
+def plain_loop(work: str, size: str, steps: int, batch: int, threads: int) -> dict:
+    """One process: the job's objective on the job's rows with a plain forward / backward / AdamW loop."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
     import torch
+    from bench_ingest import Interval, ProcessTree
 
-    from madr.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies
-    from madr.model import build_model
-    from madr.training import CatalogSampler, train_stage
+    from madr.model import BiEncoder
+    from pipelines.train.data import example_files
+    from pipelines.train.engine import build_scheduler, trainable
+    from pipelines.train.examples import decode_batch
+    from pipelines.train.job import stage_dir
+    from pipelines.train.objectives import StageModule
 
     torch.set_num_threads(threads)
-    cfg = _config(out, steps, batch)
-    catalog = load_catalog(cfg)
-    tok = prepare_tokenizer(cfg, catalog)
-    torch.manual_seed(0)
-    model = build_model(cfg.model, tok, prepare_vocabularies(cfg, catalog, tok))
-    start = time.perf_counter()
-    history = train_stage(model, CatalogSampler(catalog, seed=0), cfg.train.finetune, "finetune", progress=False)
-    seconds = time.perf_counter() - start
-    return {"threads": threads, "seconds": seconds, "pairs_per_s": steps * batch / seconds,
-            "final_loss": history[-1]["loss"]}
+    cfg = config(work, size, steps, batch)
+    stage = cfg.train.finetune
+    with ProcessTree() as tree:
+        span = Interval(tree)
+        torch.manual_seed(cfg.train.seed)
+        model = BiEncoder.load(str(stage_dir(cfg, "finetune") / "init_model"))
+        module = StageModule("finetune", stage, model)
+        params = trainable(module)
+        optimizer = torch.optim.AdamW(params, lr=stage.learning_rate, weight_decay=stage.weight_decay)
+        scheduler = build_scheduler(optimizer, stage)
+        files = itertools.cycle(example_files(str(stage_dir(cfg, "finetune") / "examples")))
+        table = pq.read_table(next(files))
+        logged, steady_start = [], None
+        module.train()
+        for step in range(steps):
+            while table.num_rows < batch:  # the files in order, epoch after epoch
+                table = pa.concat_tables([table, pq.read_table(next(files))])
+            rows, table = table.slice(0, batch), table.slice(batch)
+            numpy_rows = {c: rows.column(c).to_numpy(zero_copy_only=False) for c in rows.column_names}
+            loss, _ = module("loss", decode_batch("finetune", numpy_rows, model), step)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+            if (step + 1) % stage.log_every == 0 or step + 1 == steps:
+                logged.append(float(loss))  # the loss the job reports at its log steps
+            if step + 1 == stage.log_every:
+                steady_start = time.perf_counter()
+        end = span.result()
+    steady_steps = steps - stage.log_every
+    return {"mode": f"plain_{threads}t", "seconds": end["seconds"], "cpu": end["cpu"],
+            "others_cores": end["others_cores"], "pairs_per_s_end_to_end": steps * batch / end["seconds"],
+            "pairs_per_s_steady": steady_steps * batch / (span.start + end["seconds"] - steady_start),
+            "final_loss": sum(logged[-3:]) / len(logged[-3:]), "peak_pss": tree.peak}
 
 
-def ray_job(out: str, steps: int, batch: int) -> dict:
+def ray_job(work: str, size: str, steps: int, batch: int, backend: str) -> dict:
     import ray
+    from bench_ingest import Interval, ProcessTree
 
     from pipelines.train.job import run_stage
     from pipelines.train.metrics import read_history
 
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.2")
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, configure_logging=False)
-    start = time.perf_counter()
-    result = run_stage(_config(out, steps, batch), "finetune")
-    seconds = time.perf_counter() - start
-    ray.shutdown()
+    with ProcessTree() as tree:
+        t0 = time.perf_counter()
+        ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)
+        init = time.perf_counter() - t0
+        span = Interval(tree)
+        result = run_stage(config(work, size, steps, batch, backend), "finetune")
+        end = span.result()
+        ray.shutdown()
     rows = [r for r in read_history(result.log_dir) if r["step"] > 0 and "pairs_per_s" in r]
     steady = rows[1:] or rows
-    return {"workers": 2, "fit_seconds": seconds, "pairs_per_s_steady": sum(r["pairs_per_s"] for r in steady) / len(steady),
-            "pairs_per_s_end_to_end": steps * batch / seconds, "final_loss": rows[-1]["loss"]}
+    window = [rows[i]["step"] - (rows[i - 1]["step"] if i else 0) for i in range(len(rows))][1:] or [1]
+    # the windows' rates weighted by their steps = steady steps / steady seconds
+    steady_rate = sum(window) / sum(w / r["pairs_per_s"] for w, r in zip(window, steady, strict=True))
+    last = rows[-1]
+    return {"mode": f"ray_{backend}", "seconds": end["seconds"], "cpu": end["cpu"], "init": init,
+            "others_cores": end["others_cores"], "pairs_per_s_end_to_end": steps * batch / end["seconds"],
+            "pairs_per_s_steady": steady_rate, "final_loss": sum(r["loss"] for r in rows[-3:]) / len(rows[-3:]),
+            "backend": last.get("backend"), "zero_stage": last.get("zero_stage"),
+            "world_size": last.get("world_size"), "peak_pss": tree.peak}
+
+
+def run_child(mode: str, args: argparse.Namespace) -> dict:
+    if mode.startswith("plain"):
+        return plain_loop(args.work_dir, args.size, args.steps, args.batch, int(mode[-2]))
+    return ray_job(args.work_dir, args.size, args.steps, args.batch, mode.removeprefix("ray_"))
+
+
+def spawn(mode: str, args: argparse.Namespace, work: str) -> dict:
+    from bench_ingest import wait_quiet
+
+    quiet = wait_quiet(args.quiet_below, args.quiet_wait) if args.quiet_wait > 0 else None
+    cmd = [sys.executable, __file__, "--child", mode, "--work-dir", work, "--size", args.size,
+           "--steps", str(args.steps), "--batch", str(args.batch)]
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1" if mode != "plain_2t" else "2"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        return {"mode": mode, "error": (proc.stdout[-2000:] + "\n" + proc.stderr[-4000:])}
+    return {**json.loads(lines[-1][len("RESULT "):]), "others_before": quiet}
+
+
+def throughput(args: argparse.Namespace) -> dict:
+    work = f"{args.work}/a_{args.size}"
+    prepare(work, args.size, args.steps, args.batch)
+    runs: dict[str, list[dict]] = {m: [] for m in args.modes}
+    for _ in range(args.repeat):
+        for mode in args.modes:
+            r = spawn(mode, args, work)
+            runs[mode].append(r)
+            print(json.dumps({k: v for k, v in r.items() if k != "error"} if "error" not in r else r), flush=True)
+    best = {}
+    for mode, rs in runs.items():
+        ok = [r for r in rs if "error" not in r]
+        best[mode] = max(ok, key=lambda r: r["pairs_per_s_steady"]) if ok else rs[-1]
+    out = {"size": args.size, "steps": args.steps, "batch": args.batch, "runs": runs, "best": best, "ratios": {}}
+    for base in ("plain_1t", "plain_2t"):
+        for mode in ("ray_ddp", "ray_deepspeed"):
+            b, m = best.get(base, {}), best.get(mode, {})
+            if "pairs_per_s_steady" in b and "pairs_per_s_steady" in m:
+                out["ratios"][f"{mode}/{base} steady"] = m["pairs_per_s_steady"] / b["pairs_per_s_steady"]
+                out["ratios"][f"{mode}/{base} end_to_end"] = m["pairs_per_s_end_to_end"] / b["pairs_per_s_end_to_end"]
+    return out
 
 
 # -- B. GradCache memory ------------------------------------------------------------------------------
@@ -99,7 +221,7 @@ def ray_job(out: str, steps: int, batch: int) -> dict:
 MEM_CHILD = """
 import json, resource, sys, time, psutil, torch
 sys.path.insert(0, {root!r})
-torch.set_num_threads(1)  # timings compared: one thread (2 threads stall on a busy machine)
+torch.set_num_threads(1)
 from madr.config import StageConfig
 from madr.model import BiEncoder
 from pipelines.train.engine import DDPEngine
@@ -151,44 +273,104 @@ def memory_inputs(out: str, batch: int) -> tuple[str, str]:
 
 def memory(model_dir: str, batch_file: str, batch: int, chunk: int) -> dict:
     code = MEM_CHILD.format(root=str(ROOT), model=model_dir, batch_file=batch_file, batch=batch, chunk=chunk)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     if proc.returncode != 0:
-        return {"chunk": chunk, "batch": batch, "error": proc.stderr[-2000:],
-                "peak_rss_children": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024}
+        return {"chunk": chunk, "batch": batch, "error": proc.stderr[-2000:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# -- report -------------------------------------------------------------------------------------------
+
+def print_table(t: dict) -> None:
+    print(f"\nA. throughput, {t['size']} backbone, batch {t['batch']}, {t['steps']} steps (best of the runs)")
+    print(f"{'mode':<14} {'steady pairs/s':>14} {'end-to-end':>11} {'CPU s/1k pairs':>15} {'others':>7} "
+          f"{'final loss':>10}  notes")
+    pairs = t["steps"] * t["batch"]
+    for mode, r in t["best"].items():
+        if "error" in r:
+            print(f"{mode:<14} failed: {r['error'][-300:]}")
+            continue
+        notes = (f"backend {r['backend']}, ZeRO {r['zero_stage']}, {r['world_size']} workers, ray.init {r['init']:.1f} s"
+                 if "backend" in r else "")
+        print(f"{mode:<14} {r['pairs_per_s_steady']:>14.1f} {r['pairs_per_s_end_to_end']:>11.1f} "
+              f"{1000 * r['cpu'] / pairs:>15.2f} {r['others_cores']:>7.2f} {r['final_loss']:>10.3f}  {notes}")
+    for k, v in t["ratios"].items():
+        print(f"  {k}: {v:.2f}x")
+
+
+def plot(path: str, report: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [t for t in report["throughput"]]
+    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(4.2 * (len(panels) + 1), 3.8))
+    for ax, t in zip(axes, panels, strict=False):
+        modes = [m for m, r in t["best"].items() if "error" not in r]
+        steady = [t["best"][m]["pairs_per_s_steady"] for m in modes]
+        e2e = [t["best"][m]["pairs_per_s_end_to_end"] for m in modes]
+        xs = range(len(modes))
+        ax.bar([x - 0.2 for x in xs], steady, width=0.4, label="steady state")
+        ax.bar([x + 0.2 for x in xs], e2e, width=0.4, label="end to end")
+        ax.set_xticks(list(xs), modes, rotation=20, fontsize=8)
+        ax.set_ylabel("pairs/s")
+        ax.set_title(f"{t['size']} backbone, batch {t['batch']}, {t['steps']} steps", fontsize=9)
+        ax.legend(fontsize=8)
+    mem = [m for m in report["memory"] if "error" not in m]
+    ax = axes[-1]
+    ax.bar([f"chunk {m['chunk']}" if m["chunk"] else "plain" for m in mem], [m["peak_rss"] / 2**30 for m in mem])
+    ax.set_ylabel("peak RSS (GiB)")
+    ax.set_title(f"one step at batch {mem[0]['batch'] if mem else '?'}: GradCache vs plain", fontsize=9)
+    fig.suptitle("bench_train.py on dev-cpu (2 cores)", fontsize=9)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=list(SIZES))
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--big-batch", type=int, default=1024)
     parser.add_argument("--chunks", type=int, nargs="+", default=[0, 64])
+    parser.add_argument("--quiet-below", type=float, default=0.3)
+    parser.add_argument("--quiet-wait", type=float, default=0.0, help="wait up to this many s for a quiet machine")
     parser.add_argument("--work", default="/tmp/madr_bench_train")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--plot", default=None)
     parser.add_argument("--skip", choices=("throughput", "memory"), default=None)
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--work-dir", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--size", default="tiny", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    report: dict = {"machine": machine(), "throughput": {}, "memory": []}
+    if args.child:
+        print("RESULT " + json.dumps(run_child(args.child, args)), flush=True)
+        return
+    report: dict = {"command": " ".join(sys.argv), "machine": machine(), "throughput": [], "memory": []}
+    print(json.dumps(report["machine"]), flush=True)
     if args.skip != "throughput":
-        report["throughput"]["in_process_2_threads"] = in_process(f"{args.work}/a", args.steps, args.batch, 2)
-        report["throughput"]["in_process_1_thread"] = in_process(f"{args.work}/a", args.steps, args.batch, 1)
-        report["throughput"]["ray_ddp_2_workers"] = ray_job(f"{args.work}/a", args.steps, args.batch)
-        t = report["throughput"]
-        ray_steady = t["ray_ddp_2_workers"]["pairs_per_s_steady"]
-        t["ratio_ray_steady_vs_in_process_2_threads"] = ray_steady / t["in_process_2_threads"]["pairs_per_s"]
-        t["ratio_ray_steady_vs_in_process_1_thread"] = ray_steady / t["in_process_1_thread"]["pairs_per_s"]
-        t["ratio_ray_end_to_end_vs_in_process_2_threads"] = (t["ray_ddp_2_workers"]["pairs_per_s_end_to_end"]
-                                                             / t["in_process_2_threads"]["pairs_per_s"])
+        for size in args.sizes:
+            args.size = size
+            report["throughput"].append(throughput(args))
+            print_table(report["throughput"][-1])
     if args.skip != "memory":
         model_dir, batch_file = memory_inputs(f"{args.work}/b", args.big_batch)
         for chunk in args.chunks:
             report["memory"].append(memory(model_dir, batch_file, args.big_batch, chunk))
             print(json.dumps(report["memory"][-1]), flush=True)
     report["machine"]["load_avg_end"] = os.getloadavg()
-    text = json.dumps(report, indent=1)
-    print(text)
+    for t in report["throughput"]:
+        print_table(t)
     if args.out:
-        Path(args.out).write_text(text)
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=1))
+    if args.plot and report["throughput"]:
+        plot(args.plot, report)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ Everything comes from `configs/multitask.yaml` via `madr.multitask.experiment.ru
 
     python benchmarks/quality_multitask_synthetic.py                   # 1 seed, a few minutes on 2 cores
     python benchmarks/quality_multitask_synthetic.py --seeds 0 1 2     # mean ± sample std over seeds
+    python benchmarks/quality_multitask_synthetic.py --seeds 1 --out s1.json --merge s0.json   # seeds join
 
 Prints the table, sizes, machine, versions and timings; writes JSON to benchmarks/results/ and a PNG to
 benchmarks/plots/ (when matplotlib is installed).
@@ -95,18 +96,39 @@ def plot(mean: dict, std: dict, path: Path, title: str) -> bool:
     return True
 
 
+def load_runs(paths: list[str]) -> tuple[list[int], list[MultiTaskResult], list[dict]]:
+    """Seeds, per-seed results and run records (command, machine, time) of earlier JSON outputs."""
+    seeds, results, runs = [], [], []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        if len(data.get("seeds", [])) != len(data.get("per_seed", [])):
+            raise SystemExit(f"{path}: 'seeds' and 'per_seed' differ in length")
+        seeds += data["seeds"]
+        results += [MultiTaskResult(**r) for r in data["per_seed"]]
+        runs += data.get("runs") or [{"seeds": data["seeds"], "wall_seconds": data.get("wall_seconds"),
+                                      "machine": data.get("machine")}]
+    return seeds, results, runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(ROOT / "configs" / "multitask.yaml"))
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0], help="experiment seeds (data + weights)")
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0], help="experiment seeds (data + weights)")
+    parser.add_argument("--merge", nargs="+", default=[], metavar="JSON",
+                        help="earlier outputs of this script: their seeds join this run's in the mean (one "
+                             "seed per command keeps each measured command short)")
     parser.add_argument("--steps", type=int, default=None, help="override the config's training steps")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: robust on shared cores)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "quality_multitask_synthetic.json"))
     parser.add_argument("--plot", default=str(ROOT / "benchmarks" / "plots" / "quality_multitask_synthetic.png"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    start, cpu_start = time.perf_counter(), time.process_time()
-    results = []
+    start, cpu_start, load_start = time.perf_counter(), time.process_time(), os.getloadavg()
+    seeds, results, runs = load_runs(args.merge)
+    if set(seeds) & set(args.seeds):
+        raise SystemExit(f"seeds {sorted(set(seeds) & set(args.seeds))} are both merged and run")
+    if not seeds and not args.seeds:
+        raise SystemExit("nothing to do: give --seeds or --merge")
     for seed in args.seeds:
         overrides = {"seed": seed, "data.seed": seed, "output_dir": tempfile.mkdtemp(prefix=f"madr_mt_{seed}_")}
         if args.steps is not None:
@@ -115,26 +137,29 @@ def main() -> None:
         result = run_multitask_experiment(cfg)
         print(f"\nseed {seed}: {json.dumps({k: round(v, 1) for k, v in result.seconds.items()})}")
         print(format_table(result.rows))
+        seeds.append(seed)
         results.append(result)
-    mean, std = aggregate(results)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
     info = machine_info()
-    print(f"\n## mean over seeds {args.seeds} ({'± sample std' if std else 'one seed'})\n")
+    info["load_average_start"] = " / ".join(f"{x:.2f}" for x in load_start)
+    if args.seeds:
+        runs.append({"command": " ".join(["python", *sys.argv]), "seeds": args.seeds, "wall_seconds": wall,
+                     "cpu_seconds": cpu, "machine": info})
+    mean, std = aggregate(results)
+    print(f"\n## mean over seeds {seeds} ({'± sample std' if std else 'one seed'})\n")
     print(format_table(mean, std))
-    print(f"\nsizes (seed {args.seeds[0]}): {json.dumps(results[0].sizes)}")
+    print(f"\nsizes (seed {seeds[0]}): {json.dumps(results[0].sizes)}")
     print(f"distillation (per seed): {[{k: round(v, 3) for k, v in r.distillation.items()} for r in results]}")
-    print(f"final training losses (seed {args.seeds[0]}): {json.dumps(results[0].final_losses)}")
-    print(f"time: {wall:.0f} s wall, {cpu:.0f} s CPU (all threads of this process) in all; wall per seed: "
-          f"{[round(r.seconds['total']) for r in results]} s")
+    print(f"final training losses (seed {seeds[0]}): {json.dumps(results[0].final_losses)}")
+    print(f"time: {wall:.0f} s wall, {cpu:.0f} s CPU (all threads of this process) in this command; wall per seed: "
+          f"{dict(zip(seeds, [round(r.seconds['total']) for r in results], strict=True))} s")
     print(f"machine: {json.dumps(info)}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"config": args.config, "seeds": args.seeds, "mean": mean, "std": std,
-                               "per_seed": [r.to_dict() for r in results], "wall_seconds": wall, "cpu_seconds": cpu,
-                               "machine": info},
-                              indent=2))
+    out.write_text(json.dumps({"config": args.config, "seeds": seeds, "mean": mean, "std": std,
+                               "per_seed": [r.to_dict() for r in results], "runs": runs}, indent=2))
     print(f"wrote {out}")
-    title = f"paper 004 Table III shape, synthetic multilingual data, seeds {args.seeds}"
+    title = f"paper 004 Table III shape, synthetic multilingual data, seeds {seeds}"
     if plot(mean, std, Path(args.plot), title):
         print(f"wrote {args.plot}")
 

@@ -99,6 +99,19 @@ def _seedless_label(report: PQAReport, key: str) -> str:
     return label.split(" (lambda=")[0] + (" (dev-tuned)" if "dev-tuned" in label else "")
 
 
+def paired_gaps(reports: list[PQAReport], metric: str = "mrr@5") -> dict[str, list[float]]:
+    """Per seed, test `metric` of the dev-tuned hybrid (and the source-aware one) minus the best model trained
+    alone on a single representation (the Done-when of issue 3: hybrid >= both single representations)."""
+    out: dict[str, list[float]] = {"hybrid": [], "source_prior": []}
+    for r in reports:
+        if "dense_alone" not in r.rows or "sparse_alone" not in r.rows:
+            continue
+        best = max(r.rows["dense_alone"][metric], r.rows["sparse_alone"][metric])
+        for key in out:
+            out[key].append(r.rows[key][metric] - best)
+    return out
+
+
 def plot_sweep(reports: list[PQAReport], path: Path, title: str) -> bool:
     """MRR@5 on test vs lambda (paper 002 Fig. 4), mean over seeds; False when matplotlib is missing."""
     try:
@@ -180,7 +193,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--backbone", default=None, help="pretrained backbone (path or pypi:<package>)")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    p.add_argument("--plot", default=None, help="PNG path (default benchmarks/plots/pqa_synthetic_<tag>.png)")
+    p.add_argument("--tag", default=None, help="name suffix of the JSON / PNG (default: tiny or the backbone's name)")
+    p.add_argument("--plot", default=None, help="PNG path (default benchmarks/plots/quality_pqa_synthetic_<tag>.png)")
     args = p.parse_args(argv)
     overrides = _parse_sets(args.set)
     if args.seeds:
@@ -191,6 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     timings: dict[str, float] = {}
     start = time.perf_counter()
+    load_start = os.getloadavg()
 
     t = time.perf_counter()
     records = generate_pqa(cfg.data.products, cfg.data.questions, seed=cfg.data.seed)
@@ -210,6 +225,8 @@ def main(argv: list[str] | None = None) -> dict:
     timings["total_s"] = time.perf_counter() - start
 
     info = machine_info()
+    info["load_average_start"] = " / ".join(f"{x:.2f}" for x in load_start)
+    info["load_average_end"] = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     backbone = cfg.model.backbone.name_or_path or (
         "tiny BERT from scratch ({num_hidden_layers} x {hidden_size}, WordPiece trained in-process)".format(
             **cfg.model.backbone.tiny))
@@ -222,6 +239,12 @@ def main(argv: list[str] | None = None) -> dict:
           f"{cfg.data.products} products / {cfg.data.questions} questions (train {counts['train']}, dev "
           f"{counts['dev']}, test {counts['test']}), {len(records)} candidate evidences")
     print(table(reports, untrained))
+    gaps = paired_gaps(reports)
+    for key, values in gaps.items():
+        if values:
+            print(f"{key} - best single representation trained alone, test MRR@5 per seed: "
+                  f"{', '.join(f'{v:+.3f}' for v in values)}; mean {mean_std(values)}; "
+                  f">= 0 in {sum(v >= 0 for v in values)}/{len(values)} seeds")
     for seed, r in zip(cfg.seeds, reports, strict=True):
         fusion = f"; alone-fusion lambda={r.fusion[0]:g} ({r.fusion[1]})" if r.fusion else ""
         print(f"seed {seed} dev choices: hybrid lambda={r.lam:g} ({r.normalisation}), dev MRR@5 {r.dev_mrr5:.3f}; "
@@ -235,20 +258,21 @@ def main(argv: list[str] | None = None) -> dict:
     print("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()))
     print("timing: " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
 
-    tag = "tiny" if not cfg.model.backbone.name_or_path else Path(
-        cfg.model.backbone.name_or_path.replace("pypi:", "")).name
-    plot = Path(args.plot) if args.plot else ROOT / "benchmarks" / "plots" / f"pqa_synthetic_{tag}.png"
+    tag = args.tag or ("tiny" if not cfg.model.backbone.name_or_path else Path(
+        cfg.model.backbone.name_or_path.replace("pypi:", "")).name)
+    plot = Path(args.plot) if args.plot else ROOT / "benchmarks" / "plots" / f"quality_pqa_synthetic_{tag}.png"
     title = (f"Synthetic product QA, test MRR@5 vs lambda (paper 002 Fig. 4); mean of {len(reports)} seed(s)\n"
-             f"{backbone}; normalisation per question over its candidates")
+             f"{backbone}\nsparse top-k {cfg.model.sparse_top_k}; normalisation per question over its candidates")
     if plot_sweep(reports, plot, title):
         print(f"wrote {plot}")
-    result = {"benchmark": "quality_pqa_synthetic", "backbone": backbone, "config": dataclasses.asdict(cfg),
+    result = {"benchmark": "quality_pqa_synthetic", "command": " ".join(["python", *sys.argv]), "backbone": backbone,
+              "config": dataclasses.asdict(cfg),
               "splits": counts, "records": len(records), "seeds": cfg.seeds,
               "test": [r.rows for r in reports], "dev": [r.dev_rows for r in reports],
               "untrained_test": [r.rows for r in untrained],
               "chosen": [{"lambda": r.lam, "normalisation": r.normalisation, "lambda_source": r.lam_source,
                           "dev_mrr@5": r.dev_mrr5, "priors": r.priors, "fusion": r.fusion} for r in reports],
-              "sparsity": [r.sparsity for r in reports], "sweep": [r.sweep for r in reports],
+              "gap_vs_best_single_mrr@5": gaps, "sparsity": [r.sparsity for r in reports], "sweep": [r.sweep for r in reports],
               "final_losses": finals, "machine": info, "timings": timings}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

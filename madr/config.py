@@ -317,19 +317,30 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 
     Overrides use dotted keys: `{"model.name": "mural", "train.finetune.steps": 10}`.
     """
+    return load_dataclass(ExperimentConfig, path, overrides)
+
+
+def load_dataclass(cls: type, path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Any:
+    """Dataclass `cls` from a YAML file (defaults when `path` is None) with dotted-key `overrides` applied."""
     data: dict[str, Any] = {}
     if path is not None:
-        text = Path(path).read_text()
-        data = yaml.safe_load(text) or {}
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
         if not isinstance(data, dict):
             raise ValueError(f"{path}: top level must be a mapping, got {type(data).__name__}")
-    for key, value in (overrides or {}).items():
+    return from_dict(cls, apply_overrides(data, overrides or {}))
+
+
+def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`data` with every dotted key of `overrides` set (in place; missing mappings are created)."""
+    for key, value in overrides.items():
         node = data
         *parents, leaf = key.split(".")
         for p in parents:
             node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"override {key!r}: {p!r} is not a mapping in the config")
         node[leaf] = value
-    return from_dict(ExperimentConfig, data)
+    return data
 
 
 def parse_value(text: str) -> Any:

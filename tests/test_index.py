@@ -4,6 +4,7 @@ approximate index types against exact recall bounds, checksums, mmap, the manife
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import faiss
 import numpy as np
@@ -180,6 +181,31 @@ def test_docstore(tmp_path, data):
     pq.write_table(pa.table({"doc_id": [1, 2, 1]}), bad)
     with pytest.raises(ValueError, match=r"dup\.parquet: row 2, field 'doc_id': duplicate id 1"):
         DocStore.open(bad)
+    # a directory of files (the encode job writes one per shard) is read into one chunk per column
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for part in range(3):
+        rows = np.arange(part * 40, part * 40 + 40)
+        pq.write_table(pa.table({"doc_id": rows[::-1], "title": [f"t{i}" for i in rows[::-1]]}), folder / f"{part}.parquet",
+                       row_group_size=7)
+    store = DocStore.open(folder, columns=["title"])
+    assert len(store) == 120 and all(c.num_chunks == 1 for c in store.table.columns)
+    assert [r["title"] for r in store.get([119, 0, 47, 500])[:3]] == ["t119", "t0", "t47"]
+
+
+def test_import_without_torch():
+    """Search-only processes (Serve shard replicas) import the index without torch; the encoders load on use."""
+    import subprocess
+    import sys
+
+    code = "import sys; from madr.index import ShardedIndex, DocStore, Manifest; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(Path(__file__).resolve().parents[1]))
+    import madr.index
+    from madr.index import encode_documents
+
+    assert encode_documents.__module__ == "madr.index.encode" and madr.index.encode_queries.__name__ == "encode_queries"
+    with pytest.raises(AttributeError, match="has no attribute 'nope'"):
+        madr.index.nope  # noqa: B018
 
 
 def test_encode_queries_dense_and_hybrid(tokenizer):

@@ -42,13 +42,16 @@ class DocStore:
 
     @classmethod
     def open(cls, parquet_path: str | Path, columns: Sequence[str] | None = None) -> DocStore:
-        """Read ``parquet_path`` (optionally only ``columns``; ``doc_id`` is always read)."""
+        """Read ``parquet_path`` (a file or a directory of files; optionally only ``columns``, ``doc_id`` is
+        always read) into one contiguous chunk per column."""
         cols = None if columns is None else list(dict.fromkeys([ID_COLUMN, *columns]))
         try:
             table = pq.read_table(parquet_path, columns=cols)
         except (OSError, pa.ArrowInvalid) as e:
             raise ValueError(f"{parquet_path}: cannot read the document table ({e})") from None
-        return cls(table, str(parquet_path))
+        # one chunk per column: ``take`` of a few rows from a many-chunk table (one chunk per row group or
+        # per shard file) costs a pass over the chunk list per call; a single chunk makes it a direct lookup
+        return cls(table.combine_chunks(), str(parquet_path))
 
     def __len__(self) -> int:
         return int(self._ids.size)

@@ -77,6 +77,19 @@ def cmd_sources(args: argparse.Namespace) -> int:
     return 0
 
 
+def split_bytes(split_mb: str) -> int | str | None:
+    """`--split-mb` -> `split_bytes` of `ingest`: "auto", None (0: whole files) or bytes."""
+    if split_mb == "auto":
+        return "auto"
+    try:
+        mb = float(split_mb)
+    except ValueError:
+        raise ValueError(f"--split-mb: expected 'auto' or a number of MiB, got {split_mb!r}") from None
+    if mb < 0:
+        raise ValueError(f"--split-mb: expected 'auto' or a number >= 0, got {split_mb!r}")
+    return int(mb * (1 << 20)) or None
+
+
 def cmd_ingest(args: argparse.Namespace) -> int:
     from pipelines.data.readers import ingest
     from pipelines.data.sources import SourceOptions
@@ -89,7 +102,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     try:
         summary = ingest(args.source, args.input, args.output, quarantine_dir=args.quarantine, options=options,
                          strict=args.strict, fmt=args.format, rows_per_block=args.rows_per_block,
-                         split_bytes=int(args.split_mb * (1 << 20)) if args.split_mb else None,
+                         split_bytes=split_bytes(args.split_mb),
                          tokenizer=args.tokenizer, max_length=args.max_length, bucket=args.bucket,
                          compute=args.compute, workers=args.workers)
     except (StrictModeError, ValueError) as err:
@@ -183,7 +196,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-chars", type=int, default=None)
     p.add_argument("--default-label", default=None, help="ESCI label of rows without one")
     p.add_argument("--split", default="train", help="split written into evidence rows")
-    p.add_argument("--split-mb", type=float, default=None, help="read large line files in ranges of this size")
+    p.add_argument("--split-mb", default="auto",
+                   help="read large files in parts of this many MiB: 'auto' (default: about 4 parts per cluster "
+                        "CPU for local files), a number, or 0 (every file whole, one task each)")
     p.add_argument("--rows-per-block", type=int, default=10_000)
     p.add_argument("--tokenizer", default=None, help="also tokenise, in the same pass (writes token ids)")
     p.add_argument("--max-length", type=int, default=128)

@@ -13,8 +13,10 @@ Pipeline of `read_source` (lazy, streaming):
 Validation (and tokenisation) run inside the read task, so a row crosses the object store once, already
 normalised (or as token ids), and there is no separate operator, repartition or actor start-up between
 reading and tokenising. The read task's output is cut into blocks of about `block_bytes` so the stream
-reaches its consumer in small steps. Parallelism is one task per file part: split large line files with
-`split_bytes` (or give several files) so there are at least as many parts as workers.
+reaches its consumer in small steps. Parallelism is one task per file part. `split_bytes="auto"` (the
+default of the read functions) splits each large local line file, and each Parquet file with several
+row groups, into about `AUTO_PARTS_PER_CPU` parts per cluster CPU (`auto_split_bytes`); an integer gives
+the part size; None reads every file whole (one task per file).
 `read_tokenized(..., compute="actors")` instead tokenises in `map_batches` on an actor pool
 (`pipelines.data.tokenize.tokenize_dataset`); `benchmarks/bench_ingest.py` measures both.
 
@@ -23,7 +25,9 @@ itself: JSONL/TSV rows are 1-based line numbers (the TSV header is line 1, as `s
 rows 0-based indices. A large uncompressed line file can be split into byte ranges (`split_bytes`) so that
 several tasks read it in parallel; the driver then makes one pass over the file counting newlines to
 place each range on a line boundary and know its first line number (a cheap scan, at disk speed).
-Compressed files (.gz, .bz2, .zst) are read whole, by one task each.
+Compressed files (.gz, .bz2, .zst) are read whole, by one task each. "auto" splits only local line files:
+on an object store that scan would download the whole file to the driver (give an integer to split one
+anyway, or store large sources as several files).
 
 Paths are local paths, object-store URIs (s3://, gs://, ...; pyarrow filesystems) or directories of them;
 `filesystem=` overrides the inferred filesystem.
@@ -63,6 +67,11 @@ _EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".tsv": 
                ".parquet": "parquet"}
 ORIGIN_COLUMNS = ("_file", "_row")
 BLOCK_BYTES = 8 << 20  # output blocks of a read task: small enough to stream, large enough to amortise
+TOKENIZED_BLOCK_BYTES = 1 << 20  # read_tokenized's blocks: a consumer's first batch after ~7k rows, not a whole part
+AUTO_MIN_PART_BYTES = 4 << 20  # "auto" split: no part smaller (per-task start-up cost stays negligible)
+AUTO_MAX_PART_BYTES = 256 << 20  # ... nor larger (a retried task re-reads at most this much)
+AUTO_PARTS_PER_CPU = 4  # parts per CPU: a small last wave of tasks, so cores are not left idle at the end
+SplitBytes = int | str | None
 
 
 @dataclass(frozen=True)
@@ -144,10 +153,39 @@ def _line_ranges(fs: pafs.FileSystem, path: str, size: int, split_bytes: int) ->
     return [(start, end, line) for (start, line), end in zip(bounds, ends, strict=True)]
 
 
+def cluster_cpus() -> int:
+    """CPUs of the running Ray cluster (this machine's when Ray is not started)."""
+    if ray.is_initialized():
+        return max(1, int(ray.cluster_resources().get("CPU", 1)))
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def auto_split_bytes(size: int, cpus: int | None = None) -> int | None:
+    """The part size "auto" gives a file of `size` bytes: about AUTO_PARTS_PER_CPU parts per CPU, parts
+    of AUTO_MIN_PART_BYTES..AUTO_MAX_PART_BYTES; None (read whole) when the file is under two minimum parts.
+
+    One task per part is the reader's only parallelism: a single large file read whole keeps one core busy
+    however many the cluster has (benchmarks/RESULTS.md, "Ray Data ingestion throughput")."""
+    if size < 2 * AUTO_MIN_PART_BYTES:
+        return None
+    target = -(-size // (AUTO_PARTS_PER_CPU * (cpus or cluster_cpus())))
+    return min(max(target, AUTO_MIN_PART_BYTES), AUTO_MAX_PART_BYTES)
+
+
+def _part_bytes(split_bytes: SplitBytes, size: int, local: bool, cpus: int) -> int | None:
+    if split_bytes == "auto":
+        return auto_split_bytes(size, cpus) if local else None
+    if isinstance(split_bytes, str) or (split_bytes is not None and split_bytes < 1):
+        raise ValueError(f"split_bytes must be a positive integer, 'auto' or None, got {split_bytes!r}")
+    return split_bytes
+
+
 def plan_parts(source: str, paths: str | Sequence[str], fmt: str | None = None,
-               filesystem: pafs.FileSystem | None = None, split_bytes: int | None = None) -> list[FilePart]:
-    """The file parts to read: every file under `paths`, its format, its TSV header, its byte ranges."""
+               filesystem: pafs.FileSystem | None = None, split_bytes: SplitBytes = None) -> list[FilePart]:
+    """The file parts to read: every file under `paths`, its format, its TSV header, its byte ranges
+    (`split_bytes`: a part size, "auto" (`auto_split_bytes`) or None: whole files)."""
     spec = get_source(source)
+    cpus = cluster_cpus() if split_bytes == "auto" else 1
     paths = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
     if not paths:
         raise ValueError(f"{source}: no input paths")
@@ -161,14 +199,15 @@ def plan_parts(source: str, paths: str | Sequence[str], fmt: str | None = None,
                 raise ValueError(f"{display}: source {source!r} reads {'/'.join(spec.formats)}, not {kind}")
             size = fs.get_file_info(path).size or 0
             base = FilePart(path, display, kind, fs, size=size)
-            if kind == "parquet":
-                parts.extend(_parquet_parts(base, split_bytes))
+            if kind == "parquet":  # row groups from the footer: cheap on any filesystem
+                parts.extend(_parquet_parts(base, _part_bytes(split_bytes, size, True, cpus)))
                 continue
+            part_bytes = _part_bytes(split_bytes, size, isinstance(fs, pafs.LocalFileSystem), cpus)
             if kind == "tsv":
                 header = tuple(_first_line(fs, path).split("\t")) if spec.tsv_header else spec.tsv_columns
                 base = replace(base, header=header, skip_header=spec.tsv_header)
-            if split_bytes and size > split_bytes and not path.lower().endswith(_COMPRESSED):
-                for i, (start, end, line) in enumerate(_line_ranges(fs, path, size, split_bytes)):
+            if part_bytes and size > part_bytes and not path.lower().endswith(_COMPRESSED):
+                for i, (start, end, line) in enumerate(_line_ranges(fs, path, size, part_bytes)):
                     parts.append(replace(base, start=start, end=end, first_row=line, size=end - start,
                                          skip_header=base.skip_header and i == 0))
             else:
@@ -354,7 +393,7 @@ class IngestBlock:
 
 def _read(source: str, paths: str | Sequence[str], quarantine_dir: str | None, options: SourceOptions | None,
           strict: bool, fmt: str | None, filesystem: pafs.FileSystem | None, rows_per_block: int,
-          split_bytes: int | None, with_origin: bool, encoder: SharedEncoder | None, bucket: bool,
+          split_bytes: SplitBytes, with_origin: bool, encoder: SharedEncoder | None, bucket: bool,
           block_bytes: int, workers: int | None, quarantine_filesystem: pafs.FileSystem | None) -> Dataset:
     spec = get_source(source)
     if quarantine_dir is None and not strict:
@@ -373,7 +412,7 @@ def _read(source: str, paths: str | Sequence[str], quarantine_dir: str | None, o
 def read_source(source: str, paths: str | Sequence[str], *, quarantine_dir: str | None,
                 options: SourceOptions | None = None, strict: bool = False, fmt: str | None = None,
                 filesystem: pafs.FileSystem | None = None, rows_per_block: int = 10_000,
-                split_bytes: int | None = None, with_origin: bool = False, block_bytes: int = BLOCK_BYTES,
+                split_bytes: SplitBytes = "auto", with_origin: bool = False, block_bytes: int = BLOCK_BYTES,
                 quarantine_filesystem: pafs.FileSystem | None = None) -> Dataset:
     """A lazy, streaming Dataset of `source`'s good rows in its task schema (`get_source(source).schema`).
 
@@ -382,6 +421,7 @@ def read_source(source: str, paths: str | Sequence[str], *, quarantine_dir: str 
     bad row with a StrictModeError naming its file, row and field (`quarantine_dir` may then be None).
     `with_origin` adds `_file` / `_row` columns to the good rows. Paths and `quarantine_dir` may be
     object-store URIs; `filesystem` / `quarantine_filesystem` override the filesystems inferred from them.
+    `split_bytes`: read tasks per file (see the module docstring; "auto" splits large local files).
     """
     return _read(source, paths, quarantine_dir, options, strict, fmt, filesystem, rows_per_block, split_bytes,
                  with_origin, None, False, block_bytes, None, quarantine_filesystem)
@@ -391,14 +431,17 @@ def read_tokenized(source: str, paths: str | Sequence[str], tokenizer: str | os.
                    quarantine_dir: str | None, max_length: int = 128, bucket: bool = False,
                    compute: str = "tasks", workers: int | None = None, options: SourceOptions | None = None,
                    strict: bool = False, fmt: str | None = None, filesystem: pafs.FileSystem | None = None,
-                   rows_per_block: int = 2048, split_bytes: int | None = None, block_bytes: int = BLOCK_BYTES,
+                   rows_per_block: int = 2048, split_bytes: SplitBytes = "auto",
+                   block_bytes: int = TOKENIZED_BLOCK_BYTES,
                    quarantine_filesystem: pafs.FileSystem | None = None) -> Dataset:
     """Read + validate + tokenise `source`: a streaming Dataset of int columns (`tokenize_table`'s).
 
     compute="tasks" (default): tokenised inside the read tasks, `rows_per_block` rows per tokenizer call,
     at most `workers` tasks at a time (default: as many as the cluster's CPUs). compute="actors": read
     tasks validate, an autoscaling pool of 1..`workers` actors tokenises in `map_batches`. `bucket` sorts
-    each `rows_per_block` window by length. Quarantine and strict mode as in `read_source`.
+    each `rows_per_block` window by length. Output blocks of about `block_bytes` (1 MiB: with 8 MiB a
+    consumer waited for whole file parts, 7 s for its first batch in benchmarks/bench_ingest.py at 200k rows,
+    2.7 s with 1 MiB, same CPU per row). Quarantine and strict mode as in `read_source`.
     """
     if compute not in ("tasks", "actors"):
         raise ValueError(f"compute must be 'tasks' or 'actors', got {compute!r}")
@@ -440,7 +483,7 @@ def find_strict_error(err: BaseException) -> StrictModeError | None:
 def ingest(source: str, paths: str | Sequence[str], output: str, *, quarantine_dir: str | None = None,
            options: SourceOptions | None = None, strict: bool = False, fmt: str | None = None,
            filesystem: pafs.FileSystem | None = None, rows_per_block: int = 10_000,
-           split_bytes: int | None = None, tokenizer: str | os.PathLike | SharedEncoder | None = None,
+           split_bytes: SplitBytes = "auto", tokenizer: str | os.PathLike | SharedEncoder | None = None,
            max_length: int = 128, bucket: bool = False, compute: str = "tasks",
            workers: int | None = None) -> quarantine.IngestSummary:
     """Read, validate and normalise `paths`, write the good rows as Parquet under `output` and the bad ones
@@ -450,7 +493,8 @@ def ingest(source: str, paths: str | Sequence[str], output: str, *, quarantine_d
     qdir = quarantine_dir or output.rstrip("/") + ".quarantine"
     quarantine.clear(qdir, filesystem)
     common = {"quarantine_dir": qdir, "options": options, "strict": strict, "fmt": fmt, "filesystem": filesystem,
-              "rows_per_block": rows_per_block, "split_bytes": split_bytes, "quarantine_filesystem": filesystem}
+              "rows_per_block": rows_per_block, "split_bytes": split_bytes, "quarantine_filesystem": filesystem,
+              "block_bytes": BLOCK_BYTES}  # written files of up to 8 MiB blocks, tokenised or not
     if tokenizer is None:
         ds = read_source(source, paths, **common)
     else:

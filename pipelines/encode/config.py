@@ -55,6 +55,7 @@ class EncodeConfig:
     io_cpus: float = 0.25  # read, write-part and shard-finalise tasks
     torch_threads: int | None = None  # per encode actor; default: its CPU share rounded up
     overwrite: bool = False  # start over when the output holds another job
+    replace_other_job: bool = False  # start over (not fail) when it holds a job of another identity
 
     def __post_init__(self) -> None:
         if isinstance(self.input, str):

@@ -7,6 +7,9 @@ Flow (``run_encode``):
    index type, columns, plan fingerprint); a re-run with another identity stops unless ``overwrite``.
 2. Resume: a shard is complete when its ``shard-NNNNN.json`` record exists and every checksum in it
    matches (``madr.index.build.completed_shard``); complete shards are neither read nor encoded again.
+   Any other shard (no record: the crash came before it was finished; a checksum mismatch: a file was
+   damaged or replaced since) is encoded and written again, and the leftovers of the crashed run (its
+   part files, unrenamed temporary files) are removed.
 3. Quantiser (index types that train: IVF, PQ, OPQ, ...): trained once, in a task, on the vectors of
    the first ``train_size / num_shards`` rows of every shard (a deterministic sample; those pieces are
    streamed first and read back from their part files), saved as ``trained.faiss`` with its checksum
@@ -88,14 +91,20 @@ class EncodeResult:
 
 
 def model_info(model_dir: str) -> ModelInfo:
-    """Dimension, kind and a fingerprint (config + weight file sizes) of a saved model."""
+    """Dimension, kind and a fingerprint (the contents of every file) of a saved model.
+
+    Contents, not sizes: a retrained model has the same file sizes, and its index must not resume from
+    shards the previous weights encoded."""
     from madr.model import BiEncoder
 
     model = BiEncoder.load(model_dir)
     path = Path(model_dir)
-    h = hashlib.sha256((path / "config.json").read_bytes())
+    h = hashlib.sha256()
     for f in sorted(p for p in path.rglob("*") if p.is_file()):
-        h.update(f"{f.relative_to(path)}:{f.stat().st_size}".encode())
+        h.update(f"{f.relative_to(path)}:".encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
     return ModelInfo(model.embedding_dim, model.config.name == "hybrid", model.config.hybrid_lambda,
                      len(model.tokenizer), h.hexdigest()[:16])
 
@@ -110,18 +119,21 @@ def job_identity(cfg: EncodeConfig, plan: CorpusPlan, info: ModelInfo) -> dict[s
     return ident
 
 
-def _start_or_resume(out: Path, ident: dict[str, Any], overwrite: bool) -> None:
-    """Resume the job in ``out`` when it has the same identity; start over with ``overwrite``."""
+def _start_or_resume(out: Path, ident: dict[str, Any], overwrite: bool, replace_other_job: bool = False) -> None:
+    """Resume the job in ``out`` when it has the same identity; start over with ``overwrite``, or when it
+    holds another job and ``replace_other_job`` (the pipeline's setting: it owns the directory)."""
     path = out / JOB_FILE
-    if overwrite:
-        for item in out.iterdir():
-            shutil.rmtree(item) if item.is_dir() else item.unlink()
-    elif path.is_file():
+    if not overwrite and path.is_file():
         old = json.loads(path.read_text()).get("identity", {})
         if old.get("hash") == ident["hash"]:
             return
         diff = sorted(k for k in set(old) | set(ident) if old.get(k) != ident.get(k) and k != "hash")
-        raise ValueError(f"{out} holds another encode job (differs in {diff}); use a new output or overwrite")
+        if not replace_other_job:
+            raise ValueError(f"{out} holds another encode job (differs in {diff}); use a new output or overwrite")
+        overwrite = True
+    if overwrite:
+        for item in out.iterdir():
+            shutil.rmtree(item) if item.is_dir() else item.unlink()
     elif any(out.iterdir()):
         raise ValueError(f"{out} is not empty and holds no encode job ({JOB_FILE}); use a new output or overwrite")
     atomic_write_text(path, json.dumps({"identity": ident}, indent=1))
@@ -271,11 +283,16 @@ def _existing_trained(out: Path) -> str | None:
 
 
 def _clean_stale_parts(out: Path, run: str) -> None:
+    """Remove what a crashed run can leave behind: part files of other runs, and temporary files of
+    ``atomic_write`` (``.<name>.<random>.tmp``) that were never renamed."""
     root = out / PARTS_DIR
     if root.is_dir():
         for d in root.iterdir():
             if d.name != run:
                 shutil.rmtree(d, ignore_errors=True)
+    for folder in (out, out / DOCS_DIR):
+        for tmp in folder.glob(".*.tmp") if folder.is_dir() else []:
+            tmp.unlink(missing_ok=True)
 
 
 class RayExecutor:
@@ -426,7 +443,7 @@ def run_encode(cfg: EncodeConfig, fail_after_shards: int | None = None, log: Cal
     out.mkdir(parents=True, exist_ok=True)
     info = model_info(cfg.model_dir)
     plan = plan_corpus(cfg.input, cfg.num_shards, cfg.max_docs_per_shard, cfg.rows_per_read, cfg.format)
-    _start_or_resume(out, job_identity(cfg, plan, info), cfg.overwrite)
+    _start_or_resume(out, job_identity(cfg, plan, info), cfg.overwrite, cfg.replace_other_job)
     done = {s: i for s in range(plan.num_shards) if (i := completed_shard(out, s)) is not None}
     pending = [s for s in range(plan.num_shards) if s not in done]
     log(f"{plan.num_rows} docs in {len(plan.files)} files -> {plan.num_shards} shards "

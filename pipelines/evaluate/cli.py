@@ -1,7 +1,7 @@
 """`python -m pipelines.evaluate`: metrics of one or more indexed models on queries + qrels, and a
 recall-vs-latency plot (nprobe / efSearch sweep).
 
-    python -m pipelines.evaluate --config configs/encode_eval.yaml
+    python -m pipelines.evaluate --config configs/encode.yaml
     python -m pipelines.evaluate --queries q.parquet --qrels qrels.parquet --run base=index_a/ \\
         --run hybrid=index_b/ --doc-key product_id --output eval_out
 
@@ -34,19 +34,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def load_config(args: argparse.Namespace) -> EvaluateConfig:
+    """The YAML (its ``evaluate:`` section when it has one) with the command-line flags on top."""
     overrides = {k: getattr(args, k) for k in ("queries", "qrels", "doc_key", "output", "k", "metrics")}
     if args.run:
         runs = []
         for item in args.run:
-            if "=" not in item:
-                raise SystemExit(f"--run expects NAME=MANIFEST, got {item!r}")
-            name, path = item.split("=", 1)
+            name, sep, path = item.partition("=")
+            if not sep or not name or not path:
+                raise ValueError(f"--run expects NAME=MANIFEST, got {item!r}")
             runs.append({"name": name, "index": path})
         overrides["runs"] = runs
+    cfg = load_yaml_config(EvaluateConfig, args.config, overrides, section=_section(args.config, "evaluate"))
+    if not cfg.runs or not cfg.queries or not cfg.qrels:
+        raise ValueError("evaluate: need queries, qrels and at least one run (--run NAME=MANIFEST or the YAML)")
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        cfg = load_yaml_config(EvaluateConfig, args.config, overrides, section=_section(args.config, "evaluate"))
+        cfg = load_config(args)
         from pipelines.data.cli import init_ray
 
         init_ray(args.num_cpus)

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from madr.config import apply_overrides as dotted
 from madr.config import config_hash, parse_value
 from pipelines.jobs import markers
 from pipelines.jobs.stages import STAGES, Stage, StageConfigs, check_available, load_yaml, stage_keys
@@ -48,17 +49,8 @@ def parse_stage_configs(pairs: Sequence[str], table: Mapping[str, Stage] = STAGE
 
 
 def apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    out = yaml.safe_load(yaml.safe_dump(data))  # deep copy of plain YAML data
-    for key, value in overrides.items():
-        node = out
-        *parents, leaf = key.split(".")
-        for p in parents:
-            child = node.setdefault(p, {})
-            if not isinstance(child, dict):
-                raise ValueError(f"--set {key}: {p!r} is not a mapping in the config")
-            node = child
-        node[leaf] = value
-    return out
+    """A copy of `data` with the dotted-key `overrides` set (`madr.config.apply_overrides`)."""
+    return dotted(yaml.safe_load(yaml.safe_dump(data)), dict(overrides))  # deep copy of plain YAML data
 
 
 @dataclass

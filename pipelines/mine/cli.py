@@ -1,7 +1,7 @@
 """`python -m pipelines.mine`: hard negatives for fine-tuning from a sharded index (see pipelines.mine.job
 for the output columns).
 
-    python -m pipelines.mine --config configs/encode_mine.yaml
+    python -m pipelines.mine --config configs/encode.yaml
     python -m pipelines.mine --queries train_q.parquet --positives train_qrels.parquet --index index/ \\
         --rank-min 10 --rank-max 100 --num-negatives 8 --output negatives.parquet
 
@@ -36,14 +36,25 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def load_config(args: argparse.Namespace) -> MineConfig:
+    """The YAML (its ``mine:`` section when it has one) with the command-line flags on top; ``--index`` and
+    ``--model-dir`` replace those of the ``search`` section and keep its other settings (nprobe, ...)."""
     overrides = {k: getattr(args, k) for k in ("queries", "positives", "doc_key", "rank_min", "rank_max",
                                                "num_negatives", "seed", "output")}
     if args.index or args.model_dir:
         overrides["search"] = {"index": args.index, "model_dir": args.model_dir}
+    cfg = load_yaml_config(MineConfig, args.config, overrides, section=_section(args.config, "mine"))
+    missing = [name for name, value in (("queries", cfg.queries), ("positives", cfg.positives),
+                                        ("index", cfg.search.index)) if not value]
+    if missing:
+        raise ValueError(f"mine: missing {', '.join(missing)} (set in the YAML or on the command line)")
+    return cfg
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        cfg = load_yaml_config(MineConfig, args.config, overrides, section=_section(args.config, "mine"))
+        cfg = load_config(args)
         from pipelines.data.cli import init_ray
 
         init_ray(args.num_cpus)

@@ -91,3 +91,21 @@ def test_evaluate_config_errors(tmp_path):
 
     with pytest.raises(ValueError, match=r"q\.jsonl: row 2, field 'text': missing"):
         read_queries(tmp_path / "q.jsonl")
+
+
+def test_evaluate_cli_config(tmp_path):
+    """Command-line flags over the YAML's ``evaluate:`` section; bad flags give an error, not a traceback."""
+    from pathlib import Path
+
+    from pipelines.evaluate.cli import build_parser, load_config, main
+
+    yaml_path = Path(__file__).resolve().parents[2] / "configs" / "encode.yaml"
+    cfg = load_config(build_parser().parse_args(["--config", str(yaml_path), "--k", "20"]))
+    assert (cfg.k, cfg.runs[0].name, cfg.runs[0].nprobe, cfg.doc_key) == (20, "ivf", 16, "product_id")
+    cfg = load_config(build_parser().parse_args(["--config", str(yaml_path), "--run", "a=/i/a", "--run", "b=/i/b"]))
+    assert [(r.name, r.index) for r in cfg.runs] == [("a", "/i/a"), ("b", "/i/b")]
+    with pytest.raises(ValueError, match="--run expects NAME=MANIFEST, got 'noequals'"):
+        load_config(build_parser().parse_args(["--queries", "q", "--qrels", "r", "--run", "noequals"]))
+    with pytest.raises(ValueError, match="need queries, qrels and at least one run"):
+        load_config(build_parser().parse_args(["--run", "a=/i/a"]))
+    assert main(["--queries", str(tmp_path / "q.parquet"), "--qrels", "r", "--run", "bad"]) == 1

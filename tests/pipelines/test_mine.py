@@ -84,3 +84,22 @@ def test_sample_negatives_rank_range_and_determinism():
     assert everything[0].tolist() == [11, 13, 14, 15]
     with pytest.raises(ValueError, match="rank_min <= rank_max"):
         MineConfig(rank_min=5, rank_max=2)
+
+
+def test_mine_cli_config():
+    """``--index`` replaces the index of the YAML's ``search`` section and keeps its nprobe; a missing input
+    is named."""
+    from pathlib import Path
+
+    from pipelines.mine.cli import build_parser, load_config, main
+
+    yaml_path = Path(__file__).resolve().parents[2] / "configs" / "encode.yaml"
+    cfg = load_config(build_parser().parse_args(["--config", str(yaml_path), "--index", "/x/idx", "--rank-max", "50",
+                                                 "--num-negatives", "4"]))
+    assert (cfg.search.index, cfg.search.nprobe, cfg.rank_min, cfg.rank_max, cfg.num_negatives) == \
+        ("/x/idx", 16, 10, 50, 4)
+    with pytest.raises(ValueError, match="missing positives, index"):
+        load_config(build_parser().parse_args(["--queries", "q.parquet"]))
+    with pytest.raises(ValueError, match="rank_min <= rank_max"):
+        load_config(build_parser().parse_args(["--config", str(yaml_path), "--rank-max", "5"]))
+    assert main(["--queries", "q.parquet"]) == 1

