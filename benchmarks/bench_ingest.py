@@ -1,7 +1,7 @@
 """Benchmark: read + validate + tokenise of NLI rows, the Ray Data pipeline vs a plain single-process loop.
 
-Input: `--rows` synthetic SNLI-layout JSONL rows (sentence1 / sentence2 / gold_label; 1% of them are bad:
-broken JSON, an empty sentence, an unknown label), one file. Tokenizer: a BERT WordPiece trained here on a
+Input: `--rows` synthetic SNLI-layout JSONL rows (sentence1 / sentence2 / gold_label; 3% of them are bad,
+1% of each kind: broken JSON, an empty sentence, an unknown label), one file. Tokenizer: a BERT WordPiece trained here on a
 sample of the text (`madr.tokenization.train_wordpiece_tokenizer`), saved to disk and loaded from the path
 by every contender (`SharedEncoder`: `load_tokenizer` once, then the Rust backend).
 
@@ -95,7 +95,7 @@ def sentence(rng: random.Random) -> str:
 
 
 def make_data(path: Path, rows: int, seed: int = 0) -> int:
-    """SNLI-layout JSONL; returns the number of good rows (1% bad: broken JSON, empty text, bad label)."""
+    """SNLI-layout JSONL; returns the number of good rows (3% bad: 1% each of broken JSON, empty text, bad label)."""
     rng, good = random.Random(seed), 0
     with path.open("w", encoding="utf-8") as f:
         for i in range(rows):
@@ -406,7 +406,7 @@ def plot(path: str, sizes: list[int], per_size: dict[int, dict[str, dict]], titl
             ax.plot(sizes, [per_size[n][mode]["rows"] / per_size[n][mode]["with_init_seconds"] for n in sizes],
                     marker="^", linestyle=":", label=f"{mode} cold + ray.init")
     ax.set_xscale("log")
-    ax.set_xlabel("input rows (SNLI-layout JSONL, 1% bad)")
+    ax.set_xlabel("input rows (SNLI-layout JSONL, 3% bad)")
     ax.set_ylabel("good rows/s (read + validate + tokenise)")
     ax.set_title(title, fontsize=9)
     ax.grid(True, alpha=0.3)

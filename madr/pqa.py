@@ -29,10 +29,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 from transformers import PreTrainedTokenizerBase, get_linear_schedule_with_warmup
 
-from madr.config import BackboneConfig, ModelConfig, StageConfig, from_dict
+from madr.config import BackboneConfig, ModelConfig, StageConfig, load_dataclass
 from madr.data.records import EVIDENCE_SOURCES, EvidenceRecord
 from madr.hybrid_search import normalise, source_prior_rerank, source_priors_from_validation
 from madr.hybrid_searcher import EncodedTexts, HybridSearcher, encode_corpus, encode_hybrid
@@ -134,20 +133,7 @@ class PQAConfig:
 def load_pqa_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> PQAConfig:
     """Load a PQA experiment YAML (defaults when None), then dotted overrides like `{"finetune.steps": 50}`.
     Unknown keys are errors naming their path (`madr.config.from_dict`)."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: top level must be a mapping, got {type(data).__name__}")
-    for key, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"override {key!r}: {p!r} is not a mapping")
-        node[leaf] = value
-    return from_dict(PQAConfig, data)
+    return load_dataclass(PQAConfig, path, overrides)
 
 
 # ---- data ----------------------------------------------------------------------------------------------------

@@ -25,8 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
+from madr.data.parquet_rows import read_rows
 from madr.data.records import EVIDENCE_SOURCES, EvidenceRecord
 
 HETPQA_FILE = "hetpqa_evidence_ranking_dev.parquet"
@@ -67,16 +66,6 @@ class CorrectionReport:
     flipped: int = 0
 
 
-def _read_table(path: Path, columns: Sequence[str]) -> list[dict[str, object]]:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: not found")
-    table = pq.read_table(path)
-    missing = [c for c in columns if c not in table.column_names]
-    if missing:
-        raise ValueError(f"{path}: missing column(s) {missing}; has {table.column_names}")
-    return table.select(list(columns)).to_pylist()
-
-
 def _text(path: Path, i: int, row: dict[str, object], name: str) -> str:
     value = row[name]
     if value is None or not str(value).strip():
@@ -106,7 +95,7 @@ def read_hetpqa(path: str | Path) -> list[EvidenceRecord]:
     `split_by_question`); the raw source and confidence go to `extra`. Bad rows raise naming row and field."""
     path = Path(path)
     out, seen = [], set()
-    for i, row in enumerate(_read_table(path, HETPQA_COLUMNS)):
+    for i, row in enumerate(read_rows(path, HETPQA_COLUMNS)):
         qid, eid = _text(path, i, row, "qid"), _text(path, i, row, "qa_pair_id")
         if (qid, eid) in seen:
             raise ValueError(f"{path}: row {i}: field 'qa_pair_id' {eid!r} repeats within question {qid!r}")
@@ -168,7 +157,7 @@ def read_epqa(path: str | Path) -> list[EvidenceRecord]:
     collide with hetPQA ids."""
     path = Path(path)
     out = []
-    for i, row in enumerate(_read_table(path, EPQA_COLUMNS)):
+    for i, row in enumerate(read_rows(path, EPQA_COLUMNS)):
         label = _label(path, i, row["label"], (0, 1, 2))
         if label == 1 or not str(row["candidate"] or "").strip():
             continue

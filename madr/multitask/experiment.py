@@ -292,7 +292,7 @@ def _group_clicks(records: Sequence[ClickRecord]) -> list[list[int]]:
     return list(groups.values())
 
 
-def _bm25_scorer(tokenizer: PreTrainedTokenizerBase) -> PairScorer:
+def bm25_scorer(tokenizer: PreTrainedTokenizerBase) -> PairScorer:
     """Token-level BM25 (paper 004 Sec. VI-D): word pieces of the model's tokenizer, idf over all candidates."""
 
     def score(queries: list[str], candidates: list[list[str]]) -> list[np.ndarray]:
@@ -341,7 +341,7 @@ def baseline_rows(data: MultilingualData, tokenizer: PreTrainedTokenizerBase,
     rows = {"Random scores": _baseline_row(_random_scorer(cfg.seed), data, cfg)}
     position = np.array([-(r.position or 0) for r in data.clicks_eval], dtype=np.float64)
     rows["Old ranker (logged order)"] = click_ndcg(position, data.clicks_eval, cfg.eval.ndcg_at)
-    rows["Token BM25 (word pieces)"] = _baseline_row(_bm25_scorer(tokenizer), data, cfg)
+    rows["Token BM25 (word pieces)"] = _baseline_row(bm25_scorer(tokenizer), data, cfg)
     rows["Minimum edit distance"] = _baseline_row(_edit_distance_scorer, data, cfg)
     return rows
 

@@ -1,8 +1,9 @@
 """The stage table: which module runs each stage of the pipeline, and each stage's identity (its key).
 
 A stage is one `python -m <module> <args>` command over one experiment YAML. Its key hashes the stage name,
-its command, the parsed config it reads and the key of the stage before it, so changing the config of a
-stage reruns it and every stage after it, while an unchanged stage is skipped (see `markers`).
+its command, the parsed config it reads (less the top-level sections it `ignores`: those only later stages
+read) and the key of the stage before it, so changing the config of a stage reruns it and every stage after
+it, while an unchanged stage is skipped (see `markers`): a new `serve:` section redeploys without retraining.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ class Stage:
     """One pipeline stage: `python -m module *args`, where "{config}" in args is replaced by the config path.
 
     kind "module" runs the module; kind "deploy" deploys the Serve config (see `deploy`).
-    `optional` stages are left out of `pipeline` unless named in --stages.
+    `optional` stages are left out of `pipeline` unless named in --stages. `ignores`: top-level config
+    sections this stage never reads (left out of its key).
     """
 
     name: str
@@ -33,26 +35,29 @@ class Stage:
     optional: bool = False
     gpu: bool = False
     help: str = ""
+    ignores: tuple[str, ...] = ()
 
     def argv(self, config: str) -> list[str]:
         return [a.replace("{config}", config) for a in self.args]
 
 
+_INDEX_ON = ("encode", "index", "evaluate", "serve")  # sections read from the encode stage on
 STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("data", "pipelines.data.prepare",
           help="validate the catalog (or generate the synthetic one); corpus, eval/train queries + qrels, "
-               "tokenizer, aspect vocabularies and statistics (Ray Data)"),
+               "tokenizer, aspect vocabularies and statistics (Ray Data)",
+          ignores=("train", "distributed", *_INDEX_ON)),
     Stage("pretrain", "pipelines.train", ("--config", "{config}", "--stage", "pretrain"), gpu=True,
-          help="MLM + aspect pretraining (paper 000 Eq. 7 / paper 001 Eq. 9)"),
+          ignores=_INDEX_ON, help="MLM + aspect pretraining (paper 000 Eq. 7 / paper 001 Eq. 9)"),
     Stage("finetune", "pipelines.train", ("--config", "{config}", "--stage", "finetune"), gpu=True,
-          help="retrieval fine-tuning (paper 000 Eq. 8 / paper 001 Eq. 10)"),
+          ignores=_INDEX_ON, help="retrieval fine-tuning (paper 000 Eq. 8 / paper 001 Eq. 10)"),
     Stage("distill", "pipelines.train", ("--config", "{config}", "--stage", "distill"), optional=True,
-          gpu=True, help="distil the query tower into a small student (paper 004)"),
+          gpu=True, ignores=_INDEX_ON, help="distil the query tower into a small student (paper 004)"),
     Stage("encode", "pipelines.jobs.experiment", ("encode", "--config", "{config}"), gpu=True,
-          help="corpus -> sharded FAISS (+ sparse) index + manifest"),
+          ignores=("evaluate", "serve"), help="corpus -> sharded FAISS (+ sparse) index + manifest"),
     Stage("mine", "pipelines.jobs.experiment", ("mine", "--config", "{config}"), optional=True,
-          help="hard negatives from the index for the next fine-tuning round"),
-    Stage("evaluate", "pipelines.jobs.experiment", ("evaluate", "--config", "{config}"),
+          ignores=("evaluate", "serve"), help="hard negatives from the index for the next fine-tuning round"),
+    Stage("evaluate", "pipelines.jobs.experiment", ("evaluate", "--config", "{config}"), ignores=("serve",),
           help="Recall/NDCG/MRR over the index, results table and recall-vs-latency plot"),
     Stage("deploy", "serve", (), kind="deploy",
           help="deploy the Ray Serve app (serve deploy to --address; serve run in the foreground without)"),
@@ -73,7 +78,7 @@ def load_table(path: str | Path | None) -> dict[str, Stage]:
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{path}: expected a non-empty `stages:` list")
     table: dict[str, Stage] = {}
-    known = {"name", "module", "args", "kind", "optional", "gpu", "help"}
+    known = {"name", "module", "args", "kind", "optional", "gpu", "help", "ignores"}
     for i, entry in enumerate(entries):
         where = f"{path}: stages[{i}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry.get("module"):
@@ -89,10 +94,14 @@ def load_table(path: str | Path | None) -> dict[str, Stage]:
             raise ValueError(f"{where}: duplicate stage name {entry['name']!r}")
         if entry.get("kind", "module") not in ("module", "deploy"):
             raise ValueError(f"{where}: `kind` must be module or deploy")
+        ignores = entry.get("ignores", [])
+        if not isinstance(ignores, list) or not all(isinstance(x, str) for x in ignores):
+            raise ValueError(f"{where}: `ignores` must be a list of top-level config section names")
         table[entry["name"]] = Stage(entry["name"], str(entry["module"]), tuple(str(a) for a in args),
                                      kind=entry.get("kind", "module"),
                                      optional=bool(entry.get("optional", False)),
-                                     gpu=bool(entry.get("gpu", False)), help=str(entry.get("help", "")))
+                                     gpu=bool(entry.get("gpu", False)), help=str(entry.get("help", "")),
+                                     ignores=tuple(ignores))
     return table
 
 
@@ -153,7 +162,8 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
 
 def stage_keys(stages: Sequence[Stage], configs: Mapping[str, dict[str, Any]],
                table: Mapping[str, Stage] = STAGES) -> dict[str, str]:
-    """Chained keys of every stage in `table` order: key(s) = hash(name, command, config of s, key(previous)).
+    """Chained keys of every stage in `table` order: key(s) = hash(name, command, config of s less the
+    sections s ignores, key(previous)).
 
     `configs` maps each stage name to the parsed config it runs with. Keys are computed over the whole
     table, whichever stages run, so one stage submitted alone has the key it has inside `pipeline`.
@@ -161,7 +171,7 @@ def stage_keys(stages: Sequence[Stage], configs: Mapping[str, dict[str, Any]],
     keys: dict[str, str] = {}
     previous = ""
     for stage in table.values():
-        cfg = configs.get(stage.name, {})
+        cfg = {k: v for k, v in configs.get(stage.name, {}).items() if k not in stage.ignores}
         previous = config_hash({"stage": stage.name, "module": stage.module, "args": list(stage.args),
                                 "kind": stage.kind, "config": cfg, "previous": previous})
         keys[stage.name] = previous

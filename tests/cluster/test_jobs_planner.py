@@ -12,7 +12,16 @@ import yaml
 
 from pipelines.jobs import cli, markers
 from pipelines.jobs.runner import Invocation, plan
-from pipelines.jobs.stages import STAGES, Stage, StageUnavailable, check_available, load_table, select
+from pipelines.jobs.stages import (
+    STAGES,
+    Stage,
+    StageUnavailable,
+    check_available,
+    load_table,
+    load_yaml,
+    select,
+    stage_keys,
+)
 
 
 def runs(out: Path) -> list[str]:
@@ -157,3 +166,30 @@ def test_builtin_table_maps_every_stage_of_the_issue():
     # one stage alone has the key it has inside the pipeline (keys chain over the whole table)
     inv = Invocation("configs/demo.yaml")
     assert inv.keys([STAGES["encode"]]) == {"encode": inv.keys(select(None))["encode"]}
+
+
+def test_a_stage_key_changes_only_with_the_sections_it_reads():
+    """A new `serve:` section redeploys without retraining; an index change re-encodes; a training change
+    reruns from the training stage on (keys chain)."""
+    base = load_yaml("configs/demo.yaml")
+    keys = stage_keys(list(STAGES.values()), {n: base for n in STAGES})
+
+    def changed(section: str, value: object) -> list[str]:
+        cfg = {**base, section: value}
+        new = stage_keys(list(STAGES.values()), {n: cfg for n in STAGES})
+        return [n for n in STAGES if new[n] != keys[n]]
+
+    assert changed("serve", {"port": 8123}) == ["deploy"]
+    assert changed("evaluate", {"k": 20}) == ["evaluate", "deploy"]
+    assert changed("index", {**base.get("index", {}), "nlist": 7}) == ["encode", "mine", "evaluate", "deploy"]
+    assert changed("train", {**base["train"], "seed": 123}) == list(STAGES)[1:]
+    assert changed("data", {**base["data"], "seed": 99}) == list(STAGES)
+
+
+def test_stage_table_ignores_must_be_a_list(tmp_path):
+    table = tmp_path / "t.yaml"
+    table.write_text(yaml.safe_dump({"stages": [{"name": "a", "module": "m", "ignores": "serve"}]}))
+    with pytest.raises(ValueError, match=r"t.yaml: stages\[0\]: `ignores` must be a list"):
+        load_table(table)
+    table.write_text(yaml.safe_dump({"stages": [{"name": "a", "module": "m", "ignores": ["serve"]}]}))
+    assert load_table(table)["a"].ignores == ("serve",)

