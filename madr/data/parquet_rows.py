@@ -9,8 +9,9 @@ from typing import Any
 import pyarrow.parquet as pq
 
 
-def read_rows(path: Path, columns: Sequence[str]) -> list[dict[str, Any]]:
+def read_rows(path: str | Path, columns: Sequence[str]) -> list[dict[str, Any]]:
     """`columns` of every row of `path` as dicts; a missing file or column is an error naming the file."""
+    path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: not found")
     table = pq.read_table(path)
