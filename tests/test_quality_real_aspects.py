@@ -1,0 +1,91 @@
+"""Smoke test of benchmarks/quality_real_aspects.py: every row of the table on a tiny synthetic catalog.
+
+A random 2-layer BERT over a WordPiece tokenizer trained on the catalog, 2 fine-tuning steps per model: this
+checks the wiring (rows, metrics, tests, JSON, plot), not quality. The Home Depot run is the script's job.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "quality_real_aspects.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("quality_real_aspects", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def _config(tmp_path: Path) -> Path:
+    cfg = {
+        "bench": {"seeds": [0], "draws": 200},
+        "name": "tiny_aspects",
+        "output_dir": str(tmp_path / "run"),
+        "data": {"synthetic_products": 240, "synthetic_queries": 120, "seed": 0, "tokenizer_vocab_size": 800},
+        "model": {"backbone": {"name_or_path": None,
+                               "tiny": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+                                        "intermediate_size": 64, "max_position_embeddings": 64}},
+                  "shared_towers": True, "max_query_length": 12, "max_doc_length": 24},
+        "train": {"pretrain": {"steps": 0}, "finetune": {"steps": 2, "batch_size": 8, "learning_rate": 1.0e-3}},
+        "eval": {"retrieval_metrics": ["recall@10", "recall@50", "mrr@10"],
+                 "rerank_metrics": ["ndcg@5", "ndcg@10", "auc"], "relevance_threshold": 3.0, "top_k": 50},
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def test_table_has_a_row_per_model_with_metrics_in_unit_interval(bench, tmp_path):
+    out = tmp_path / "out"
+    threads = torch.get_num_threads()
+    try:
+        result = bench.main(["--config", str(_config(tmp_path)), "--out-dir", str(out), "--tag", "smoke",
+                             "--threads", "1", "--set", "bench.corpus_size=150"])
+    finally:
+        torch.set_num_threads(threads)  # main() sets the process-wide count
+    rows = bench.DEFAULT_MODELS
+    saved = json.loads((out / "results" / "smoke.json").read_text())
+    assert (out / "plots" / "smoke.png").is_file(), "the plot is written"
+    assert set(saved["mean"]) == set(rows) == set(saved["rows"]), saved["rows"]
+    metrics = ["recall@10", "recall@50", "mrr@10", "ndcg@5", "ndcg@10", "auc"]
+    for key in rows:
+        assert list(saved["mean"][key]) == metrics, (key, saved["mean"][key])
+        for m, v in saved["mean"][key].items():
+            assert math.isfinite(v) and 0.0 <= v <= 1.0, (key, m, v)
+        assert f"| {saved['rows'][key]} |" in saved["table"], f"row {key} missing from the printed table"
+    assert 150 <= saved["data"]["corpus"] < saved["data"]["products"], saved["data"]
+    assert set(saved["tests"]["vs_baseline"]) == set(rows) - {"bibert"}, "every row is tested against BiBERT"
+    for key, per_metric in saved["tests"]["vs_baseline"].items():
+        for m, t in per_metric.items():
+            assert 0.0 < t["p_randomisation"] <= 1.0 and t["n"] == saved["data"]["evaluated_test_queries"], (key, m, t)
+    assert set(saved["tests"]["fusion_vs_weighted_sum"]) == {"madral_pw", "madral_cls"}
+    aspect_rows = {k for k, v in saved["aspect_accuracy"].items() if v}
+    assert aspect_rows == {"mtbert", "madral_ws", "madral_pw", "madral_cls", "mural"}, aspect_rows
+    for key in aspect_rows:
+        assert all(0.0 <= v <= 1.0 for v in saved["aspect_accuracy"][key].values()), saved["aspect_accuracy"][key]
+    assert saved["training"]["0"]["bibert"]["finetune"]["steps"] == 2
+    assert result["seeds"] == [0]
+
+
+def test_paired_tests_detect_a_constant_shift(bench):
+    a = {f"q{i}": 0.5 + 0.01 * (i % 7) for i in range(60)}
+    b = {q: v - 0.05 for q, v in a.items()}
+    t = bench.paired_tests(a, b, draws=500)
+    assert t["diff"] == pytest.approx(0.05) and t["n"] == 60
+    assert t["p_randomisation"] < 0.01 and t["p_ttest"] < 0.01, t
+    same = bench.paired_tests(a, dict(a), draws=500)
+    assert same["diff"] == 0.0 and same["p_randomisation"] == 1.0 and same["p_ttest"] == 1.0, same
