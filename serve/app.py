@@ -13,8 +13,10 @@ cluster with ``serve deploy serve/serve_config.yaml`` (see the README "Serving" 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
+import ray
 from ray import serve
 from ray.serve import Application
 
@@ -23,6 +25,8 @@ from serve.api import create_api
 from serve.backend import Docs, resolve_model_dir, shard_groups
 from serve.config import ServeSettings, settings_from_dict
 from serve.deployments import QueryEncoder, RayBackend, ShardSearcher
+
+log = logging.getLogger(__name__)
 
 APP_NAME = "madr"
 
@@ -66,12 +70,25 @@ def build_app(args: dict[str, Any] | ServeSettings | None = None) -> Application
         encoder, searchers, dataclasses.asdict(s))
 
 
+def min_app_cpus(settings: ServeSettings, num_shards: int) -> float:
+    """CPUs the app's replicas hold at their smallest scale: encoder + one searcher per shard group + ingress."""
+    groups = len(shard_groups(num_shards, settings.shard_groups))
+    return settings.encoder.min_cpus() + groups * settings.searcher.min_cpus() + settings.ingress.min_cpus()
+
+
 def run_local(settings: ServeSettings, name: str = APP_NAME, route_prefix: str = "/") -> Any:
     """Start Serve's HTTP proxy on `settings.host:port` (127.0.0.1 unless told otherwise) on the connected
-    Ray cluster and deploy the app; returns the ingress handle once every replica is up."""
+    Ray cluster and deploy the app; returns the ingress handle once every replica is up. Warns when the
+    cluster has fewer CPUs than the replicas ask for (Serve would wait for them without saying why)."""
+    need = min_app_cpus(settings, len(Manifest.load(settings.require_manifest()).shards))
+    have = ray.cluster_resources().get("CPU", 0.0)
+    if need > have:
+        log.warning("the Serve app's replicas ask for %.2f CPUs (encoder / searcher / ingress num_cpus x replicas) "
+                    "but the cluster has %.2f: deployment waits until CPUs appear (autoscaler) or forever; "
+                    "lower encoder.num_cpus / searcher.num_cpus / ingress.num_cpus", need, have)
     serve.start(http_options={"host": settings.host, "port": settings.port})
-    logging = {"log_level": settings.log_level, "enable_access_log": settings.access_log}
-    return serve.run(build_app(settings), name=name, route_prefix=route_prefix, logging_config=logging)
+    log_cfg = {"log_level": settings.log_level, "enable_access_log": settings.access_log}
+    return serve.run(build_app(settings), name=name, route_prefix=route_prefix, logging_config=log_cfg)
 
 
 def url(settings: ServeSettings) -> str:

@@ -34,6 +34,11 @@ class DeploymentSettings:
     autoscaling: dict[str, Any] | None = None
     health_check_period_s: float | None = None
 
+    def min_cpus(self) -> float:
+        """CPUs its replicas hold at the smallest scale (autoscaling: `min_replicas`, default 1)."""
+        replicas = (self.autoscaling or {}).get("min_replicas", 1) if self.autoscaling else self.num_replicas
+        return replicas * self.num_cpus
+
     def options(self) -> dict[str, Any]:
         """`Deployment.options(...)` keyword arguments."""
         opts: dict[str, Any] = {"ray_actor_options": {"num_cpus": self.num_cpus},

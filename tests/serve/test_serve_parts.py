@@ -41,6 +41,18 @@ def test_shard_groups_are_contiguous_and_cover_all():
     assert shard_groups(3, 1) == [[0, 1, 2]]
 
 
+def test_min_app_cpus_counts_every_deployment_at_its_smallest_scale():
+    from serve.app import min_app_cpus
+    from serve.config import DeploymentSettings
+
+    assert min_app_cpus(ServeSettings(), num_shards=3) == 2.5  # defaults: 1 + 1 + 0.5 > a 2-CPU machine
+    s = ServeSettings(shard_groups=3, encoder=DeploymentSettings(num_cpus=0.5, num_replicas=2),
+                      searcher=DeploymentSettings(num_cpus=0.25, autoscaling={"min_replicas": 2, "max_replicas": 4}),
+                      ingress=DeploymentSettings(num_cpus=0.1))
+    assert min_app_cpus(s, num_shards=3) == 1.0 + 3 * 0.5 + 0.1
+    assert min_app_cpus(s, num_shards=2) == 1.0 + 2 * 0.5 + 0.1  # no more groups than shards
+
+
 def test_settings_reject_unknown_keys_and_bad_values(tmp_path):
     with pytest.raises(ValueError, match="unknown config key.*max_kk"):
         settings_from_dict({"max_kk": 3})
