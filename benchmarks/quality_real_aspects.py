@@ -70,10 +70,8 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from madr.config import ExperimentConfig, apply_overrides, config_hash, from_dict, parse_value  # noqa: E402
 from madr.data.schema import Catalog  # noqa: E402
 from madr.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies  # noqa: E402
-from madr.heads.base import run_backbone  # noqa: E402
 from madr.metrics import evaluate  # noqa: E402
 from madr.model import BiEncoder, build_model, objective_keys  # noqa: E402
-from madr.outputs import TowerOutput  # noqa: E402
 from madr.sparse.bm25 import BM25Index  # noqa: E402
 from madr.training import CatalogSampler, train_stage  # noqa: E402
 
@@ -226,16 +224,6 @@ def token_lengths(tokenizer, texts: list[str], max_length: int) -> np.ndarray:
 # ---- scoring ----------------------------------------------------------------------------------------------------
 
 
-class MeanPoolHead(torch.nn.Module):
-    """Masked mean of the last hidden states: all-MiniLM-L6-v2's own pooling (zero-shot reference only)."""
-
-    def forward(self, backbone, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TowerOutput:
-        seq = run_backbone(backbone, input_ids, attention_mask)
-        mask = attention_mask.unsqueeze(-1).to(seq.dtype)
-        return TowerOutput(embedding=(seq * mask).sum(1) / mask.sum(1).clamp_min(1.0), cls=seq[:, 0],
-                           sequence_output=seq)
-
-
 @torch.no_grad()
 def encode(model: BiEncoder, texts: list[str], lengths: np.ndarray, side: str, batch_size: int,
            desc: str) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
@@ -376,10 +364,8 @@ def reference_rows(keys: list[str], cfg: ExperimentConfig, ev: EvalSet, tokenize
     if "zero_shot" in keys:
         t0 = time.perf_counter()
         torch.manual_seed(0)
-        model = build_model(dataclasses.replace(cfg.model, name="bibert"), tokenizer, None)
-        if bench["zero_shot_pooling"] == "mean":
-            for tower in model.towers():
-                tower.head = MeanPoolHead()
+        model = build_model(dataclasses.replace(cfg.model, name="bibert", pooling=bench["zero_shot_pooling"]),
+                            tokenizer, None)
         rows["zero_shot"], _ = eval_model(model, ev, lengths, cfg, bench["encode_batch_size"], "zero-shot")
         seconds["zero_shot"] = {"eval": time.perf_counter() - t0}
     for key in rows:

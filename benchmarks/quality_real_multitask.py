@@ -53,7 +53,6 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from madr.backbone import resolve_backbone_path  # noqa: E402
 from madr.config import apply_overrides, from_dict, parse_value  # noqa: E402
 from madr.data.real_multilingual import RealMultilingualConfig, load_real_multilingual  # noqa: E402
-from madr.heads.base import run_backbone  # noqa: E402
 from madr.metrics import roc_auc  # noqa: E402
 from madr.multitask.config import MultiTaskExperimentConfig  # noqa: E402
 from madr.multitask.experiment import (  # noqa: E402
@@ -67,7 +66,6 @@ from madr.multitask.experiment import (  # noqa: E402
     row_labels,
 )
 from madr.multitask.trainer import MultiTaskTrainer  # noqa: E402
-from madr.outputs import TowerOutput  # noqa: E402
 
 Embedder = Callable[[list[str], str], torch.Tensor]  # (texts, role) -> L2-normalised [N, d]
 QUERY_ROLES = ("query", "hypothesis", "source")  # through the query tower; "ad", "premise", "target": the doc tower
@@ -277,25 +275,10 @@ def e5_reference_embedder(path: str, max_length: int, batch_size: int) -> Embedd
     return embed
 
 
-class MeanPoolHead(torch.nn.Module):
-    """Masked mean of the last hidden states, multilingual-e5's own pooling (its CLS state is almost the same
-    vector for every text: cosine 0.999+ between unrelated sentences). Swapped in for madr's CLS head here;
-    the library has no pooling option yet (see RESULTS.md)."""
-
-    def forward(self, backbone, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TowerOutput:
-        seq = run_backbone(backbone, input_ids, attention_mask)
-        mask = attention_mask.unsqueeze(-1).to(seq.dtype)
-        emb = (seq * mask).sum(1) / mask.sum(1).clamp_min(1.0)
-        return TowerOutput(embedding=emb, cls=seq[:, 0], sequence_output=seq)
-
-
 def encoder(cfg: MultiTaskExperimentConfig, tokenizer, seed: int, pooling: str):
-    """`madr.multitask.experiment.build_encoder`, with the mean-pooling head when `pooling` is "mean"."""
-    model = build_encoder(cfg, tokenizer, seed)
-    if pooling == "mean":
-        for tower in model.towers():
-            tower.head = MeanPoolHead()
-    return model
+    """`madr.multitask.experiment.build_encoder` with `model.pooling` set to `pooling` (cls / mean)."""
+    return build_encoder(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, pooling=pooling)),
+                         tokenizer, seed)
 
 
 def train_model(cfg: MultiTaskExperimentConfig, tokenizer, data: MultilingualData, names: Sequence[str],

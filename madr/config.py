@@ -51,6 +51,8 @@ class ModelConfig:
     madr/madral: Aspect Extraction Network + fusion, madral with aspect learning;
     mur/mural: aspect tokens after CLS + CLS-gating, mural with multi-granularity aspect learning;
     hybrid: SPLADE sparse vector from the MLM head + CLS dense vector (paper 002).
+    `pooling` (bibert / mtbert only): the text vector is the CLS state (the papers) or the masked mean of
+    the token states ("mean": what sentence-transformers checkpoints such as all-MiniLM and e5 were trained with).
     """
 
     name: str = "madral"
@@ -72,9 +74,14 @@ class ModelConfig:
     sparse_top_k: int | None = 256
     sparse_pooling: str = "max"
     hybrid_lambda: float = 0.5
+    pooling: str = "cls"
 
     def __post_init__(self) -> None:
         _check_choice("model.name", self.name, MODEL_NAMES)
+        _check_choice("model.pooling", self.pooling, ("cls", "mean"))
+        if self.pooling != "cls" and self.name not in ("bibert", "mtbert"):
+            raise ValueError(f"model.pooling {self.pooling!r} applies to bibert / mtbert only, not {self.name!r} "
+                             "(its head defines the text vector)")
         _check_choice("model.fusion", self.fusion, FUSIONS)
         _check_choice("model.grouping", self.grouping, GROUPINGS)
         _check_choice("model.value_embeddings", self.value_embeddings, ("shared", "unshared"))

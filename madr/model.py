@@ -80,7 +80,7 @@ class Tower(nn.Module):
 def _build_head(cfg: ModelConfig, hidden: int, special_ids: list[int]) -> nn.Module:
     k = len(cfg.aspects) + int(cfg.use_other)
     if cfg.name in ("bibert", "mtbert"):
-        return ClsHead(cfg.aspects, predict_aspects=cfg.aspect_learning)
+        return ClsHead(cfg.aspects, predict_aspects=cfg.aspect_learning, pooling=cfg.pooling)
     if cfg.name == "mpbert":
         return MultiPoolHead(k, hidden, cfg.fusion)
     if cfg.name in ("madr", "madral"):

@@ -119,3 +119,33 @@ def test_mural_value_embeddings_unshared_start_at_average_token_embedding(tokeni
 def test_aspect_learning_models_need_vocabularies(tokenizer):
     with pytest.raises(ValueError, match="vocabularies"):
         build_model(_cfg("madral"), tokenizer, None)
+
+
+@pytest.mark.parametrize("name", ["bibert", "mtbert"])
+def test_mean_pooling_is_the_masked_token_mean_and_survives_save(name, catalog, tokenizer, vocabularies, tmp_path):
+    torch.manual_seed(0)
+    model = build_model(_cfg(name, pooling="mean"), tokenizer, vocabularies).eval()
+    qb, _ = _batches(model, catalog)
+    with torch.no_grad():
+        out = model.encode(qb.input_ids, qb.attention_mask, "query")
+        for i in range(qb.input_ids.shape[0]):  # each text alone, unpadded: padding must not change its vector
+            n = int(qb.attention_mask[i].sum())
+            alone = model.encode(qb.input_ids[i:i + 1, :n], qb.attention_mask[i:i + 1, :n], "query")
+            expected = alone.sequence_output[0].mean(0)
+            assert torch.allclose(out.embedding[i], expected, atol=1e-5), i
+            assert not torch.allclose(out.embedding[i], out.cls[i])
+        if name == "mtbert":
+            assert all(torch.equal(r, out.embedding) for r in out.aspect_repr.values())
+    model.save(tmp_path / "m")
+    loaded = BiEncoder.load(tmp_path / "m").eval()
+    assert loaded.config.pooling == "mean"
+    with torch.no_grad():
+        again = loaded.encode(qb.input_ids, qb.attention_mask, "query")
+    assert torch.allclose(again.embedding, out.embedding, atol=1e-6)
+
+
+def test_pooling_is_checked():
+    with pytest.raises(ValueError, match="model.pooling"):
+        _cfg("bibert", pooling="max")
+    with pytest.raises(ValueError, match="bibert / mtbert only"):
+        _cfg("madral", pooling="mean")

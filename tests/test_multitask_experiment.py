@@ -157,3 +157,14 @@ def test_package_re_exports():
     assert all(getattr(multitask, name) is not None for name in multitask.__all__)
     assert multitask.MultiTaskTrainer is MultiTaskTrainer and heads.FieldAttention is FieldAttention
     assert {"FieldAttention", "FieldAttentionOutput", "concat_fields"} <= set(heads.__all__)
+
+
+
+def test_encoder_pooling_reaches_the_model_config() -> None:
+    from madr.config import from_dict
+    from madr.multitask.experiment import model_config
+
+    assert model_config(from_dict(MultiTaskExperimentConfig, {"model": {"pooling": "mean"}})).pooling == "mean"
+    assert model_config(MultiTaskExperimentConfig()).pooling == "cls"
+    with pytest.raises(ValueError, match="model.pooling"):
+        from_dict(MultiTaskExperimentConfig, {"model": {"pooling": "max"}})

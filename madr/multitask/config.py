@@ -106,7 +106,9 @@ class EncoderConfig:
     is reachable); None builds `backbone.tiny` from scratch with a WordPiece trained in process on the
     training text (`tokenizer_vocab_size`, lowercased, accents kept: `strip_accents=False`).
     `projection_dim: null` keeps the backbone's own width (no projection layer): a pretrained encoder then
-    starts from its own embedding space.
+    starts from its own embedding space. `pooling`: "cls" (the paper) or "mean" (masked mean of the token
+    states: the recipe of sentence-transformers checkpoints such as multilingual-e5, whose CLS state is
+    nearly constant).
     """
 
     backbone: BackboneConfig = field(default_factory=_tiny_backbone)
@@ -119,9 +121,11 @@ class EncoderConfig:
     tokenizer_vocab_size: int = 4000
     lowercase: bool = True
     strip_accents: bool | None = False
+    pooling: str = "cls"
 
     def __post_init__(self) -> None:
         _choice("model.similarity", self.similarity, ("cosine", "dot"))
+        _choice("model.pooling", self.pooling, ("cls", "mean"))
         if self.backbone.num_layers is not None and self.backbone.num_layers != self.doc_layers:
             raise ValueError(f"model.backbone.num_layers={self.backbone.num_layers} conflicts with "
                              f"model.doc_layers={self.doc_layers}; set only model.doc_layers")

@@ -176,11 +176,13 @@ def build_tokenizer(cfg: MultiTaskExperimentConfig, data: MultilingualData, out_
 
 
 def model_config(cfg: MultiTaskExperimentConfig) -> ModelConfig:
-    """One shared encoder (CLS, BiBERT-style) truncated to `doc_layers`, projected to `projection_dim`."""
+    """One shared encoder (BiBERT-style, CLS or mean `pooling`) truncated to `doc_layers`, projected to
+    `projection_dim`."""
     m = cfg.model
     backbone = dataclasses.replace(m.backbone, num_layers=m.doc_layers)
     return ModelConfig(name="bibert", backbone=backbone, shared_towers=True, projection_dim=m.projection_dim,
-                       similarity=m.similarity, max_query_length=m.max_query_length, max_doc_length=m.max_doc_length)
+                       similarity=m.similarity, max_query_length=m.max_query_length, max_doc_length=m.max_doc_length,
+                       pooling=m.pooling)
 
 
 def build_encoder(cfg: MultiTaskExperimentConfig, tokenizer: PreTrainedTokenizerBase, seed: int) -> BiEncoder:
