@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> None:
     queries = pick_queries(catalog, args.queries, args.seed, args.query)
     products = corpus_for(catalog, queries, args.corpus, args.seed)
     lines = [f"Model: `{args.model_dir}`; {len(products):,} indexed products (the queries' judged ones + a "
-             f"seeded sample); answers from `POST /search` and `POST /explain` of the Ray Serve app.", ""]
+             f"seeded sample); answers from `POST /search` and `POST /explain` of the Ray Serve app. Query and "
+             f"product texts are quoted from `{args.catalog}`'s source data under its licence.", ""]
     with tempfile.TemporaryDirectory() as tmp:
         manifest = build_served_index(args.model_dir, products, Path(tmp) / "index")
         small = DeploymentSettings(num_cpus=0.5)  # all three fit a 2-CPU machine
