@@ -36,13 +36,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # Ray network hygiene (scripts/ray_env.sh)
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-_BOOT = Path.home() / "ray_bootstrap_config.yaml"
-if not _BOOT.exists():
-    _BOOT.write_text("provider:\n  type: local\n")
+from pipelines.ray_env import apply_ray_env  # noqa: E402
+
+apply_ray_env(offline=True)  # Ray network hygiene (scripts/ray_env.sh), before Ray is imported
 
 
 # ---- machine -----------------------------------------------------------------------------------------------

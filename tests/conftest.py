@@ -3,19 +3,14 @@ vocabularies, and (for Ray tests) one local Ray instance with the loopback-only 
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
+from pipelines.ray_env import apply_ray_env
+
 # Ray network hygiene: must be set before any ray.init in this process (see scripts/ray_env.sh).
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-_bootstrap = Path.home() / "ray_bootstrap_config.yaml"
-if not _bootstrap.exists():
-    _bootstrap.write_text("provider:\n  type: local\n")
+apply_ray_env(offline=True)
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 

@@ -19,20 +19,16 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from typing import Any
 
 from madr.aspects.vocabulary import GRANULARITIES, AspectVocabularies
 from madr.data.schema import RESERVED_COLUMNS
+from pipelines.ray_env import apply_ray_env
 
 
 def init_ray(num_cpus: int | None = None) -> Any:
     """Start (or join, with RAY_ADDRESS) Ray with the network settings of ENVIRONMENT.md."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    bootstrap = Path.home() / "ray_bootstrap_config.yaml"
-    if not bootstrap.exists():
-        bootstrap.write_text("provider:\n  type: local\n")
+    apply_ray_env()
     import ray
 
     if not ray.is_initialized():
