@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -32,27 +31,17 @@ from pathlib import Path
 import numpy as np
 import tokenizers
 import torch
-import transformers
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+from benchmarks.machine import machine_info as _machine_info  # noqa: E402
 from madr.multitask.config import load_multitask_config  # noqa: E402
 from madr.multitask.experiment import COLUMNS, MultiTaskResult, format_table, run_multitask_experiment  # noqa: E402
 
 
 def machine_info() -> dict[str, str]:
-    cpu = "unknown cpu"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return {"cpu": cpu, "usable_cores": str(cores), "torch_threads": str(torch.get_num_threads()),
-            "load_average_1min_at_end": f"{load:.1f}", "os": f"{platform.system()} {platform.release()}",
-            "python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "tokenizers": tokenizers.__version__, "numpy": np.__version__}
+    return _machine_info(load_average_1min_at_end=f"{load:.1f}", tokenizers=tokenizers.__version__)
 
 
 def aggregate(results: list[MultiTaskResult]) -> tuple[dict, dict]:

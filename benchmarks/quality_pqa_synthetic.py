@@ -30,7 +30,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -44,6 +43,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+from benchmarks.machine import machine_info as _machine_info  # noqa: E402
 from madr.backbone import resolve_backbone_path  # noqa: E402
 from madr.data.synthetic_pqa import generate_pqa  # noqa: E402
 from madr.pqa import (  # noqa: E402
@@ -62,17 +62,7 @@ HEADERS = ("MAP", "R-Prec", "MRR@5", "NDCG", "Hit Rate@5", "P@1")
 
 
 def machine_info() -> dict[str, str]:
-    cpu = "unknown cpu"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu": cpu, "usable_cores": str(cores), "torch_threads": str(torch.get_num_threads()),
-            "os": f"{platform.system()} {platform.release()}", "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__, "numpy": np.__version__,
-            "faiss": faiss.__version__}
+    return _machine_info(faiss=faiss.__version__)
 
 
 def mean_std(values: list[float]) -> str:

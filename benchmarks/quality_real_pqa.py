@@ -30,7 +30,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -38,11 +37,11 @@ from typing import Any
 
 import numpy as np
 import torch
-import transformers
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+from benchmarks.machine import machine_info  # noqa: E402
 from madr.backbone import resolve_backbone_path  # noqa: E402
 from madr.config import from_dict  # noqa: E402
 from madr.data.hetpqa import HetPQAConfig, load_hetpqa  # noqa: E402
@@ -80,18 +79,6 @@ LABELS = {
 }
 COMPARISONS = (("hybrid", "dense_alone"), ("hybrid", "sparse_alone"), ("hybrid", "bm25"),
                ("source_prior", "hybrid"))
-
-
-def machine_info() -> dict[str, str]:
-    cpu = "unknown cpu"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"cpu": cpu, "usable_cores": str(len(os.sched_getaffinity(0))), "torch_threads": str(torch.get_num_threads()),
-            "os": f"{platform.system()} {platform.release()}", "python": platform.python_version(),
-            "torch": torch.__version__, "transformers": transformers.__version__, "numpy": np.__version__}
 
 
 # ---- config ---------------------------------------------------------------------------------------------------
