@@ -91,7 +91,6 @@ class TitleAnnotator:
 
     prefix_counts: Counter = field(default_factory=Counter)
     colors: set[tuple[str, ...]] = field(default_factory=set)
-    categories: Counter = field(default_factory=Counter)
     min_brand_count: int = 3
     brand_share: float = 0.6
 
@@ -108,9 +107,7 @@ class TitleAnnotator:
         colors = {tuple(f.split()) for f, c in finishes.items()
                   if c >= min_color_count and BASIC_COLORS & set(f.replace("-", " ").split())}
         colors |= {(c,) for c in BASIC_COLORS}
-        annotator = cls(prefixes, colors, Counter(), min_brand_count, brand_share)
-        annotator.categories = Counter(c for t in titles for c in annotator.annotate(t)["category"])
-        return annotator
+        return cls(prefixes, colors, min_brand_count, brand_share)
 
     # -- products --------------------------------------------------------------------------------
     def brand(self, title: str) -> str | None:
