@@ -16,16 +16,20 @@ is already pretrained, the fine-tuning stage is paper 000 Eq. 8 (L_CE + in-batch
 - BiBERT (CLS), MpBERT (first K tokens + Presence Weighting), MtBERT (CLS + aspect prediction), MADR and MADRAL
   (Aspect Extraction Network + fusion; MADRAL with aspect learning) with the three fusion networks (Weighted
   Sum, Presence Weighting, CLS-Gating; MADR with Presence Weighting, the paper's default), MUR and MURAL
-  (aspect tokens + CLS-Gating; MURAL with multi-granularity aspect learning); DSSM on request (`--models`).
+  (aspect tokens + CLS-Gating; MURAL with multi-granularity aspect learning); DSSM on request (`--models`);
+- ablations on request (`--models`): paper 000 Table 6 `madral_no_<aspect>`, `madral_no_other`,
+  `madral_no_query` / `madral_no_doc` (aspect learning on one side only), relative to MADRAL (Presence
+  Weighting); paper 001 Table 5 `mural_only_<aspect>` / `mural_only_<phrase|word|token>`, relative to MURAL.
 Metrics on the test queries that have at least one product of relevance >= `eval.relevance_threshold`:
 Recall@k over the WHOLE product corpus (exact search) and MRR@10 (paper 000 Recall@10k, paper 001 R@100 /
 R@500: the corpus here is 41k products, so k = 10 / 100 / 1000), NDCG@k with gain 2^rel - 1 and per-query AUC
 by re-ranking each query's judged products (paper 000 Sec. 8.3), aspect Accuracy@1 at phrase granularity for
 the models that predict aspects (Table 5; queries: the test queries, documents: the whole corpus).
-Significance: every row against BiBERT (Tables 4 / 3) and every fusion against Weighted Sum (Table 7), per
-metric, over the test queries: Student's paired t-test (the papers' test; `bench.alpha`, paper 000 uses 0.01)
-and a two-sided paired randomisation test (sign flips, `bench.draws`). With several seeds each seed is tested
-and so is the per-query mean over seeds (the table's marks).
+Significance: every row against BiBERT (Tables 4 / 3), every fusion against Weighted Sum (Table 7) and every
+ablation against its full model (Tables 6 / 5), per metric, over the test queries: Student's paired t-test (the
+papers' test; `bench.alpha`, paper 000 uses 0.01) and a two-sided paired randomisation test (sign flips,
+`bench.draws`). With several seeds each seed is tested and so is the per-query mean over seeds (the table's
+marks).
 
 Budget on 2 CPU cores (measured with other work running): a fine-tuning step at batch 32 takes ~1.9 s (word
 embeddings frozen, `bench.freeze_word_embeddings`; 2.9 s without), ~3.5 s for MUR / MURAL (9 aspect tokens);
@@ -37,9 +41,15 @@ for MUR / MURAL. One seed of the default 11 rows: ~60 min, 38 of them encoding t
     python benchmarks/quality_real_aspects.py --seeds 0 1 2 --set bench.corpus_size=12000    # 3 seeds, ~95 min
     python benchmarks/quality_real_aspects.py --models bm25 bibert madral_pw --set bench.corpus_size=3000 \\
         --set train.finetune.steps=4 --set homedepot.max_queries=1000 --tag smoke           # quick look (2 min)
+    python benchmarks/quality_real_aspects.py --seeds 0 --set bench.corpus_size=12000 --tag real_homedepot_ablations \
+        --models bibert madral_pw mural madral_no_category madral_no_brand madral_no_color madral_no_other \
+        madral_no_query madral_no_doc mural_only_category mural_only_brand mural_only_color mural_only_phrase \
+        mural_only_word mural_only_token                                                   # Tables 6 / 5
 
 Prints the tables (absolute values, relative change over BiBERT in %, fusions, aspect accuracy), machine,
-versions and timings; writes <out-dir>/results/<tag>.json and <out-dir>/plots/<tag>.png (out-dir: benchmarks/).
+versions and timings; writes <out-dir>/results/<tag>.json and <out-dir>/plots/<tag>.png (out-dir: benchmarks/)
+after every seed. Each trained row's per-query result is kept in <output_dir>/seed<seed>/<row>/result.json with a
+fingerprint of everything it depends on: a stopped run resumes at the next row, and adding a seed trains only it.
 """
 
 from __future__ import annotations
@@ -87,6 +97,28 @@ ROWS: dict[str, tuple[str, dict[str, Any]]] = {
     "mur": ("MUR", {"name": "mur"}),
     "mural": ("MURAL", {"name": "mural"}),
 }
+GRANULARITIES = ("phrase", "word", "token")
+
+
+def ablation_rows(aspects: list[str]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Paper 000 Table 6: MADRAL (Presence Weighting) without one aspect, without OTHER, or with aspect learning
+    on one side only; paper 001 Table 5: MURAL learning one aspect, or one granularity, only."""
+    pw = {"name": "madral", "fusion": "presence"}
+    rows = {f"madral_no_{a}": (f"MADRAL −{a}", {**pw, "aspects": [x for x in aspects if x != a]}) for a in aspects}
+    rows["madral_no_other"] = ("MADRAL −other", {**pw, "use_other": False})
+    rows["madral_no_query"] = ("MADRAL −query (aspect learning on documents only)", {**pw, "aspect_sides": ["doc"]})
+    rows["madral_no_doc"] = ("MADRAL −doc (aspect learning on queries only)", {**pw, "aspect_sides": ["query"]})
+    rows |= {f"mural_only_{a}": (f"MURAL only {a}", {"name": "mural", "aspects": [a]}) for a in aspects}
+    rows |= {f"mural_only_{g}": (f"MURAL only {g}", {"name": "mural", "granularities": [g]}) for g in GRANULARITIES}
+    return rows
+
+
+def trained_rows(cfg: ExperimentConfig) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every trainable row for the config's aspects: the papers' models (ROWS) and the ablations."""
+    return {**ROWS, **ablation_rows(list(cfg.model.aspects))}
+
+
+ABLATION_BASES = {"madral_no_": "madral_pw", "mural_only_": "mural"}  # Table 6 / Table 5: relative to these
 REFERENCES = {"bm25": "BM25 (word pieces)", "zero_shot": "Zero-shot backbone (untrained)"}
 DEFAULT_MODELS = ["bm25", "zero_shot", "bibert", "mpbert", "mtbert", "madr", "madral_ws", "madral_pw",
                   "madral_cls", "mur", "mural"]
@@ -302,7 +334,7 @@ def search_depth(cfg: ExperimentConfig) -> int:
 
 
 def model_config(cfg: ExperimentConfig, key: str):
-    return dataclasses.replace(cfg.model, **ROWS[key][1])
+    return dataclasses.replace(cfg.model, **trained_rows(cfg)[key][1])
 
 
 def eval_model(model: BiEncoder, ev: EvalSet, lengths: dict[str, np.ndarray], cfg: ExperimentConfig, bs: int,
@@ -359,35 +391,62 @@ def reference_rows(keys: list[str], cfg: ExperimentConfig, ev: EvalSet, tokenize
         rows["zero_shot"], _ = eval_model(model, ev, lengths, cfg, bench["encode_batch_size"], "zero-shot")
         seconds["zero_shot"] = {"eval": time.perf_counter() - t0}
     for key in rows:
-        print(f"{label_of(key, bench)}: {json.dumps({m: round(v, 4) for m, v in means(rows[key]).items()})} "
+        print(f"{label_of(key, bench, cfg)}: {json.dumps({m: round(v, 4) for m, v in means(rows[key]).items()})} "
               f"({seconds[key]['eval']:.0f} s)", flush=True)
     return rows, seconds
 
 
-def label_of(key: str, bench: dict) -> str:
+def label_of(key: str, bench: dict, cfg: ExperimentConfig) -> str:
     if key == "zero_shot":
         return f"Zero-shot backbone ({bench['zero_shot_pooling']} pooling, untrained)"
-    return REFERENCES.get(key) or ROWS[key][0]
+    return REFERENCES.get(key) or trained_rows(cfg)[key][0]
+
+
+def row_fingerprint(key: str, seed: int, cfg: ExperimentConfig, ev: EvalSet, bench: dict) -> str:
+    """What a row's result depends on: its model, training and evaluation settings, the data (a Home Depot
+    catalog's directory name hashes the annotator code and split), the evaluated corpus, the seed and the
+    frozen-embedding switch."""
+    settings = {k: v for k, v in cfg.to_dict().items() if k not in ("name", "output_dir")}
+    corpus = hashlib.sha256("\n".join(ev.product_ids).encode()).hexdigest()
+    return config_hash({"row": key, "model": dataclasses.asdict(model_config(cfg, key)), "settings": settings,
+                        "corpus": corpus, "seed": seed, "freeze_word_embeddings": bool(bench["freeze_word_embeddings"])})
+
+
+def run_row(key: str, cfg: ExperimentConfig, catalog: Catalog, ev: EvalSet, tokenizer, vocab, lengths: dict,
+            seed: int, bench: dict) -> dict[str, Any]:
+    """Train and evaluate row `key` with `seed`; the result is kept in <output_dir>/seed<seed>/<key>/result.json
+    and reused while its fingerprint matches (a stopped multi-seed run resumes at the next row)."""
+    where = Path(cfg.output_dir) / f"seed{seed}" / key
+    cache, fingerprint = where / "result.json", row_fingerprint(key, seed, cfg, ev, bench)
+    saving = key in bench["save_models"]
+    if cache.is_file() and (not saving or (where / "model").is_dir()):
+        kept = json.loads(cache.read_text())
+        if kept.get("fingerprint") == fingerprint:
+            print(f"seed {seed} {label_of(key, bench, cfg)}: kept from {cache}", flush=True)
+            return kept
+    t0 = time.perf_counter()
+    model, training = train_row(key, cfg, catalog, tokenizer, vocab, seed, bool(bench["freeze_word_embeddings"]))
+    t1 = time.perf_counter()
+    per_q, aspects = eval_model(model, ev, lengths, cfg, bench["encode_batch_size"], label_of(key, bench, cfg))
+    result = {"fingerprint": fingerprint, "per_query": per_q, "aspects": aspects, "training": training,
+              "seconds": {"train": t1 - t0, "eval": time.perf_counter() - t1}}
+    if saving:  # e.g. for benchmarks/case_study_explain.py
+        print(f"saved {key} -> {model.save(where / 'model')}", flush=True)
+    where.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(cache)
+    shown = {m: round(v, 4) for m, v in {**means(per_q), **aspects}.items()}
+    print(f"seed {seed} {label_of(key, bench, cfg)}: {json.dumps(shown)} ({result['seconds']['train']:.0f} s train, "
+          f"{result['seconds']['eval']:.0f} s eval)", flush=True)
+    return result
 
 
 def run_seed(keys: list[str], cfg: ExperimentConfig, catalog: Catalog, ev: EvalSet, tokenizer, vocab,
              lengths: dict, seed: int, bench: dict) -> dict[str, Any]:
-    per_q, aspects, seconds, training = {}, {}, {}, {}
-    for key in keys:
-        t0 = time.perf_counter()
-        model, training[key] = train_row(key, cfg, catalog, tokenizer, vocab, seed,
-                                               bool(bench["freeze_word_embeddings"]))
-        t1 = time.perf_counter()
-        per_q[key], aspects[key] = eval_model(model, ev, lengths, cfg, bench["encode_batch_size"], ROWS[key][0])
-        seconds[key] = {"train": t1 - t0, "eval": time.perf_counter() - t1}
-        if key in bench["save_models"]:  # e.g. for benchmarks/case_study_explain.py
-            saved = model.save(Path(cfg.output_dir) / f"seed{seed}" / key / "model")
-            print(f"saved {key} -> {saved}", flush=True)
-        shown = {m: round(v, 4) for m, v in {**means(per_q[key]), **aspects[key]}.items()}
-        print(f"seed {seed} {ROWS[key][0]}: {json.dumps(shown)} ({seconds[key]['train']:.0f} s train, "
-              f"{seconds[key]['eval']:.0f} s eval)", flush=True)
-        del model
-    return {"seed": seed, "per_query": per_q, "aspects": aspects, "seconds": seconds, "training": training}
+    rows = {key: run_row(key, cfg, catalog, ev, tokenizer, vocab, lengths, seed, bench) for key in keys}
+    return {"seed": seed, **{part: {key: r[part] for key, r in rows.items()}
+                             for part in ("per_query", "aspects", "seconds", "training")}}
 
 
 # ---- significance -----------------------------------------------------------------------------------------------
@@ -513,6 +572,137 @@ def plot(order: list[str], labels: dict, runs: list[dict], shared_means: dict, p
     return True
 
 
+# ---- report -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Invocation:
+    """What every (partial) report of one run of the script shares."""
+
+    cfg: ExperimentConfig
+    home: dict | None
+    bench: dict
+    keys: list[str]             # rows in table order
+    trained: list[str]          # the seeded rows among them
+    labels: dict[str, str]
+    sizes: dict[str, Any]       # EvalSet.summary + vocabulary sizes and token lengths
+    shared: dict                # per-query metrics of the untrained reference rows
+    shared_seconds: dict
+    start: float                # perf_counter at the start
+    load_before: str
+    out_dir: Path
+    tag: str
+
+
+def aggregate(ctx: Invocation, runs: list[dict]) -> dict[str, Any]:
+    """Per row: mean / std over seeds of the per-seed means, aspect accuracy; paired tests against the
+    baseline (and fusions against Weighted Sum) on the seed-mean per query, and per seed."""
+    shared_means = {k: means(v) for k, v in ctx.shared.items()}
+    mean, std = dict(shared_means), {k: {m: 0.0 for m in v} for k, v in shared_means.items()}
+    for key in ctx.trained if runs else []:
+        per_seed = [means(r["per_query"][key]) for r in runs]
+        mean[key] = {m: float(np.mean([s[m] for s in per_seed])) for m in per_seed[0]}
+        std[key] = {m: float(np.std([s[m] for s in per_seed], ddof=1)) if len(per_seed) > 1 else 0.0
+                    for m in per_seed[0]}
+    acc = {key: {c: float(np.mean([r["aspects"][key][c] for r in runs])) for c in runs[0]["aspects"][key]}
+           for key in ctx.trained} if runs else {}
+    draws, base = int(ctx.bench["draws"]), ctx.bench["baseline"]
+    pooled = seed_mean(runs, ctx.shared) if runs else dict(ctx.shared)
+    tests = {"vs_baseline": significance(pooled, base, draws)}
+    fusions = [k for k in FUSIONS if k in mean]
+    if len(fusions) > 1:
+        tests["fusion_vs_weighted_sum"] = significance({k: pooled[k] for k in fusions}, fusions[0], draws)
+    ablations = {}
+    for prefix, ref in ABLATION_BASES.items():
+        group = [k for k in mean if k.startswith(prefix)]
+        if group and ref in mean:
+            ablations[ref] = group
+            tests[f"ablations_vs_{ref}"] = significance({k: pooled[k] for k in (ref, *group)}, ref, draws)
+    per_seed_tests = {r["seed"]: significance({**ctx.shared, **r["per_query"]}, base, draws) for r in runs}
+    return {"shared_means": shared_means, "mean": mean, "std": std, "aspect_accuracy": acc, "tests": tests,
+            "tests_per_seed": per_seed_tests, "fusions": fusions, "ablations": ablations}
+
+
+def budget_text(cfg: ExperimentConfig) -> str:
+    ft = cfg.train.finetune
+    return (f"{ft.steps} fine-tune steps x batch {ft.batch_size} (+1 hard negative), lr {ft.learning_rate:g}, "
+            f"aspect weight {ft.aspect_weight:g}" + (f"; pretrain {cfg.train.pretrain.steps} steps"
+                                                     if cfg.train.pretrain.steps else "; no pretraining"))
+
+
+def report_text(ctx: Invocation, agg: dict, seeds: list[int], metrics: list[str], source: str) -> str:
+    """The tables in the papers' shapes and the paired tests, as printed and stored in the JSON."""
+    cfg, labels, mean, tests = ctx.cfg, ctx.labels, agg["mean"], agg["tests"]
+    base, alpha, fusions = ctx.bench["baseline"], float(ctx.bench["alpha"]), agg["fusions"]
+    order = [k for k in ctx.keys if k in mean]
+    text = [f"# {source} product search, {cfg.eval.split}: {ctx.sizes['evaluated_test_queries']} queries with a "
+            f"product of relevance >= {cfg.eval.relevance_threshold:g}, corpus {ctx.sizes['corpus']} products; "
+            f"backbone {cfg.model.backbone.name_or_path}, query/doc length {cfg.model.max_query_length}/"
+            f"{cfg.model.max_doc_length}; {budget_text(cfg)}; seeds {seeds}",
+            "\n## Values (paper 001 Table 3 shape; mean ± std over seeds)",
+            value_table(order, labels, mean, agg["std"], metrics, set(ctx.trained))]
+    if base in mean:
+        text += [f"\n## Relative to {labels[base]} (paper 000 Table 4 shape; † paired t-test p < {alpha:g} on the "
+                 f"seed-mean per query)", relative_table(order, labels, mean, metrics, base, tests["vs_baseline"],
+                                                         alpha)]
+    if len(fusions) > 1:
+        text += [f"\n## Fusion networks relative to {labels[fusions[0]]} (paper 000 Table 7 shape)",
+                 relative_table(fusions, labels, mean, metrics, fusions[0], tests["fusion_vs_weighted_sum"], alpha)]
+    for ref, group in agg["ablations"].items():
+        shape = "paper 000 Table 6" if ref.startswith("madral") else "paper 001 Table 5"
+        rows = [ref, *group] + ([base] if base in mean else [])
+        text += [f"\n## Ablations relative to {labels[ref]} ({shape} shape; † paired t-test p < {alpha:g})",
+                 relative_table(rows, labels, mean, metrics, ref, tests[f"ablations_vs_{ref}"], alpha)]
+    if any(agg["aspect_accuracy"].values()):
+        text += ["\n## Aspect Accuracy@1 (paper 000 Table 5 shape; phrase values)",
+                 aspect_table(order, labels, agg["aspect_accuracy"], list(cfg.model.aspects))]
+    if tests["vs_baseline"]:
+        text.append(f"\n## Paired tests vs {labels.get(base, base)} (seed-mean per query): diff, p_t, p_rand")
+        for key, t in tests["vs_baseline"].items():
+            text.append(f"{labels[key]}: " + "; ".join(
+                f"{header(m)} {v['diff']:+.4f} (p_t {v['p_ttest']:.2g}, p_rand {v['p_randomisation']:.2g})"
+                for m, v in t.items()))
+    return "\n".join(text)
+
+
+def publish(ctx: Invocation, runs: list[dict]) -> dict[str, Any]:
+    """Aggregate the seeds done so far; print the tables, machine and timings; write <tag>.json and <tag>.png."""
+    cfg, seeds = ctx.cfg, [r["seed"] for r in runs]
+    metrics = list(cfg.eval.retrieval_metrics) + list(cfg.eval.rerank_metrics)
+    agg = aggregate(ctx, runs)
+    source = "Home Depot" if ctx.home is not None else Path(cfg.data.catalog_dir or "synthetic catalog").name
+    seconds = {**ctx.shared_seconds, **{f"seed{r['seed']} {k}": v for r in runs for k, v in r["seconds"].items()}}
+    info = machine_info()
+    table_text = "\n".join([
+        report_text(ctx, agg, seeds, metrics, source),
+        "\nmachine: " + "; ".join(f"{k} {v}" for k, v in info.items()) + f"; load before {ctx.load_before}",
+        "seconds: " + ", ".join(f"{k} " + "/".join(f"{x:.0f}" for x in v.values()) for k, v in seconds.items())])
+    print(table_text, flush=True)
+    result = {"benchmark": "quality_real_aspects", "command": " ".join(["python", *sys.argv]),
+              "config": {"homedepot": ctx.home, "bench": ctx.bench, **cfg.to_dict()}, "rows": ctx.labels,
+              "trained_rows": ctx.trained, "seeds": seeds, "data": ctx.sizes, "machine": info,
+              "load_average_before": ctx.load_before, "wall_s": time.perf_counter() - ctx.start,
+              "seconds": seconds, "metrics": metrics, "mean": agg["mean"], "std": agg["std"],
+              "aspect_accuracy": agg["aspect_accuracy"],
+              "per_seed": {r["seed"]: {k: {**means(v), **r["aspects"][k]} for k, v in r["per_query"].items()}
+                           for r in runs},
+              "training": {r["seed"]: r["training"] for r in runs}, "tests": agg["tests"],
+              "tests_per_seed": agg["tests_per_seed"], "table": table_text}
+    json_path = ctx.out_dir / "results" / f"{ctx.tag}.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(result, indent=1, default=float))
+    png = ctx.out_dir / "plots" / f"{ctx.tag}.png"
+    title = (f"{source} {cfg.eval.split} ({ctx.sizes['evaluated_test_queries']} queries, corpus "
+             f"{ctx.sizes['corpus']}); {Path(str(cfg.model.backbone.name_or_path)).name}; {budget_text(cfg)}; "
+             f"seeds {seeds}")
+    plot_metrics = tuple(m for m in ("recall@100", "ndcg@10") if m in metrics) or tuple(metrics[:2])
+    order = [k for k in ctx.keys if k in agg["mean"]]
+    if plot(order, ctx.labels, runs, agg["shared_means"], png, title, plot_metrics, ctx.bench["baseline"]):
+        print(f"wrote {png}")
+    print(f"wrote {json_path} ({result['wall_s']:.0f} s; load {ctx.load_before} -> {info['load_average']})")
+    return result
+
+
 # ---- main -------------------------------------------------------------------------------------------------------
 
 
@@ -522,7 +712,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override (repeatable)")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default: bench.seeds)")
     p.add_argument("--models", nargs="+", default=None, metavar="ROW",
-                   help=f"rows (default: bench.models); known: {', '.join([*REFERENCES, *ROWS])}")
+                   help=f"rows (default: bench.models); known: {', '.join([*REFERENCES, *ROWS])} and the "
+                        "ablations madral_no_<aspect|other|query|doc>, mural_only_<aspect|phrase|word|token>")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--tag", default="real_homedepot_aspects", help="name of the JSON / PNG")
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks"), help="results/ and plots/ go under it")
@@ -531,10 +722,11 @@ def main(argv: list[str] | None = None) -> dict:
     home, cfg, bench = load_config(Path(args.config), args.set)
     seeds = list(args.seeds if args.seeds is not None else bench["seeds"])
     keys = list(dict.fromkeys(args.models if args.models is not None else bench["models"]))
-    unknown = [k for k in keys if k not in ROWS and k not in REFERENCES]
+    known = trained_rows(cfg)
+    unknown = [k for k in keys if k not in known and k not in REFERENCES]
     if unknown:
-        raise SystemExit(f"unknown row(s) {unknown}; known: {', '.join([*REFERENCES, *ROWS])}")
-    trained = [k for k in keys if k in ROWS]
+        raise SystemExit(f"unknown row(s) {unknown}; known: {', '.join([*REFERENCES, *known])}")
+    trained = [k for k in keys if k in known]
     refs = [k for k in keys if k in REFERENCES]
     start, load_before = time.perf_counter(), machine_info()["load_average"]
 
@@ -549,89 +741,16 @@ def main(argv: list[str] | None = None) -> dict:
                "query": token_lengths(tokenizer, ev.query_texts, cfg.model.max_query_length)}
     sizes["mean_tokens"] = {side: float(v.mean()) for side, v in lengths.items()}
     print("data: " + json.dumps(sizes), flush=True)
-    labels = {k: label_of(k, bench) for k in keys}
+    labels = {k: label_of(k, bench, cfg) for k in keys}
 
     shared, shared_seconds = reference_rows(refs, cfg, ev, tokenizer, lengths, bench)
-    runs = []
-    for seed in seeds:
+    ctx = Invocation(cfg, home, bench, keys, trained, labels, sizes, shared, shared_seconds, start, load_before,
+                     Path(args.out_dir), args.tag)
+    runs: list[dict] = []
+    result = publish(ctx, runs) if not trained else {}
+    for seed in seeds:  # the report is rewritten after every seed: a long run leaves its partial result behind
         runs.append(run_seed(trained, cfg, catalog, ev, tokenizer, vocab, lengths, seed, bench))
-
-    # aggregate: per seed means, mean / std over seeds, tests per seed and on the seed-mean per query
-    metrics = list(cfg.eval.retrieval_metrics) + list(cfg.eval.rerank_metrics)
-    shared_means = {k: means(v) for k, v in shared.items()}
-    mean, std = dict(shared_means), {k: {m: 0.0 for m in v} for k, v in shared_means.items()}
-    for key in trained:
-        per_seed = [means(r["per_query"][key]) for r in runs]
-        mean[key] = {m: float(np.mean([s[m] for s in per_seed])) for m in per_seed[0]}
-        std[key] = {m: float(np.std([s[m] for s in per_seed], ddof=1)) if len(per_seed) > 1 else 0.0
-                    for m in per_seed[0]}
-    acc = {key: {c: float(np.mean([r["aspects"][key][c] for r in runs])) for c in runs[0]["aspects"][key]}
-           for key in trained} if runs else {}
-    draws, base, alpha = int(bench["draws"]), bench["baseline"], float(bench["alpha"])
-    pooled_rows = seed_mean(runs, shared) if runs else dict(shared)
-    tests = {"vs_baseline": significance(pooled_rows, base, draws)}
-    fusions = [k for k in FUSIONS if k in trained]
-    if len(fusions) > 1:
-        tests["fusion_vs_weighted_sum"] = significance({k: pooled_rows[k] for k in fusions}, fusions[0], draws)
-    per_seed_tests = {r["seed"]: significance({**shared, **r["per_query"]}, base, draws) for r in runs}
-
-    order = [k for k in keys if k in mean]
-    seeded = set(trained)
-    ft = cfg.train.finetune
-    budget = (f"{ft.steps} fine-tune steps x batch {ft.batch_size} (+1 hard negative), lr {ft.learning_rate:g}, "
-              f"aspect weight {ft.aspect_weight:g}" + (f"; pretrain {cfg.train.pretrain.steps} steps"
-                                                       if cfg.train.pretrain.steps else "; no pretraining"))
-    source = "Home Depot" if home is not None else Path(cfg.data.catalog_dir or "synthetic catalog").name
-    text = [f"# {source} product search, {cfg.eval.split}: {sizes['evaluated_test_queries']} queries with a product "
-            f"of relevance >= {cfg.eval.relevance_threshold:g}, corpus {sizes['corpus']} products; backbone "
-            f"{cfg.model.backbone.name_or_path}, query/doc length {cfg.model.max_query_length}/"
-            f"{cfg.model.max_doc_length}; {budget}; seeds {seeds}",
-            "\n## Values (paper 001 Table 3 shape; mean ± std over seeds)",
-            value_table(order, labels, mean, std, metrics, seeded)]
-    if base in mean:
-        text += [f"\n## Relative to {labels[base]} (paper 000 Table 4 shape; † paired t-test p < {alpha:g} on the "
-                 f"seed-mean per query)", relative_table(order, labels, mean, metrics, base, tests["vs_baseline"],
-                                                         alpha)]
-    if len(fusions) > 1:
-        text += [f"\n## Fusion networks relative to {labels[fusions[0]]} (paper 000 Table 7 shape)",
-                 relative_table(fusions, labels, mean, metrics, fusions[0], tests["fusion_vs_weighted_sum"], alpha)]
-    if any(acc.values()):
-        text += ["\n## Aspect Accuracy@1 (paper 000 Table 5 shape; phrase values)",
-                 aspect_table(order, labels, acc, list(cfg.model.aspects))]
-    if tests["vs_baseline"]:
-        text.append(f"\n## Paired tests vs {labels.get(base, base)} (seed-mean per query): diff, p_t, p_rand")
-        for key, t in tests["vs_baseline"].items():
-            text.append(f"{labels[key]}: " + "; ".join(
-                f"{header(m)} {v['diff']:+.4f} (p_t {v['p_ttest']:.2g}, p_rand {v['p_randomisation']:.2g})"
-                for m, v in t.items()))
-    seconds = {**{k: v for k, v in shared_seconds.items()},
-               **{f"seed{r['seed']} {k}": v for r in runs for k, v in r["seconds"].items()}}
-    info = machine_info()
-    text.append("\nmachine: " + "; ".join(f"{k} {v}" for k, v in info.items()) + f"; load before {load_before}")
-    text.append("seconds: " + ", ".join(f"{k} " + "/".join(f"{x:.0f}" for x in v.values()) for k, v in seconds.items()))
-    table_text = "\n".join(text)
-    print(table_text, flush=True)
-
-    out_dir = Path(args.out_dir)
-    result = {"benchmark": "quality_real_aspects", "command": " ".join(["python", *sys.argv]),
-              "config": {"homedepot": home, "bench": bench, **cfg.to_dict()}, "rows": labels,
-              "trained_rows": trained, "seeds": seeds, "data": sizes, "machine": info,
-              "load_average_before": load_before, "wall_s": time.perf_counter() - start, "seconds": seconds,
-              "metrics": metrics, "mean": mean, "std": std, "aspect_accuracy": acc,
-              "per_seed": {r["seed"]: {k: {**means(v), **r["aspects"][k]} for k, v in r["per_query"].items()}
-                           for r in runs},
-              "training": {r["seed"]: r["training"] for r in runs}, "tests": tests, "tests_per_seed": per_seed_tests,
-              "table": table_text}
-    json_path = out_dir / "results" / f"{args.tag}.json"
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(result, indent=1, default=float))
-    png = out_dir / "plots" / f"{args.tag}.png"
-    title = (f"{source} {cfg.eval.split} ({sizes['evaluated_test_queries']} queries, corpus {sizes['corpus']}); "
-             f"{Path(str(cfg.model.backbone.name_or_path)).name}; {budget}; seeds {seeds}")
-    plot_metrics = tuple(m for m in ("recall@100", "ndcg@10") if m in metrics) or tuple(metrics[:2])
-    if plot(order, labels, runs, shared_means, png, title, plot_metrics, base):
-        print(f"wrote {png}")
-    print(f"wrote {json_path} ({result['wall_s']:.0f} s; load {load_before} -> {info['load_average']})")
+        result = publish(ctx, runs)
     return result
 
 

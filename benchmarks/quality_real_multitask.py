@@ -62,8 +62,10 @@ from madr.multitask.experiment import (  # noqa: E402
     build_tasks,
     build_tokenizer,
     click_ndcg,
+    distil_query_student,
     doc_text,
     row_labels,
+    student_label,
 )
 from madr.multitask.trainer import MultiTaskTrainer  # noqa: E402
 
@@ -301,20 +303,35 @@ def run_seed(cfg: MultiTaskExperimentConfig, bench: dict, data: MultilingualData
     order, ks, bs = cfg.tasks.click.field_order, cfg.eval.ndcg_at, cfg.eval.batch_size
     single, multi = row_labels(cfg)
     rows, seconds, training, scores = {}, {}, {}, {}
-    for name, tasks in ((single, cfg.tasks.baseline), (multi, cfg.tasks.enabled)):
-        t0 = time.perf_counter()
-        model, training[name] = train_model(cfg, tokenizer, data, tasks, seed, bench)
-        seconds[f"train {name}"] = time.perf_counter() - t0
+
+    def evaluate_row(name: str, model) -> None:
         t0 = time.perf_counter()
         scores[name] = item_scores(madr_embedder(model, bs), data, order)
         rows[name] = metrics(scores[name], data, ks)
         seconds[f"eval {name}"] = time.perf_counter() - t0
-        print(f"seed {seed} {name}: {json.dumps({k: round(v, 4) for k, v in rows[name].items()})} "
-              f"({seconds[f'train {name}']:.0f} s train)", flush=True)
+        print(f"seed {seed} {name}: {json.dumps({k: round(v, 4) for k, v in rows[name].items()})}", flush=True)
+
+    for name, tasks in ((single, cfg.tasks.baseline), (multi, cfg.tasks.enabled)):
+        t0 = time.perf_counter()
+        model, training[name] = train_model(cfg, tokenizer, data, tasks, seed, bench)
+        seconds[f"train {name}"] = time.perf_counter() - t0
+        evaluate_row(name, model)
+        if name == multi and cfg.student.enabled:  # Sec. V-A: the query tower distilled into its first layers
+            student = student_label(cfg)
+            t0 = time.perf_counter()
+            served, training[student] = distil_query_student(cfg, model, data, seed)
+            seconds[f"distil {student}"] = time.perf_counter() - t0
+            evaluate_row(student, served)
+            del served
         del model
-    paired = paired_bootstrap(scores[multi], scores[single], data, int(bench["bootstrap"]), seed)
-    return {"seed": seed, "rows": {**shared["rows"], **rows}, "paired_multi_minus_single": paired,
-            "seconds": seconds, "training": training}
+    draws = int(bench["bootstrap"])
+    paired = paired_bootstrap(scores[multi], scores[single], data, draws, seed)
+    result = {"seed": seed, "rows": {**shared["rows"], **rows}, "paired_multi_minus_single": paired,
+              "seconds": seconds, "training": training}
+    if cfg.student.enabled:
+        result["paired_student_minus_multi"] = paired_bootstrap(scores[student_label(cfg)], scores[multi], data,
+                                                                draws, seed)
+    return result
 
 
 def shared_rows(cfg: MultiTaskExperimentConfig, data: MultilingualData, tokenizer, reference: bool,
@@ -396,6 +413,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seeds", type=int, nargs="+", default=None)
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--tag", default="real_multitask", help="name of the JSON / PNG")
+    p.add_argument("--out-dir", default=str(ROOT / "benchmarks"), help="results/ and plots/ go under it")
     p.add_argument("--merge", nargs="+", default=[], metavar="JSON", help="add the seeds of earlier runs' JSON")
     p.add_argument("--no-reference", action="store_true", help="skip the 12-layer e5 reference row")
     p.add_argument("--build-backbone", action="store_true", help="build the e5 directory first if it is missing")
@@ -417,14 +435,15 @@ def main(argv: list[str] | None = None) -> dict:
     runs = []
     for seed in seeds:
         runs.append(run_seed(cfg, bench, data, tokenizer, seed, shared))
-        partial = ROOT / "benchmarks" / "results" / f"{args.tag}.partial.json"
+        partial = Path(args.out_dir) / "results" / f"{args.tag}.partial.json"
+        partial.parent.mkdir(parents=True, exist_ok=True)
         partial.write_text(json.dumps({"sizes": splits.summary, "runs": runs}, indent=1, default=float))
     for path in args.merge:
         earlier = json.loads(Path(path).read_text())
         runs += [r for r in earlier["runs"] if r["seed"] not in {x["seed"] for x in runs}]
     runs.sort(key=lambda r: r["seed"])
     mean, std = aggregate(runs)
-    seeded = set(row_labels(cfg))
+    seeded = set(row_labels(cfg)) | ({student_label(cfg)} if cfg.student.enabled else set())
     text = table(mean, std, seeded)
     print(text)
     result = {"command": " ".join(sys.argv), "config": {"real_data": dataclasses.asdict(real), "bench": bench,
@@ -432,11 +451,11 @@ def main(argv: list[str] | None = None) -> dict:
               "machine": machine_info(), "load_average_before": load_before, "sizes": splits.summary,
               "seeds": [r["seed"] for r in runs], "wall_s": time.perf_counter() - start,
               "shared_seconds": shared["seconds"], "runs": runs, "mean": mean, "std": std, "table": text}
-    out = ROOT / "benchmarks" / "results" / f"{args.tag}.json"
+    out = Path(args.out_dir) / "results" / f"{args.tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1, default=float))
-    (ROOT / "benchmarks" / "results" / f"{args.tag}.partial.json").unlink(missing_ok=True)
-    plot(mean, std, ROOT / "benchmarks" / "plots" / f"{args.tag}.png",
+    (Path(args.out_dir) / "results" / f"{args.tag}.partial.json").unlink(missing_ok=True)
+    plot(mean, std, Path(args.out_dir) / "plots" / f"{args.tag}.png",
          f"Real data, multi-task vs click-only ({cfg.model.doc_layers}-layer multilingual-e5-small, "
          f"{cfg.steps} steps x {cfg.schedule.batch_size}; mean ± std over seeds {result['seeds']})")
     print(f"wrote {out} ({result['wall_s']:.0f} s; load {load_before} -> {result['machine']['load_average']})")

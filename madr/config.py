@@ -53,6 +53,8 @@ class ModelConfig:
     hybrid: SPLADE sparse vector from the MLM head + CLS dense vector (paper 002).
     `pooling` (bibert / mtbert only): the text vector is the CLS state (the papers) or the masked mean of
     the token states ("mean": what sentence-transformers checkpoints such as all-MiniLM and e5 were trained with).
+    `aspect_sides`: the sides whose aspect losses are trained (both in the papers; one side only is the
+    MADRAL^-query / MADRAL^-doc ablation of paper 000 Table 6); the model predicts aspects on both.
     """
 
     name: str = "madral"
@@ -75,9 +77,12 @@ class ModelConfig:
     sparse_pooling: str = "max"
     hybrid_lambda: float = 0.5
     pooling: str = "cls"
+    aspect_sides: list[str] = field(default_factory=lambda: ["query", "doc"])
 
     def __post_init__(self) -> None:
         _check_choice("model.name", self.name, MODEL_NAMES)
+        for side in self.aspect_sides:
+            _check_choice("model.aspect_sides", side, ("query", "doc"))
         _check_choice("model.pooling", self.pooling, ("cls", "mean"))
         if self.pooling != "cls" and self.name not in ("bibert", "mtbert"):
             raise ValueError(f"model.pooling {self.pooling!r} applies to bibert / mtbert only, not {self.name!r} "

@@ -99,16 +99,18 @@ def mlm_loss(model: BiEncoder, batch: TextBatch, side: str, probability: float,
 
 def pretrain_loss(model: BiEncoder, queries: TextBatch, docs: TextBatch, stage: StageConfig,
                   generator: torch.Generator | None = None) -> LossParts:
-    """Eq. 7 (paper 000) / Eq. 9 (paper 001) on both the query and the document side."""
+    """Eq. 7 (paper 000) / Eq. 9 (paper 001): MLM on both sides, aspect losses on `model.aspect_sides`."""
     total = None
     parts: dict[str, float] = {}
     for side, batch in (("query", queries), ("doc", docs)):
         mlm, out = mlm_loss(model, batch, side, stage.mlm_probability, generator)
-        asp, asp_parts = aspect_loss(model, out, batch, side)
-        loss = mlm + stage.aspect_weight * asp
+        loss = mlm
+        if side in model.config.aspect_sides:
+            asp, asp_parts = aspect_loss(model, out, batch, side)
+            loss = loss + stage.aspect_weight * asp
+            parts.update({f"{side}_{k}": v for k, v in asp_parts.items()})
         total = loss if total is None else total + loss
         parts[f"{side}_mlm"] = _value(mlm)
-        parts.update({f"{side}_{k}": v for k, v in asp_parts.items()})
     parts["loss"] = _value(total)
     return LossParts(total, parts)
 
@@ -120,7 +122,8 @@ def finetune_loss(model: BiEncoder, queries: TextBatch, positives: TextBatch, ne
 
     L_SCE: each query against every positive in the batch and every hard negative. L_CE: pointwise
     cross entropy on the judged (query, positive) pairs (target 1) and (query, hard negative) pairs
-    (target `neg_relevance`, default 0). Aspect losses on both sides, weighted by `stage.aspect_weight`.
+    (target `neg_relevance`, default 0). Aspect losses on `model.aspect_sides` (both by default), weighted by
+    `stage.aspect_weight`.
     """
     cfg = model.config
     q = model.encode(queries.input_ids, queries.attention_mask, "query")
@@ -145,6 +148,8 @@ def finetune_loss(model: BiEncoder, queries: TextBatch, positives: TextBatch, ne
         total = total + stage.pointwise_weight * ce
     if stage.aspect_weight > 0:
         for side, out, batch in (("query", q, queries), ("doc", p, positives)):
+            if side not in cfg.aspect_sides:
+                continue
             asp, asp_parts = aspect_loss(model, out, batch, side)
             total = total + stage.aspect_weight * asp
             parts.update({f"{side}_{k}": v for k, v in asp_parts.items()})

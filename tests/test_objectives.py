@@ -58,3 +58,27 @@ def test_pretrain_and_finetune_terms(catalog, tokenizer, vocabularies):
     assert abs(pre.parts["loss"] - expected) < 1e-4, (pre.parts, expected)
     fin = finetune_loss(model, qb, pb, None, StageConfig(aspect_weight=0.0))
     assert set(fin.parts) == {"sce", "loss"}, fin.parts  # MURAL Eq. 10: SCE only
+
+
+def test_aspect_sides_train_aspect_losses_on_one_side_only(catalog, tokenizer, vocabularies):
+    """Paper 000 Table 6 MADRAL^-query / ^-doc: the disabled side's aspect labels no longer reach the loss."""
+    qs, ps = catalog.queries[:6], catalog.products[:6]
+    stage = StageConfig(batch_size=6, aspect_weight=0.5)
+    both = _model("madral", tokenizer, vocabularies)
+    doc_only = _model("madral", tokenizer, vocabularies, aspect_sides=["doc"])
+    qb = make_batch(both, [q.text for q in qs], "query", [q.aspects for q in qs])
+    pb = make_batch(both, [catalog.product_text(p) for p in ps], "doc", [p.aspects for p in ps])
+    both.eval(), doc_only.eval()  # no dropout: the two losses differ by the query-side aspect terms only
+    full, ablated = finetune_loss(both, qb, pb, None, stage), finetune_loss(doc_only, qb, pb, None, stage)
+    assert any(k.startswith("query_") for k in full.parts) and not any(k.startswith("query_") for k in ablated.parts)
+    assert any(k.startswith("doc_ap_") for k in ablated.parts), ablated.parts
+    query_terms = sum(v for k, v in full.parts.items() if k.startswith("query_ap_") or k == "query_app")
+    assert query_terms > 0 and abs(full.parts["loss"] - ablated.parts["loss"] - 0.5 * query_terms) < 1e-4
+    pre = pretrain_loss(doc_only, qb, pb, stage, torch.Generator().manual_seed(0))
+    assert "query_mlm" in pre.parts and not any(k.startswith("query_a") for k in pre.parts), pre.parts
+    try:
+        ModelConfig(aspect_sides=["queries"])
+    except ValueError as err:
+        assert "model.aspect_sides" in str(err)
+    else:
+        raise AssertionError("an unknown side must be refused")

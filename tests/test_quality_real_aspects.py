@@ -89,3 +89,52 @@ def test_paired_tests_detect_a_constant_shift(bench):
     assert t["p_randomisation"] < 0.01 and t["p_ttest"] < 0.01, t
     same = bench.paired_tests(a, dict(a), draws=500)
     assert same["diff"] == 0.0 and same["p_randomisation"] == 1.0 and same["p_ttest"] == 1.0, same
+
+
+def test_a_rerun_keeps_finished_rows_and_retrains_when_the_settings_change(bench, tmp_path, capsys):
+    """Rows are cached per seed under <output_dir>/seed<seed>/<row>/result.json with a fingerprint of their
+    settings: adding a seed trains only that seed; another fine-tuning budget trains everything again."""
+    config, out = _config(tmp_path), tmp_path / "out"
+    common = ["--config", str(config), "--out-dir", str(out), "--threads", "1", "--models", "bibert", "madral_pw",
+              "--set", "bench.corpus_size=150", "--set", "bench.save_models=[madral_pw]"]
+    threads = torch.get_num_threads()
+    try:
+        first = bench.main([*common, "--tag", "first"])
+        capsys.readouterr()
+        second = bench.main([*common, "--tag", "second", "--seeds", "0", "1"])
+        kept = capsys.readouterr().out
+        third = bench.main([*common, "--tag", "third", "--set", "train.finetune.steps=3"])
+        retrained = capsys.readouterr().out
+    finally:
+        torch.set_num_threads(threads)
+    assert kept.count("kept from") == 2 and "seed 1 BiBERT: {" in kept, kept[-2000:]
+    assert second["seeds"] == [0, 1] and second["per_seed"][0] == first["per_seed"][0]
+    assert second["seconds"]["seed0 bibert"] == first["seconds"]["seed0 bibert"], "seed 0 was not retrained"
+    assert (tmp_path / "run" / "seed0" / "madral_pw" / "model").is_dir(), "the saved model is where the cache says"
+    assert "kept from" not in retrained and third["training"][0]["bibert"]["finetune"]["steps"] == 3
+
+
+def test_ablation_rows_train_their_variant_and_get_their_tables(bench, tmp_path):
+    """Paper 000 Table 6 (MADRAL minus one component) and paper 001 Table 5 (MURAL with one aspect or
+    granularity): each ablation builds the model it names and is tested against its full model."""
+    ablations = ["madral_no_brand", "madral_no_other", "madral_no_query", "mural_only_color", "mural_only_word"]
+    threads = torch.get_num_threads()
+    try:
+        result = bench.main(["--config", str(_config(tmp_path)), "--out-dir", str(tmp_path / "out"), "--threads", "1",
+                             "--tag", "ablations", "--set", "bench.corpus_size=150",
+                             "--models", "bibert", "madral_pw", "mural", *ablations])
+    finally:
+        torch.set_num_threads(threads)
+    _, cfg, _ = bench.load_config(_config(tmp_path), [])
+    built = {k: bench.model_config(cfg, k) for k in ablations}
+    assert built["madral_no_brand"].aspects == ["category", "color"] and built["madral_no_brand"].fusion == "presence"
+    assert built["madral_no_other"].use_other is False and built["madral_no_query"].aspect_sides == ["doc"]
+    assert built["mural_only_color"].aspects == ["color"] and built["mural_only_word"].granularities == ["word"]
+    assert set(result["tests"]["ablations_vs_madral_pw"]) == {"madral_no_brand", "madral_no_other", "madral_no_query"}
+    assert set(result["tests"]["ablations_vs_mural"]) == {"mural_only_color", "mural_only_word"}
+    assert "paper 000 Table 6 shape" in result["table"] and "paper 001 Table 5 shape" in result["table"]
+    acc = result["aspect_accuracy"]
+    assert not any("brand" in c for c in acc["madral_no_brand"]) and set(acc["mural_only_color"]) == {
+        "query_acc@1_color", "doc_acc@1_color"}, (acc["madral_no_brand"], acc["mural_only_color"])
+    with pytest.raises(SystemExit, match="unknown row"):
+        bench.main(["--config", str(_config(tmp_path)), "--models", "madral_no_size"])

@@ -369,7 +369,7 @@ def _mean_last(history: dict[str, list[dict[str, float]]], n: int = 20) -> dict[
     return {task: float(np.mean([h["loss"] for h in rows[-n:]])) for task, rows in history.items() if rows}
 
 
-def _distil(cfg: MultiTaskExperimentConfig, teacher: BiEncoder, data: MultilingualData,
+def distil_query_student(cfg: MultiTaskExperimentConfig, teacher: BiEncoder, data: MultilingualData,
             seed: int) -> tuple[BiEncoder, dict[str, float]]:
     """The teacher's query tower cut to `student.num_layers` layers and trained on the L2 loss (Sec. V-A)."""
     s = cfg.student
@@ -415,7 +415,7 @@ def run_multitask_experiment(cfg: MultiTaskExperimentConfig, write: bool = True)
     distilled: dict[str, float] = {}
     if cfg.student.enabled:
         t0 = time.perf_counter()
-        served, distilled = _distil(cfg, models[multi], data, cfg.seed)
+        served, distilled = distil_query_student(cfg, models[multi], data, cfg.seed)
         seconds["distill"] = time.perf_counter() - t0
         rows[student_label(cfg)] = encoder_metrics(served, data, cfg)
     seconds["total"] = time.perf_counter() - clock["start"]
