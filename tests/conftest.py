@@ -1,9 +1,14 @@
 """Session fixtures: a small seeded catalog, a WordPiece tokenizer trained on it in-process, its aspect
-vocabularies, and (for Ray tests) one local Ray instance with the loopback-only network settings."""
+vocabularies, (for Ray tests) one local Ray instance with the loopback-only network settings, and a loader
+for the benchmark scripts the smoke tests run."""
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -12,7 +17,28 @@ from pipelines.ray_env import apply_ray_env
 # Ray network hygiene: must be set before any ray.init in this process (see scripts/ray_env.sh).
 apply_ray_env(offline=True)
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+
+
+@pytest.fixture(scope="session")
+def benchmark_script() -> Iterator[Callable[[str], ModuleType]]:
+    """`load(name)`: benchmarks/<name>.py imported as a module (the scripts are not a package). Registered in
+    sys.modules while the session runs: dataclasses resolve their annotations through it."""
+    loaded: dict[str, ModuleType] = {}
+
+    def load(name: str) -> ModuleType:
+        if name not in loaded:
+            spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+            loaded[name] = module
+        return loaded[name]
+
+    yield load
+    for name in loaded:
+        sys.modules.pop(name, None)
 
 
 @pytest.fixture(scope="session")

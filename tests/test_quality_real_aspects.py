@@ -6,28 +6,18 @@ checks the wiring (rows, metrics, tests, JSON, plot), not quality. The Home Depo
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "quality_real_aspects.py"
-
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("quality_real_aspects", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses resolve their annotations through sys.modules
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+def bench(benchmark_script):
+    return benchmark_script("quality_real_aspects")
 
 
 def _config(tmp_path: Path) -> Path:

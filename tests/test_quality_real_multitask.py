@@ -7,27 +7,16 @@ Skips when ../shared/data is absent (the real sources are read).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "benchmarks" / "quality_real_multitask.py"
-
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("quality_real_multitask", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+def bench(benchmark_script):
+    return benchmark_script("quality_real_multitask")
 
 
 def test_student_row_is_distilled_evaluated_and_tested_against_its_teacher(bench, shared_data, tmp_path):

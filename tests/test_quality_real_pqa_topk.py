@@ -7,22 +7,12 @@ paper's values beside the rows it reports, the per-k paired tests, and the plot.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def topk():
-    sys.path.insert(0, str(ROOT))
-    spec = importlib.util.spec_from_file_location("quality_real_pqa_topk", ROOT / "benchmarks" / "quality_real_pqa_topk.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def topk(benchmark_script):
+    return benchmark_script("quality_real_pqa_topk")
 
 
 def _result(topk, k: int) -> dict:
