@@ -20,7 +20,8 @@ def _result(topk, k: int) -> dict:
     seeds = [{row: {m: 0.5 + 0.01 * i + 0.0001 * k + 0.02 * seed for m in topk.pqa.PQA_METRICS}
               for i, row in enumerate(rows)} for seed in (0, 1)]
     test = {"diff": 0.01 * k / 128, "p_randomisation": 0.2, "p_ttest": 0.25, "n": 78}
-    return {"fine_tuned": {"test": seeds},
+    nnz = {"hybrid": {"query": min(k, 20.0), "doc": min(k, 40.0)}, "sparse": {"query": 18.0, "doc": 36.0}}
+    return {"fine_tuned": {"test": seeds, "chosen": [{"nnz": nnz}, {"nnz": nnz}]},
             "significance_mrr@5": {"fine_tuned_seed_mean": {f"{a}|{b}": test for a, b in topk.pqa.COMPARISONS}}}
 
 
@@ -36,4 +37,6 @@ def test_table_has_each_k_row_with_seed_spread_and_the_papers_values(topk, tmp_p
     tests = topk.tests_table(results).splitlines()
     assert [line.split(" |")[0] for line in tests[2:]] == ["| 128", "| 256", "| 512"]
     assert "+0.040 (p_rand 0.200, p_t 0.250)" in tests[-1]
+    assert topk.nnz_table({16: _result(topk, 16), 128: _result(topk, 128)}).splitlines()[2:] == [
+        "| 16 | 16.0 | 16.0 | 18.0 | 36.0 |", "| 128 | 20.0 | 40.0 | 18.0 | 36.0 |"]
     assert topk.plot(results, tmp_path / "k.png", "title") and (tmp_path / "k.png").stat().st_size > 0
