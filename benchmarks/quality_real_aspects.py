@@ -76,7 +76,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from benchmarks.machine import load_average  # noqa: E402
 from benchmarks.machine import machine_info as _machine_info  # noqa: E402
-from madr.config import ExperimentConfig, apply_overrides, config_hash, from_dict, parse_value  # noqa: E402
+from madr.config import ExperimentConfig, apply_overrides, config_hash, from_dict, parse_overrides  # noqa: E402
 from madr.data.schema import Catalog  # noqa: E402
 from madr.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies  # noqa: E402
 from madr.metrics import evaluate  # noqa: E402
@@ -140,13 +140,10 @@ def load_config(path: Path, sets: list[str]) -> tuple[dict | None, ExperimentCon
     """`homedepot:` -> write_homedepot_catalog arguments (path against the repository root), `bench:` -> the
     script's settings (BENCH_DEFAULTS), the rest -> ExperimentConfig; `--set key=value` overrides first."""
     data = yaml.safe_load(path.read_text()) or {}
-    overrides = {}
-    for pair in sets:
-        if "=" not in pair:
-            raise SystemExit(f"--set {pair!r}: expected key=value")
-        key, value = pair.split("=", 1)
-        overrides[key] = parse_value(value)
-    data = apply_overrides(data, overrides)
+    try:
+        data = apply_overrides(data, parse_overrides(sets))
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
     home = data.pop("homedepot", None)
     if home is not None:
         unknown = set(home) - {"path", "seed", "fractions", "max_queries"}

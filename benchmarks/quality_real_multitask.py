@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from benchmarks.machine import load_average  # noqa: E402
 from benchmarks.machine import machine_info as _machine_info  # noqa: E402
 from madr.backbone import resolve_backbone_path  # noqa: E402
-from madr.config import apply_overrides, from_dict, parse_value  # noqa: E402
+from madr.config import apply_overrides, from_dict, parse_overrides  # noqa: E402
 from madr.data.real_multilingual import RealMultilingualConfig, load_real_multilingual  # noqa: E402
 from madr.metrics import roc_auc  # noqa: E402
 from madr.multitask.config import MultiTaskExperimentConfig  # noqa: E402
@@ -89,13 +89,10 @@ def load_config(path: Path, sets: list[str]) -> tuple[RealMultilingualConfig, Mu
     """`real_data:` -> RealMultilingualConfig (data_dir against the repository root), `bench:` -> script
     settings (seeds, freeze_word_embeddings, bootstrap), the rest -> MultiTaskExperimentConfig."""
     data = yaml.safe_load(path.read_text()) or {}
-    overrides = {}
-    for pair in sets:
-        if "=" not in pair:
-            raise SystemExit(f"--set {pair!r}: expected key=value")
-        key, value = pair.split("=", 1)
-        overrides[key] = parse_value(value)
-    data = apply_overrides(data, overrides)
+    try:
+        data = apply_overrides(data, parse_overrides(sets))
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
     real = from_dict(RealMultilingualConfig, data.pop("real_data", {}) or {})
     if not Path(real.data_dir).is_absolute():
         real.data_dir = str((ROOT / real.data_dir).resolve())

@@ -12,6 +12,7 @@ import json
 import re
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -353,6 +354,17 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
                 raise ValueError(f"override {key!r}: {p!r} is not a mapping in the config")
         node[leaf] = value
     return data
+
+
+def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
+    """`--set key.sub=value` pairs -> {dotted key: value} (values by `parse_value`), for `apply_overrides`."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ValueError(f"--set expects key=value, got {pair!r}")
+        key, value = pair.split("=", 1)
+        out[key.strip()] = parse_value(value)
+    return out
 
 
 def parse_value(text: str) -> Any:

@@ -11,17 +11,14 @@ import argparse
 import logging
 import sys
 
-from madr.config import load_config, parse_value
+from madr.config import load_config, parse_overrides
 
 
 def _overrides(pairs: list[str]) -> dict[str, object]:
-    out = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise SystemExit(f"--set expects key=value, got {pair!r}")
-        key, value = pair.split("=", 1)
-        out[key] = parse_value(value)
-    return out
+    try:
+        return parse_overrides(pairs)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
 
 
 def format_table(before: dict[str, float], after: dict[str, float]) -> str:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from madr.config import ExperimentConfig, load_config
+from madr.config import ExperimentConfig, load_config, parse_overrides
 from madr.layout import RunLayout
 
 DEFAULT_CONFIG = "configs/demo.yaml"
@@ -105,7 +105,7 @@ def run_demo(config: str | None = None, overrides: list[str] | None = None, port
 
     config = config or DEFAULT_CONFIG
     overrides = list(overrides or [])
-    cfg = load_config(config, _parsed(overrides))
+    cfg = load_config(config, parse_overrides(overrides))
     print(f"madr demo: {cfg.model.name} on {cfg.model.backbone.name_or_path or 'a tiny random BERT'}, "
           f"output {cfg.output_dir}", flush=True)
     started = time.perf_counter()
@@ -133,11 +133,3 @@ def _wait_for_interrupt() -> None:
             time.sleep(3600)
     except KeyboardInterrupt:
         pass
-
-
-def _parsed(pairs: list[str]) -> dict[str, Any]:
-    from pipelines.jobs.runner import parse_overrides
-
-    return parse_overrides(pairs)
-
-

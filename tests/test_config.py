@@ -7,7 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from madr.config import ExperimentConfig, apply_overrides, config_hash, load_config, parse_value
+from madr.config import (
+    ExperimentConfig,
+    apply_overrides,
+    config_hash,
+    load_config,
+    parse_overrides,
+    parse_value,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENTS = ["demo", "experiment", "train_tiny", "train_gpu"]
@@ -48,3 +55,10 @@ def test_overrides_and_their_values():
     base = load_config(ROOT / "configs" / "demo.yaml")
     assert config_hash(cfg) != config_hash(base) and config_hash(base) == config_hash(
         load_config(ROOT / "configs" / "demo.yaml"))
+
+
+def test_set_pairs_parse_into_dotted_overrides():
+    assert parse_overrides([" train.seed =3", "model.aspects=[brand]", "eval.top_k=1e3"]) == {
+        "train.seed": 3, "model.aspects": ["brand"], "eval.top_k": 1000.0}
+    with pytest.raises(ValueError, match="--set expects key=value, got 'train.seed'"):
+        parse_overrides(["train.seed"])

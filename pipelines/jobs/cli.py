@@ -24,6 +24,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from madr.config import parse_overrides
 from pipelines.jobs import deploy as deploy_mod
 from pipelines.jobs import local_cluster, markers, runner, submit
 from pipelines.jobs.stages import STAGES, Stage, StageUnavailable, check_available, load_table, select
@@ -36,7 +37,7 @@ def _table(args: argparse.Namespace) -> dict[str, Stage]:
 def _invocation(args: argparse.Namespace) -> runner.Invocation:
     table = _table(args)
     return runner.Invocation(args.config, runner.parse_stage_configs(args.stage_config, table),
-                             runner.parse_overrides(args.set), args.state_dir, table)
+                             parse_overrides(args.set), args.state_dir, table)
 
 
 def _stages(args: argparse.Namespace, names: Sequence[str] | None) -> list[Stage]:
@@ -106,11 +107,11 @@ def _serve_args(args: argparse.Namespace) -> dict:
         from pipelines.jobs.experiment import serve_args
 
         try:
-            derived = serve_args(load_config(args.config, runner.parse_overrides(args.set)))
+            derived = serve_args(load_config(args.config, parse_overrides(args.set)))
         except ValueError as err:  # not an experiment config (e.g. a custom stage table's): no derived args
             print(f"[madr.jobs] deploy: {args.config} is not an experiment config ({err}); "
                   f"using the Serve config's args", flush=True)
-    return {**derived, **runner.parse_overrides(args.serve_arg)}
+    return {**derived, **parse_overrides(args.serve_arg)}
 
 
 def _deploy(args: argparse.Namespace) -> int:

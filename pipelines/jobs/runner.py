@@ -21,20 +21,9 @@ from typing import Any
 import yaml
 
 from madr.config import apply_overrides as dotted
-from madr.config import config_hash, parse_value
+from madr.config import config_hash
 from pipelines.jobs import markers
 from pipelines.jobs.stages import STAGES, Stage, StageConfigs, check_available, load_yaml, stage_keys
-
-
-def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
-    """`key.sub=value` pairs (values parsed as YAML) -> {dotted key: value}."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise ValueError(f"--set expects key=value, got {pair!r}")
-        key, value = pair.split("=", 1)
-        out[key.strip()] = parse_value(value)
-    return out
 
 
 def parse_stage_configs(pairs: Sequence[str], table: Mapping[str, Stage] = STAGES) -> dict[str, str]:
