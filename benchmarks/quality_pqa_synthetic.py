@@ -39,12 +39,12 @@ import faiss
 import numpy as np
 import torch
 import transformers
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from benchmarks.machine import machine_info as _machine_info  # noqa: E402
 from madr.backbone import resolve_backbone_path  # noqa: E402
+from madr.config import parse_overrides  # noqa: E402
 from madr.data.synthetic_pqa import generate_pqa  # noqa: E402
 from madr.pqa import (  # noqa: E402
     PQA_METRICS,
@@ -134,16 +134,6 @@ def plot_sweep(reports: list[PQAReport], path: Path, title: str) -> bool:
     return True
 
 
-def _parse_sets(pairs: list[str]) -> dict:
-    out = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise SystemExit(f"--set {pair!r}: expected key=value")
-        key, value = pair.split("=", 1)
-        out[key] = yaml.safe_load(value)
-    return out
-
-
 def prepare_tokenizer(cfg: PQAConfig, records: list) -> transformers.PreTrainedTokenizerBase:
     if cfg.model.backbone.name_or_path:
         return load_tokenizer(resolve_backbone_path(cfg.model.backbone.name_or_path))
@@ -186,7 +176,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tag", default=None, help="name suffix of the JSON / PNG (default: tiny or the backbone's name)")
     p.add_argument("--plot", default=None, help="PNG path (default benchmarks/plots/quality_pqa_synthetic_<tag>.png)")
     args = p.parse_args(argv)
-    overrides = _parse_sets(args.set)
+    overrides = parse_overrides(args.set)
     if args.seeds:
         overrides["seeds"] = args.seeds
     if args.backbone:

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from benchmarks.machine import machine_info  # noqa: E402
 from madr.backbone import resolve_backbone_path  # noqa: E402
-from madr.config import from_dict  # noqa: E402
+from madr.config import apply_overrides, from_dict, parse_overrides  # noqa: E402
 from madr.data.hetpqa import HetPQAConfig, load_hetpqa  # noqa: E402
 from madr.metrics import evaluate  # noqa: E402
 from madr.pqa import (  # noqa: E402
@@ -84,23 +84,12 @@ COMPARISONS = (("hybrid", "dense_alone"), ("hybrid", "sparse_alone"), ("hybrid",
 # ---- config ---------------------------------------------------------------------------------------------------
 
 
-def _set(data: dict, key: str, value: Any) -> None:
-    node = data
-    *parents, leaf = key.split(".")
-    for p in parents:
-        node = node.setdefault(p, {})
-    node[leaf] = value
-
-
 def load_config(path: Path, sets: list[str]) -> tuple[HetPQAConfig, PQAConfig]:
     """`hetpqa:` -> HetPQAConfig (data_dir resolved against the repository root), the rest -> PQAConfig;
     `--set key=value` overrides (dotted, YAML values) apply first."""
     data = yaml.safe_load(path.read_text()) or {}
-    for pair in sets:
-        if "=" not in pair:
-            raise SystemExit(f"--set {pair!r}: expected key=value")
-        key, value = pair.split("=", 1)
-        _set(data, key, yaml.safe_load(value))
+    if sets:
+        data = apply_overrides(data, parse_overrides(sets))
     het = from_dict(HetPQAConfig, data.pop("hetpqa", {}) or {})
     if not Path(het.data_dir).is_absolute():
         het.data_dir = str((ROOT / het.data_dir).resolve())
