@@ -51,6 +51,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from benchmarks.plotting import pyplot, save_figure  # noqa: E402
+
 TINY = {"tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
                  "max_position_embeddings": 128},
         "micro": {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
@@ -285,10 +287,9 @@ def report(rows: list[dict], sizes: list[int], methods: list[str]) -> None:
 
 def plot_memory(json_paths: list[str], png: str) -> None:
     """Peak PSS vs corpus size, one line per method, from ``--json`` files of memory runs."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     rows = [r for p in json_paths for r in json.loads(Path(p).read_text())["rows"]]
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -301,9 +302,7 @@ def plot_memory(json_paths: list[str], png: str) -> None:
     ax.set_title("encode: peak memory vs corpus size (all processes)")
     ax.grid(True, alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    Path(png).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=120)
+    save_figure(fig, png)
     print(f"plot -> {png}")
 
 

@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.plotting import pyplot, save_figure  # noqa: E402
 
 # short name -> (factory pattern, search settings swept)
 TYPES = {
@@ -155,10 +156,9 @@ def merge_json(path: Path, header: dict, rows: list[dict]) -> None:
 
 
 def plot(json_paths: list[str], png: str, k: int = 100) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     rows, exact = [], {}
     for p in json_paths:
@@ -187,9 +187,7 @@ def plot(json_paths: list[str], png: str, k: int = 100) -> None:
         ax.set_title(f"{n / 1e6:g}M x {dims} vectors, sharded (labels: nprobe / efSearch)")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
-    Path(png).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(png, dpi=120)
+    save_figure(fig, png)
     print(f"plot -> {png}")
 
 

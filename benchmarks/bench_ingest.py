@@ -60,6 +60,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+from benchmarks.plotting import pyplot, save_figure  # noqa: E402
 
 WORDS = ("a man woman child dog cat group people two three young old red blue green small large is are "
          "playing running sitting standing eating walking looking holding wearing riding near on in at the "
@@ -390,10 +391,9 @@ def crossings(sizes: list[int], per_size: dict[int, dict[str, dict]]) -> dict[st
 
 
 def plot(path: str, sizes: list[int], per_size: dict[int, dict[str, dict]], title: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     modes = list(per_size[sizes[0]])
@@ -411,9 +411,7 @@ def plot(path: str, sizes: list[int], per_size: dict[int, dict[str, dict]], titl
     ax.set_title(title, fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
 
 
 def prefix_file(big: Path, rows: int, path: Path) -> None:

@@ -36,6 +36,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+from benchmarks.machine import cpu_model, memory_gib, usable_cores  # noqa: E402
 from pipelines.ray_env import apply_ray_env  # noqa: E402
 
 apply_ray_env(offline=True)  # Ray network hygiene (scripts/ray_env.sh), before Ray is imported
@@ -51,17 +52,8 @@ def machine_info() -> str:
     import torch
     import uvicorn
 
-    cpu, mem_kb = "unknown cpu", 0
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-        with open("/proc/meminfo") as f:
-            mem_kb = int(next(ln.split()[1] for ln in f if ln.startswith("MemTotal")))
-    except (OSError, StopIteration):
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"machine: {cpu}; {cores} usable cores; RAM {mem_kb / 2**20:.1f} GiB; {platform.system()} "
+    return (f"machine: {cpu_model()}; {usable_cores()} usable cores; RAM {memory_gib():.1f} GiB; {platform.system()} "
             f"{platform.release()}; load average at start {load:.1f}\n"
             f"versions: python {platform.python_version()}, ray {ray.__version__}, fastapi {fastapi.__version__}, "
             f"uvicorn {uvicorn.__version__}, torch {torch.__version__}, faiss {faiss.__version__}, "

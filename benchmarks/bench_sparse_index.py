@@ -30,22 +30,14 @@ import scipy
 import scipy.sparse as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+from benchmarks.machine import cpu_model, memory_gib, usable_cores  # noqa: E402
 from madr.sparse.inverted_index import InvertedIndex, pad_rows, top_k_row  # noqa: E402
 from madr.sparse.vectors import SparseBatch  # noqa: E402
 
 
 def machine_info() -> str:
-    cpu = "unknown cpu"
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-        with open("/proc/meminfo") as f:
-            mem_kb = int(next(ln.split()[1] for ln in f if ln.startswith("MemTotal")))
-    except (OSError, StopIteration):
-        mem_kb = 0
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return (f"machine: {cpu}; {usable} usable cores (os.cpu_count {os.cpu_count()}); "
-            f"RAM {mem_kb / 2**20:.1f} GiB; {platform.system()} {platform.release()}\n"
+    return (f"machine: {cpu_model()}; {usable_cores()} usable cores (os.cpu_count {os.cpu_count()}); "
+            f"RAM {memory_gib():.1f} GiB; {platform.system()} {platform.release()}\n"
             f"versions: python {platform.python_version()}, numpy {np.__version__}, scipy {scipy.__version__}")
 
 

@@ -43,6 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.plotting import pyplot, save_figure  # noqa: E402
 
 MODES = ("plain_1t", "plain_2t", "ray_ddp", "ray_deepspeed")
 SIZES = {
@@ -300,10 +301,9 @@ def print_table(t: dict) -> None:
 
 
 def plot(path: str, report: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    if plt is None:
+        return
 
     panels = [t for t in report["throughput"]]
     fig, axes = plt.subplots(1, len(panels) + 1, figsize=(4.2 * (len(panels) + 1), 3.8))
@@ -324,9 +324,7 @@ def plot(path: str, report: dict) -> None:
     ax.set_ylabel("peak RSS (GiB)")
     ax.set_title(f"one step at batch {mem[0]['batch'] if mem else '?'}: GradCache vs plain", fontsize=9)
     fig.suptitle("bench_train.py on dev-cpu (2 cores)", fontsize=9)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    save_figure(fig, path, dpi=110)
 
 
 def main() -> None:

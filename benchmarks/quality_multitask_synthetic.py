@@ -35,6 +35,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from benchmarks.machine import machine_info as _machine_info  # noqa: E402
+from benchmarks.plotting import pyplot, save_figure  # noqa: E402
 from madr.multitask.config import load_multitask_config  # noqa: E402
 from madr.multitask.experiment import COLUMNS, MultiTaskResult, format_table, run_multitask_experiment  # noqa: E402
 
@@ -57,12 +58,8 @@ def aggregate(results: list[MultiTaskResult]) -> tuple[dict, dict]:
 
 def plot(mean: dict, std: dict, path: Path, title: str) -> bool:
     """Grouped bars: one group per metric, one bar per row; False when matplotlib is missing."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot")
+    plt = pyplot()
+    if plt is None:
         return False
     rows = [r for r in mean if r not in ("Old ranker (logged order)",)]
     fig, ax = plt.subplots(figsize=(13, 4.8))
@@ -78,10 +75,7 @@ def plot(mean: dict, std: dict, path: Path, title: str) -> bool:
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.grid(axis="y", alpha=0.3)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 

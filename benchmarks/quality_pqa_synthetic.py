@@ -43,6 +43,7 @@ import transformers
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from benchmarks.machine import machine_info as _machine_info  # noqa: E402
+from benchmarks.plotting import pyplot, save_figure  # noqa: E402
 from madr.backbone import resolve_backbone_path  # noqa: E402
 from madr.config import parse_overrides  # noqa: E402
 from madr.data.synthetic_pqa import generate_pqa  # noqa: E402
@@ -104,12 +105,8 @@ def paired_gaps(reports: list[PQAReport], metric: str = "mrr@5") -> dict[str, li
 
 def plot_sweep(reports: list[PQAReport], path: Path, title: str) -> bool:
     """MRR@5 on test vs lambda (paper 002 Fig. 4), mean over seeds; False when matplotlib is missing."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plot")
+    plt = pyplot()
+    if plt is None:
         return False
     lam = reports[0].sweep["lambda"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -127,10 +124,7 @@ def plot_sweep(reports: list[PQAReport], path: Path, title: str) -> bool:
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="center right")
     ax.grid(alpha=0.3)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 

@@ -76,6 +76,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from benchmarks.machine import load_average  # noqa: E402
 from benchmarks.machine import machine_info as _machine_info  # noqa: E402
+from benchmarks.plotting import pyplot, save_figure  # noqa: E402
 from madr.config import ExperimentConfig, apply_overrides, config_hash, from_dict, parse_overrides  # noqa: E402
 from madr.data.schema import Catalog  # noqa: E402
 from madr.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies  # noqa: E402
@@ -537,12 +538,8 @@ def plot(order: list[str], labels: dict, runs: list[dict], shared_means: dict, p
          metrics: tuple[str, ...], base: str) -> bool:
     """Bars of each metric per row: seed mean with the seeds' std, every seed as a dot, the baseline dashed;
     the y axis is zoomed on the values (re-ranking metrics of all rows lie within a few points)."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     fig, axes = plt.subplots(1, len(metrics), figsize=(5.2 * len(metrics), 4.6))
     x = np.arange(len(order))
@@ -562,10 +559,7 @@ def plot(order: list[str], labels: dict, runs: list[dict], shared_means: dict, p
         ax.set_ylabel(f"test {header(m)}")
         ax.grid(alpha=0.3, axis="y")
     fig.suptitle(textwrap.fill(title, 150), fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return True
 
 

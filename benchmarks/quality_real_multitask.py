@@ -50,6 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from benchmarks.machine import load_average  # noqa: E402
 from benchmarks.machine import machine_info as _machine_info  # noqa: E402
+from benchmarks.plotting import pyplot, save_figure  # noqa: E402
 from madr.backbone import resolve_backbone_path  # noqa: E402
 from madr.config import apply_overrides, from_dict, parse_overrides  # noqa: E402
 from madr.data.real_multilingual import RealMultilingualConfig, load_real_multilingual  # noqa: E402
@@ -372,12 +373,8 @@ def table(mean: dict, std: dict, seeded: set[str]) -> str:
 
 
 def plot(mean: dict, std: dict, path: Path, title: str) -> bool:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     keys = [("click_auc", "Click AUC"), ("nli_auc_en", "SNLI AUC"), ("nli_auc_xx", "XNLI-de AUC"),
             ("xling_top1", "X-ling top-1")]
@@ -393,10 +390,7 @@ def plot(mean: dict, std: dict, path: Path, title: str) -> bool:
     ax.axhline(0.5, color="grey", lw=0.6, ls=":")
     ax.set_title(title, fontsize=9)
     ax.legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
     return True
 
 

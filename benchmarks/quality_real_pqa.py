@@ -42,6 +42,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from benchmarks.machine import machine_info  # noqa: E402
+from benchmarks.plotting import pyplot, save_figure  # noqa: E402
 from madr.backbone import resolve_backbone_path  # noqa: E402
 from madr.config import apply_overrides, from_dict, parse_overrides  # noqa: E402
 from madr.data.hetpqa import HetPQAConfig, load_hetpqa  # noqa: E402
@@ -218,11 +219,8 @@ def significance(rows: dict[str, dict[str, dict[str, float]]], metric: str = "mr
 
 def plot(zs: dict[str, dict[str, float]], ft: list[dict[str, dict[str, float]]], path: Path, title: str) -> bool:
     """Grouped bars of test MRR@5 and P@1: zero-shot, fine-tuned (mean ± std), paper 002."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     keys = ["bm25", "sparse_alone", "dense_alone", "hybrid", "source_prior"]
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
@@ -239,10 +237,7 @@ def plot(zs: dict[str, dict[str, float]], ft: list[dict[str, dict[str, float]]],
         ax.grid(alpha=0.3, axis="y")
     axes[0].legend(fontsize=7, loc="lower right")
     fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return True
 
 

@@ -30,6 +30,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from benchmarks import quality_real_pqa as pqa  # noqa: E402
+from benchmarks.plotting import pyplot, save_figure  # noqa: E402
 
 PAPER_ROWS = {  # paper 002 Table 3 (BERT-base, hetPQA test, ~112 candidates per question): (row, MRR@5, P@1)
     ("sparse_alone", 128): ("e", 0.694, 0.572),
@@ -108,12 +109,8 @@ def tests_table(results: dict[int, dict[str, Any]]) -> str:
 
 def plot(results: dict[int, dict[str, Any]], path: Path, title: str) -> bool:
     """Test MRR@5 against k: sparse only, hybrid and hybrid + prior (mean ± std over seeds), dense only flat."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return False
     ks = sorted(results)
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -128,10 +125,7 @@ def plot(results: dict[int, dict[str, Any]], path: Path, title: str) -> bool:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.suptitle(title, fontsize=8)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path, dpi=110)
     return True
 
 
