@@ -124,6 +124,7 @@ REFERENCES = {"bm25": "BM25 (word pieces)", "zero_shot": "Zero-shot backbone (un
 DEFAULT_MODELS = ["bm25", "zero_shot", "bibert", "mpbert", "mtbert", "madr", "madral_ws", "madral_pw",
                   "madral_cls", "mur", "mural"]
 FUSIONS = ("madral_ws", "madral_pw", "madral_cls")  # Table 7 rows, relative to the first
+MURAL_VS = ("madral_pw", "madr", "mur", "mural")  # paper 001 Table 3: the MURAL family relative to MADRAL (first)
 BENCH_DEFAULTS: dict[str, Any] = {"seeds": [0], "models": DEFAULT_MODELS, "baseline": "bibert",
                                   "zero_shot_pooling": "mean", "freeze_word_embeddings": True,
                                   "corpus_size": None, "alpha": 0.01, "draws": 10000, "encode_batch_size": 256,
@@ -603,6 +604,9 @@ def aggregate(ctx: Invocation, runs: list[dict]) -> dict[str, Any]:
     fusions = [k for k in FUSIONS if k in mean]
     if len(fusions) > 1:
         tests["fusion_vs_weighted_sum"] = significance({k: pooled[k] for k in fusions}, fusions[0], draws)
+    family = [k for k in MURAL_VS if k in mean]
+    if MURAL_VS[0] in family and len(family) > 1:
+        tests["vs_madral"] = significance({k: pooled[k] for k in family}, MURAL_VS[0], draws)
     ablations = {}
     for prefix, ref in ABLATION_BASES.items():
         group = [k for k in mean if k.startswith(prefix)]
@@ -611,7 +615,7 @@ def aggregate(ctx: Invocation, runs: list[dict]) -> dict[str, Any]:
             tests[f"ablations_vs_{ref}"] = significance({k: pooled[k] for k in (ref, *group)}, ref, draws)
     per_seed_tests = {r["seed"]: significance({**ctx.shared, **r["per_query"]}, base, draws) for r in runs}
     return {"shared_means": shared_means, "mean": mean, "std": std, "aspect_accuracy": acc, "tests": tests,
-            "tests_per_seed": per_seed_tests, "fusions": fusions, "ablations": ablations}
+            "tests_per_seed": per_seed_tests, "fusions": fusions, "family": family, "ablations": ablations}
 
 
 def budget_text(cfg: ExperimentConfig) -> str:
@@ -639,6 +643,9 @@ def report_text(ctx: Invocation, agg: dict, seeds: list[int], metrics: list[str]
     if len(fusions) > 1:
         text += [f"\n## Fusion networks relative to {labels[fusions[0]]} (paper 000 Table 7 shape)",
                  relative_table(fusions, labels, mean, metrics, fusions[0], tests["fusion_vs_weighted_sum"], alpha)]
+    if "vs_madral" in tests:
+        text += [f"\n## Relative to {labels[MURAL_VS[0]]} (paper 001 Table 3 shape; † paired t-test p < {alpha:g})",
+                 relative_table(agg["family"], labels, mean, metrics, MURAL_VS[0], tests["vs_madral"], alpha)]
     for ref, group in agg["ablations"].items():
         shape = "paper 000 Table 6" if ref.startswith("madral") else "paper 001 Table 5"
         rows = [ref, *group] + ([base] if base in mean else [])

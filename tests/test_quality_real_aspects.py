@@ -63,6 +63,8 @@ def test_table_has_a_row_per_model_with_metrics_in_unit_interval(bench, tmp_path
         for m, t in per_metric.items():
             assert 0.0 < t["p_randomisation"] <= 1.0 and t["n"] == saved["data"]["evaluated_test_queries"], (key, m, t)
     assert set(saved["tests"]["fusion_vs_weighted_sum"]) == {"madral_pw", "madral_cls"}
+    assert set(saved["tests"]["vs_madral"]) == {"madr", "mur", "mural"}, "paper 001 Table 3: relative to MADRAL"
+    assert "paper 001 Table 3 shape" in saved["table"]
     aspect_rows = {k for k, v in saved["aspect_accuracy"].items() if v}
     assert aspect_rows == {"mtbert", "madral_ws", "madral_pw", "madral_cls", "mural"}, aspect_rows
     for key in aspect_rows:
