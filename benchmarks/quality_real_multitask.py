@@ -54,10 +54,10 @@ from benchmarks.plotting import pyplot, save_figure  # noqa: E402
 from madr.backbone import resolve_backbone_path  # noqa: E402
 from madr.config import apply_overrides, from_dict, parse_overrides  # noqa: E402
 from madr.data.real_multilingual import RealMultilingualConfig, load_real_multilingual  # noqa: E402
+from madr.data.records import MultilingualData  # noqa: E402
 from madr.metrics import roc_auc  # noqa: E402
 from madr.multitask.config import MultiTaskExperimentConfig  # noqa: E402
 from madr.multitask.experiment import (  # noqa: E402
-    MultilingualData,
     bm25_scorer,
     build_encoder,
     build_tasks,
@@ -416,8 +416,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.build_backbone and cfg.model.backbone.name_or_path and not (backbone / "config.json").is_file():
         build_e5(backbone)
     start, load_before = time.perf_counter(), machine_info()["load_average"]
-    splits = load_real_multilingual(real)
-    data = MultilingualData(**splits.records())
+    data = splits = load_real_multilingual(real)
     out_dir = Path(cfg.output_dir)
     tokenizer = build_tokenizer(cfg, data, out_dir)
     print(json.dumps(splits.summary), flush=True)

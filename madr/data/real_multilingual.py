@@ -26,14 +26,14 @@ from __future__ import annotations
 import hashlib
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
 
 from madr.data.parquet_rows import read_rows
-from madr.data.records import NLI_LABELS, ClickRecord, NLIRecord, ParallelRecord
+from madr.data.records import NLI_LABELS, ClickRecord, MultilingualData, NLIRecord, ParallelRecord
 
 CLICK_LAYOUTS = {"qadsm": ("query", "ad_title", "ad_description", "label"),
                  "qam": ("question", "passage", "label")}
@@ -202,21 +202,11 @@ class RealMultilingualConfig:
 
 
 @dataclass
-class RealMultilingualSplits:
-    """Training records per task and held-out sets: the fields of `madr.multitask.experiment.MultilingualData`
-    (`MultilingualData(**splits.records())`), plus what was read and dropped (`summary`)."""
+class RealMultilingualSplits(MultilingualData):
+    """The real sets as `MultilingualData` (training records per task, held-out sets), plus what was read and
+    dropped (`summary`)."""
 
-    clicks_train: list[ClickRecord]
-    clicks_eval: list[ClickRecord]
-    nli_train: list[NLIRecord]
-    nli_eval: list[NLIRecord]
-    parallel_train: list[ParallelRecord]
-    parallel_eval: list[ParallelRecord]
     summary: dict[str, Any] = field(default_factory=dict)
-
-    def records(self) -> dict[str, list[Any]]:
-        return {k: getattr(self, k) for k in ("clicks_train", "clicks_eval", "nli_train", "nli_eval",
-                                              "parallel_train", "parallel_eval")}
 
 
 def _clicks(cfg: RealMultilingualConfig, root: Path, summary: dict[str, Any]) -> tuple[list[ClickRecord], ...]:
@@ -280,7 +270,7 @@ def load_real_multilingual(cfg: RealMultilingualConfig | None = None) -> RealMul
     parallel_train, parallel_eval = _parallel(cfg, root, summary)
     splits = RealMultilingualSplits(clicks_train, clicks_eval, nli_train, nli_eval, parallel_train, parallel_eval,
                                     summary)
-    empty = [k for k, v in splits.records().items() if not v]
+    empty = [f.name for f in fields(MultilingualData) if not getattr(splits, f.name)]
     if empty:
         raise ValueError(f"real multilingual data under {root}: empty set(s) {empty}")
     return splits

@@ -1,4 +1,5 @@
-"""Record types of the multi-task sources (paper 004 Sec. III-A) and of product-QA evidence (paper 002).
+"""Record types of the multi-task sources (paper 004 Sec. III-A) and of product-QA evidence (paper 002), and
+`MultilingualData`, the multi-task sources' train / held-out sets together.
 
 Readers (pipelines/, Ray Data) and generators (madr.data.synthetic_*) both produce these; the task
 definitions in `madr.multitask.tasks` consume them.
@@ -67,3 +68,30 @@ class EvidenceRecord:
     product_id: str = ""
     split: str = "train"
     extra: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class MultilingualData:
+    """Training records per task and the held-out evaluation sets of the multi-task encoder (paper 004 Sec. III-A):
+    click log, NLI and translation pairs; synthetic (`madr.multitask.experiment.build_data`) or real
+    (`madr.data.real_multilingual.load_real_multilingual`)."""
+
+    clicks_train: list[ClickRecord]
+    clicks_eval: list[ClickRecord]
+    nli_train: list[NLIRecord]
+    nli_eval: list[NLIRecord]
+    parallel_train: list[ParallelRecord]
+    parallel_eval: list[ParallelRecord]
+
+    def sizes(self) -> dict[str, int]:
+        return {
+            "click_impressions_train": len(self.clicks_train),
+            "clicked_pairs_train": sum(r.clicked for r in self.clicks_train),
+            "click_queries_eval": len({r.query_id for r in self.clicks_eval}),
+            "click_candidates_eval": len(self.clicks_eval),
+            "nli_train": len(self.nli_train),
+            "nli_train_usable": sum(r.label != "contradiction" for r in self.nli_train),
+            "nli_eval": len(self.nli_eval),
+            "parallel_train_kept": len(self.parallel_train),
+            "parallel_eval": len(self.parallel_eval),
+        }

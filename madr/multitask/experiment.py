@@ -49,7 +49,7 @@ from transformers import PreTrainedTokenizerBase
 
 from madr.baselines.edit_distance import edit_distance_scores
 from madr.config import ModelConfig
-from madr.data.records import ClickRecord, NLIRecord, ParallelRecord
+from madr.data.records import ClickRecord, MultilingualData, NLIRecord, ParallelRecord
 from madr.data.synthetic import generate_catalog
 from madr.data.synthetic_multilingual import (
     click_log_from_catalog,
@@ -76,31 +76,6 @@ UNTRAINED = "Untrained encoder"
 
 
 # ------------------------------------------------------------------------------------------------ data
-
-
-@dataclass
-class MultilingualData:
-    """Training records per task and the held-out evaluation sets."""
-
-    clicks_train: list[ClickRecord]
-    clicks_eval: list[ClickRecord]
-    nli_train: list[NLIRecord]
-    nli_eval: list[NLIRecord]
-    parallel_train: list[ParallelRecord]
-    parallel_eval: list[ParallelRecord]
-
-    def sizes(self) -> dict[str, int]:
-        return {
-            "click_impressions_train": len(self.clicks_train),
-            "clicked_pairs_train": sum(r.clicked for r in self.clicks_train),
-            "click_queries_eval": len({r.query_id for r in self.clicks_eval}),
-            "click_candidates_eval": len(self.clicks_eval),
-            "nli_train": len(self.nli_train),
-            "nli_train_usable": sum(r.label != "contradiction" for r in self.nli_train),
-            "nli_eval": len(self.nli_eval),
-            "parallel_train_kept": len(self.parallel_train),
-            "parallel_eval": len(self.parallel_eval),
-        }
 
 
 def build_data(cfg: MultiTaskExperimentConfig) -> MultilingualData:
