@@ -170,7 +170,10 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tag", default=None, help="name suffix of the JSON / PNG (default: tiny or the backbone's name)")
     p.add_argument("--plot", default=None, help="PNG path (default benchmarks/plots/quality_pqa_synthetic_<tag>.png)")
     args = p.parse_args(argv)
-    overrides = parse_overrides(args.set)
+    try:
+        overrides = parse_overrides(args.set)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
     if args.seeds:
         overrides["seeds"] = args.seeds
     if args.backbone:

@@ -416,10 +416,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.build_backbone and cfg.model.backbone.name_or_path and not (backbone / "config.json").is_file():
         build_e5(backbone)
     start, load_before = time.perf_counter(), machine_info()["load_average"]
-    data = splits = load_real_multilingual(real)
+    data = load_real_multilingual(real)
     out_dir = Path(cfg.output_dir)
     tokenizer = build_tokenizer(cfg, data, out_dir)
-    print(json.dumps(splits.summary), flush=True)
+    print(json.dumps(data.summary), flush=True)
     shared = shared_rows(cfg, data, tokenizer, not args.no_reference, bench["pooling"])
     print(f"shared rows ({shared['seconds']:.0f} s): {json.dumps(shared['rows'], default=float)[:2000]}", flush=True)
     runs = []
@@ -427,7 +427,7 @@ def main(argv: list[str] | None = None) -> dict:
         runs.append(run_seed(cfg, bench, data, tokenizer, seed, shared))
         partial = Path(args.out_dir) / "results" / f"{args.tag}.partial.json"
         partial.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps({"sizes": splits.summary, "runs": runs}, indent=1, default=float))
+        partial.write_text(json.dumps({"sizes": data.summary, "runs": runs}, indent=1, default=float))
     for path in args.merge:
         earlier = json.loads(Path(path).read_text())
         runs += [r for r in earlier["runs"] if r["seed"] not in {x["seed"] for x in runs}]
@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(text)
     result = {"command": " ".join(sys.argv), "config": {"real_data": dataclasses.asdict(real), "bench": bench,
                                                        **cfg.to_dict()},
-              "machine": machine_info(), "load_average_before": load_before, "sizes": splits.summary,
+              "machine": machine_info(), "load_average_before": load_before, "sizes": data.summary,
               "seeds": [r["seed"] for r in runs], "wall_s": time.perf_counter() - start,
               "shared_seconds": shared["seconds"], "runs": runs, "mean": mean, "std": std, "table": text}
     out = Path(args.out_dir) / "results" / f"{args.tag}.json"

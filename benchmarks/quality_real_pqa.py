@@ -89,8 +89,10 @@ def load_config(path: Path, sets: list[str]) -> tuple[HetPQAConfig, PQAConfig]:
     """`hetpqa:` -> HetPQAConfig (data_dir resolved against the repository root), the rest -> PQAConfig;
     `--set key=value` overrides (dotted, YAML values) apply first."""
     data = yaml.safe_load(path.read_text()) or {}
-    if sets:
+    try:
         data = apply_overrides(data, parse_overrides(sets))
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
     het = from_dict(HetPQAConfig, data.pop("hetpqa", {}) or {})
     if not Path(het.data_dir).is_absolute():
         het.data_dir = str((ROOT / het.data_dir).resolve())
