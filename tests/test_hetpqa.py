@@ -12,10 +12,12 @@ import pytest
 from madr.data.hetpqa import (
     CORRECTIONS_FILE,
     HETPQA_FILE,
+    SEMIPQA_FILE,
     HetPQAConfig,
     apply_corrections,
     load_hetpqa,
     read_hetpqa,
+    read_semipqa,
     split_by_question,
 )
 
@@ -80,3 +82,39 @@ def test_bad_label_names_file_row_and_field(tmp_path: Path) -> None:
     pq.write_table(pa.table(rows), path)
     with pytest.raises(ValueError, match=r"hetpqa_evidence_ranking_dev.parquet: row 1: field 'source'"):
         read_hetpqa(path)
+
+
+def test_epqa_and_semipqa_join_train_only_and_never_a_held_out_question(shared_data: Path) -> None:
+    records, summary = load_hetpqa(HetPQAConfig(data_dir=str(shared_data / "product_qa"), epqa_extra=True,
+                                                semipqa_extra=True))
+    het = [r for r in records if ":" not in r.question_id]
+    assert len(het) == 2731
+    held = {r.question.strip().lower() for r in het if r.split != "train"}
+    for name in ("epqa", "semipqa"):
+        extra = [r for r in records if r.question_id.startswith(name + ":")]
+        assert len(extra) == summary[f"{name}_train_rows"] > 0
+        assert len({r.question_id for r in extra}) == summary[f"{name}_train_questions"]
+        assert all(r.split == "train" and r.question.strip().lower() not in held for r in extra)
+        assert {r.label for r in extra} == {0, 1}
+    semi = [r for r in records if r.question_id.startswith("semipqa:")]
+    assert {r.source for r in semi} == {"attribute"}
+    assert len(semi) == 13242 and sum(r.label for r in semi) == 867  # no semiPQA text is a held-out question
+
+
+def test_an_extra_question_with_a_held_out_text_is_left_out(hetpqa, shared_data: Path, tmp_path: Path) -> None:
+    records, _ = hetpqa
+    test_question = next(r.question for r in records if r.split == "test")
+    for name in (HETPQA_FILE, CORRECTIONS_FILE):
+        (tmp_path / name).symlink_to(shared_data / "product_qa" / name)
+    pq.write_table(pa.table({"qid": ["1", "2"], "qa_pair_id": ["7", "8"], "question": [test_question.upper(), "new?"],
+                             "candidate": ['brand: { value:"x" }'] * 2, "label": ["1", "1"]}), tmp_path / SEMIPQA_FILE)
+    with_extra, summary = load_hetpqa(HetPQAConfig(data_dir=str(tmp_path), semipqa_extra=True))
+    assert [r.question for r in with_extra[len(records):]] == ["new?"] and summary["semipqa_train_questions"] == 1
+
+
+def test_bad_semipqa_label_names_file_row_and_field(tmp_path: Path) -> None:
+    path = tmp_path / SEMIPQA_FILE
+    pq.write_table(pa.table({"qid": ["1", "1"], "qa_pair_id": ["7", "8"], "question": ["q", "q"],
+                             "candidate": ['brand: { value:"x" }', ""], "label": ["1", "0"]}), path)
+    with pytest.raises(ValueError, match=r"semipqa_attribute_ranking_dev.parquet: row 1: field 'candidate' is empty"):
+        read_semipqa(path)

@@ -14,7 +14,9 @@ reports the counts and changes nothing.
 
 `load_epqa` reads ePQA (`epqa_dev.parquet`, label 2 = relevant, 1 = partly, 0 = not) as extra training
 records: 2 -> positive, 0 -> negative, 1 dropped as ambiguous (so are rows with an empty candidate); every
-record goes to the train split.
+record goes to the train split. `read_semipqa` reads semiPQA attribute ranking
+(`semipqa_attribute_ranking_dev.parquet`: every candidate is one product attribute as JSON-like text,
+label 0/1, no ASIN) the same way, source "attribute".
 """
 
 from __future__ import annotations
@@ -31,10 +33,12 @@ from madr.data.records import EVIDENCE_SOURCES, EvidenceRecord
 HETPQA_FILE = "hetpqa_evidence_ranking_dev.parquet"
 CORRECTIONS_FILE = "hybridpqa_evidence_ranking_test_set_correction.csv"
 EPQA_FILE = "epqa_dev.parquet"
+SEMIPQA_FILE = "semipqa_attribute_ranking_dev.parquet"
 SOURCE_MAP = {"osp": "osp", "bullet": "bullet", "desc": "description", "description": "description",
               "attribute": "attribute", "cqa": "cqa", "review": "review"}
 HETPQA_COLUMNS = ("qid", "ASIN", "qa_pair_id", "question", "candidate", "label", "source")
 EPQA_COLUMNS = ("qid", "question", "ASIN", "candidate", "source", "qa_pair_id", "label")
+SEMIPQA_COLUMNS = ("qid", "qa_pair_id", "question", "candidate", "label")
 SPLITS = ("train", "dev", "test")
 
 
@@ -43,13 +47,15 @@ class HetPQAConfig:
     """Where the real product-QA files are and how they are split (configs/real/hetpqa.yaml, `hetpqa:`).
 
     `fractions`: train / dev (validation) / test shares of the questions; `split_seed` fixes the shuffle.
-    `epqa_extra`: add ePQA questions to the train split (optional extra training data)."""
+    `epqa_extra` / `semipqa_extra`: add ePQA / semiPQA questions to the train split (optional extra
+    training data; questions whose text is a dev or test question are left out)."""
 
     data_dir: str = "../shared/data/product_qa"
     fractions: list[float] = field(default_factory=lambda: [0.6, 0.2, 0.2])
     split_seed: int = 0
     apply_corrections: bool = True
     epqa_extra: bool = False
+    semipqa_extra: bool = False
 
     def __post_init__(self) -> None:
         if len(self.fractions) != 3 or any(f <= 0 for f in self.fractions) or abs(sum(self.fractions) - 1) > 1e-6:
@@ -169,10 +175,35 @@ def read_epqa(path: str | Path) -> list[EvidenceRecord]:
     return out
 
 
+def read_semipqa(path: str | Path) -> list[EvidenceRecord]:
+    """semiPQA rows as train records (source "attribute", label 0/1); ids prefixed "semipqa:"."""
+    path = Path(path)
+    return [EvidenceRecord(
+        question_id="semipqa:" + _text(path, i, row, "qid"), question=_text(path, i, row, "question"),
+        evidence_id="semipqa:" + _text(path, i, row, "qa_pair_id"), evidence=_text(path, i, row, "candidate"),
+        source="attribute", label=_label(path, i, row["label"], (0, 1)), split="train")
+        for i, row in enumerate(read_rows(path, SEMIPQA_COLUMNS))]
+
+
+def _extra_training(cfg: HetPQAConfig, root: Path, held: set[str]) -> tuple[list[EvidenceRecord], dict[str, int]]:
+    """The ePQA / semiPQA train records `cfg` asks for, minus questions whose text is in `held`, and counts."""
+    out: list[EvidenceRecord] = []
+    counts: dict[str, int] = {}
+    for name, wanted, reader, file in (("epqa", cfg.epqa_extra, read_epqa, EPQA_FILE),
+                                       ("semipqa", cfg.semipqa_extra, read_semipqa, SEMIPQA_FILE)):
+        if not wanted:
+            continue
+        extra = [r for r in reader(root / file) if r.question.strip().lower() not in held]
+        counts[f"{name}_train_rows"] = len(extra)
+        counts[f"{name}_train_questions"] = len({r.question_id for r in extra})
+        out += extra
+    return out, counts
+
+
 def load_hetpqa(cfg: HetPQAConfig | None = None) -> tuple[list[EvidenceRecord], dict[str, object]]:
-    """hetPQA records split by question (+ corrections, + ePQA train records when asked) and a summary
-    (files, rows, questions per split, correction counts). ePQA questions that share a text with a hetPQA
-    dev/test question are dropped, so no test question is trained on."""
+    """hetPQA records split by question (+ corrections, + ePQA / semiPQA train records when asked) and a
+    summary (files, rows, questions per split, correction counts). Extra questions that share a text with a
+    hetPQA dev/test question are dropped, so no test question is trained on."""
     cfg = cfg or HetPQAConfig()
     root = Path(cfg.data_dir)
     records = split_by_question(read_hetpqa(root / HETPQA_FILE), cfg.fractions, cfg.split_seed)
@@ -184,11 +215,8 @@ def load_hetpqa(cfg: HetPQAConfig | None = None) -> tuple[list[EvidenceRecord], 
         qs = {r.question_id for r in records if r.split == s}
         summary[f"{s}_questions"] = len(qs)
         summary[f"{s}_questions_with_positive"] = len({r.question_id for r in records if r.split == s and r.label})
-    if cfg.epqa_extra:
-        held = {r.question.strip().lower() for r in records if r.split != "train"}
-        extra = [r for r in read_epqa(root / EPQA_FILE) if r.question.strip().lower() not in held]
-        summary["epqa_train_rows"] = len(extra)
-        summary["epqa_train_questions"] = len({r.question_id for r in extra})
-        records = records + extra
+    extra, counts = _extra_training(cfg, root, {r.question.strip().lower() for r in records if r.split != "train"})
+    summary.update(counts)
+    records = records + extra
     assert all(r.source in EVIDENCE_SOURCES for r in records)
     return records, summary

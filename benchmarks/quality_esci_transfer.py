@@ -1,0 +1,218 @@
+"""Quality on the ESCI samples: the Home Depot-trained rows of benchmarks/quality_real_aspects.py, evaluated
+without further training on the public Amazon Shopping Queries (ESCI) samples with product text (issue 10:
+"aspect models and dense baselines: product_search/ and the ESCI samples"; paper 001 Table 3 reports its
+MURAL vs MADRAL comparison on ESCI).
+
+Why transfer: the ESCI product file was not obtainable; the two samples with product text hold 530 US Exact
+judgments over 54 queries (`madr.data.esci.esci_text_catalog`), too few to train on, so they are a second,
+out-of-domain test set (Amazon's whole catalog vs Home Depot's home-improvement one) for the models the Home
+Depot table trains. Each query's Exact products are its relevant ones; every other product of the sample is a
+distractor (not judged for that query, so read the numbers as a lower bound). Metrics over the 530 products:
+Recall@10 / @50, MRR@10, NDCG@10 (gain 2^rel - 1, every relevant product has the same grade).
+
+Models: for each seed and row the Home Depot run's saved model (<output_dir>/seed<seed>/<row>/model); a row
+whose model was not saved is trained by quality_real_aspects.run_row with the same config and corpus (so its
+Home Depot result.json is reproduced, not changed) and saved. References: BM25 on the word pieces and the
+zero-shot backbone. Paired tests as in the Home Depot script: every row vs BiBERT, MADR / MUR / MURAL vs
+MADRAL (Presence Weighting), on the seed-mean per query. It also measures the Home Depot title annotator
+(`TitleAnnotator`, fitted on the ESCI titles as it is fitted on the Home Depot ones) against the ESCI
+catalog's own brand and colour fields: an external check of the rules the Home Depot aspects come from.
+
+    python benchmarks/quality_esci_transfer.py --seeds 0 --set bench.corpus_size=12000     # ~20 min on 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+
+from benchmarks import quality_real_aspects as hd  # noqa: E402
+from benchmarks.plotting import pyplot, save_figure  # noqa: E402
+from madr.data.esci import esci_text_catalog  # noqa: E402
+from madr.data.homedepot import TitleAnnotator, annotator_accuracy  # noqa: E402
+from madr.experiment import prepare_tokenizer, prepare_vocabularies  # noqa: E402
+from madr.metrics import evaluate  # noqa: E402
+from madr.model import BiEncoder, build_model  # noqa: E402
+from madr.tokenization import load_tokenizer  # noqa: E402
+
+DEFAULT_MODELS = ["bm25", "zero_shot", "bibert", "madr", "madral_pw", "mur", "mural"]
+METRICS = ["recall@10", "recall@50", "mrr@10", "ndcg@10"]
+DEPTH = 50
+
+
+def home_depot_models(keys: list[str], seeds: list[int], home: dict | None, cfg, bench: dict) -> dict:
+    """{(seed, row): model directory}: the saved Home Depot models, training (and saving) the missing ones
+    exactly as the Home Depot table does, so their cached results stay valid."""
+    where = {(s, k): Path(cfg.output_dir) / f"seed{s}" / k / "model" for s in seeds for k in keys}
+    missing = [sk for sk, path in where.items() if not path.is_dir()]
+    if missing:
+        catalog = hd.catalog_for(home, cfg)
+        tokenizer = prepare_tokenizer(cfg, catalog)
+        vocab = prepare_vocabularies(cfg, catalog, tokenizer)
+        ev = hd.EvalSet.of(catalog, cfg.eval.split, cfg.eval.relevance_threshold, bench["corpus_size"])
+        lengths = {"doc": hd.token_lengths(tokenizer, ev.doc_texts, cfg.model.max_doc_length),
+                   "query": hd.token_lengths(tokenizer, ev.query_texts, cfg.model.max_query_length)}
+        saving = {**bench, "save_models": sorted({k for _, k in missing})}
+        for seed, key in missing:
+            print(f"seed {seed} {key}: no saved model, training it as the Home Depot table does", flush=True)
+            hd.run_row(key, cfg, catalog, ev, tokenizer, vocab, lengths, seed, saving)
+    return where
+
+
+def retrieval_metrics(run: dict, ev: hd.EvalSet) -> dict[str, dict[str, float]]:
+    return evaluate(run, ev.qrels, METRICS, relevance_threshold=3.0, gains="exp2", per_query=True)
+
+
+def dense_row(model: BiEncoder, ev: hd.EvalSet, cfg, batch_size: int, label: str) -> dict[str, dict[str, float]]:
+    lengths = {side: hd.token_lengths(model.tokenizer, texts, n) for side, texts, n in (
+        ("doc", ev.doc_texts, cfg.model.max_doc_length), ("query", ev.query_texts, cfg.model.max_query_length))}
+    d, _ = hd.encode(model, ev.doc_texts, lengths["doc"], "doc", batch_size, f"{label}: ESCI products")
+    q, _ = hd.encode(model, ev.query_texts, lengths["query"], "query", batch_size, f"{label}: ESCI queries")
+    return retrieval_metrics(hd.dense_runs(q, d, ev, DEPTH)[0], ev)
+
+
+def reference_rows(keys: list[str], cfg, ev: hd.EvalSet, tokenizer, bench: dict) -> dict[str, dict]:
+    rows = {}
+    if "bm25" in keys:
+        rows["bm25"] = retrieval_metrics(hd.bm25_runs(tokenizer, ev, DEPTH)[0], ev)
+    if "zero_shot" in keys:
+        torch.manual_seed(0)
+        model = build_model(dataclasses.replace(cfg.model, name="bibert", pooling=bench["zero_shot_pooling"]),
+                            tokenizer, None)
+        rows["zero_shot"] = dense_row(model, ev, cfg, bench["encode_batch_size"], "zero-shot")
+    return rows
+
+
+def annotator_check(catalog) -> dict[str, dict[str, float]]:
+    """The title annotator (fitted on these titles) against the catalog's brand and colour fields: exact match
+    of the lower-cased value, "no value" when the field is empty; no category field in ESCI."""
+    titles = {p.product_id: p.title for p in catalog.products}
+    gold = [{"product_uid": p.product_id, "brand": (p.aspects["brand"] or ["-"])[0],
+             "color": (p.aspects["color"] or ["-"])[0], "category": "?"} for p in catalog.products]
+    out = annotator_accuracy(TitleAnnotator.fit(titles.values()), titles, gold)
+    return {a: v for a, v in out.items() if a != "category"}
+
+
+def plot(order: list[str], labels: dict, per_seed: dict, path: Path, title: str) -> bool:
+    plt = pyplot()
+    if plt is None:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(10.4, 4.6))
+    x = np.arange(len(order))
+    for ax, m in zip(axes, ("recall@10", "mrr@10"), strict=True):
+        vals = [[s[k][m] for s in per_seed.values() if k in s] for k in order]
+        ax.bar(x, [np.mean(v) for v in vals], yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in vals],
+               capsize=3, color=["#999999" if k in hd.REFERENCES else "#4c72b0" for k in order])
+        for i, v in enumerate(vals):
+            ax.scatter([i] * len(v), v, s=8, color="black", zorder=3)
+        ax.set_xticks(x, [labels[k].replace(" (", "\n(") for k in order], rotation=60, ha="right", fontsize=7)
+        ax.set_ylabel(f"ESCI {hd.header(m)}")
+        ax.grid(alpha=0.3, axis="y")
+    fig.suptitle(title, fontsize=8)
+    save_figure(fig, path, dpi=110)
+    return True
+
+
+def report(keys: list[str], labels: dict, shared: dict, runs: list[dict], bench: dict) -> tuple[str, dict]:
+    """Values (mean ± std over seeds), change relative to BiBERT and to MADRAL with paired tests."""
+    trained = [k for k in keys if k not in shared]
+    per_seed = {r["seed"]: {k: hd.means(v) for k, v in {**shared, **r["per_query"]}.items()} for r in runs}
+    mean = {k: {m: float(np.mean([s[k][m] for s in per_seed.values()])) for m in METRICS} for k in keys}
+    std = {k: {m: float(np.std([s[k][m] for s in per_seed.values()], ddof=1)) if len(runs) > 1 else 0.0
+               for m in METRICS} for k in keys}
+    pooled = hd.seed_mean(runs, shared)
+    draws, alpha = int(bench["draws"]), float(bench["alpha"])
+    tests = {"vs_baseline": hd.significance(pooled, "bibert", draws)}
+    family = [k for k in hd.MURAL_VS if k in keys]
+    text = ["## Values (mean ± std over seeds)", hd.value_table(keys, labels, mean, std, METRICS, set(trained)),
+            f"\n## Relative to BiBERT († paired t-test p < {alpha:g} on the seed-mean per query)",
+            hd.relative_table(keys, labels, mean, METRICS, "bibert", tests["vs_baseline"], alpha)]
+    if hd.MURAL_VS[0] in family and len(family) > 1:
+        tests["vs_madral"] = hd.significance({k: pooled[k] for k in family}, hd.MURAL_VS[0], draws)
+        text += [f"\n## Relative to {labels[hd.MURAL_VS[0]]} (paper 001 Table 3 shape)",
+                 hd.relative_table(family, labels, mean, METRICS, hd.MURAL_VS[0], tests["vs_madral"], alpha)]
+    return "\n".join(text), {"mean": mean, "std": std, "per_seed": per_seed, "tests": tests}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(ROOT / "configs" / "real" / "homedepot.yaml"),
+                   help="the Home Depot table's config (the models are its rows)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override (repeatable)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    p.add_argument("--models", nargs="+", default=DEFAULT_MODELS, metavar="ROW")
+    p.add_argument("--esci-dir", default=str(ROOT.parent / "shared" / "data" / "esci"))
+    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    p.add_argument("--tag", default="esci_transfer", help="name of the JSON / PNG")
+    p.add_argument("--out-dir", default=str(ROOT / "benchmarks"), help="results/ and plots/ go under it")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    home, cfg, bench = hd.load_config(Path(args.config), args.set)
+    known = hd.trained_rows(cfg)
+    unknown = [k for k in args.models if k not in known and k not in hd.REFERENCES]
+    if unknown or "bibert" not in args.models:
+        raise SystemExit(f"--models needs bibert (the baseline) and rows of {', '.join([*hd.REFERENCES, *known])}; "
+                         f"unknown: {unknown}")
+    keys = list(dict.fromkeys(args.models))
+    trained = [k for k in keys if k in known]
+    start, load_before = time.perf_counter(), hd.machine_info()["load_average"]
+
+    esci = esci_text_catalog(args.esci_dir)
+    ev = hd.EvalSet.of(esci, "test", 3.0)
+    annotator = annotator_check(esci)
+    data = {"products": len(esci.products), "queries": len(ev.query_ids),
+            "judged_per_query": float(np.mean([len(j) for j in ev.judged])), "annotator_vs_esci_fields": annotator}
+    print("data: " + json.dumps(data), flush=True)
+    models = home_depot_models(trained, args.seeds, home, cfg, bench)
+    labels = {k: hd.label_of(k, bench, cfg) for k in keys}
+    # the references tokenize as the trained rows do (their saved tokenizer; a tiny test backbone has no other)
+    tokenizer = (load_tokenizer(models[(args.seeds[0], trained[0])] / "tokenizer") if trained
+                 else prepare_tokenizer(cfg, esci))
+    shared = reference_rows(keys, cfg, ev, tokenizer, bench)
+    runs = []
+    for seed in args.seeds:
+        per_query = {}
+        for key in trained:
+            t0 = time.perf_counter()
+            per_query[key] = dense_row(BiEncoder.load(models[(seed, key)]), ev, cfg, bench["encode_batch_size"],
+                                       labels[key])
+            print(f"seed {seed} {labels[key]}: " + json.dumps({m: round(v, 4) for m, v in hd.means(
+                per_query[key]).items()}) + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
+        runs.append({"seed": seed, "per_query": per_query})
+    table, agg = report(keys, labels, shared, runs, bench)
+    info = hd.machine_info()
+    head = (f"# ESCI samples (US, {data['queries']} queries, {data['products']} products, Exact judgments only), "
+            f"zero-shot transfer of the Home Depot rows ({hd.budget_text(cfg)}; seeds {args.seeds})")
+    annot = "\n".join(f"title annotator vs ESCI {a}: accuracy {v['accuracy']:.3f}, precision {v['precision']:.3f}, "
+                      f"recall {v['recall']:.3f} (n {v['n']})" for a, v in annotator.items())
+    text = "\n".join([head, table, "", annot, "\nmachine: " + "; ".join(f"{k} {v}" for k, v in info.items())
+                      + f"; load before {load_before}"])
+    print(text, flush=True)
+    result = {"benchmark": "quality_esci_transfer", "command": " ".join(["python", *sys.argv]),
+              "config": {"homedepot": home, "bench": bench, **cfg.to_dict()}, "rows": labels, "seeds": args.seeds,
+              "data": data, "metrics": METRICS, **agg, "machine": info, "load_average_before": load_before,
+              "wall_s": time.perf_counter() - start, "table": text}
+    out = Path(args.out_dir)
+    json_path = out / "results" / f"{args.tag}.json"
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(result, indent=1, default=float))
+    png = out / "plots" / f"{args.tag}.png"
+    if plot(keys, labels, agg["per_seed"], png, head.lstrip("# ")):
+        print(f"wrote {png}")
+    print(f"wrote {json_path} ({result['wall_s']:.0f} s)")
+    return result
+
+
+if __name__ == "__main__":
+    main()
