@@ -11,7 +11,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-import yaml
 
 from madr.data.esci import TEXT_SAMPLES, esci_text_catalog
 
@@ -49,25 +48,11 @@ def test_locale_filter_and_an_empty_title_names_file_row_and_field(tmp_path: Pat
         esci_text_catalog(_esci_dir(tmp_path, title=" "))
 
 
-def _config(tmp_path: Path) -> Path:
-    cfg = {"bench": {"draws": 200}, "name": "tiny", "output_dir": str(tmp_path / "run"),
-           "data": {"synthetic_products": 200, "synthetic_queries": 100, "seed": 0, "tokenizer_vocab_size": 800},
-           "model": {"backbone": {"name_or_path": None,
-                                  "tiny": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-                                           "intermediate_size": 64, "max_position_embeddings": 64}},
-                     "shared_towers": True, "max_query_length": 12, "max_doc_length": 24},
-           "train": {"pretrain": {"steps": 0}, "finetune": {"steps": 2, "batch_size": 8, "learning_rate": 1.0e-3}},
-           "eval": {"retrieval_metrics": ["recall@10", "mrr@10"], "rerank_metrics": ["ndcg@5"],
-                    "relevance_threshold": 3.0, "top_k": 50}}
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def test_rows_are_trained_once_saved_and_evaluated_on_esci(benchmark_script, tmp_path: Path, capsys) -> None:
+def test_rows_are_trained_once_saved_and_evaluated_on_esci(benchmark_script, tiny_aspects_config: Path, tmp_path: Path,
+                                                           capsys) -> None:
     bench = benchmark_script("quality_esci_transfer")
-    args = ["--config", str(_config(tmp_path)), "--esci-dir", str(_esci_dir(tmp_path)), "--threads", "1",
-            "--out-dir", str(tmp_path / "out"), "--seeds", "0", "1", "--set", "bench.corpus_size=120",
+    args = ["--config", str(tiny_aspects_config), "--esci-dir", str(_esci_dir(tmp_path)), "--threads", "1",
+            "--out-dir", str(tmp_path / "out"), "--seeds", "0", "1", "--set", "bench.corpus_size=150",
             "--models", "bm25", "zero_shot", "bibert", "madral_pw", "mural"]
     threads = torch.get_num_threads()
     try:

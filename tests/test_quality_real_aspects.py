@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 
 @pytest.fixture(scope="module")
@@ -20,30 +18,11 @@ def bench(benchmark_script):
     return benchmark_script("quality_real_aspects")
 
 
-def _config(tmp_path: Path) -> Path:
-    cfg = {
-        "bench": {"seeds": [0], "draws": 200},
-        "name": "tiny_aspects",
-        "output_dir": str(tmp_path / "run"),
-        "data": {"synthetic_products": 240, "synthetic_queries": 120, "seed": 0, "tokenizer_vocab_size": 800},
-        "model": {"backbone": {"name_or_path": None,
-                               "tiny": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-                                        "intermediate_size": 64, "max_position_embeddings": 64}},
-                  "shared_towers": True, "max_query_length": 12, "max_doc_length": 24},
-        "train": {"pretrain": {"steps": 0}, "finetune": {"steps": 2, "batch_size": 8, "learning_rate": 1.0e-3}},
-        "eval": {"retrieval_metrics": ["recall@10", "recall@50", "mrr@10"],
-                 "rerank_metrics": ["ndcg@5", "ndcg@10", "auc"], "relevance_threshold": 3.0, "top_k": 50},
-    }
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def test_table_has_a_row_per_model_with_metrics_in_unit_interval(bench, tmp_path):
+def test_table_has_a_row_per_model_with_metrics_in_unit_interval(bench, tiny_aspects_config, tmp_path):
     out = tmp_path / "out"
     threads = torch.get_num_threads()
     try:
-        result = bench.main(["--config", str(_config(tmp_path)), "--out-dir", str(out), "--tag", "smoke",
+        result = bench.main(["--config", str(tiny_aspects_config), "--out-dir", str(out), "--tag", "smoke",
                              "--threads", "1", "--set", "bench.corpus_size=150"])
     finally:
         torch.set_num_threads(threads)  # main() sets the process-wide count
@@ -83,10 +62,11 @@ def test_paired_tests_detect_a_constant_shift(bench):
     assert same["diff"] == 0.0 and same["p_randomisation"] == 1.0 and same["p_ttest"] == 1.0, same
 
 
-def test_a_rerun_keeps_finished_rows_and_retrains_when_the_settings_change(bench, tmp_path, capsys):
+def test_a_rerun_keeps_finished_rows_and_retrains_when_the_settings_change(bench, tiny_aspects_config, tmp_path,
+                                                                            capsys):
     """Rows are cached per seed under <output_dir>/seed<seed>/<row>/result.json with a fingerprint of their
     settings: adding a seed trains only that seed; another fine-tuning budget trains everything again."""
-    config, out = _config(tmp_path), tmp_path / "out"
+    config, out = tiny_aspects_config, tmp_path / "out"
     common = ["--config", str(config), "--out-dir", str(out), "--threads", "1", "--models", "bibert", "madral_pw",
               "--set", "bench.corpus_size=150", "--set", "bench.save_models=[madral_pw]"]
     threads = torch.get_num_threads()
@@ -106,18 +86,18 @@ def test_a_rerun_keeps_finished_rows_and_retrains_when_the_settings_change(bench
     assert "kept from" not in retrained and third["training"][0]["bibert"]["finetune"]["steps"] == 3
 
 
-def test_ablation_rows_train_their_variant_and_get_their_tables(bench, tmp_path):
+def test_ablation_rows_train_their_variant_and_get_their_tables(bench, tiny_aspects_config, tmp_path):
     """Paper 000 Table 6 (MADRAL minus one component) and paper 001 Table 5 (MURAL with one aspect or
     granularity): each ablation builds the model it names and is tested against its full model."""
     ablations = ["madral_no_brand", "madral_no_other", "madral_no_query", "mural_only_color", "mural_only_word"]
     threads = torch.get_num_threads()
     try:
-        result = bench.main(["--config", str(_config(tmp_path)), "--out-dir", str(tmp_path / "out"), "--threads", "1",
+        result = bench.main(["--config", str(tiny_aspects_config), "--out-dir", str(tmp_path / "out"), "--threads", "1",
                              "--tag", "ablations", "--set", "bench.corpus_size=150",
                              "--models", "bibert", "madral_pw", "mural", *ablations])
     finally:
         torch.set_num_threads(threads)
-    _, cfg, _ = bench.load_config(_config(tmp_path), [])
+    _, cfg, _ = bench.load_config(tiny_aspects_config, [])
     built = {k: bench.model_config(cfg, k) for k in ablations}
     assert built["madral_no_brand"].aspects == ["category", "color"] and built["madral_no_brand"].fusion == "presence"
     assert built["madral_no_other"].use_other is False and built["madral_no_query"].aspect_sides == ["doc"]
@@ -129,4 +109,4 @@ def test_ablation_rows_train_their_variant_and_get_their_tables(bench, tmp_path)
     assert not any("brand" in c for c in acc["madral_no_brand"]) and set(acc["mural_only_color"]) == {
         "query_acc@1_color", "doc_acc@1_color"}, (acc["madral_no_brand"], acc["mural_only_color"])
     with pytest.raises(SystemExit, match="unknown row"):
-        bench.main(["--config", str(_config(tmp_path)), "--models", "madral_no_size"])
+        bench.main(["--config", str(tiny_aspects_config), "--models", "madral_no_size"])
