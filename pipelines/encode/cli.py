@@ -43,19 +43,9 @@ def load(args: argparse.Namespace) -> EncodeConfig:
                                                "encode_actors", "tokenize_actors", "overwrite")}
     if args.num_shards is not None:
         overrides["max_docs_per_shard"] = None
-    cfg = load_yaml_config(EncodeConfig, args.config, overrides, section=_section(args.config))
+    cfg = load_yaml_config(EncodeConfig, args.config, overrides, section="encode")
     cfg.check_paths()
     return cfg
-
-
-def _section(path: str | None) -> str | None:
-    if path is None:
-        return None
-    import yaml
-
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
-    return "encode" if isinstance(data, dict) and "encode" in data else None
 
 
 def main(argv: list[str] | None = None) -> int:

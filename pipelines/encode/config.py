@@ -96,14 +96,16 @@ class EncodeConfig:
 
 def load_yaml_config(cls: type, path: str | Path | None, overrides: dict[str, Any] | None = None,
                      section: str | None = None) -> Any:
-    """Dataclass ``cls`` from a YAML file (optionally its ``section`` mapping), then dotted ``overrides``
-    (values None are skipped, so unset CLI flags keep the file's values)."""
+    """Dataclass ``cls`` from a YAML file (its ``section`` mapping when the file has one, else the whole file:
+    one experiment YAML holds every stage's section, a stage's own YAML holds just its fields), then dotted
+    ``overrides`` (values None are skipped, so unset CLI flags keep the file's values)."""
     data: dict[str, Any] = {}
     if path is not None:
         loaded = yaml.safe_load(Path(path).read_text()) or {}
         if not isinstance(loaded, dict):
             raise ValueError(f"{path}: top level must be a mapping, got {type(loaded).__name__}")
-        data = loaded.get(section, {}) if section else loaded
+        section = section if section in loaded else None
+        data = loaded[section] if section else loaded
         if not isinstance(data, dict):
             raise ValueError(f"{path}: section {section!r} must be a mapping")
     for key, value in (overrides or {}).items():

@@ -45,7 +45,7 @@ def load_config(args: argparse.Namespace) -> EvaluateConfig:
                 raise ValueError(f"--run expects NAME=MANIFEST, got {item!r}")
             runs.append({"name": name, "index": path})
         overrides["runs"] = runs
-    cfg = load_yaml_config(EvaluateConfig, args.config, overrides, section=_section(args.config, "evaluate"))
+    cfg = load_yaml_config(EvaluateConfig, args.config, overrides, section="evaluate")
     if not cfg.runs or not cfg.queries or not cfg.qrels:
         raise ValueError("evaluate: need queries, qrels and at least one run (--run NAME=MANIFEST or the YAML)")
     return cfg
@@ -64,16 +64,6 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     print(Path(cfg.output, "results.md").read_text(), end="")
     return 0 if result["results"] else 1
-
-
-def _section(path: str | None, name: str) -> str | None:
-    if path is None:
-        return None
-    import yaml
-
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
-    return name if isinstance(data, dict) and name in data else None
 
 
 if __name__ == "__main__":

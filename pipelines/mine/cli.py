@@ -14,7 +14,6 @@ import argparse
 import sys
 
 from pipelines.encode.config import load_yaml_config
-from pipelines.evaluate.cli import _section
 from pipelines.mine.job import MineConfig, run_mine
 
 
@@ -43,7 +42,7 @@ def load_config(args: argparse.Namespace) -> MineConfig:
                                                "num_negatives", "seed", "output")}
     if args.index or args.model_dir:
         overrides["search"] = {"index": args.index, "model_dir": args.model_dir}
-    cfg = load_yaml_config(MineConfig, args.config, overrides, section=_section(args.config, "mine"))
+    cfg = load_yaml_config(MineConfig, args.config, overrides, section="mine")
     missing = [name for name, value in (("queries", cfg.queries), ("positives", cfg.positives),
                                         ("index", cfg.search.index)) if not value]
     if missing:

@@ -308,6 +308,9 @@ def test_configs_load_and_local_cli_run(corpus, models, tmp_path):
     assert ev.runs[0].nprobe == 16 and ev.relevance_threshold == 2
     mine = load_yaml_config(MineConfig, root / "encode.yaml", section="mine")
     assert (mine.rank_min, mine.rank_max, mine.search.nprobe) == (10, 100, 16)
+    bare = tmp_path / "mine.yaml"  # a stage's own YAML: its fields at the top level, no section
+    bare.write_text("rank_min: 5\n")
+    assert load_yaml_config(MineConfig, bare, section="mine").rank_min == 5
     with pytest.raises(ValueError, match="unknown config key"):
         load_yaml_config(EncodeConfig, None, {"num_shard": 3})
     _, _, docs = corpus
