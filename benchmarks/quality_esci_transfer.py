@@ -27,6 +27,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -119,7 +120,7 @@ def plot(order: list[str], labels: dict, per_seed: dict, path: Path, title: str)
         ax.set_xticks(x, [labels[k].replace(" (", "\n(") for k in order], rotation=60, ha="right", fontsize=7)
         ax.set_ylabel(f"ESCI {hd.header(m)}")
         ax.grid(alpha=0.3, axis="y")
-    fig.suptitle(title, fontsize=8)
+    fig.suptitle(textwrap.fill(title, 120), fontsize=8)
     save_figure(fig, path, dpi=110)
     return True
 
