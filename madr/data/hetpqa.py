@@ -12,7 +12,7 @@ flips a label only where both the qid and the candidate id (`qa_pair_id`) match 
 none do (the test qids are another id range; 9 qid numbers coincide but none of their candidate ids), so it
 reports the counts and changes nothing.
 
-`load_epqa` reads ePQA (`epqa_dev.parquet`, label 2 = relevant, 1 = partly, 0 = not) as extra training
+`read_epqa` reads ePQA (`epqa_dev.parquet`, label 2 = relevant, 1 = partly, 0 = not) as extra training
 records: 2 -> positive, 0 -> negative, 1 dropped as ambiguous (so are rows with an empty candidate); every
 record goes to the train split. `read_semipqa` reads semiPQA attribute ranking
 (`semipqa_attribute_ranking_dev.parquet`: every candidate is one product attribute as JSON-like text,
