@@ -27,7 +27,6 @@ import argparse
 import dataclasses
 import json
 import sys
-import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -39,7 +38,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from benchmarks import quality_real_aspects as hd  # noqa: E402
-from benchmarks.plotting import pyplot, save_figure  # noqa: E402
 from madr.data.esci import esci_text_catalog  # noqa: E402
 from madr.data.homedepot import TitleAnnotator, annotator_accuracy  # noqa: E402
 from madr.experiment import prepare_tokenizer, prepare_vocabularies  # noqa: E402
@@ -103,26 +101,6 @@ def annotator_check(catalog) -> dict[str, dict[str, float]]:
              "color": (p.aspects["color"] or ["-"])[0], "category": "?"} for p in catalog.products]
     out = annotator_accuracy(TitleAnnotator.fit(titles.values()), titles, gold)
     return {a: v for a, v in out.items() if a != "category"}
-
-
-def plot(order: list[str], labels: dict, per_seed: dict, path: Path, title: str) -> bool:
-    plt = pyplot()
-    if plt is None:
-        return False
-    fig, axes = plt.subplots(1, 2, figsize=(10.4, 4.6))
-    x = np.arange(len(order))
-    for ax, m in zip(axes, ("recall@10", "mrr@10"), strict=True):
-        vals = [[s[k][m] for s in per_seed.values() if k in s] for k in order]
-        ax.bar(x, [np.mean(v) for v in vals], yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in vals],
-               capsize=3, color=["#999999" if k in hd.REFERENCES else "#4c72b0" for k in order])
-        for i, v in enumerate(vals):
-            ax.scatter([i] * len(v), v, s=8, color="black", zorder=3)
-        ax.set_xticks(x, [labels[k].replace(" (", "\n(") for k in order], rotation=60, ha="right", fontsize=7)
-        ax.set_ylabel(f"ESCI {hd.header(m)}")
-        ax.grid(alpha=0.3, axis="y")
-    fig.suptitle(textwrap.fill(title, 120), fontsize=8)
-    save_figure(fig, path, dpi=110)
-    return True
 
 
 def report(keys: list[str], labels: dict, shared: dict, runs: list[dict], bench: dict) -> tuple[str, dict]:
@@ -209,7 +187,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(result, indent=1, default=float))
     png = out / "plots" / f"{args.tag}.png"
-    if plot(keys, labels, agg["per_seed"], png, head.lstrip("# ")):
+    if hd.plot(keys, labels, runs, {k: hd.means(v) for k, v in shared.items()}, png, head.lstrip("# "),
+               ("recall@10", "mrr@10"), "bibert"):
         print(f"wrote {png}")
     print(f"wrote {json_path} ({result['wall_s']:.0f} s)")
     return result
