@@ -14,19 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from madr.data.parquet_rows import read_rows
+from madr.data.parquet_rows import read_rows, text_field
 from madr.data.schema import Catalog, Judgment, Product, Query
 
 TEXT_SAMPLES = ("esci_sample_with_product_text_grandi9.parquet", "esci_exact_sample100_with_product_text.parquet")
 COLUMNS = ("query", "product_id", "product_locale", "product_title", "product_brand", "product_color")
 EXACT_RELEVANCE = 4  # the top grade of the catalog's 0-4 scale (Home Depot's "E" is 3-4)
-
-
-def _field(path: Path, i: int, row: dict, name: str, required: bool = True) -> str:
-    value = str(row[name] or "").strip()
-    if required and not value:
-        raise ValueError(f"{path}: row {i}: field {name!r} is empty")
-    return value
 
 
 def _aspects(brand: str, color: str) -> dict[str, list[str]]:
@@ -43,12 +36,12 @@ def esci_text_catalog(data_dir: str | Path, locales: Sequence[str] = ("us",),
     for name in files:
         path = Path(data_dir) / name
         for i, row in enumerate(read_rows(path, COLUMNS)):
-            if _field(path, i, row, "product_locale") not in locales:
+            if text_field(path, i, row, "product_locale") not in locales:
                 continue
-            text, pid = _field(path, i, row, "query"), _field(path, i, row, "product_id")
+            text, pid = text_field(path, i, row, "query"), text_field(path, i, row, "product_id")
             if pid not in products:
-                products[pid] = Product(pid, _field(path, i, row, "product_title"), "", _aspects(
-                    _field(path, i, row, "product_brand", False), _field(path, i, row, "product_color", False)))
+                brand, color = (text_field(path, i, row, f"product_{n}", False) for n in ("brand", "color"))
+                products[pid] = Product(pid, text_field(path, i, row, "product_title"), "", _aspects(brand, color))
             query = queries.setdefault(text, Query(f"esci-{len(queries)}", text, {}, "test"))
             judgments[(query.query_id, pid)] = Judgment(query.query_id, pid, EXACT_RELEVANCE, "E")
     if not judgments:

@@ -19,3 +19,15 @@ def read_rows(path: str | Path, columns: Sequence[str]) -> list[dict[str, Any]]:
     if missing:
         raise ValueError(f"{path}: missing column(s) {missing}; has {table.column_names}")
     return table.select(list(columns)).to_pylist()
+
+
+def text_field(path: str | Path, i: int, row: dict[str, Any], name: str, required: bool = True) -> str:
+    """Row `i`'s field `name` as stripped text; a non-text value, or an empty one when `required`, is an
+    error naming the file, the row and the field."""
+    value = row[name]
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"{path}: row {i}: field {name!r} is a {type(value).__name__} ({value!r}), expected text")
+    text = (value or "").strip()
+    if required and not text:
+        raise ValueError(f"{path}: row {i}: field {name!r} is empty")
+    return text

@@ -32,7 +32,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from madr.data.parquet_rows import read_rows
+from madr.data.parquet_rows import read_rows, text_field
 from madr.data.records import NLI_LABELS, ClickRecord, MultilingualData, NLIRecord, ParallelRecord
 
 CLICK_LAYOUTS = {"qadsm": ("query", "ad_title", "ad_description", "label"),
@@ -46,16 +46,6 @@ TATOEBA_COLUMNS = ("lang", "text", "text_eng")
 
 
 # ------------------------------------------------------------------------------------------------ readers
-
-
-def _text(path: Path, i: int, row: dict[str, Any], name: str, required: bool = True) -> str:
-    value = row[name]
-    if value is not None and not isinstance(value, str):
-        raise ValueError(f"{path}: row {i}: field {name!r} is a {type(value).__name__} ({value!r}), expected text")
-    text = (value or "").strip()
-    if required and not text:
-        raise ValueError(f"{path}: row {i}: field {name!r} is empty")
-    return text
 
 
 def click_layout(path: str | Path) -> str:
@@ -87,11 +77,11 @@ def read_click_pairs(path: str | Path, language: str = "de") -> list[ClickRecord
             raise ValueError(f"{path}: row {i}: field 'label' is {row['label']!r}, expected one of "
                              f"{sorted(CLICK_LABELS)} (case-insensitive)")
         if layout == "qadsm":
-            query = _text(path, i, row, "query")
-            fields = {"title": _text(path, i, row, "ad_title"),
-                      "description": _text(path, i, row, "ad_description", required=False)}
+            query = text_field(path, i, row, "query")
+            fields = {"title": text_field(path, i, row, "ad_title"),
+                      "description": text_field(path, i, row, "ad_description", required=False)}
         else:
-            query, fields = _text(path, i, row, "question"), {"passage": _text(path, i, row, "passage")}
+            query, fields = text_field(path, i, row, "question"), {"passage": text_field(path, i, row, "passage")}
         out.append(ClickRecord(query=query, fields=fields, clicked=label, clicks=int(label), language=language,
                                query_id="q:" + query.lower(), doc_id=_doc_id(fields), relevance=int(label)))
     return out
@@ -109,7 +99,7 @@ def _nli_label(path: Path, i: int, value: Any, name: str) -> str:
 def read_xnli(path: str | Path, language: str = "de") -> list[NLIRecord]:
     """XNLI-layout rows (premise, hypothesis, label) as `NLIRecord`s in `language`."""
     path = Path(path)
-    return [NLIRecord(_text(path, i, row, "premise"), _text(path, i, row, "hypothesis"),
+    return [NLIRecord(text_field(path, i, row, "premise"), text_field(path, i, row, "hypothesis"),
                       _nli_label(path, i, row["label"], "label"), language)
             for i, row in enumerate(read_rows(path, XNLI_COLUMNS))]
 
@@ -123,7 +113,7 @@ def read_snli(path: str | Path) -> tuple[list[NLIRecord], int]:
         if str(row["gold_label"]).strip() == SNLI_NO_CONSENSUS:
             skipped += 1
             continue
-        out.append(NLIRecord(_text(path, i, row, "sentence1"), _text(path, i, row, "sentence2"),
+        out.append(NLIRecord(text_field(path, i, row, "sentence1"), text_field(path, i, row, "sentence2"),
                              _nli_label(path, i, row["gold_label"], "gold_label"), "en"))
     return out, skipped
 
@@ -134,9 +124,9 @@ def read_tatoeba(path: str | Path, languages: Sequence[str] | None = None) -> li
     wanted = None if languages is None else set(languages)
     out = []
     for i, row in enumerate(read_rows(path, TATOEBA_COLUMNS)):
-        lang = _text(path, i, row, "lang")
+        lang = text_field(path, i, row, "lang")
         if wanted is None or lang in wanted:
-            out.append(ParallelRecord(_text(path, i, row, "text"), _text(path, i, row, "text_eng"), lang, "eng"))
+            out.append(ParallelRecord(text_field(path, i, row, "text"), text_field(path, i, row, "text_eng"), lang, "eng"))
     if wanted is not None:
         absent = sorted(wanted - {r.source_lang for r in out})
         if absent:
