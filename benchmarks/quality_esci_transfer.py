@@ -24,7 +24,6 @@ catalog's own brand and colour fields: an external check of the rules the Home D
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -40,9 +39,9 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from benchmarks import quality_real_aspects as hd  # noqa: E402
 from madr.data.esci import esci_text_catalog  # noqa: E402
 from madr.data.homedepot import TitleAnnotator, annotator_accuracy  # noqa: E402
-from madr.experiment import prepare_tokenizer, prepare_vocabularies  # noqa: E402
+from madr.experiment import prepare_tokenizer  # noqa: E402
 from madr.metrics import evaluate  # noqa: E402
-from madr.model import BiEncoder, build_model  # noqa: E402
+from madr.model import BiEncoder  # noqa: E402
 from madr.tokenization import load_tokenizer  # noqa: E402
 
 DEFAULT_MODELS = ["bm25", "zero_shot", "bibert", "madr", "madral_pw", "mur", "mural"]
@@ -56,12 +55,8 @@ def home_depot_models(keys: list[str], seeds: list[int], home: dict | None, cfg,
     where = {(s, k): Path(cfg.output_dir) / f"seed{s}" / k / "model" for s in seeds for k in keys}
     missing = [sk for sk, path in where.items() if not path.is_dir()]
     if missing:
-        catalog = hd.catalog_for(home, cfg)
-        tokenizer = prepare_tokenizer(cfg, catalog)
-        vocab = prepare_vocabularies(cfg, catalog, tokenizer)
-        ev = hd.EvalSet.of(catalog, cfg.eval.split, cfg.eval.relevance_threshold, bench["corpus_size"])
-        lengths = {"doc": hd.token_lengths(tokenizer, ev.doc_texts, cfg.model.max_doc_length),
-                   "query": hd.token_lengths(tokenizer, ev.query_texts, cfg.model.max_query_length)}
+        catalog, tokenizer, vocab, ev = hd.prepare(home, cfg, bench)
+        lengths = hd.eval_lengths(tokenizer, ev, cfg)
         saving = {**bench, "save_models": sorted({k for _, k in missing})}
         for seed, key in missing:
             print(f"seed {seed} {key}: no saved model, training it as the Home Depot table does", flush=True)
@@ -74,8 +69,7 @@ def retrieval_metrics(run: dict, ev: hd.EvalSet) -> dict[str, dict[str, float]]:
 
 
 def dense_row(model: BiEncoder, ev: hd.EvalSet, cfg, batch_size: int, label: str) -> dict[str, dict[str, float]]:
-    lengths = {side: hd.token_lengths(model.tokenizer, texts, n) for side, texts, n in (
-        ("doc", ev.doc_texts, cfg.model.max_doc_length), ("query", ev.query_texts, cfg.model.max_query_length))}
+    lengths = hd.eval_lengths(model.tokenizer, ev, cfg)
     d, _ = hd.encode(model, ev.doc_texts, lengths["doc"], "doc", batch_size, f"{label}: ESCI products")
     q, _ = hd.encode(model, ev.query_texts, lengths["query"], "query", batch_size, f"{label}: ESCI queries")
     return retrieval_metrics(hd.dense_runs(q, d, ev, DEPTH)[0], ev)
@@ -86,10 +80,8 @@ def reference_rows(keys: list[str], cfg, ev: hd.EvalSet, tokenizer, bench: dict)
     if "bm25" in keys:
         rows["bm25"] = retrieval_metrics(hd.bm25_runs(tokenizer, ev, DEPTH)[0], ev)
     if "zero_shot" in keys:
-        torch.manual_seed(0)
-        model = build_model(dataclasses.replace(cfg.model, name="bibert", pooling=bench["zero_shot_pooling"]),
-                            tokenizer, None)
-        rows["zero_shot"] = dense_row(model, ev, cfg, bench["encode_batch_size"], "zero-shot")
+        rows["zero_shot"] = dense_row(hd.zero_shot_model(cfg, tokenizer, bench), ev, cfg, bench["encode_batch_size"],
+                                      "zero-shot")
     return rows
 
 

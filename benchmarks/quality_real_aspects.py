@@ -242,6 +242,21 @@ def token_lengths(tokenizer, texts: list[str], max_length: int) -> np.ndarray:
     return np.array([len(x) for x in ids])
 
 
+def eval_lengths(tokenizer, ev: EvalSet, cfg: ExperimentConfig) -> dict[str, np.ndarray]:
+    """`token_lengths` of the corpus ("doc") and of the queries ("query") at the model's maximum lengths."""
+    return {"doc": token_lengths(tokenizer, ev.doc_texts, cfg.model.max_doc_length),
+            "query": token_lengths(tokenizer, ev.query_texts, cfg.model.max_query_length)}
+
+
+def prepare(home: dict | None, cfg: ExperimentConfig, bench: dict) -> tuple[Catalog, Any, Any, EvalSet]:
+    """(catalog, tokenizer, aspect vocabularies, evaluation set): what every trained row shares."""
+    catalog = catalog_for(home, cfg)
+    tokenizer = prepare_tokenizer(cfg, catalog)
+    vocab = prepare_vocabularies(cfg, catalog, tokenizer)
+    return catalog, tokenizer, vocab, EvalSet.of(catalog, cfg.eval.split, cfg.eval.relevance_threshold,
+                                                 bench["corpus_size"])
+
+
 # ---- scoring ----------------------------------------------------------------------------------------------------
 
 
@@ -373,6 +388,13 @@ def train_row(key: str, cfg: ExperimentConfig, catalog: Catalog, tokenizer, voca
     return model, info
 
 
+def zero_shot_model(cfg: ExperimentConfig, tokenizer, bench: dict) -> BiEncoder:
+    """The untrained backbone as BiBERT with `bench.zero_shot_pooling` (seeded: the head is random)."""
+    torch.manual_seed(0)
+    return build_model(dataclasses.replace(cfg.model, name="bibert", pooling=bench["zero_shot_pooling"]), tokenizer,
+                       None)
+
+
 def reference_rows(keys: list[str], cfg: ExperimentConfig, ev: EvalSet, tokenizer, lengths: dict, bench: dict
                    ) -> tuple[dict, dict]:
     """Per-query metrics and seconds of the untrained rows (seed-independent)."""
@@ -384,10 +406,8 @@ def reference_rows(keys: list[str], cfg: ExperimentConfig, ev: EvalSet, tokenize
         seconds["bm25"] = {"eval": time.perf_counter() - t0}
     if "zero_shot" in keys:
         t0 = time.perf_counter()
-        torch.manual_seed(0)
-        model = build_model(dataclasses.replace(cfg.model, name="bibert", pooling=bench["zero_shot_pooling"]),
-                            tokenizer, None)
-        rows["zero_shot"], _ = eval_model(model, ev, lengths, cfg, bench["encode_batch_size"], "zero-shot")
+        rows["zero_shot"], _ = eval_model(zero_shot_model(cfg, tokenizer, bench), ev, lengths, cfg,
+                                          bench["encode_batch_size"], "zero-shot")
         seconds["zero_shot"] = {"eval": time.perf_counter() - t0}
     for key in rows:
         print(f"{label_of(key, bench, cfg)}: {json.dumps({m: round(v, 4) for m, v in means(rows[key]).items()})} "
@@ -729,14 +749,10 @@ def main(argv: list[str] | None = None) -> dict:
     start, load_before = time.perf_counter(), machine_info()["load_average"]
 
     Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
-    catalog = catalog_for(home, cfg)
-    tokenizer = prepare_tokenizer(cfg, catalog)
-    vocab = prepare_vocabularies(cfg, catalog, tokenizer)
-    ev = EvalSet.of(catalog, cfg.eval.split, cfg.eval.relevance_threshold, bench["corpus_size"])
+    catalog, tokenizer, vocab, ev = prepare(home, cfg, bench)
     sizes = ev.summary(catalog)
     sizes["aspect_vocabulary_phrases"] = {a: len(vocab.get(a, "phrase")) for a in cfg.model.aspects}
-    lengths = {"doc": token_lengths(tokenizer, ev.doc_texts, cfg.model.max_doc_length),
-               "query": token_lengths(tokenizer, ev.query_texts, cfg.model.max_query_length)}
+    lengths = eval_lengths(tokenizer, ev, cfg)
     sizes["mean_tokens"] = {side: float(v.mean()) for side, v in lengths.items()}
     print("data: " + json.dumps(sizes), flush=True)
     labels = {k: label_of(k, bench, cfg) for k in keys}
