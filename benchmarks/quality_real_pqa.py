@@ -78,6 +78,7 @@ LABELS = {
     "hybrid": "Hybrid (lambda, norm tuned on dev)",
     "source_prior": "Hybrid + source prior (dev hit-rate@5)",
 }
+PAIRED_METRICS = ("mrr@5", "precision@1")  # kept per question in the JSON
 COMPARISONS = (("hybrid", "dense_alone"), ("hybrid", "sparse_alone"), ("hybrid", "bm25"),
                ("source_prior", "hybrid"))
 
@@ -154,6 +155,12 @@ def seed_mean(rows: list[dict[str, dict[str, dict[str, float]]]]) -> dict[str, d
     """Per row and metric, the per-question value averaged over seeds (for the pooled paired test)."""
     return {k: {m: {q: float(np.mean([r[k][m][q] for r in rows])) for q in rows[0][k][m]} for m in PQA_METRICS}
             for k in rows[0]}
+
+
+def per_question_record(rows: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """{metric: {row: {question: value}}} for `PAIRED_METRICS`, rounded to 6 digits: what a paired test of two
+    runs on the same split needs (`quality_real_pqa_compare.py`)."""
+    return {m: {k: {q: round(v, 6) for q, v in rows[k][m].items()} for k in rows} for m in PAIRED_METRICS}
 
 
 # ---- runs -------------------------------------------------------------------------------------------------------
@@ -278,9 +285,10 @@ def main(argv: list[str] | None = None) -> dict:
     sig.update({f"fine_tuned_seed{s}": significance(r) for s, r in zip(cfg.seeds, ft_rows, strict=True)})
     sig["fine_tuned_seed_mean"] = significance(seed_mean(ft_rows))
     ft = cfg.finetune
+    cut = "training and inference" if cfg.model.sparse_top_k_in_training else "inference only"
     print(f"\n# Real hetPQA evidence ranking (test: {summary['test_questions_with_positive']} questions with a "
           f"positive of {summary['test_questions']}); backbone {cfg.model.backbone.name_or_path}, sparse top-k "
-          f"{cfg.model.sparse_top_k}, doc length {cfg.model.max_doc_length}")
+          f"{cfg.model.sparse_top_k} ({cut}), doc length {cfg.model.max_doc_length}")
     print("\n## zero-shot\n" + table([means(zs_rows)]))
     print(f"\n## fine-tuned: {ft.steps} steps x batch {ft.batch_size} (+1 hard negative), lr {ft.learning_rate:g}, "
           f"per model; mean ± std over seeds {cfg.seeds}\n" + table([means(r) for r in ft_rows]))
@@ -299,7 +307,8 @@ def main(argv: list[str] | None = None) -> dict:
     result = {"benchmark": "quality_real_pqa", "command": " ".join(["python", *sys.argv]), "data": summary,
               "hetpqa": dataclasses.asdict(het), "config": dataclasses.asdict(cfg),
               "zero_shot": {"test": means(zs_rows), "chosen": zs_chosen},
-              "fine_tuned": {"test": [means(r) for r in ft_rows], "chosen": ft_chosen, "final_losses": finals},
+              "fine_tuned": {"test": [means(r) for r in ft_rows], "chosen": ft_chosen, "final_losses": finals,
+                             "per_question_seed_mean": per_question_record(seed_mean(ft_rows))},
               "significance_mrr@5": sig, "paper_002_table3": PAPER, "machine": info, "timings": timings}
     out = ROOT / "benchmarks" / "results" / f"{args.tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -56,6 +56,12 @@ class ModelConfig:
     the token states ("mean": what sentence-transformers checkpoints such as all-MiniLM and e5 were trained with).
     `aspect_sides`: the sides whose aspect losses are trained (both in the papers; one side only is the
     MADRAL^-query / MADRAL^-doc ablation of paper 000 Table 6); the model predicts aspects on both.
+    `sparse_top_k_in_training` (hybrid): False (default) cuts the sparse vector to its `sparse_top_k` largest
+    weights at inference only (eval mode: encoding, indexing, search), so in training the contrastive loss
+    (paper 002 Eq. 3) and FLOPS (Eq. 4, defined on the Eq. 2 weights, i.e. before the cut) see the full
+    pooled log(1 + ReLU) vector, as SPLADE trains it (Formal et al. 2021: sparsity from the FLOPS
+    regulariser, not from a cut); True also cuts in training (the cut of paper 002 Sec. 4.2 / Fig. 2 inside
+    the trained model: what this code did before issue 20, and every hetPQA table before it).
     """
 
     name: str = "madral"
@@ -76,6 +82,7 @@ class ModelConfig:
     vocab_min_freq: int = 1
     sparse_top_k: int | None = 256
     sparse_pooling: str = "max"
+    sparse_top_k_in_training: bool = False
     hybrid_lambda: float = 0.5
     pooling: str = "cls"
     aspect_sides: list[str] = field(default_factory=lambda: ["query", "doc"])

@@ -53,9 +53,12 @@ def match_terms(q_sparse: torch.Tensor, d_sparse: torch.Tensor, q_ids: list[int]
 def matched_terms(model: BiEncoder, query: str, doc: str, top: int | None = 20) -> list[TermMatch]:
     """`match_terms` of a (query, document) pair encoded by a hybrid `model` (eval mode, no grad)."""
     q_enc, d_enc = model.tokenize([query], "query"), model.tokenize([doc], "doc")
+    was_training = model.training
+    model.eval()  # the top-k cut of the sparse vectors applies in eval mode (madr.heads.hybrid)
     with torch.no_grad():
         q = model.encode(q_enc["input_ids"], q_enc["attention_mask"], "query")
         d = model.encode(d_enc["input_ids"], d_enc["attention_mask"], "doc")
+    model.train(was_training)
     if q.sparse is None or d.sparse is None:
         raise ValueError(f"model {model.config.name} has no sparse vectors to explain")
     return match_terms(q.sparse[0], d.sparse[0], q_enc["input_ids"][0].tolist(), d_enc["input_ids"][0].tolist(),

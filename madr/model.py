@@ -88,7 +88,7 @@ def _build_head(cfg: ModelConfig, hidden: int, special_ids: list[int]) -> nn.Mod
     if cfg.name in ("mur", "mural"):
         return AspectTokensHead(cfg.aspects, cfg.granularities, cfg.grouping, hidden, cfg.aspect_learning)
     if cfg.name == "hybrid":
-        return HybridHead(cfg.sparse_top_k, cfg.sparse_pooling, special_ids)
+        return HybridHead(cfg.sparse_top_k, cfg.sparse_pooling, special_ids, cfg.sparse_top_k_in_training)
     raise ValueError(f"model {cfg.name!r} has no backbone head")
 
 

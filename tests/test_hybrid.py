@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -153,3 +154,75 @@ def test_tower_sparse_vector_is_the_formula_on_the_tied_mlm_head(tokenizer, pool
     with torch.no_grad():
         tower.word_embeddings.mul_(2.0)  # tied: changing the embeddings changes the term weights
         assert not torch.allclose(model.encode(enc["input_ids"], enc["attention_mask"], "query").sparse, out.sparse)
+
+
+# ---- where the top-k cut applies (issue 20 item 3; paper 002 Sec. 4.2, Eq. 3-4; SPLADE) ------------------------
+
+
+LOGITS = torch.randn(2, 2, 3, 12, generator=torch.Generator().manual_seed(0))  # [q / p, B, L, V], ~half > 0
+
+
+def _below_cut_grad(top_k_in_training: bool, loss: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train-mode query sparse output, |d loss / d query logits| summed per term) of a bare head, k = 2."""
+    from madr.heads.hybrid import HybridHead
+    from madr.losses import InBatchSoftmaxLoss
+
+    logits = LOGITS.clone().requires_grad_()
+    mask = torch.ones(2, 3, dtype=torch.long)
+    head = HybridHead(2, "max", [], top_k_in_training=top_k_in_training).train()
+    q, p = head.sparsify(logits[0], mask), head.sparsify(logits[1], mask)
+    value = FlopsLoss()(q) if loss == "flops" else InBatchSoftmaxLoss("dot", 1.0)(q, p, None)
+    value.backward()
+    return q.detach(), logits.grad[0].abs().sum(dim=(0, 1))
+
+
+@pytest.mark.parametrize("loss", ["flops", "contrastive"])
+def test_training_losses_reach_the_terms_below_the_cut_by_default(loss):
+    full = term_weights(LOGITS[0], torch.ones(2, 3))
+    q, grad = _below_cut_grad(False, loss)
+    assert torch.allclose(q, full), "training mode keeps the whole Eq. 2 vector"
+    kept = torch.zeros(12, dtype=torch.bool)
+    kept[full.topk(2, dim=-1).indices.flatten()] = True
+    below = (full > 0).any(0) & ~kept  # positive in some row, in no row's top 2
+    assert int(below.sum()) > 0 and bool((grad[below] > 0).all()), "the loss pushes the terms below the cut"
+    q_cut, grad_cut = _below_cut_grad(True, loss)
+    assert int((q_cut > 0).sum(-1).max()) <= 2, "the option cuts in training, as before"
+    assert torch.all(grad_cut[below] == 0), "with the cut in training those terms get no gradient"
+
+
+@pytest.mark.parametrize("in_training", [False, True])
+def test_tower_cuts_at_k_in_eval_mode_and_in_training_only_with_the_option(tokenizer, in_training):
+    k = 8
+    torch.manual_seed(0)
+    cfg = ModelConfig(name="hybrid", backbone=BackboneConfig(tiny=TINY), sparse_top_k=k, max_query_length=16,
+                      max_doc_length=32, sparse_top_k_in_training=in_training)
+    model = build_model(cfg, tokenizer).train()
+    enc = model.tokenize(["red running shoes size 42", "blue socks"], "query")
+    out = model.encode(enc["input_ids"], enc["attention_mask"], "query")
+    nnz = (out.sparse > 0).sum(-1)
+    if in_training:
+        assert int(nnz.max()) <= k
+    else:
+        assert int(nnz.min()) > k, f"training mode keeps every positive weight, got {nnz.tolist()}"
+        full = term_weights(model.query_tower.mlm_logits(out), enc["attention_mask"], "max",
+                            tokenizer.all_special_ids)
+        assert torch.equal(out.sparse, full)
+    model.eval()
+    with torch.no_grad():
+        ev = model.encode(enc["input_ids"], enc["attention_mask"], "query")
+    assert int((ev.sparse > 0).sum(-1).max()) <= k, "inference always cuts at k"
+
+
+def test_index_encoding_and_explanations_cut_at_k_from_a_model_left_in_training_mode(tokenizer):
+    from madr.explain import matched_terms
+    from madr.index.encode import encode_token_batch
+
+    k = 8
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name="hybrid", backbone=BackboneConfig(tiny=TINY), sparse_top_k=k,
+                                    max_query_length=16, max_doc_length=32), tokenizer).train()
+    rows = [tokenizer("red running shoes size 42")["input_ids"], tokenizer("blue socks")["input_ids"]]
+    _, sparse = encode_token_batch(model, rows, "doc")
+    assert max(np.diff(sparse.indptr)) <= k and model.training, "cut at k, training mode restored"
+    matches = matched_terms(model, "red shoes", "red running shoes size 42", top=None)
+    assert len(matches) <= k and model.training

@@ -2,8 +2,13 @@
 
 Term weights (paper 002, formulas in papers/README.md; SPLADE): for vocabulary term j over the input
 tokens i, w_j = max_i log(1 + ReLU(mlm_logit[i, j])) (sum-pooling is the alternative), special tokens
-excluded, then only the top-k weights are kept. The dense part is the CLS hidden state. A pair scores
-s(q, p) = lambda * <dense_q, dense_p> + (1 - lambda) * <sparse_q, sparse_p> (Eq. 1).
+excluded, then only the top-k weights are kept (Sec. 4.2). The dense part is the CLS hidden state. A pair
+scores s(q, p) = lambda * <dense_q, dense_p> + (1 - lambda) * <sparse_q, sparse_p> (Eq. 1).
+
+Where the cut applies: at inference (eval mode) always; in training (module.training) only with
+`top_k_in_training` (`model.sparse_top_k_in_training`). The default trains on the full pooled vector, so
+the contrastive loss (Eq. 3) and FLOPS (Eq. 4, written on the Eq. 2 weights) see, and push down, the terms
+below the cut, as SPLADE trains (Formal et al. 2021); the cut is then an index-time pruning.
 """
 
 from __future__ import annotations
@@ -44,11 +49,13 @@ class HybridHead(nn.Module):
 
     sparse_from_mlm = True
 
-    def __init__(self, top_k: int | None, pooling: str, excluded_ids: list[int]) -> None:
+    def __init__(self, top_k: int | None, pooling: str, excluded_ids: list[int],
+                 top_k_in_training: bool = False) -> None:
         super().__init__()
         if pooling not in ("max", "sum"):
             raise ValueError(f"sparse pooling {pooling!r} is not one of max, sum")
         self.top_k = top_k
+        self.top_k_in_training = top_k_in_training
         self.pooling = pooling
         self.excluded_ids = sorted(set(excluded_ids))
 
@@ -56,6 +63,12 @@ class HybridHead(nn.Module):
         seq = run_backbone(backbone, input_ids, attention_mask)
         return TowerOutput(embedding=seq[:, 0], cls=seq[:, 0], sequence_output=seq)
 
+    @property
+    def active_top_k(self) -> int | None:
+        """The k the current mode cuts at: `top_k` in eval mode or with `top_k_in_training`, else None."""
+        return self.top_k if self.top_k_in_training or not self.training else None
+
     def sparsify(self, mlm_logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Term weights (Eq. 2), cut to the top-k where `active_top_k` says (Sec. 4.2)."""
         w = term_weights(mlm_logits, attention_mask, self.pooling, self.excluded_ids)
-        return top_k_sparsify(w, self.top_k)
+        return top_k_sparsify(w, self.active_top_k)

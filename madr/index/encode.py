@@ -77,15 +77,21 @@ def encode_token_batch(model: BiEncoder, rows: Sequence[Sequence[int]], side: st
     """Encode one batch of tokenised texts (ids with special tokens, unpadded), in the given order.
 
     ``dtype`` (e.g. ``torch.bfloat16`` on a GPU) runs the forward pass under autocast; outputs are float32.
-    The model must already be in eval mode on ``device``."""
+    The model must already be on ``device``; it runs in eval mode (no dropout, and the hybrid top-k cut of
+    paper 002 Sec. 4.2, which training mode skips by default) and is put back in its mode after."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     ids, mask = pad_token_ids(rows, model.tokenizer.pad_token_id or 0)
     ids, mask = ids.to(device), mask.to(device)
-    if dtype is not None and dtype != torch.float32:
-        with torch.autocast(device.type, dtype=dtype):
+    was_training = model.training
+    model.eval()
+    try:
+        if dtype is not None and dtype != torch.float32:
+            with torch.autocast(device.type, dtype=dtype):
+                out = model.encode(ids, mask, side)
+        else:
             out = model.encode(ids, mask, side)
-    else:
-        out = model.encode(ids, mask, side)
+    finally:
+        model.train(was_training)
     emb = out.embedding.float()
     if not is_hybrid(model):
         if model.config.similarity == "cosine":
