@@ -4,8 +4,9 @@ Runs `benchmarks/quality_real_pqa.py` once per k (`--set model.sparse_top_k=<k>`
 and budget; tag `<tag>_k<k>`), then puts the rows the paper reports side by side: sparse only, hybrid and
 hybrid + source prior at each k, dense only and BM25 once (they do not depend on k), fine-tuned, mean ± std
 over seeds, with the paired tests of each run (hybrid vs sparse / dense on the seed-mean per question) and the
-paper's MRR@5 / P@1 beside. Each k is a separately trained model (top-k applies in training as well as at
-scoring), so the k rows are compared by their seed means, not by a paired test across k.
+paper's MRR@5 / P@1 beside. Each k is a separately trained model (top-k applies at scoring, and in training
+too with `--set model.sparse_top_k_in_training=true`, how the runs before issue 20 were made), so the k rows
+are compared by their seed means, not by a paired test across k.
 
     python benchmarks/quality_real_pqa_topk.py --threads 1                # 3 k x 3 seeds, ~45 min on 2 cores
     python benchmarks/quality_real_pqa_topk.py --reuse                    # table from the runs already written
@@ -50,11 +51,14 @@ def run_for_k(k: int, args: argparse.Namespace) -> dict[str, Any]:
     path = ROOT / "benchmarks" / "results" / f"{tag}.json"
     if args.reuse and path.is_file():
         done = json.loads(path.read_text())
-        if done["config"]["model"]["sparse_top_k"] == k and done["config"]["seeds"] == args.seeds:
+        in_training = pqa.load_config(Path(args.config), args.set)[1].model.sparse_top_k_in_training
+        done_in_training = done["config"]["model"].get("sparse_top_k_in_training", True)  # before issue 20: True
+        if (done["config"]["model"]["sparse_top_k"] == k and done["config"]["seeds"] == args.seeds
+                and done_in_training == in_training):
             print(f"k={k}: reusing {path}", flush=True)
             return done
         print(f"k={k}: {path} has other settings (k {done['config']['model']['sparse_top_k']}, seeds "
-              f"{done['config']['seeds']}): running again", flush=True)
+              f"{done['config']['seeds']}, top-k in training {done_in_training}): running again", flush=True)
     argv = ["--config", args.config, "--threads", str(args.threads), "--seeds", *map(str, args.seeds),
             "--set", f"model.sparse_top_k={k}", "--tag", tag]
     for pair in args.set:

@@ -7,6 +7,9 @@ paper's values beside the rows it reports, the per-k paired tests, and the plot.
 
 from __future__ import annotations
 
+import argparse
+import json
+
 import pytest
 
 
@@ -40,3 +43,19 @@ def test_table_has_each_k_row_with_seed_spread_and_the_papers_values(topk, tmp_p
     assert topk.nnz_table({16: _result(topk, 16), 128: _result(topk, 128)}).splitlines()[2:] == [
         "| 16 | 16.0 | 16.0 | 18.0 | 36.0 |", "| 128 | 20.0 | 40.0 | 18.0 | 36.0 |"]
     assert topk.plot(results, tmp_path / "k.png", "title") and (tmp_path / "k.png").stat().st_size > 0
+
+
+def test_reuse_needs_the_same_top_k_placement(topk, tmp_path, monkeypatch):
+    """A per-k JSON from before issue 20 (no `sparse_top_k_in_training`: cut in training) is reused only for a
+    run that asks for the cut in training; the default (cut at inference only) runs again."""
+    config = str(topk.pqa.ROOT / "configs" / "real" / "hetpqa.yaml")
+    monkeypatch.setattr(topk, "ROOT", tmp_path)
+    (tmp_path / "benchmarks" / "results").mkdir(parents=True)
+    old = {"config": {"model": {"sparse_top_k": 16}, "seeds": [0]}}
+    (tmp_path / "benchmarks" / "results" / "t_k16.json").write_text(json.dumps(old))
+    ran = []
+    monkeypatch.setattr(topk.pqa, "main", lambda argv: ran.append(argv) or {"ran": True})
+    args = argparse.Namespace(tag="t", reuse=True, config=config, set=[], seeds=[0], threads=1)
+    assert topk.run_for_k(16, args) == {"ran": True} and "model.sparse_top_k=16" in ran[0]
+    args.set = ["model.sparse_top_k_in_training=true"]
+    assert topk.run_for_k(16, args) == old and len(ran) == 1
