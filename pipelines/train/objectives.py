@@ -69,7 +69,11 @@ def step_seed(seed: int, rank: int, step: int, micro: int = 0) -> int:
 
 
 def _float(t: torch.Tensor | None) -> torch.Tensor | None:
-    return None if t is None else t.float()
+    """Losses run in at least float32: bf16 / fp16 representations are upcast, float32 / float64 kept (a
+    float64 model keeps float64 losses, which the distributed-equivalence tests rely on)."""
+    if t is None or t.dtype not in (torch.float16, torch.bfloat16):
+        return t
+    return t.float()
 
 
 def _without_scalar_parameters(module: nn.Module) -> nn.Module:
@@ -141,7 +145,7 @@ class StageModule(nn.Module):
             with torch.no_grad():
                 target = self.teacher(batch.input_ids, batch.attention_mask).embedding
             pred = self.student(batch.input_ids, batch.attention_mask).embedding
-            value = self.mse(pred.float(), target.float())
+            value = self.mse(_float(pred), _float(target))
             return value, {"loss": float(value.detach())}
         outs = self.encode_finetune(batch)
         rep, parts = self.rep_loss(self.finetune_reps(outs), batch, step)
@@ -224,11 +228,11 @@ class StageModule(nn.Module):
         """Pointwise L_CE on the row-aligned judged pairs (a mean over rows: chunks add up with `weight`)."""
         if self.pointwise is None:
             return q.sum() * 0.0, {}
-        q, p = q.float(), p.float()
-        qs, docs, target = q, p, torch.ones(len(p), device=p.device)
+        q, p = _float(q), _float(p)
+        qs, docs, target = q, p, torch.ones(len(p), device=p.device, dtype=p.dtype)
         if n is not None:
-            qs, docs = torch.cat([q, q]), torch.cat([p, n.float()])
-            target = torch.cat([target, batch.neg_relevance.to(p.device).float()])
+            qs, docs = torch.cat([q, q]), torch.cat([p, _float(n)])
+            target = torch.cat([target, batch.neg_relevance.to(p.device, p.dtype)])
         ce = self.pointwise(qs, docs, target)
         return self.stage.pointwise_weight * ce * weight, {"ce": float(ce.detach())}
 
