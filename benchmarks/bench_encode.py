@@ -208,9 +208,9 @@ def child_st(corpus: Path, model_dir: Path, out: Path, threads: int, **_) -> dic
 def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: int = 4,
               max_docs_per_shard: int | None = None, **_) -> dict:
     from madr.index import ShardedIndex
-    from pipelines.data.cli import init_ray
     from pipelines.encode.config import EncodeConfig
     from pipelines.encode.job import run_encode
+    from pipelines.runtime import init_ray
 
     init_ray(threads)
 

@@ -37,7 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from benchmarks.machine import cpu_model, memory_gib, usable_cores  # noqa: E402
-from pipelines.ray_env import apply_ray_env  # noqa: E402
+from pipelines.runtime import apply_ray_env  # noqa: E402
 
 apply_ray_env(offline=True)  # Ray network hygiene (scripts/ray_env.sh), before Ray is imported
 

@@ -15,6 +15,8 @@ import json
 import os
 import signal
 import time
+import urllib.error
+import urllib.request
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -53,29 +55,48 @@ def judged(cfg: ExperimentConfig) -> dict[str, dict[str, int]]:
     return out
 
 
-def answer_queries(cfg: ExperimentConfig, url: str, k: int = 3) -> list[dict[str, Any]]:
-    """Sample queries over HTTP (`serve.client`); prints each hit with its judged relevance (0-4, '-' unjudged)."""
-    from serve.client import MadrClient
+def http_json(url: str, body: dict[str, Any] | None = None, timeout: float = 30.0) -> Any:
+    """GET (no body) or POST (JSON body) `url` and decode the JSON answer. The demo speaks plain HTTP, as any
+    client of the API would (stdlib only: `pipelines` does not depend on `serve`)."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as reply:
+        return json.loads(reply.read())
 
+
+def wait_ready(url: str, timeout: float = 120.0, interval: float = 0.5) -> None:
+    """Poll `GET /ready` until it answers 200; raise with the last error after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            http_json(f"{url}/ready")
+            return
+        except (urllib.error.URLError, ConnectionError) as e:  # HTTPError is a URLError
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{url} not ready after {timeout} s: {e}") from e
+            time.sleep(interval)
+
+
+def answer_queries(cfg: ExperimentConfig, url: str, k: int = 3) -> list[dict[str, Any]]:
+    """Sample queries over HTTP; prints each hit with its judged relevance (0-4, '-' unjudged)."""
     grades = judged(cfg)
     answers = []
-    with MadrClient(url) as client:
-        client.wait_ready(timeout=120)
-        for q in sample_queries(cfg):
-            reply = client.search(q["text"], k=k)
-            answers.append(reply)
-            print(f"\nPOST {url}/search  {json.dumps({'query': q['text'], 'k': k}, ensure_ascii=False)}"
-                  f"  [{q['language']}, {reply['took_ms']:.0f} ms]")
-            for rank, hit in enumerate(reply["results"], 1):
-                doc = hit.get("doc") or {}
-                grade = grades.get(q["query_id"], {}).get(doc.get("product_id", ""), "-")
-                print(f"  {rank}. {hit['score']:.3f}  {doc.get('title', hit['id'])}  (relevance {grade})")
-        if answers and answers[0]["results"]:
-            first = answers[0]
-            top = first["results"][0]
-            explained = client.explain(first["query"], doc_id=top["id"])
-            print(f"\nPOST {url}/explain  query {first['query']!r}, document {top['id']}:")
-            print(json.dumps(_short(explained), ensure_ascii=False, indent=1)[:2000])
+    wait_ready(url)
+    for q in sample_queries(cfg):
+        reply = http_json(f"{url}/search", {"query": q["text"], "k": k, "include_docs": True})
+        answers.append(reply)
+        print(f"\nPOST {url}/search  {json.dumps({'query': q['text'], 'k': k}, ensure_ascii=False)}"
+              f"  [{q['language']}, {reply['took_ms']:.0f} ms]")
+        for rank, hit in enumerate(reply["results"], 1):
+            doc = hit.get("doc") or {}
+            grade = grades.get(q["query_id"], {}).get(doc.get("product_id", ""), "-")
+            print(f"  {rank}. {hit['score']:.3f}  {doc.get('title', hit['id'])}  (relevance {grade})")
+    if answers and answers[0]["results"]:
+        first = answers[0]
+        top = first["results"][0]
+        explained = http_json(f"{url}/explain", {"query": first["query"], "doc_id": top["id"]})
+        print(f"\nPOST {url}/explain  query {first['query']!r}, document {top['id']}:")
+        print(json.dumps(_short(explained), ensure_ascii=False, indent=1)[:2000])
     return answers
 
 

@@ -13,7 +13,7 @@ from types import ModuleType
 import pytest
 import yaml
 
-from pipelines.ray_env import apply_ray_env
+from pipelines.runtime import apply_ray_env
 
 # Ray network hygiene: must be set before any ray.init in this process (see scripts/ray_env.sh).
 apply_ray_env(offline=True)

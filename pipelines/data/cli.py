@@ -17,27 +17,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from typing import Any
 
 from madr.aspects.vocabulary import GRANULARITIES, AspectVocabularies
 from madr.data.schema import RESERVED_COLUMNS
-from pipelines.ray_env import apply_ray_env
-
-
-def init_ray(num_cpus: int | None = None) -> Any:
-    """Start (or join, with RAY_ADDRESS) Ray with the network settings of ENVIRONMENT.md."""
-    apply_ray_env()
-    import ray
-
-    if not ray.is_initialized():
-        if os.environ.get("RAY_ADDRESS"):
-            ray.init(address=os.environ["RAY_ADDRESS"])
-        else:
-            ray.init(num_cpus=num_cpus, include_dashboard=False)
-    ray.data.DataContext.get_current().enable_progress_bars = True
-    return ray
+from pipelines.runtime import init_ray
 
 
 def _pairs(items: list[str], what: str) -> dict[str, str]:

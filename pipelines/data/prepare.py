@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", required=True, help="experiment YAML (e.g. configs/demo.yaml)")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of a local Ray (default: all)")
     args = parser.parse_args(argv)
-    from pipelines.data.cli import init_ray
+    from pipelines.runtime import init_ray
 
     try:
         cfg = load_config(args.config)

@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({k: (v[:20] if isinstance(v, list) else v) for k, v in report.items()}, indent=1))
             return 0 if report["ok"] else 1
         if not args.local:
-            from pipelines.data.cli import init_ray
+            from pipelines.runtime import init_ray
 
             init_ray(args.num_cpus)
         from pipelines.encode.job import run_encode

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from pipelines.encode.config import load_yaml_config
 from pipelines.evaluate.job import EvaluateConfig, run_evaluate
+from pipelines.runtime import run_ray_job
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,15 +54,10 @@ def load_config(args: argparse.Namespace) -> EvaluateConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        cfg = load_config(args)
-        from pipelines.data.cli import init_ray
-
-        init_ray(args.num_cpus)
-        result = run_evaluate(cfg)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
+    done = run_ray_job(lambda: load_config(args), run_evaluate, args.num_cpus)
+    if done is None:
         return 1
+    cfg, result = done
     print(Path(cfg.output, "results.md").read_text(), end="")
     return 0 if result["results"] else 1
 

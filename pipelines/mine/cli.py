@@ -15,6 +15,7 @@ import sys
 
 from pipelines.encode.config import load_yaml_config
 from pipelines.mine.job import MineConfig, run_mine
+from pipelines.runtime import run_ray_job
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -52,16 +53,7 @@ def load_config(args: argparse.Namespace) -> MineConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        cfg = load_config(args)
-        from pipelines.data.cli import init_ray
-
-        init_ray(args.num_cpus)
-        run_mine(cfg)
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return 1 if run_ray_job(lambda: load_config(args), run_mine, args.num_cpus) is None else 0
 
 
 if __name__ == "__main__":

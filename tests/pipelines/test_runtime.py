@@ -1,11 +1,11 @@
-"""pipelines.ray_env: the loopback defaults of ENVIRONMENT.md, set where unset, and the bootstrap file."""
+"""pipelines.runtime: the loopback defaults of ENVIRONMENT.md, set where unset, and the bootstrap file."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from pipelines.ray_env import BOOTSTRAP, LOOPBACK_DEFAULTS, OFFLINE_DEFAULTS, apply_ray_env
+from pipelines.runtime import BOOTSTRAP, LOOPBACK_DEFAULTS, OFFLINE_DEFAULTS, apply_ray_env
 
 
 def test_defaults_fill_only_unset_keys_and_bootstrap_is_written(monkeypatch, tmp_path: Path) -> None:
