@@ -48,7 +48,8 @@ class ModelConfig:
     """A bi-encoder from the two aspect papers, selected by `name` (paper 000 Sec. 8.2, paper 001 Sec. 5.2).
 
     bibert: CLS; mpbert: first `len(aspects) + use_other` token encodings fused by `fusion`;
-    mtbert: CLS that also predicts every aspect; dssm: bag of wordpieces -> MLP;
+    mtbert: CLS that also predicts every aspect; dssm: bag of wordpieces -> MLP, its embedding table copied
+    from `backbone`'s word embeddings when that names a pretrained encoder (paper 000 Sec. 8.2);
     madr/madral: Aspect Extraction Network + fusion, madral with aspect learning;
     mur/mural: aspect tokens after CLS + CLS-gating, mural with multi-granularity aspect learning;
     hybrid: SPLADE sparse vector from the MLM head + CLS dense vector (paper 002).
@@ -187,13 +188,18 @@ class TrainConfig:
 class EvalConfig:
     """Paper 000 Sec. 8.3: retrieval metrics over the whole corpus (Recall@k), ranking metrics by
     re-ranking each query's judged documents (NDCG@5 with gain 2^rel - 1, per-query AUC), and aspect
-    Accuracy@1 (Table 5)."""
+    Accuracy@1 (Table 5).
+
+    `relevance_threshold`: the smallest grade binary metrics (Recall, MRR, AUC, ...) count as relevant. The
+    default 2 is paper 000 Sec. 8.1's on its 0-4 grades ("We regard rel <= 1 as negatives and the rest as
+    positives"), which the synthetic catalog uses; a data set graded otherwise sets its own in its config.
+    """
 
     retrieval_metrics: list[str] = field(default_factory=lambda: ["recall@10", "recall@50", "mrr@10"])
     rerank_metrics: list[str] = field(default_factory=lambda: ["ndcg@5", "auc"])
     split: str = "test"
     gains: str = "exp2"
-    relevance_threshold: float = 3.0
+    relevance_threshold: float = 2.0
     top_k: int = 100
 
 

@@ -6,6 +6,10 @@ networks (paper 000 Sec. 8.2).
 
 Every fusion returns a `Fused`: the vector, the per-example weights (what `/explain` shows) and, for
 Presence Weighting, the presence logits the presence loss (Eq. 6) trains.
+
+`dim` is the width of the component embeddings (the projected width when the head projects its aspect
+embeddings, paper 000 Sec. 8.2) and `cls_dim` the width of the CLS encoding CLS-Gating reads (the backbone's
+hidden size; default `dim`).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ def _combine(components: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 class WeightedSum(nn.Module):
     """Eq. 4: E = sum_a w_a E_a with input-independent w = softmax(gamma)."""
 
-    def __init__(self, num_components: int, hidden: int) -> None:
+    def __init__(self, num_components: int, dim: int, cls_dim: int | None = None) -> None:
         super().__init__()
         self.gamma = nn.Parameter(torch.zeros(num_components))
 
@@ -55,9 +59,9 @@ class PresenceWeighting(nn.Module):
     input-independent importance positive, so the L1 normalisation makes weights that sum to one.
     """
 
-    def __init__(self, num_components: int, hidden: int) -> None:
+    def __init__(self, num_components: int, dim: int, cls_dim: int | None = None) -> None:
         super().__init__()
-        self.presence_weight = nn.Parameter(torch.randn(num_components, hidden) * hidden**-0.5)
+        self.presence_weight = nn.Parameter(torch.randn(num_components, dim) * dim**-0.5)
         self.presence_bias = nn.Parameter(torch.zeros(num_components))
         # softplus(0.5413) == 1.0: every aspect starts equally important.
         self.raw_gamma = nn.Parameter(torch.full((num_components,), 0.5413))
@@ -72,9 +76,9 @@ class PresenceWeighting(nn.Module):
 class CLSGating(nn.Module):
     """Paper 000 Sec. 6.3 / paper 001 Eq. 6-7: w = softmax(U h_CLS + b); E = sum_k w_k E_k."""
 
-    def __init__(self, num_components: int, hidden: int) -> None:
+    def __init__(self, num_components: int, dim: int, cls_dim: int | None = None) -> None:
         super().__init__()
-        self.gate = nn.Linear(hidden, num_components)
+        self.gate = nn.Linear(dim if cls_dim is None else cls_dim, num_components)
 
     def forward(self, components: torch.Tensor, cls: torch.Tensor, mask: torch.Tensor | None = None) -> Fused:
         logits = self.gate(cls)
@@ -91,7 +95,8 @@ FUSIONS: dict[str, type[nn.Module]] = {
 }
 
 
-def build_fusion(name: str, num_components: int, hidden: int) -> nn.Module:
+def build_fusion(name: str, num_components: int, dim: int, cls_dim: int | None = None) -> nn.Module:
+    """Fusion `name` over `num_components` embeddings of width `dim` (CLS-Gating reads a `cls_dim` CLS)."""
     if name not in FUSIONS:
         raise ValueError(f"fusion {name!r} is not one of {', '.join(FUSIONS)}")
-    return FUSIONS[name](num_components, hidden)
+    return FUSIONS[name](num_components, dim, cls_dim)

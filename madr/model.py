@@ -1,7 +1,11 @@
 """The bi-encoder: a query tower and a document tower (shared or separate weights) + shared aspect tables.
 
 A tower = backbone (any HF encoder, optionally truncated) + a head selected by the model name + an
-optional projection to d dimensions (paper 000 Sec. 8.2 projects to 128). The aspect value tables
+optional projection to d dimensions (paper 000 Sec. 8.2 projects "the aspect, query and document
+embeddings" to 128): MADR / MADRAL project their aspect embeddings inside the head (so fusion, presence and
+aspect prediction see the projected ones), every other head's vector is projected by the tower. A DSSM tower
+starts its embedding table from the configured pretrained backbone's word embeddings (paper 000 Sec. 8.2:
+"initialize the embedding table from BiBERT"). The aspect value tables
 (paper 000 Sec. 5: "shared between the query and document encoders") live on the bi-encoder, which
 fills `TowerOutput.aspect_logits` from the tower's aspect representations.
 
@@ -34,14 +38,16 @@ VOCAB_FILE = "aspect_vocabularies.json"
 
 
 class Tower(nn.Module):
-    """One side of the bi-encoder. DSSM towers have no backbone (the head is the whole encoder)."""
+    """One side of the bi-encoder. DSSM towers have no backbone (the head is the whole encoder); their
+    embedding table starts from `dssm_embeddings` [vocab, E] when given (E wide), else random and
+    `dssm_hidden[0]` wide."""
 
     def __init__(self, cfg: ModelConfig, backbone: nn.Module | None, vocab_size: int, pad_id: int,
-                 special_ids: list[int] | None = None) -> None:
+                 special_ids: list[int] | None = None, dssm_embeddings: torch.Tensor | None = None) -> None:
         super().__init__()
         self.backbone = backbone
         if backbone is None:
-            self.head: nn.Module = DSSMEncoder(vocab_size, cfg.dssm_hidden[0], cfg.dssm_hidden, pad_id)
+            self.head: nn.Module = _build_dssm(cfg, vocab_size, pad_id, dssm_embeddings)
             out_dim = self.head.output_dim
             self.mlm_head = None
         else:
@@ -50,7 +56,8 @@ class Tower(nn.Module):
             self.mlm_head = MLMHead(h, backbone.get_input_embeddings().weight.shape[0],
                                     getattr(backbone.config, "layer_norm_eps", 1e-12))
             out_dim = h
-        self.projection = nn.Linear(out_dim, cfg.projection_dim) if cfg.projection_dim else None
+        projected = isinstance(self.head, AspectAttentionHead) and self.head.projection is not None
+        self.projection = nn.Linear(out_dim, cfg.projection_dim) if cfg.projection_dim and not projected else None
 
     @property
     def word_embeddings(self) -> torch.Tensor | None:
@@ -77,6 +84,15 @@ class Tower(nn.Module):
         return self.mlm_head(hidden, self.word_embeddings)
 
 
+def _build_dssm(cfg: ModelConfig, vocab_size: int, pad_id: int, table: torch.Tensor | None) -> DSSMEncoder:
+    """DSSM over `vocab_size` word pieces; with `table` its embeddings start as a copy of it (paper 000 Sec. 8.2)."""
+    if table is None:
+        return DSSMEncoder(vocab_size, cfg.dssm_hidden[0], cfg.dssm_hidden, pad_id)
+    head = DSSMEncoder(vocab_size, table.shape[1], cfg.dssm_hidden, pad_id)
+    head.init_embeddings(table)
+    return head
+
+
 def _build_head(cfg: ModelConfig, hidden: int, special_ids: list[int]) -> nn.Module:
     k = len(cfg.aspects) + int(cfg.use_other)
     if cfg.name in ("bibert", "mtbert"):
@@ -84,7 +100,8 @@ def _build_head(cfg: ModelConfig, hidden: int, special_ids: list[int]) -> nn.Mod
     if cfg.name == "mpbert":
         return MultiPoolHead(k, hidden, cfg.fusion)
     if cfg.name in ("madr", "madral"):
-        return AspectAttentionHead(cfg.aspects, cfg.use_other, hidden, cfg.fusion, cfg.aspect_learning)
+        return AspectAttentionHead(cfg.aspects, cfg.use_other, hidden, cfg.fusion, cfg.aspect_learning,
+                                   cfg.projection_dim)
     if cfg.name in ("mur", "mural"):
         return AspectTokensHead(cfg.aspects, cfg.granularities, cfg.grouping, hidden, cfg.aspect_learning)
     if cfg.name == "hybrid":
@@ -105,17 +122,23 @@ class BiEncoder(nn.Module):
     """Query tower + document tower + the aspect tables both share.
 
     `backbone_paths` (used by `load`) overrides where each tower's backbone is read from.
+    `dssm_embeddings` (DSSM only; `load` passes the saved table): the table DSSM's embeddings start from; by
+    default the word embeddings of `cfg.backbone` when it names a pretrained encoder (paper 000 Sec. 8.2: DSSM's
+    embedding table is initialised from the pretrained BiBERT, e.g. `<bibert model dir>/query_backbone`).
     """
 
     def __init__(self, cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase,
                  vocabularies: AspectVocabularies | None = None,
-                 backbone_paths: dict[str, str] | None = None) -> None:
+                 backbone_paths: dict[str, str] | None = None,
+                 dssm_embeddings: torch.Tensor | None = None) -> None:
         super().__init__()
         self.config = cfg
         self.tokenizer = tokenizer
         self.vocabularies = vocabularies
-        self.query_tower = self._tower("query", backbone_paths)
-        self._doc_tower = None if cfg.shared_towers else self._tower("doc", backbone_paths)
+        if cfg.name == "dssm" and dssm_embeddings is None and cfg.backbone.name_or_path and backbone_paths is None:
+            dssm_embeddings = build_backbone(cfg.backbone).get_input_embeddings().weight.detach()
+        self.query_tower = self._tower("query", backbone_paths, dssm_embeddings)
+        self._doc_tower = None if cfg.shared_towers else self._tower("doc", backbone_paths, dssm_embeddings)
         self._check_lengths()
         self.aspect_predictor = self._aspect_predictor()
         if cfg.name != "dssm" and cfg.backbone.name_or_path and backbone_paths is None:
@@ -123,7 +146,7 @@ class BiEncoder(nn.Module):
                 tower.mlm_head.load_from_checkpoint(cfg.backbone.name_or_path)
 
     # -- construction -------------------------------------------------------------------------
-    def _tower(self, side: str, backbone_paths: dict[str, str] | None) -> Tower:
+    def _tower(self, side: str, backbone_paths: dict[str, str] | None, dssm_embeddings: torch.Tensor | None) -> Tower:
         cfg = self.config
         backbone = None
         if cfg.name != "dssm":
@@ -132,7 +155,7 @@ class BiEncoder(nn.Module):
             else:
                 backbone = build_backbone(cfg.backbone, vocab_size=len(self.tokenizer))
         return Tower(cfg, backbone, len(self.tokenizer), self.tokenizer.pad_token_id or 0,
-                     self.tokenizer.all_special_ids)
+                     self.tokenizer.all_special_ids, dssm_embeddings)
 
     def _check_lengths(self) -> None:
         head = self.query_tower.head
@@ -157,8 +180,9 @@ class BiEncoder(nn.Module):
                                          lambda s: tok(s, add_special_tokens=False)["input_ids"])
                    for k, a, g in keys}
             return ValueEmbeddings(ids, self.query_tower.word_embeddings.detach(), self.config.value_embeddings)
-        hidden = hidden_size(self.query_tower.backbone)
-        return AspectClassifier({k: len(self.vocabularies.get(a, g)) for k, a, g in keys}, hidden)
+        head = self.query_tower.head  # U_a is as wide as the E_a it scores: projected for MADRAL (Sec. 8.2)
+        dim = head.aspect_dim if isinstance(head, AspectAttentionHead) else hidden_size(self.query_tower.backbone)
+        return AspectClassifier({k: len(self.vocabularies.get(a, g)) for k, a, g in keys}, dim)
 
     # -- forward ------------------------------------------------------------------------------
     @property
@@ -256,8 +280,9 @@ class BiEncoder(nn.Module):
         if cfg.name != "dssm":
             query = str(path / "query_backbone")
             paths = {"query": query, "doc": query if cfg.shared_towers else str(path / "doc_backbone")}
-        model = cls(cfg, tokenizer, vocab, backbone_paths=paths)
         state = load_file(str(path / HEADS_FILE))
+        table = state.get("query_tower.head.embeddings.weight") if cfg.name == "dssm" else None
+        model = cls(cfg, tokenizer, vocab, backbone_paths=paths, dssm_embeddings=table)
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if ".backbone." not in k]
         if missing or unexpected:

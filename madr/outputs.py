@@ -19,11 +19,13 @@ class TowerOutput:
     cls: [B, H] the CLS hidden state (None for DSSM).
     sequence_output: [B, L, H] last hidden states of the content (None for DSSM).
     component_names: names of the K fused components (aspects + "other", "tok0".., "category/phrase"..).
-    components: [B, K, H] the component embeddings before fusion (None for single-vector heads).
+    components: [B, K, H] the component embeddings before fusion (None for single-vector heads); [B, K, d]
+        when the head projects them (MADR / MADRAL with `projection_dim` d, paper 000 Sec. 8.2).
     fusion_weights: [B, K] weights used to fuse the components (rows sum to one).
     presence_logits: [B, K] pre-sigmoid aspect presence (Presence Weighting, paper 000 Eq. 5).
     attention: [B, K, L] Aspect Extraction Network attention over tokens (paper 000 Table 2).
-    aspect_repr: objective key ("brand" or "brand/word") -> [B, H] representation that predicts it.
+    aspect_repr: objective key ("brand" or "brand/word") -> [B, H] (or projected [B, d]) representation
+        that predicts it.
     aspect_logits: the same keys -> [B, |V|] scores over the aspect's value vocabulary (filled by the
         bi-encoder's shared aspect predictor).
     sparse: [B, vocab] lexical term weights, top-k sparsified, zeros elsewhere (hybrid head, paper 002).

@@ -52,18 +52,30 @@ class AspectAttentionHead(nn.Module):
     Components are the explicit aspects in config order followed by OTHER (when `use_other`), which
     captures what the explicit aspects miss and never receives an aspect loss (Sec. 4 and Eq. 7).
     MADRAL predicts the explicit aspects from their embeddings (Sec. 5); MADR has no aspect learning.
+
+    With `projection_dim` d, the aspect embeddings are projected to d before anything uses them (Sec. 8.2:
+    "the aspect, query and document embeddings are projected to 128 dimensions"): fusion combines the
+    projected E_a, so the query / document embedding (Eq. 4) is d-wide without a second projection; Presence
+    Weighting's sigmoid layer reads the projected E_a (Eq. 5); and the aspect prediction softmax(E_a U_a^T +
+    b_a) (Sec. 5) scores the projected E_a against d-wide value tables (`aspect_dim`). CLS-Gating still
+    reads the H-wide CLS encoding (Sec. 6.3). One projection per tower serves every aspect.
     """
 
-    def __init__(self, aspects: list[str], use_other: bool, hidden: int, fusion: str, predict_aspects: bool) -> None:
+    def __init__(self, aspects: list[str], use_other: bool, hidden: int, fusion: str, predict_aspects: bool,
+                 projection_dim: int | None = None) -> None:
         super().__init__()
         self.component_names = list(aspects) + ([OTHER] if use_other else [])
         self.predicted = list(aspects) if predict_aspects else []
         self.aen = AspectExtractionNetwork(len(self.component_names), hidden)
-        self.fusion = build_fusion(fusion, len(self.component_names), hidden)
+        self.projection = nn.Linear(hidden, projection_dim) if projection_dim else None
+        self.aspect_dim = projection_dim or hidden
+        self.fusion = build_fusion(fusion, len(self.component_names), self.aspect_dim, cls_dim=hidden)
 
     def forward(self, backbone: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TowerOutput:
         seq = run_backbone(backbone, input_ids, attention_mask)
         comps, attn = self.aen(seq, attention_mask)
+        if self.projection is not None:
+            comps = self.projection(comps)
         fused = self.fusion(comps, seq[:, 0])
         index = {name: i for i, name in enumerate(self.component_names)}
         return TowerOutput(

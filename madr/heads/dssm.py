@@ -1,7 +1,8 @@
 """DSSM-style baseline: bag of wordpieces -> MLP (paper 000 Sec. 8.2, after Huang et al. 2013).
 
 Paper 000 feeds BERT wordpiece ids to DSSM and initialises its embedding table from the pretrained
-BiBERT; `init_embeddings` does that when given a table.
+BiBERT; `init_embeddings` does that when given a table, which `madr.model.BiEncoder` does whenever the DSSM
+config's `backbone` names a pretrained encoder (the table is then as wide as that encoder's hidden size).
 """
 
 from __future__ import annotations

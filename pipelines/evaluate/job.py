@@ -47,7 +47,7 @@ class EvaluateConfig:
     qrels_doc_column: str = "doc_id"
     metrics: list[str] = field(default_factory=lambda: list(DEFAULT_METRICS))
     k: int = 100
-    relevance_threshold: float = 1.0
+    relevance_threshold: float = 1.0  # any qrels file (no relevance column reads as 1); paper 000's 0-4 grades: 2
     gains: str = "exp2"
     sweep: list[int] | None = None  # nprobe / efSearch values; None: powers of two up to nlist (IVF), 16..512 (HNSW)
     sweep_metric: str = "recall@10"

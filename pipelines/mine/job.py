@@ -47,7 +47,8 @@ class MineConfig:
     output: str = "negatives.parquet"
     doc_key: str | None = None
     positives_doc_column: str = "doc_id"
-    min_relevance: float = 1.0  # a judged doc with at least this relevance is a positive
+    min_relevance: float = 1.0  # a judged doc with at least this relevance is a positive (1: any qrels file;
+    # paper 000's 0-4 grades: 2, as configs/encode.yaml and the main job, which passes eval.relevance_threshold)
     rank_min: int = 10
     rank_max: int = 100
     num_negatives: int = 8
