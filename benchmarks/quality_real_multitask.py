@@ -15,6 +15,9 @@ Rows (held-out sets only; nothing is tuned, so there is no validation split to t
 - Zero-shot start: the truncated backbone as madr builds it (CLS), i.e. the weights both trained models start from;
 - Single-task (click) and Multi-task (click + nli + translation): `madr.multitask` (tasks, proportional
   schedule with one task per batch, trainer), the same steps, batch, optimiser and start weights.
+Click documents: title + description concatenated (`tasks.click.field_attention: null`), or attended by the
+query (paper 004 Eq. 8-9) in training and scoring when the option is set; the two are compared, paired, by
+`benchmarks/quality_real_field_attention.py`.
 Metrics: click ROC AUC (Good vs Bad by cosine, all dev pairs; XGLUE's QADSM metric) and NDCG@k over the dev
 queries that have both a Good and a Bad ad; NLI ROC AUC by cosine: entailment vs neutral on SNLI (en) and
 XNLI (de), entailment vs rest (3-way) on both together; cross-lingual top-1: each held-out non-English
@@ -54,7 +57,7 @@ from benchmarks.plotting import pyplot, save_figure  # noqa: E402
 from madr.backbone import resolve_backbone_path  # noqa: E402
 from madr.config import apply_overrides, from_dict, parse_overrides  # noqa: E402
 from madr.data.real_multilingual import RealMultilingualConfig, load_real_multilingual  # noqa: E402
-from madr.data.records import MultilingualData  # noqa: E402
+from madr.data.records import ClickRecord, MultilingualData  # noqa: E402
 from madr.metrics import roc_auc  # noqa: E402
 from madr.multitask.config import MultiTaskExperimentConfig  # noqa: E402
 from madr.multitask.experiment import (  # noqa: E402
@@ -63,6 +66,7 @@ from madr.multitask.experiment import (  # noqa: E402
     build_tasks,
     build_tokenizer,
     click_ndcg,
+    click_pair_scores,
     distil_query_student,
     doc_text,
     row_labels,
@@ -130,13 +134,19 @@ def _cos(emb: Embedder, a: list[str], a_role: str, b: list[str], b_role: str) ->
     return (emb(a, a_role) * emb(b, b_role)).sum(-1).numpy()
 
 
-def item_scores(emb: Embedder, data: MultilingualData, order: Sequence[str]) -> dict[str, np.ndarray]:
-    """Per held-out item: click pair cosine, NLI pair cosine, cross-lingual top-1 hit (0/1)."""
+def item_scores(emb: Embedder, data: MultilingualData, order: Sequence[str],
+                click: Callable[[Sequence[ClickRecord]], np.ndarray] | None = None) -> dict[str, np.ndarray]:
+    """Per held-out item: click pair cosine, NLI pair cosine, cross-lingual top-1 hit (0/1).
+
+    `click` scores the click pairs itself (a madr model: concatenated fields or field attention, Eq. 8-9);
+    default: the cosine of `emb` on the query and the concatenated fields."""
     clicks, nli = data.clicks_eval, data.nli_eval
     candidates = list(dict.fromkeys(r.target for r in data.parallel_eval))
     src, cand = emb([r.source for r in data.parallel_eval], "source"), emb(candidates, "target")
     best = (src @ cand.T).argmax(dim=1).numpy()
-    return {"click": _cos(emb, [r.query for r in clicks], "query", [doc_text(r, order) for r in clicks], "ad"),
+    click_scores = click(clicks) if click is not None else _cos(emb, [r.query for r in clicks], "query",
+                                                                [doc_text(r, order) for r in clicks], "ad")
+    return {"click": click_scores,
             "nli": _cos(emb, [r.hypothesis for r in nli], "hypothesis", [r.premise for r in nli], "premise"),
             "xling": np.array([candidates[b] == r.target for b, r in zip(best, data.parallel_eval, strict=True)],
                               dtype=np.float64)}
@@ -245,6 +255,12 @@ def madr_embedder(model, batch_size: int) -> Embedder:
     return embed
 
 
+def madr_item_scores(model, data: MultilingualData, order: Sequence[str], batch_size: int) -> dict[str, np.ndarray]:
+    """`item_scores` of a madr model, its click documents embedded as the model does (`click_pair_scores`)."""
+    return item_scores(madr_embedder(model, batch_size), data, order,
+                       lambda records: click_pair_scores(model, records, order, batch_size))
+
+
 def e5_reference_embedder(path: str, max_length: int, batch_size: int) -> Embedder:
     """The untouched pretrained model with its own recipe: mean pooling, "query: " / "passage: " prefixes
     (queries, hypotheses and every translation side take "query: ", the symmetric-task prefix)."""
@@ -304,7 +320,7 @@ def run_seed(cfg: MultiTaskExperimentConfig, bench: dict, data: MultilingualData
 
     def evaluate_row(name: str, model) -> None:
         t0 = time.perf_counter()
-        scores[name] = item_scores(madr_embedder(model, bs), data, order)
+        scores[name] = madr_item_scores(model, data, order, bs)
         rows[name] = metrics(scores[name], data, ks)
         seconds[f"eval {name}"] = time.perf_counter() - t0
         print(f"seed {seed} {name}: {json.dumps({k: round(v, 4) for k, v in rows[name].items()})}", flush=True)
@@ -343,8 +359,7 @@ def shared_rows(cfg: MultiTaskExperimentConfig, data: MultilingualData, tokenize
         path = resolve_backbone_path(cfg.model.backbone.name_or_path)
         emb = e5_reference_embedder(path, cfg.model.max_doc_length, bs)
         rows[REFERENCE] = metrics(item_scores(emb, data, order), data, ks)
-    start = madr_embedder(encoder(cfg, tokenizer, 0, pooling), bs)
-    rows[ZERO_SHOT] = metrics(item_scores(start, data, order), data, ks)
+    rows[ZERO_SHOT] = metrics(madr_item_scores(encoder(cfg, tokenizer, 0, pooling), data, order, bs), data, ks)
     return {"rows": rows, "seconds": time.perf_counter() - t0}
 
 

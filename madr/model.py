@@ -12,6 +12,10 @@ fills `TowerOutput.aspect_logits` from the tower's aspect representations.
 A saved model is a directory: the config that built it (`config.json`), the tokenizer, each backbone in
 HF form (safetensors), every other weight in `heads.safetensors`, and the aspect vocabularies as JSON.
 Loading reads only those formats: nothing is unpickled.
+
+Multi-field documents (paper 004 Sec. IV): a bi-encoder built with `field_attention="additive" | "bilinear"`
+also holds a `FieldAttention` (Eq. 8-9) and embeds a document given as field texts with the query
+(`encode_field_documents`); its scorer is saved in `field_attention.json`, its weights with the heads.
 """
 
 from __future__ import annotations
@@ -30,11 +34,13 @@ from madr.aspects.vocabulary import AspectVocabularies
 from madr.backbone import MLMHead, build_backbone, hidden_size, load_pretrained_backbone, max_positions
 from madr.config import ModelConfig, from_dict
 from madr.heads import AspectAttentionHead, AspectTokensHead, ClsHead, DSSMEncoder, HybridHead, MultiPoolHead
+from madr.heads.field_attention import FieldAttention, FieldAttentionOutput
 from madr.outputs import TowerOutput
 
 CONFIG_FILE = "config.json"
 HEADS_FILE = "heads.safetensors"
 VOCAB_FILE = "aspect_vocabularies.json"
+FIELD_ATTENTION_FILE = "field_attention.json"
 
 
 class Tower(nn.Module):
@@ -122,6 +128,8 @@ class BiEncoder(nn.Module):
     """Query tower + document tower + the aspect tables both share.
 
     `backbone_paths` (used by `load`) overrides where each tower's backbone is read from.
+    `field_attention`: the scorer of paper 004's query-dependent field attention (Eq. 8-9; None: none),
+    used by `encode_field_documents` and trained by the multi-task click task.
     `dssm_embeddings` (DSSM only; `load` passes the saved table): the table DSSM's embeddings start from; by
     default the word embeddings of `cfg.backbone` when it names a pretrained encoder (paper 000 Sec. 8.2: DSSM's
     embedding table is initialised from the pretrained BiBERT, e.g. `<bibert model dir>/query_backbone`).
@@ -130,7 +138,7 @@ class BiEncoder(nn.Module):
     def __init__(self, cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase,
                  vocabularies: AspectVocabularies | None = None,
                  backbone_paths: dict[str, str] | None = None,
-                 dssm_embeddings: torch.Tensor | None = None) -> None:
+                 dssm_embeddings: torch.Tensor | None = None, field_attention: str | None = None) -> None:
         super().__init__()
         self.config = cfg
         self.tokenizer = tokenizer
@@ -141,6 +149,7 @@ class BiEncoder(nn.Module):
         self._doc_tower = None if cfg.shared_towers else self._tower("doc", backbone_paths, dssm_embeddings)
         self._check_lengths()
         self.aspect_predictor = self._aspect_predictor()
+        self.field_attention = None if field_attention is None else FieldAttention(self.embedding_dim, field_attention)
         if cfg.name != "dssm" and cfg.backbone.name_or_path and backbone_paths is None:
             for tower in self.towers():
                 tower.mlm_head.load_from_checkpoint(cfg.backbone.name_or_path)
@@ -241,6 +250,41 @@ class BiEncoder(nn.Module):
         dim = self.config.projection_dim or self.embedding_dim
         return torch.cat(chunks) if chunks else torch.empty(0, dim)
 
+    @torch.no_grad()
+    def encode_field_documents(self, queries: list[str], documents: list[list[str]],
+                               batch_size: int = 128) -> FieldAttentionOutput:
+        """Query-dependent document vectors (paper 004 Eq. 8-9): document i's fields attended by query i.
+
+        `documents[i]` holds document i's field texts, the same fields in the same order for every document;
+        an empty or blank text is a missing field (weight 0). Every field goes through the doc tower on its own,
+        the query through the query tower. As in the click task's training (`ClickTask.loss`), a cosine model
+        L2-normalises the query and the attended sum but not the fields. Returns the document vectors `[N, d]`
+        and the field weights alpha `[N, F]`.
+        """
+        if self.field_attention is None:
+            raise ValueError("this model has no field attention (build it with field_attention='additive')")
+        if len(queries) != len(documents) or len({len(d) for d in documents}) > 1:
+            raise ValueError(f"need one query per document and the same number of fields in each: "
+                             f"{len(queries)} queries, field counts {sorted({len(d) for d in documents})}")
+        was_training = self.training
+        self.eval()
+        cosine, chunks, weights = self.config.similarity == "cosine", [], []
+        for i in range(0, len(queries), batch_size):
+            cells = [[(t or "").strip() for t in doc] for doc in documents[i:i + batch_size]]
+            mask = torch.tensor([[bool(t) for t in row] for row in cells])
+            q_enc = self.tokenize(queries[i:i + batch_size], "query")
+            q = self.encode(q_enc["input_ids"], q_enc["attention_mask"], "query").embedding
+            f_enc = self.tokenize([t for row in cells for t in row], "doc")
+            fields = self.encode(f_enc["input_ids"], f_enc["attention_mask"], "doc").embedding
+            q = nn.functional.normalize(q, dim=-1) if cosine else q
+            att = self.field_attention(q, fields.view(*mask.shape, -1), mask.to(q.device))
+            chunks.append(nn.functional.normalize(att.embedding, dim=-1) if cosine else att.embedding)
+            weights.append(att.weights)
+        self.train(was_training)
+        if not chunks:
+            return FieldAttentionOutput(torch.empty(0, self.embedding_dim), torch.empty(0, 0))
+        return FieldAttentionOutput(torch.cat(chunks), torch.cat(weights))
+
     @property
     def embedding_dim(self) -> int:
         if self.config.projection_dim:
@@ -265,6 +309,10 @@ class BiEncoder(nn.Module):
         save_file(self.head_state_dict(), str(path / HEADS_FILE))
         if self.vocabularies is not None:
             self.vocabularies.save(path / VOCAB_FILE)
+        if self.field_attention is not None:
+            (path / FIELD_ATTENTION_FILE).write_text(json.dumps({"scorer": self.field_attention.scorer}))
+        else:
+            (path / FIELD_ATTENTION_FILE).unlink(missing_ok=True)
         return path
 
     @classmethod
@@ -280,9 +328,11 @@ class BiEncoder(nn.Module):
         if cfg.name != "dssm":
             query = str(path / "query_backbone")
             paths = {"query": query, "doc": query if cfg.shared_towers else str(path / "doc_backbone")}
+        attention = path / FIELD_ATTENTION_FILE
+        scorer = json.loads(attention.read_text())["scorer"] if attention.is_file() else None
         state = load_file(str(path / HEADS_FILE))
         table = state.get("query_tower.head.embeddings.weight") if cfg.name == "dssm" else None
-        model = cls(cfg, tokenizer, vocab, backbone_paths=paths, dssm_embeddings=table)
+        model = cls(cfg, tokenizer, vocab, backbone_paths=paths, field_attention=scorer, dssm_embeddings=table)
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if ".backbone." not in k]
         if missing or unexpected:

@@ -23,6 +23,7 @@ from madr.data.synthetic_multilingual import (
     PARALLEL_LANGUAGES,
     WIKIMATRIX_THRESHOLD,
 )
+from madr.heads.field_attention import SCORERS
 from madr.losses.nli_cosine import MAPPINGS
 from madr.losses.translation import OBJECTIVES
 from madr.losses.triplet import DISTANCES, NEGATIVE_MODES
@@ -138,16 +139,30 @@ class EncoderConfig:
 
 @dataclass
 class ClickTaskConfig:
-    """Triplet loss with in-batch negatives (Eq. 3-7): distance, negative strategy, margin alpha."""
+    """Triplet loss with in-batch negatives (Eq. 3-7): distance, negative strategy, margin alpha; how a
+    multi-field document is embedded (paper 004 Sec. IV).
+
+    `field_attention`: None (default) embeds the document's `field_order` fields concatenated into one text;
+    "additive" or "bilinear" embeds every field separately and attends to them with the query (Eq. 8-9, the
+    scorer `a(q, d)` of `madr.heads.field_attention.FieldAttention`). The setting lives here once; the
+    experiment builds the encoder with that attention (`BiEncoder(field_attention=...)`, saved and loaded
+    with it), trains the click task through it and scores held-out click pairs with it. Concatenation is the
+    default as in Sec. IV: it is the document embedding that can be indexed for first-stage retrieval, while
+    the query-dependent attention is proposed for the later ranking stages (a few thousand candidates).
+    """
 
     distance: str = "l1"
     negatives: str = "semi_hard"
     margin: float = 1.0
     field_order: list[str] = field(default_factory=lambda: ["title", "description"])
+    field_attention: str | None = None
 
     def __post_init__(self) -> None:
         _choice("tasks.click.distance", self.distance, DISTANCES)
         _choice("tasks.click.negatives", self.negatives, NEGATIVE_MODES)
+        if self.field_attention is not None and self.field_attention not in SCORERS:
+            raise ValueError(f"tasks.click.field_attention: {self.field_attention!r} is not one of "
+                             f"{', '.join(SCORERS)} (or null: concatenated fields)")
         if self.margin < 0:
             raise ValueError(f"tasks.click.margin must be >= 0, got {self.margin}")
 

@@ -16,7 +16,9 @@ Steps (`run_multitask_experiment`):
 5. Evaluation on held-out data (`encoder_metrics`), the columns of paper 004 Table III plus cross-lingual
    retrieval:
    * click relevance: NDCG@k of each held-out query's shown documents re-ranked by the model, graded by the
-     catalog's ground truth (unbiased, like the paper's judged relevance set), exp2 gains;
+     catalog's ground truth (unbiased, like the paper's judged relevance set), exp2 gains; a document is its
+     fields concatenated, or with `tasks.click.field_attention` its fields attended by the query (Sec. IV,
+     Eq. 8-9; the encoder holds the attention, the click task trains it: `click_pair_scores`);
    * NLI ROC AUC with the cosine as the score (Table III "SNLI / XNLI Val. RoC"): entailment vs neutral
      (the two classes Eq. 2 trains on), English pairs ("SNLI-like") and the other languages ("XNLI-like");
      plus entailment vs neutral + contradiction over all languages;
@@ -161,8 +163,10 @@ def model_config(cfg: MultiTaskExperimentConfig) -> ModelConfig:
 
 
 def build_encoder(cfg: MultiTaskExperimentConfig, tokenizer: PreTrainedTokenizerBase, seed: int) -> BiEncoder:
+    """The encoder of `model_config`, with the click documents' field attention when `tasks.click` asks for it
+    (paper 004 Eq. 8-9; it lives on the model so that it is saved, loaded and used to score with it)."""
     torch.manual_seed(seed)
-    return BiEncoder(model_config(cfg), tokenizer)
+    return BiEncoder(model_config(cfg), tokenizer, field_attention=cfg.tasks.click.field_attention)
 
 
 def build_tasks(cfg: MultiTaskExperimentConfig, model: BiEncoder, data: MultilingualData,
@@ -173,7 +177,8 @@ def build_tasks(cfg: MultiTaskExperimentConfig, model: BiEncoder, data: Multilin
     triplet = TripletLoss(distance=t.click.distance, margin=t.click.margin, negatives=t.click.negatives,
                           generator=generator)
     every = {
-        "click": (ClickTask(tok, loss=triplet, field_order=t.click.field_order, sep=DOC_SEP), data.clicks_train),
+        "click": (ClickTask(tok, loss=triplet, field_order=t.click.field_order, sep=DOC_SEP,
+                            field_attention=model.field_attention), data.clicks_train),
         "nli": (NLITask(tok, loss=NLICosineLoss(mapping=t.nli.mapping)), data.nli_train),
         "translation": (TranslationTask(tok, loss=TranslationLoss(t.translation.objective, t.translation.temperature,
                                                                   t.translation.symmetric),
@@ -240,13 +245,25 @@ def retrieval_top1(scores: np.ndarray, records: Sequence[ParallelRecord], candid
     return {"xling_top1": float(np.mean(list(per.values()))), **per}
 
 
+def click_pair_scores(model: BiEncoder, records: Sequence[ClickRecord], order: Sequence[str],
+                      batch_size: int) -> np.ndarray:
+    """Cosine of each click record's query and document [N]: the document is its `order` fields concatenated,
+    or, for a model with field attention, those fields attended by the query (paper 004 Sec. IV, Eq. 8-9)."""
+    queries = [r.query for r in records]
+    q = _embed(model, queries, "query", batch_size)
+    if model.field_attention is None:
+        d = _embed(model, [doc_text(r, order) for r in records], "doc", batch_size)
+    else:
+        fields = [[r.fields.get(name) or "" for name in order] for r in records]
+        d = F.normalize(model.encode_field_documents(queries, fields, batch_size).embedding, dim=-1)
+    return (q * d).sum(-1).numpy()
+
+
 def encoder_metrics(model: BiEncoder, data: MultilingualData, cfg: MultiTaskExperimentConfig) -> dict[str, float]:
     """Every held-out metric of an encoder (see the module docstring for which side each text takes)."""
     bs, order = cfg.eval.batch_size, cfg.tasks.click.field_order
     clicks = data.clicks_eval
-    q = _embed(model, [r.query for r in clicks], "query", bs)
-    d = _embed(model, [doc_text(r, order) for r in clicks], "doc", bs)
-    out = click_ndcg((q * d).sum(-1).numpy(), clicks, cfg.eval.ndcg_at)
+    out = click_ndcg(click_pair_scores(model, clicks, order, bs), clicks, cfg.eval.ndcg_at)
     h = _embed(model, [r.hypothesis for r in data.nli_eval], "query", bs)
     p = _embed(model, [r.premise for r in data.nli_eval], "doc", bs)
     out.update(nli_auc((h * p).sum(-1).numpy(), data.nli_eval))

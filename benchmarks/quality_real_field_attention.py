@@ -1,0 +1,154 @@
+"""Real data: click documents by concatenated fields vs query-dependent field attention (paper 004 Sec. IV).
+
+Paper 004 Sec. IV embeds a document with several text entities either by concatenating them into one text
+(a fixed vector, indexable) or by encoding each entity and attending to them with the query, Eq. 8-9
+(`f(d) = sum_k alpha_k f(d^k)`, `alpha = softmax_k a(q, d^k)`), and expects the attention to do better where
+a field is noisy. Here the multi-task row of `benchmarks/quality_real_multitask.py` (configs/real/multitask.yaml:
+click + NLI + translation, the same steps, batch, optimiser and start weights) is trained twice per seed:
+
+- concatenation: `tasks.click.field_attention: null`, the ad's title and description joined into one text;
+- attention: `tasks.click.field_attention: <scorer>` (default additive, the Bahdanau net paper 004 cites),
+  title and description encoded separately by the doc tower and attended by the query, in training (the
+  triplet task's documents) and in evaluation (held-out click pairs).
+
+Both are scored on the same held-out items (click AUC / NDCG@5, NLI AUC, cross-lingual top-1) and compared
+with the paired bootstrap of the multi-task benchmark (attention minus concatenation, per seed). The attention
+weights on the held-out click pairs are recorded (mean weight on the title, its spread over pairs) to show
+whether the attention learned anything beyond a fixed mix. No student, no shared rows: those are the
+multi-task benchmark's.
+
+    OMP_NUM_THREADS=1 flock /tmp/madr_bench.lock python benchmarks/quality_real_field_attention.py --threads 1
+
+Writes benchmarks/results/<tag>.json (`--merge` adds seeds from earlier JSONs; <tag>.partial.json after
+every seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout without installing
+from benchmarks.quality_real_multitask import (  # noqa: E402
+    aggregate,
+    load_config,
+    machine_info,
+    madr_item_scores,
+    metrics,
+    paired_bootstrap,
+    table,
+    train_model,
+)
+from madr.data.real_multilingual import load_real_multilingual  # noqa: E402
+from madr.data.records import MultilingualData  # noqa: E402
+from madr.heads.field_attention import SCORERS  # noqa: E402
+from madr.multitask.config import MultiTaskExperimentConfig  # noqa: E402
+from madr.multitask.experiment import build_tokenizer, row_labels  # noqa: E402
+
+CONCAT = "Multi-task, concatenated fields"
+
+
+def attention_label(scorer: str) -> str:
+    return f"Multi-task, field attention ({scorer})"
+
+
+def with_attention(cfg: MultiTaskExperimentConfig, scorer: str | None) -> MultiTaskExperimentConfig:
+    """`cfg` with `tasks.click.field_attention` set to `scorer` (None: concatenation)."""
+    click = dataclasses.replace(cfg.tasks.click, field_attention=scorer)
+    return dataclasses.replace(cfg, tasks=dataclasses.replace(cfg.tasks, click=click))
+
+
+def attention_weights(model, data: MultilingualData, order: list[str], batch_size: int) -> dict[str, float]:
+    """Eq. 9's alpha on the held-out click pairs: mean and spread of the first field's weight where every
+    field is present, and the share of such pairs."""
+    clicks = data.clicks_eval
+    fields = [[r.fields.get(name) or "" for name in order] for r in clicks]
+    alpha = model.encode_field_documents([r.query for r in clicks], fields, batch_size).weights.numpy()
+    full = np.array([all(t.strip() for t in row) for row in fields])
+    first = alpha[full, 0]
+    return {f"alpha_{order[0]}_mean": float(first.mean()), f"alpha_{order[0]}_std": float(first.std()),
+            f"alpha_{order[0]}_min": float(first.min()), f"alpha_{order[0]}_max": float(first.max()),
+            "pairs_with_every_field": float(full.mean())}
+
+
+def run_seed(cfg: MultiTaskExperimentConfig, bench: dict, data: MultilingualData, tokenizer, seed: int,
+             scorer: str) -> dict[str, Any]:
+    """Both multi-task variants of one seed, their held-out metrics and the paired bootstrap."""
+    order, bs = cfg.tasks.click.field_order, cfg.eval.batch_size
+    tasks = cfg.tasks.enabled
+    rows, seconds, training, scores, weights = {}, {}, {}, {}, {}
+    for name, variant in ((CONCAT, None), (attention_label(scorer), scorer)):
+        vcfg = with_attention(cfg, variant)
+        t0 = time.perf_counter()
+        model, training[name] = train_model(vcfg, tokenizer, data, tasks, seed, bench)
+        seconds[f"train {name}"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        scores[name] = madr_item_scores(model, data, order, bs)
+        rows[name] = metrics(scores[name], data, cfg.eval.ndcg_at)
+        if variant is not None:
+            weights[name] = attention_weights(model, data, order, bs)
+        seconds[f"eval {name}"] = time.perf_counter() - t0
+        print(f"seed {seed} {name} ({seconds[f'train {name}']:.0f} s): "
+              f"{json.dumps({k: round(v, 4) for k, v in rows[name].items()})} {weights.get(name, '')}", flush=True)
+        del model
+    paired = paired_bootstrap(scores[attention_label(scorer)], scores[CONCAT], data, int(bench["bootstrap"]), seed)
+    return {"seed": seed, "rows": rows, "paired_attention_minus_concat": paired, "attention_weights": weights,
+            "seconds": seconds, "training": training}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(ROOT / "configs" / "real" / "multitask.yaml"))
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override (repeatable)")
+    p.add_argument("--seeds", type=int, nargs="+", default=None)
+    p.add_argument("--scorer", default="additive", choices=SCORERS, help="a(q, d) of Eq. 9")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--tag", default="real_field_attention", help="name of the JSON")
+    p.add_argument("--out-dir", default=str(ROOT / "benchmarks"), help="results/ goes under it")
+    p.add_argument("--merge", nargs="+", default=[], metavar="JSON", help="add the seeds of earlier runs' JSON")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    real, cfg, bench = load_config(Path(args.config), args.set)
+    if cfg.tasks.click.field_attention is not None:
+        raise SystemExit(f"{args.config}: tasks.click.field_attention must be null here (the script sets it)")
+    seeds = args.seeds if args.seeds is not None else list(bench["seeds"])
+    start, load_before = time.perf_counter(), machine_info()["load_average"]
+    data = load_real_multilingual(real)
+    tokenizer = build_tokenizer(cfg, data, Path(cfg.output_dir))
+    print(json.dumps(data.summary), flush=True)
+    runs, partial = [], Path(args.out_dir) / "results" / f"{args.tag}.partial.json"
+    for seed in seeds:
+        runs.append(run_seed(cfg, bench, data, tokenizer, seed, args.scorer))
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps({"sizes": data.summary, "runs": runs}, indent=1, default=float))
+    for path in args.merge:
+        earlier = json.loads(Path(path).read_text())
+        runs += [r for r in earlier["runs"] if r["seed"] not in {x["seed"] for x in runs}]
+    runs.sort(key=lambda r: r["seed"])
+    mean, std = aggregate(runs)
+    text = table(mean, std, set(mean))
+    print(text)
+    result = {"command": " ".join(sys.argv), "multi_task_row": row_labels(cfg)[1], "scorer": args.scorer,
+              "config": {"real_data": dataclasses.asdict(real), "bench": bench, **cfg.to_dict()},
+              "machine": machine_info(), "load_average_before": load_before, "sizes": data.summary,
+              "seeds": [r["seed"] for r in runs], "wall_s": time.perf_counter() - start, "runs": runs,
+              "mean": mean, "std": std, "table": text}
+    out = Path(args.out_dir) / "results" / f"{args.tag}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=float))
+    partial.unlink(missing_ok=True)
+    print(f"wrote {out} ({result['wall_s']:.0f} s; load {load_before} -> {result['machine']['load_average']})")
+    return result
+
+
+if __name__ == "__main__":
+    main()
