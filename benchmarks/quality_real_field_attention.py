@@ -20,7 +20,7 @@ multi-task benchmark's.
     OMP_NUM_THREADS=1 flock /tmp/madr_bench.lock python benchmarks/quality_real_field_attention.py --threads 1
 
 Writes benchmarks/results/<tag>.json (`--merge` adds seeds from earlier JSONs; <tag>.partial.json after
-every seed).
+every seed). `--initial-weights` only prints the untrained attention's weights per seed (the start of training).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from benchmarks.quality_real_multitask import (  # noqa: E402
     aggregate,
+    encoder,
     load_config,
     machine_info,
     madr_item_scores,
@@ -80,6 +81,17 @@ def attention_weights(model, data: MultilingualData, order: list[str], batch_siz
             "pairs_with_every_field": float(full.mean())}
 
 
+def initial_weights(cfg: MultiTaskExperimentConfig, bench: dict, data: MultilingualData, tokenizer,
+                    seeds: list[int], scorer: str) -> dict[int, dict[str, float]]:
+    """`attention_weights` of the untrained attention model of each seed (what training starts from)."""
+    vcfg, out = with_attention(cfg, scorer), {}
+    for seed in seeds:
+        model = encoder(vcfg, tokenizer, seed, bench["pooling"]).eval()
+        out[seed] = attention_weights(model, data, vcfg.tasks.click.field_order, vcfg.eval.batch_size)
+        print(f"seed {seed} untrained {scorer} attention: {json.dumps(out[seed])}", flush=True)
+    return out
+
+
 def run_seed(cfg: MultiTaskExperimentConfig, bench: dict, data: MultilingualData, tokenizer, seed: int,
              scorer: str) -> dict[str, Any]:
     """Both multi-task variants of one seed, their held-out metrics and the paired bootstrap."""
@@ -115,6 +127,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--tag", default="real_field_attention", help="name of the JSON")
     p.add_argument("--out-dir", default=str(ROOT / "benchmarks"), help="results/ goes under it")
     p.add_argument("--merge", nargs="+", default=[], metavar="JSON", help="add the seeds of earlier runs' JSON")
+    p.add_argument("--initial-weights", action="store_true",
+                   help="only print the untrained attention's weights on the held-out pairs per seed (no training)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     real, cfg, bench = load_config(Path(args.config), args.set)
@@ -125,6 +139,8 @@ def main(argv: list[str] | None = None) -> dict:
     data = load_real_multilingual(real)
     tokenizer = build_tokenizer(cfg, data, Path(cfg.output_dir))
     print(json.dumps(data.summary), flush=True)
+    if args.initial_weights:
+        return {"initial_weights": initial_weights(cfg, bench, data, tokenizer, seeds, args.scorer)}
     runs, partial = [], Path(args.out_dir) / "results" / f"{args.tag}.partial.json"
     for seed in seeds:
         runs.append(run_seed(cfg, bench, data, tokenizer, seed, args.scorer))

@@ -24,6 +24,8 @@ def test_concatenation_and_attention_rows_with_their_paired_test(benchmark_scrip
     try:
         result = bench.main(["--threads", "1", "--seeds", "0", "--out-dir", str(tmp_path), "--tag", "smoke",
                              *[a for s in sets for a in ("--set", s)]])
+        start = bench.main(["--threads", "1", "--seeds", "0", "--initial-weights", "--out-dir", str(tmp_path),
+                            *[a for s in sets for a in ("--set", s)]])["initial_weights"][0]
         with pytest.raises(SystemExit, match="must be null here"):
             bench.main(["--seeds", "0", "--set", "tasks.click.field_attention=additive", "--out-dir", str(tmp_path)])
     finally:
@@ -34,6 +36,7 @@ def test_concatenation_and_attention_rows_with_their_paired_test(benchmark_scrip
     assert run["rows"][bench.CONCAT]["click_auc"] != run["rows"][attention]["click_auc"], "two different models"
     weights = run["attention_weights"][attention]
     assert 0.0 < weights["alpha_title_mean"] < 1.0 and weights["pairs_with_every_field"] > 0.5, weights
+    assert start.keys() == weights.keys() and start != weights, "the untrained attention, then the trained one"
     paired = run["paired_attention_minus_concat"]
     assert set(paired) == {"click_auc", "nli_auc_en", "nli_auc_xx", "nli_auc_all3", "xling_top1"}
     assert all(math.isfinite(v["diff"]) and 0.0 <= v["p_bootstrap"] <= 1.0 for v in paired.values()), paired
