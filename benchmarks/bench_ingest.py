@@ -2,7 +2,7 @@
 
 Input: `--rows` synthetic SNLI-layout JSONL rows (sentence1 / sentence2 / gold_label; 3% of them are bad,
 1% of each kind: broken JSON, an empty sentence, an unknown label), one file. Tokenizer: a BERT WordPiece trained here on a
-sample of the text (`madr.tokenization.train_wordpiece_tokenizer`), saved to disk and loaded from the path
+sample of the text (`madr.modeling.tokenization.train_wordpiece_tokenizer`), saved to disk and loaded from the path
 by every contender (`SharedEncoder`: `load_tokenizer` once, then the Rust backend).
 
 Contenders (the same reader, validation, quarantine and tokenisation functions, same tokenizer, same rows):
@@ -296,7 +296,7 @@ def run_ray(data: Path, tokenizer: str, args: argparse.Namespace, compute: str, 
 
 def child(args: argparse.Namespace) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "true" if args.mode == "loop_threads" else "false"
-    import madr.tokenization  # noqa: F401 - imports (transformers, torch: seconds) are not timed, for every mode
+    import madr.modeling.tokenization  # noqa: F401 - imports (transformers, torch: seconds) are not timed, for every mode
     import pipelines.data.readers  # noqa: F401
     if args.mode.startswith("loop"):
         out = run_loop(Path(args.data), args.tokenizer, args.window, args.max_length)
@@ -456,7 +456,7 @@ def main() -> None:
     t = time.perf_counter()
     big = work / f"snli_{sizes[-1]}.jsonl"
     make_data(big, sizes[-1])
-    from madr.tokenization import train_wordpiece_tokenizer
+    from madr.modeling.tokenization import train_wordpiece_tokenizer
 
     rng = random.Random(1)
     train_wordpiece_tokenizer([sentence(rng) for _ in range(5000)], vocab_size=2000, out_dir=str(work / "tok"))

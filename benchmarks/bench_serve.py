@@ -65,11 +65,11 @@ def machine_info() -> str:
 def build_model(out: Path, backbone: str) -> Path:
     import torch
 
-    from madr.backbone import resolve_backbone_path
     from madr.config import BackboneConfig, ModelConfig
-    from madr.data.synthetic import generate_catalog
-    from madr.model import build_model as build
-    from madr.tokenization import load_tokenizer, train_wordpiece_tokenizer
+    from madr.data.synthetic.catalog import generate_catalog
+    from madr.modeling.backbone import resolve_backbone_path
+    from madr.modeling.model import build_model as build
+    from madr.modeling.tokenization import load_tokenizer, train_wordpiece_tokenizer
 
     path = out / "model"
     if (path / "config.json").is_file():
@@ -92,7 +92,7 @@ def build_model(out: Path, backbone: str) -> Path:
 
 def random_sparse(n: int, terms: int, vocab: int, low: int, rng: np.random.Generator):
     """n rows of ~`terms` distinct term ids in [low, vocab) (duplicates of the draw dropped), weights U[0.1, 2)."""
-    from madr.sparse import SparseBatch
+    from madr.search.sparse import SparseBatch
 
     draws = np.sort(rng.integers(low, vocab, size=(n, terms), dtype=np.int32), axis=1)
     keep = np.ones(draws.shape, bool)
@@ -107,7 +107,7 @@ def build_corpus_index(args: argparse.Namespace, model_dir: Path) -> Path:
     import pyarrow as pa
 
     from madr.index import build_index
-    from madr.model import BiEncoder
+    from madr.modeling.model import BiEncoder
 
     key = {k: getattr(args, k) for k in ("docs", "shards", "index", "doc_terms", "backbone", "seed")}
     out = Path(args.out) / "index"
@@ -248,7 +248,7 @@ def main() -> None:
     args = p.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     print(machine_info(), flush=True)
-    from madr.data.synthetic import generate_catalog
+    from madr.data.synthetic.catalog import generate_catalog
 
     model_dir = build_model(Path(args.out), args.backbone)
     manifest = build_corpus_index(args, model_dir)

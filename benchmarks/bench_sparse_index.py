@@ -1,4 +1,4 @@
-"""Benchmark: ``madr.sparse.InvertedIndex`` on a synthetic SPLADE-like corpus vs brute-force sparse scoring.
+"""Benchmark: ``madr.search.sparse.InvertedIndex`` on a synthetic SPLADE-like corpus vs brute-force sparse scoring.
 
 Corpus: ``--docs`` documents with U[--doc-nnz-min, --doc-nnz-max] distinct terms (approximately; see
 ``zipf_rows``) over a BERT-sized vocabulary (30,522) whose term frequencies follow a Zipf law with exponent
@@ -31,8 +31,8 @@ import scipy.sparse as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 from benchmarks.machine import cpu_model, memory_gib, usable_cores  # noqa: E402
-from madr.sparse.inverted_index import InvertedIndex, pad_rows, top_k_row  # noqa: E402
-from madr.sparse.vectors import SparseBatch  # noqa: E402
+from madr.search.sparse.inverted_index import InvertedIndex, pad_rows, top_k_row  # noqa: E402
+from madr.search.sparse.vectors import SparseBatch  # noqa: E402
 
 
 def machine_info() -> str:

@@ -99,7 +99,7 @@ def plain_loop(work: str, size: str, steps: int, batch: int, threads: int) -> di
     import torch
     from bench_ingest import Interval, ProcessTree
 
-    from madr.model import BiEncoder
+    from madr.modeling.model import BiEncoder
     from pipelines.train.data import example_files
     from pipelines.train.engine import build_scheduler, trainable
     from pipelines.train.examples import decode_batch
@@ -224,7 +224,7 @@ import json, resource, sys, time, psutil, torch
 sys.path.insert(0, {root!r})
 torch.set_num_threads(1)
 from madr.config import StageConfig
-from madr.model import BiEncoder
+from madr.modeling.model import BiEncoder
 from pipelines.train.engine import DDPEngine
 from pipelines.train.objectives import StageModule
 model = BiEncoder.load({model!r})
@@ -247,9 +247,9 @@ def memory_inputs(out: str, batch: int) -> tuple[str, str]:
     import torch
 
     from madr.config import load_config
-    from madr.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies
-    from madr.model import build_model
-    from madr.training import CatalogSampler, finetune_batches
+    from madr.modeling.model import build_model
+    from madr.recipes.aspects.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies
+    from madr.training.loop import CatalogSampler, finetune_batches
     from pipelines.train.objectives import FinetuneBatch
 
     cfg = load_config(ROOT / "configs" / "train_tiny.yaml", {

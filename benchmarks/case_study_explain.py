@@ -76,7 +76,7 @@ def build_served_index(model_dir: Path, products: list[Product], out: Path) -> P
     """Encode `products` with the document tower into one Flat shard + DocStore (the encode job's layout)."""
     from madr.index import build_index
     from madr.index.encode import encode_documents
-    from madr.model import BiEncoder
+    from madr.modeling.model import BiEncoder
 
     model = BiEncoder.load(model_dir).eval()
     ids = np.arange(len(products), dtype=np.int64)

@@ -4,7 +4,7 @@ without further training on the public Amazon Shopping Queries (ESCI) samples wi
 MURAL vs MADRAL comparison on ESCI).
 
 Why transfer: the ESCI product file was not obtainable; the two samples with product text hold 530 US Exact
-judgments over 54 queries (`madr.data.esci.esci_text_catalog`), too few to train on, so they are a second,
+judgments over 54 queries (`madr.data.sources.esci.esci_text_catalog`), too few to train on, so they are a second,
 out-of-domain test set (Amazon's whole catalog vs Home Depot's home-improvement one) for the models the Home
 Depot table trains. Each query's Exact products are its relevant ones; every other product of the sample is a
 distractor (not judged for that query, so read the numbers as a lower bound). Metrics over the 530 products:
@@ -37,12 +37,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 
 from benchmarks import quality_real_aspects as hd  # noqa: E402
-from madr.data.esci import esci_text_catalog  # noqa: E402
-from madr.data.homedepot import TitleAnnotator, annotator_accuracy  # noqa: E402
-from madr.experiment import prepare_tokenizer  # noqa: E402
+from madr.data.sources.esci import esci_text_catalog  # noqa: E402
+from madr.data.sources.homedepot import TitleAnnotator, annotator_accuracy  # noqa: E402
 from madr.metrics import evaluate  # noqa: E402
-from madr.model import BiEncoder  # noqa: E402
-from madr.tokenization import load_tokenizer  # noqa: E402
+from madr.modeling.model import BiEncoder  # noqa: E402
+from madr.modeling.tokenization import load_tokenizer  # noqa: E402
+from madr.recipes.aspects.experiment import prepare_tokenizer  # noqa: E402
 
 DEFAULT_MODELS = ["bm25", "zero_shot", "bibert", "madr", "madral_pw", "mur", "mural"]
 METRICS = ["recall@10", "recall@50", "mrr@10", "ndcg@10"]
@@ -65,7 +65,7 @@ def home_depot_models(keys: list[str], seeds: list[int], home: dict | None, cfg,
 
 
 def retrieval_metrics(run: dict, ev: hd.EvalSet) -> dict[str, dict[str, float]]:
-    # Every judgment is Exact (grade 4, madr.data.esci), so any threshold in (0, 4] gives the same values; 3.0 is
+    # Every judgment is Exact (grade 4, madr.data.sources.esci), so any threshold in (0, 4] gives the same values; 3.0 is
     # the Home Depot table's ("E" = grade 3-4, configs/real/homedepot.yaml), not paper 000's 2.
     return evaluate(run, ev.qrels, METRICS, relevance_threshold=3.0, gains="exp2", per_query=True)
 

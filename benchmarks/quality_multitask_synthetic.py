@@ -1,6 +1,6 @@
 """Quality: multilingual multi-task vs click-only sentence encoder on synthetic data (paper 004 Table III shape).
 
-Data (`madr.data.synthetic_multilingual`): a position-biased click log over the synthetic catalog (en / de /
+Data (`madr.data.synthetic.multilingual`): a position-biased click log over the synthetic catalog (en / de /
 fr / es queries), XNLI-like NLI pairs in 7 languages (contradictions dropped for training, Eq. 2) and
 WikiMatrix-like parallel pairs in 6 languages across Latin, Cyrillic, CJK and Arabic scripts (filtered at
 the WikiMatrix margin threshold). Model: a 6-layer, 64-wide BERT trained from scratch over a WordPiece
@@ -8,7 +8,7 @@ tokenizer trained on the training text, CLS projected to 32 dimensions, one enco
 documents; its query tower is then distilled into a 3-layer student with an L2 loss (paper 004 Sec. V-A).
 Rows: random scores, the logged old ranker, token BM25, minimum edit distance, the untrained encoder,
 the click-only encoder, the multi-task encoder (same steps) and its 3-layer query student.
-Everything comes from `configs/multitask.yaml` via `madr.multitask.experiment.run_multitask_experiment`.
+Everything comes from `configs/multitask.yaml` via `madr.recipes.multitask.experiment.run_multitask_experiment`.
 
     python benchmarks/quality_multitask_synthetic.py                   # 1 seed, a few minutes on 2 cores
     python benchmarks/quality_multitask_synthetic.py --seeds 0 1 2     # mean ± sample std over seeds
@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from benchmarks.machine import machine_info as _machine_info  # noqa: E402
 from benchmarks.plotting import pyplot, save_figure  # noqa: E402
-from madr.multitask.config import load_multitask_config  # noqa: E402
-from madr.multitask.experiment import COLUMNS, MultiTaskResult, format_table, run_multitask_experiment  # noqa: E402
+from madr.recipes.multitask.config import load_multitask_config  # noqa: E402
+from madr.recipes.multitask.experiment import COLUMNS, MultiTaskResult, format_table, run_multitask_experiment  # noqa: E402
 
 
 def machine_info() -> dict[str, str]:

@@ -1,8 +1,8 @@
 """Quality: hybrid vs dense vs sparse vs BM25 evidence ranking on synthetic product QA (paper 002 Table 3).
 
-Data: `madr.data.synthetic_pqa.generate_pqa` (questions about product attributes, 6-15 candidate evidences
+Data: `madr.data.synthetic.pqa.generate_pqa` (questions about product attributes, 6-15 candidate evidences
 from six sources; exact model numbers and paraphrases both matter; CQA / reviews are unreliable), split
-by question into train / dev / test. Models (`madr.pqa`), all the same architecture (hybrid head: SPLADE
+by question into train / dev / test. Models (`madr.recipes.pqa.recipe`), all the same architecture (hybrid head: SPLADE
 term weights from the MLM head + the CLS vector, one shared tower), trained on the train questions with
 in-batch + one hard negative from the question's own candidates:
 
@@ -44,10 +44,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from benchmarks.machine import machine_info as _machine_info  # noqa: E402
 from benchmarks.plotting import pyplot, save_figure  # noqa: E402
-from madr.backbone import resolve_backbone_path  # noqa: E402
 from madr.config import parse_overrides  # noqa: E402
-from madr.data.synthetic_pqa import generate_pqa  # noqa: E402
-from madr.pqa import (  # noqa: E402
+from madr.data.synthetic.pqa import generate_pqa  # noqa: E402
+from madr.modeling.backbone import resolve_backbone_path  # noqa: E402
+from madr.modeling.tokenization import load_tokenizer, train_wordpiece_tokenizer  # noqa: E402
+from madr.recipes.pqa.recipe import (  # noqa: E402
     PQA_METRICS,
     PQAConfig,
     PQAReport,
@@ -57,7 +58,6 @@ from madr.pqa import (  # noqa: E402
     pqa_model,
     train_pqa,
 )
-from madr.tokenization import load_tokenizer, train_wordpiece_tokenizer  # noqa: E402
 
 HEADERS = ("MAP", "R-Prec", "MRR@5", "NDCG", "Hit Rate@5", "P@1")
 

@@ -1,7 +1,7 @@
 """Quality on REAL product search: the multi-aspect family vs dense baselines on Home Depot (issue 10; paper 000
 Tables 4, 5 and 7, paper 001 Table 3).
 
-Data (`homedepot:` of the config, `madr.data.homedepot.write_homedepot_catalog`, cached under
+Data (`homedepot:` of the config, `madr.data.sources.homedepot.write_homedepot_catalog`, cached under
 `<output_dir>/catalog-<hash>`): the Home Depot relevance file as a catalog: unique products (title only) with
 category / brand / colour from a title annotator, unique search terms split by term 70/10/20 into train / dev /
 test, graded judgments 0-4 (raters' mean 1-3 -> round(2 (mean - 1))). Without a `homedepot:` section the
@@ -11,7 +11,7 @@ Rows, every trained one from the SAME backbone weights (`model.backbone`), steps
 the optional pretraining stage (`train.pretrain`, MLM + aspect losses) is off by default because the backbone
 is already pretrained, the fine-tuning stage is paper 000 Eq. 8 (L_CE + in-batch L_SCE with one hard negative
 + `aspect_weight` x aspect losses for the aspect-learning models):
-- references, not trained: BM25 on the backbone's word pieces (`madr.sparse.BM25Index`, Anserini k1/b) and the
+- references, not trained: BM25 on the backbone's word pieces (`madr.search.sparse.BM25Index`, Anserini k1/b) and the
   zero-shot backbone (`bench.zero_shot_pooling`: mean = all-MiniLM's own recipe, or cls = BiBERT untrained);
 - BiBERT (CLS), MpBERT (first K tokens + Presence Weighting), MtBERT (CLS + aspect prediction), MADR and MADRAL
   (Aspect Extraction Network + fusion; MADRAL with aspect learning) with the three fusion networks (Weighted
@@ -79,11 +79,11 @@ from benchmarks.machine import machine_info as _machine_info  # noqa: E402
 from benchmarks.plotting import pyplot, save_figure  # noqa: E402
 from madr.config import ExperimentConfig, apply_overrides, config_hash, from_dict, parse_overrides  # noqa: E402
 from madr.data.schema import Catalog  # noqa: E402
-from madr.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies  # noqa: E402
 from madr.metrics import evaluate  # noqa: E402
-from madr.model import BiEncoder, build_model, objective_keys  # noqa: E402
-from madr.sparse.bm25 import BM25Index  # noqa: E402
-from madr.training import CatalogSampler, train_stage  # noqa: E402
+from madr.modeling.model import BiEncoder, build_model, objective_keys  # noqa: E402
+from madr.recipes.aspects.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies  # noqa: E402
+from madr.search.sparse.bm25 import BM25Index  # noqa: E402
+from madr.training.loop import CatalogSampler, train_stage  # noqa: E402
 
 # key -> (row label, ModelConfig fields over the config's `model:`)
 ROWS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -172,7 +172,7 @@ def catalog_for(home: dict | None, cfg: ExperimentConfig) -> Catalog:
     """The Home Depot catalog (written once per `homedepot:` settings and annotator code under the output dir),
     else `data:`."""
     if home is not None:
-        from madr.data import homedepot
+        from madr.data.sources import homedepot
 
         code = hashlib.sha256(Path(homedepot.__file__).read_bytes()).hexdigest()  # a changed annotator: rewrite
         where = Path(cfg.output_dir) / f"catalog-{config_hash({**home, 'code': code})}"

@@ -49,11 +49,11 @@ from benchmarks.quality_real_multitask import (  # noqa: E402
     table,
     train_model,
 )
-from madr.data.real_multilingual import load_real_multilingual  # noqa: E402
 from madr.data.records import MultilingualData  # noqa: E402
-from madr.heads.field_attention import SCORERS  # noqa: E402
-from madr.multitask.config import MultiTaskExperimentConfig  # noqa: E402
-from madr.multitask.experiment import build_tokenizer, row_labels  # noqa: E402
+from madr.data.sources.real_multilingual import load_real_multilingual  # noqa: E402
+from madr.modeling.heads.field_attention import SCORERS  # noqa: E402
+from madr.recipes.multitask.config import MultiTaskExperimentConfig  # noqa: E402
+from madr.recipes.multitask.experiment import build_tokenizer, row_labels  # noqa: E402
 
 CONCAT = "Multi-task, concatenated fields"
 

@@ -1,6 +1,6 @@
 """Quality on REAL multilingual data: multi-task vs click-only encoder (issue 10, paper 004 Table III shape).
 
-Data (`madr.data.real_multilingual`, `real_data:` of the config): XGLUE QADSM German query-ad relevance as
+Data (`madr.data.sources.real_multilingual`, `real_data:` of the config): XGLUE QADSM German query-ad relevance as
 the click stand-in (Good = clicked; training rows whose query occurs in the dev file are dropped), German
 XNLI (train / dev, dev premises removed from training) + the SNLI dev subset split by premise, and Tatoeba
 X <-> English pairs split by English sentence. Backbone: multilingual-e5-small built offline by
@@ -13,7 +13,7 @@ Rows (held-out sets only; nothing is tuned, so there is no validation split to t
 - e5 reference: the untouched 12-layer multilingual-e5-small with its own recipe (mean pooling, "query: " /
   "passage: " prefixes): what the pretrained model can do, not a row of the comparison;
 - Zero-shot start: the truncated backbone as madr builds it (CLS), i.e. the weights both trained models start from;
-- Single-task (click) and Multi-task (click + nli + translation): `madr.multitask` (tasks, proportional
+- Single-task (click) and Multi-task (click + nli + translation): `madr.recipes.multitask` (tasks, proportional
   schedule with one task per batch, trainer), the same steps, batch, optimiser and start weights.
 Click documents: title + description concatenated (`tasks.click.field_attention: null`), or attended by the
 query (paper 004 Eq. 8-9) in training and scoring when the option is set; the two are compared, paired, by
@@ -54,13 +54,13 @@ sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from benchmarks.machine import load_average  # noqa: E402
 from benchmarks.machine import machine_info as _machine_info  # noqa: E402
 from benchmarks.plotting import pyplot, save_figure  # noqa: E402
-from madr.backbone import resolve_backbone_path  # noqa: E402
 from madr.config import apply_overrides, from_dict, parse_overrides  # noqa: E402
-from madr.data.real_multilingual import RealMultilingualConfig, load_real_multilingual  # noqa: E402
 from madr.data.records import ClickRecord, MultilingualData  # noqa: E402
+from madr.data.sources.real_multilingual import RealMultilingualConfig, load_real_multilingual  # noqa: E402
 from madr.metrics import roc_auc  # noqa: E402
-from madr.multitask.config import MultiTaskExperimentConfig  # noqa: E402
-from madr.multitask.experiment import (  # noqa: E402
+from madr.modeling.backbone import resolve_backbone_path  # noqa: E402
+from madr.recipes.multitask.config import MultiTaskExperimentConfig  # noqa: E402
+from madr.recipes.multitask.experiment import (  # noqa: E402
     bm25_scorer,
     build_encoder,
     build_tasks,
@@ -72,7 +72,7 @@ from madr.multitask.experiment import (  # noqa: E402
     row_labels,
     student_label,
 )
-from madr.multitask.trainer import MultiTaskTrainer  # noqa: E402
+from madr.recipes.multitask.trainer import MultiTaskTrainer  # noqa: E402
 
 Embedder = Callable[[list[str], str], torch.Tensor]  # (texts, role) -> L2-normalised [N, d]
 QUERY_ROLES = ("query", "hypothesis", "source")  # through the query tower; "ad", "premise", "target": the doc tower
@@ -283,14 +283,14 @@ def e5_reference_embedder(path: str, max_length: int, batch_size: int) -> Embedd
 
 
 def encoder(cfg: MultiTaskExperimentConfig, tokenizer, seed: int, pooling: str):
-    """`madr.multitask.experiment.build_encoder` with `model.pooling` set to `pooling` (cls / mean)."""
+    """`madr.recipes.multitask.experiment.build_encoder` with `model.pooling` set to `pooling` (cls / mean)."""
     return build_encoder(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, pooling=pooling)),
                          tokenizer, seed)
 
 
 def train_model(cfg: MultiTaskExperimentConfig, tokenizer, data: MultilingualData, names: Sequence[str],
                 seed: int, bench: dict):
-    """`madr.multitask.experiment.train_encoder` with the pooling choice and the option to freeze the
+    """`madr.recipes.multitask.experiment.train_encoder` with the pooling choice and the option to freeze the
     (250k x 384) word embeddings."""
     model = encoder(cfg, tokenizer, seed, bench["pooling"])
     if bench["freeze_word_embeddings"]:

@@ -1,6 +1,6 @@
 """Quality on REAL hetPQA: hybrid vs dense vs sparse vs BM25 evidence ranking (issue 10, paper 002 Table 3).
 
-Data: `madr.data.hetpqa` (the public hetPQA evidence-ranking dev file, 509 questions, 2,731 candidates from
+Data: `madr.data.sources.hetpqa` (the public hetPQA evidence-ranking dev file, 509 questions, 2,731 candidates from
 six sources) split by question 60/20/20 into train / dev (validation) / test with a fixed seed. Each test
 question's candidates are re-ranked (paper 002 Sec. 5) and scored with MAP, R-Prec, MRR@5, NDCG, Hit@5,
 P@1 over the questions with at least one positive (Sec. 6).
@@ -43,11 +43,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout without installing
 from benchmarks.machine import machine_info  # noqa: E402
 from benchmarks.plotting import pyplot, save_figure  # noqa: E402
-from madr.backbone import resolve_backbone_path  # noqa: E402
 from madr.config import apply_overrides, from_dict, parse_overrides  # noqa: E402
-from madr.data.hetpqa import HetPQAConfig, load_hetpqa  # noqa: E402
+from madr.data.sources.hetpqa import HetPQAConfig, load_hetpqa  # noqa: E402
 from madr.metrics import evaluate  # noqa: E402
-from madr.pqa import (  # noqa: E402
+from madr.modeling.backbone import resolve_backbone_path  # noqa: E402
+from madr.modeling.tokenization import load_tokenizer  # noqa: E402
+from madr.recipes.pqa.recipe import (  # noqa: E402
     PQA_METRICS,
     PQAConfig,
     SplitScores,
@@ -58,7 +59,6 @@ from madr.pqa import (  # noqa: E402
     tune_lambda,
     tune_source_aware,
 )
-from madr.tokenization import load_tokenizer  # noqa: E402
 
 HEADERS = ("MAP", "R-Prec", "MRR@5", "NDCG", "Hit Rate@5", "P@1")
 PAPER = {  # paper 002 Table 3 (hetPQA test, 2,583 questions, ~112 candidates each, BERT-base)

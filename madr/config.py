@@ -211,7 +211,7 @@ class DistributedConfig:
     `bf16` and `use_gpu`; on CPU it runs over gloo with torch's AdamW), or "auto" (deepspeed with GPUs,
     ddp without). `num_workers` data-parallel workers of `cpus_per_worker` CPUs (+1 GPU each with
     `use_gpu`); a stage's `batch_size` is the global micro-batch, split evenly over the workers.
-    gather_negatives: in-batch negatives are every worker's documents (`madr.distributed`), not the local ones.
+    gather_negatives: in-batch negatives are every worker's documents (`madr.training.distributed`), not the local ones.
     storage_path / run_name: where Ray Train keeps checkpoints (default `<output_dir>/ray_results`,
     `<name>-<stage>`); re-running with the same pair resumes from the latest checkpoint. keep_last: the
     checkpoints kept; max_failures: worker-group restarts before the job fails (-1: unlimited).

@@ -31,7 +31,7 @@ def format_table(before: dict[str, float], after: dict[str, float]) -> str:
 
 
 def run_in_process(config: str, overrides: list[str]) -> int:
-    from madr.experiment import run_experiment
+    from madr.recipes.aspects.experiment import run_experiment
 
     cfg = load_config(config, _overrides(overrides))
     result = run_experiment(cfg)

@@ -20,12 +20,12 @@ import numpy as np
 
 from madr.index.manifest import Manifest
 from madr.index.sharded import ShardedIndex, load_shard, merge_topk
-from madr.sparse import SparseBatch
+from madr.search.sparse import SparseBatch
 
 if TYPE_CHECKING:
-    from madr.model import BiEncoder
+    from madr.modeling.model import BiEncoder
 
-# torch / transformers (madr.model, madr.explain, madr.index.encode) are imported inside the functions that
+# torch / transformers (madr.modeling.model, madr.modeling.explain, madr.index.encode) are imported inside the functions that
 # need them, so the searcher and ingress replicas do not pay for them.
 
 
@@ -77,7 +77,7 @@ def resolve_model_dir(manifest_path: str | Path, model_dir: str | None) -> Path:
 def load_model(model_dir: str | Path, threads: int = 1) -> BiEncoder:
     import torch
 
-    from madr.model import BiEncoder
+    from madr.modeling.model import BiEncoder
 
     torch.set_num_threads(threads)
     return BiEncoder.load(model_dir).eval()
@@ -104,8 +104,8 @@ def stack(queries: Sequence[EncodedQuery]) -> tuple[np.ndarray, SparseBatch | No
 
 
 def explain_texts(model: BiEncoder, query: str, doc_text: str) -> dict[str, Any]:
-    """`madr.explain.explain_pair`, with expansion terms as {term, weight} objects for JSON clients."""
-    from madr.explain import explain_pair
+    """`madr.modeling.explain.explain_pair`, with expansion terms as {term, weight} objects for JSON clients."""
+    from madr.modeling.explain import explain_pair
 
     out = explain_pair(model, query, doc_text)
     for side in ("query", "doc"):

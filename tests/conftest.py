@@ -44,14 +44,14 @@ def benchmark_script() -> Iterator[Callable[[str], ModuleType]]:
 
 @pytest.fixture(scope="session")
 def catalog():
-    from madr.data.synthetic import generate_catalog
+    from madr.data.synthetic.catalog import generate_catalog
 
     return generate_catalog(num_products=400, num_queries=200, seed=0)
 
 
 @pytest.fixture(scope="session")
 def tokenizer(catalog, tmp_path_factory):
-    from madr.tokenization import train_wordpiece_tokenizer
+    from madr.modeling.tokenization import train_wordpiece_tokenizer
 
     texts = [catalog.product_text(p) for p in catalog.products] + [q.text for q in catalog.queries]
     return train_wordpiece_tokenizer(texts, vocab_size=1200, out_dir=str(tmp_path_factory.mktemp("tok")))
@@ -59,7 +59,7 @@ def tokenizer(catalog, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def vocabularies(catalog, tokenizer):
-    from madr.aspects.vocabulary import build_vocabularies
+    from madr.modeling.aspect_vocabulary import build_vocabularies
 
     annotations = [p.aspects for p in catalog.products] + [q.aspects for q in catalog.queries]
     return build_vocabularies(annotations, catalog.aspect_names, ["phrase", "word", "token"],

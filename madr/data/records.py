@@ -2,7 +2,7 @@
 `MultilingualData`, the multi-task sources' train / held-out sets together.
 
 Readers (pipelines/, Ray Data) and generators (madr.data.synthetic_*) both produce these; the task
-definitions in `madr.multitask.tasks` consume them.
+definitions in `madr.recipes.multitask.tasks` consume them.
 """
 
 from __future__ import annotations
@@ -73,8 +73,8 @@ class EvidenceRecord:
 @dataclass
 class MultilingualData:
     """Training records per task and the held-out evaluation sets of the multi-task encoder (paper 004 Sec. III-A):
-    click log, NLI and translation pairs; synthetic (`madr.multitask.experiment.build_data`) or real
-    (`madr.data.real_multilingual.load_real_multilingual`)."""
+    click log, NLI and translation pairs; synthetic (`madr.recipes.multitask.experiment.build_data`) or real
+    (`madr.data.sources.real_multilingual.load_real_multilingual`)."""
 
     clicks_train: list[ClickRecord]
     clicks_eval: list[ClickRecord]

@@ -33,7 +33,7 @@ from madr.index.manifest import (
     sha256_file,
     shard_stem,
 )
-from madr.sparse import InvertedIndex, SparseBatch
+from madr.search.sparse import InvertedIndex, SparseBatch
 
 DEFAULT_TRAIN_SIZE = 100_000
 TRAINED_FILE = "trained.faiss"

@@ -1,10 +1,10 @@
 """Model -> vectors for indexing and search: dense vectors and, for hybrid models, sparse term weights.
 
-The vectors are the ones ``madr.hybrid_searcher`` and ``BiEncoder.encode_texts`` produce, so an index
+The vectors are the ones ``madr.search.hybrid`` and ``BiEncoder.encode_texts`` produce, so an index
 built from them is searched with the same scores:
 
 - hybrid models (paper 002): the raw CLS embedding and the top-k SPLADE term weights
-  (``madr.hybrid_searcher.encode_hybrid``); scores are raw inner products (paper 002 Eq. 1);
+  (``madr.search.hybrid.encode_hybrid``); scores are raw inner products (paper 002 Eq. 1);
 - every other model: ``TowerOutput.embedding``, L2-normalised for cosine models, so the inner product
   of the index is the model's similarity (paper 000 Sec. 8.3 ranks by cosine).
 
@@ -20,9 +20,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from madr.hybrid_searcher import encode_hybrid
-from madr.model import BiEncoder
-from madr.sparse import SparseBatch
+from madr.modeling.model import BiEncoder
+from madr.search.hybrid import encode_hybrid
+from madr.search.sparse import SparseBatch
 
 
 def is_hybrid(model: BiEncoder) -> bool:

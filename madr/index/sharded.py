@@ -3,14 +3,14 @@
 Dense search is the FAISS inner-product top-k of each shard (``nprobe`` for IVF, ``ef_search`` for HNSW,
 passed per call as FAISS ``SearchParameters``, so concurrent searches with different settings do not
 interfere). Hybrid search (paper 002 Eq. 1, ``s = lam * <dense_q, dense_p> + (1 - lam) * <sparse_q,
-sparse_p>``) follows ``madr.hybrid_searcher.HybridSearcher`` within each shard: the dense and the sparse
+sparse_p>``) follows ``madr.search.hybrid.HybridSearcher`` within each shard: the dense and the sparse
 top-``candidates`` nominate documents, every candidate is re-scored exactly (dense from the vector the
 index reconstructs, sparse from the inverted index) and interpolated without normalisation, so a score
 does not depend on which shard a document lives in; ``merge_topk`` then keeps the best ``k`` over all
 shards. With Flat shards and ``candidates`` >= the shard size the result equals the unsharded
 ``HybridSearcher`` (exhaustive candidates) and brute-force search.
 
-Results follow ``madr.hybrid_search``: [Q, k] float32 scores and int64 global ids, padded with -inf / -1,
+Results follow ``madr.search.score_fusion``: [Q, k] float32 scores and int64 global ids, padded with -inf / -1,
 ties broken by id ascending.
 """
 
@@ -23,10 +23,10 @@ from pathlib import Path
 import faiss
 import numpy as np
 
-from madr.hybrid_search import PAD_ID, hybrid_merge
 from madr.index.build import build_index, ivf_of
 from madr.index.manifest import MANIFEST_FILE, Manifest, ShardInfo
-from madr.sparse import InvertedIndex, SparseBatch
+from madr.search.score_fusion import PAD_ID, hybrid_merge
+from madr.search.sparse import InvertedIndex, SparseBatch
 
 __all__ = ["DEFAULT_CANDIDATES", "Shard", "ShardedIndex", "build_index", "load_shard", "merge_topk"]
 

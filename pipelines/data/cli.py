@@ -20,8 +20,8 @@ import json
 import sys
 from typing import Any
 
-from madr.aspects.vocabulary import GRANULARITIES, AspectVocabularies
 from madr.data.schema import RESERVED_COLUMNS
+from madr.modeling.aspect_vocabulary import GRANULARITIES, AspectVocabularies
 from pipelines.runtime import init_ray
 
 

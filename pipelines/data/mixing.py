@@ -1,5 +1,5 @@
 """Task mixing for multi-task training: one-task batches from several Ray Data streams, in the order a
-`madr.multitask.schedule.TaskSchedule` decides, sharded over data-parallel workers.
+`madr.recipes.multitask.schedule.TaskSchedule` decides, sharded over data-parallel workers.
 
 Paper 004 Sec. III-B: every batch holds records of one task; the read schedule is proportional (default,
 the paper's best), sequential, random, or explicit weights. The schedule is built from the task sizes with
@@ -34,7 +34,7 @@ import numpy as np
 import ray
 from ray.data import Dataset
 
-from madr.multitask.schedule import TaskSchedule
+from madr.recipes.multitask.schedule import TaskSchedule
 
 Collate = Callable[[dict[str, np.ndarray]], Any]
 _EVERY_ROW_ONCE = ("proportional", "sequential", "random")

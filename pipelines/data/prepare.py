@@ -26,12 +26,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from madr.backbone import resolve_backbone_path
 from madr.config import ExperimentConfig, load_config
 from madr.data.schema import JUDGMENTS_FILE, PRODUCTS_FILE, QUERIES_FILE, Catalog
-from madr.data.synthetic import generate_catalog
-from madr.experiment import prepare_tokenizer
+from madr.data.synthetic.catalog import generate_catalog
 from madr.layout import RunLayout, mark_prepared
+from madr.modeling.backbone import resolve_backbone_path
+from madr.recipes.aspects.experiment import prepare_tokenizer
 
 CORPUS_ROWS_PER_FILE = 50_000
 

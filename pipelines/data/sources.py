@@ -47,7 +47,7 @@ from pipelines.data.validation import MISSING, BadRow, Fields, SkipRow
 
 FORMATS = ("jsonl", "tsv", "parquet")
 ASPECTS = ("brand", "color", "category")
-ESCI_RELEVANCE = {"E": 3, "S": 2, "C": 1, "I": 0}  # the lowest grade madr.data.synthetic gives each label
+ESCI_RELEVANCE = {"E": 3, "S": 2, "C": 1, "I": 0}  # the lowest grade madr.data.synthetic.catalog gives each label
 _STR_MAP = pa.map_(pa.string(), pa.string())
 
 TASK_SCHEMAS: dict[str, pa.Schema] = {

@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from ray.data import Dataset
 
-from madr.aspects.vocabulary import GRANULARITIES, AspectVocabularies, normalize_value
+from madr.modeling.aspect_vocabulary import GRANULARITIES, AspectVocabularies, normalize_value
 
 
 def _masks(batch: pa.Table, aspects: Sequence[str]) -> np.ndarray:

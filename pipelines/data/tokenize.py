@@ -15,7 +15,7 @@ little padding (do not combine it with a local shuffle, which would undo it).
 is loaded once per actor, not once per batch. `pipelines.data.readers.read_tokenized` can instead run the
 tokeniser inside the read tasks (rows then cross the object store once, as token ids).
 
-Loading: `SharedEncoder` loads the tokenizer once on the driver (`madr.tokenization.load_tokenizer`, so
+Loading: `SharedEncoder` loads the tokenizer once on the driver (`madr.modeling.tokenization.load_tokenizer`, so
 the ids are exactly the `transformers` tokenizer's) and ships its Rust backend (`tokenizers` JSON, with
 truncation set) through the object store; each worker process rebuilds it once (`SharedEncoder.get`,
 cached per process) with `tokenizers` alone, so a worker never imports `transformers` / `torch` (about
@@ -173,7 +173,7 @@ class SharedEncoder:
             raise ValueError(f"max_length must be >= 2, got {max_length}")
         path = str(tokenizer) if isinstance(tokenizer, str | os.PathLike) else None
         if path is not None:
-            from madr.tokenization import load_tokenizer
+            from madr.modeling.tokenization import load_tokenizer
 
             tokenizer = load_tokenizer(path)
         state = backend_state(tokenizer, max_length)
@@ -188,7 +188,7 @@ class SharedEncoder:
         encoder = _ENCODERS.get(self.key)
         if encoder is None:
             if self._state is None:
-                from madr.tokenization import load_tokenizer
+                from madr.modeling.tokenization import load_tokenizer
 
                 encoder = make_encoder(load_tokenizer(self.path), self.max_length)
             else:

@@ -1,7 +1,7 @@
 """Aspect value vocabularies (phrase / word / token) over a whole corpus with Ray Data aggregations.
 
 Paper 001 Sec. 5.3.1 ("multi-granularity value collection") / paper 000 Sec. 8.1: V_a^g is collected
-from the query and item annotations. This job computes exactly what `madr.aspects.vocabulary.
+from the query and item annotations. This job computes exactly what `madr.modeling.aspect_vocabulary.
 build_vocabularies` computes in process, at corpus scale:
 
 1. `map_batches(_piece_counts)`: per batch, the pieces of every annotation at every granularity, counted
@@ -30,7 +30,7 @@ from typing import Any
 import pyarrow as pa
 from ray.data import Dataset
 
-from madr.aspects.vocabulary import (
+from madr.modeling.aspect_vocabulary import (
     GRANULARITIES,
     AspectVocabularies,
     AspectVocabulary,
@@ -43,7 +43,7 @@ from madr.aspects.vocabulary import (
 def _tokenizer(path: str) -> Any:
     """One tokenizer per worker process (tasks reuse their worker processes)."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from madr.tokenization import load_tokenizer
+    from madr.modeling.tokenization import load_tokenizer
 
     return load_tokenizer(path)
 

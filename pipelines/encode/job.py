@@ -95,7 +95,7 @@ def model_info(model_dir: str) -> ModelInfo:
 
     Contents, not sizes: a retrained model has the same file sizes, and its index must not resume from
     shards the previous weights encoded."""
-    from madr.model import BiEncoder
+    from madr.modeling.model import BiEncoder
 
     model = BiEncoder.load(model_dir)
     path = Path(model_dir)
@@ -184,7 +184,7 @@ def _encoded_dataset(pieces: list[Piece], cfg: EncodeConfig, gpu: bool, run: str
 
 
 def _shard_arrays(table: pa.Table, dim: int, vocab_size: int):
-    from madr.sparse import SparseBatch
+    from madr.search.sparse import SparseBatch
 
     ids = table.column("doc_id").to_numpy()
     dense = np.asarray(table.column("dense").combine_chunks().flatten().to_numpy(), np.float32).reshape(-1, dim)

@@ -52,7 +52,7 @@ class TokenizeDocs:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one actor per core share
         import json
 
-        from madr.tokenization import load_tokenizer
+        from madr.modeling.tokenization import load_tokenizer
         from pipelines.data.tokenize import make_encoder
 
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
@@ -73,7 +73,7 @@ class EncodeDocs:
                  torch_threads: int | None = None, out_dir: str | None = None, run: str | None = None) -> None:
         import torch
 
-        from madr.model import BiEncoder
+        from madr.modeling.model import BiEncoder
 
         if torch_threads:
             torch.set_num_threads(int(torch_threads))
@@ -104,7 +104,7 @@ class EncodeDocs:
         vecs = np.concatenate(dense).astype(np.float32)
         out = out.append_column("dense", pa.FixedSizeListArray.from_arrays(pa.array(vecs.ravel()), vecs.shape[1]))
         if sparse[0] is not None:
-            from madr.sparse import SparseBatch
+            from madr.search.sparse import SparseBatch
 
             sb = SparseBatch.concat(sparse)
             offsets = pa.array(sb.indptr.astype(np.int32))

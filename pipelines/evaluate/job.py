@@ -95,7 +95,7 @@ def sweep(spec: SearchSpec, queries: Any, qrels: Qrels, keys: DocKeys, cfg: Eval
     import torch
 
     from madr.index import ShardedIndex, encode_queries
-    from madr.model import BiEncoder
+    from madr.modeling.model import BiEncoder
 
     model = BiEncoder.load(resolve_model_dir(spec)).eval()
     index = ShardedIndex.open(spec.index, mmap=True, verify=False)

@@ -49,7 +49,7 @@ class SearchQueries:
         import torch
 
         from madr.index import ShardedIndex
-        from madr.model import BiEncoder
+        from madr.modeling.model import BiEncoder
 
         if torch_threads:
             torch.set_num_threads(torch_threads)

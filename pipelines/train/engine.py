@@ -30,8 +30,8 @@ from torch.nn.parallel import DistributedDataParallel
 from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
 
 from madr.config import DistributedConfig, StageConfig
-from madr.distributed import world_size
-from madr.gradcache import chunk_slices, gradcache_step, take_rows
+from madr.training.distributed import world_size
+from madr.training.gradcache import chunk_slices, gradcache_step, take_rows
 from pipelines.train.objectives import FinetuneBatch, StageModule, num_rows
 
 STATE_FILE = "stage_module.safetensors"
@@ -45,7 +45,7 @@ def _constant_with_warmup(stage: StageConfig) -> Callable[[int], float]:
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, stage: StageConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    """transformers' linear / cosine warm-up schedules (what `madr.training.train_stage` uses), or constant."""
+    """transformers' linear / cosine warm-up schedules (what `madr.training.loop.train_stage` uses), or constant."""
     warm = int(stage.warmup_ratio * stage.steps)
     if stage.lr_schedule == "linear":
         return get_linear_schedule_with_warmup(optimizer, warm, max(stage.steps, 1))
@@ -131,7 +131,7 @@ class Engine:
         return _merge(parts, weights)
 
     def _gradcache(self, batch: FinetuneBatch, step: int, last_micro: bool) -> dict[str, float]:
-        """GradCache (madr.gradcache) over chunks of `stage.gradcache_chunk` rows of this worker's micro-batch."""
+        """GradCache (madr.training.gradcache) over chunks of `stage.gradcache_chunk` rows of this worker's micro-batch."""
         n = num_rows(batch)
         chunks = [take_rows(batch, s) for s in chunk_slices(n, self.stage.gradcache_chunk)]
         mod = self.module

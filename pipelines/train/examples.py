@@ -11,7 +11,7 @@ files of `rows_per_file` rows (a file is a Ray Data block, the unit handed to a 
 * distill (paper 004 Sec. V-A): the training queries' texts.
 
 Aspect annotations travel as JSON strings; `decode_batch` tokenises a batch of rows for the model inside
-the worker (`madr.batching.make_batch`). Every row has an int64 `row_id` (its position in the table), so
+the worker (`madr.modeling.batching.make_batch`). Every row has an int64 `row_id` (its position in the table), so
 the job can prove which rows a step consumed.
 """
 
@@ -28,9 +28,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from madr.batching import make_batch
 from madr.data.schema import Catalog
-from madr.model import BiEncoder
+from madr.modeling.batching import make_batch
+from madr.modeling.model import BiEncoder
 from pipelines.train.objectives import DistillBatch, FinetuneBatch, PretrainBatch
 
 COLUMNS = {

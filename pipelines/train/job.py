@@ -28,9 +28,9 @@ from typing import Any
 import torch
 
 from madr.config import ExperimentConfig, config_hash
-from madr.experiment import catalog_dir as catalog_dir_of
-from madr.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies
-from madr.model import build_model
+from madr.modeling.model import build_model
+from madr.recipes.aspects.experiment import catalog_dir as catalog_dir_of
+from madr.recipes.aspects.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies
 from pipelines.train.examples import ROWS, write_examples
 from pipelines.train.loop import MODEL_DIR, JobSpec, train_loop_per_worker
 from pipelines.train.metrics import MetricsLogger, plot_curves, read_history

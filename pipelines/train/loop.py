@@ -31,11 +31,11 @@ from ray.train import Checkpoint
 
 from madr.config import EvalConfig, ExperimentConfig, StageConfig, from_dict
 from madr.data.schema import Catalog
-from madr.distill import attach_query_student, make_student, student_teacher_distance
-from madr.distributed import mean_over_ranks
-from madr.evaluation import aspect_accuracy, evaluate_model
-from madr.model import BiEncoder
-from madr.objectives import pretrain_loss
+from madr.modeling.model import BiEncoder
+from madr.recipes.aspects.evaluation import aspect_accuracy, evaluate_model
+from madr.training.distill import attach_query_student, make_student, student_teacher_distance
+from madr.training.distributed import mean_over_ranks
+from madr.training.objectives import pretrain_loss
 from pipelines.train.data import Position, RowStream
 from pipelines.train.engine import Engine, make_engine
 from pipelines.train.examples import decode_batch, holdout_products
@@ -69,7 +69,7 @@ class Validator:
     """Validation metrics of a stage (prefixed `val_`), on held-out data of the catalog.
 
     pretrain: Eq. 7 / Eq. 9 loss (lower is better) on dev queries and held-out products, fixed masking,
-    + aspect Accuracy@1; finetune: retrieval / ranking metrics on the dev split (`madr.evaluation`);
+    + aspect Accuracy@1; finetune: retrieval / ranking metrics on the dev split (`madr.recipes.aspects.evaluation`);
     distill: mean L2 distance between the student's and the teacher's dev query embeddings.
     """
 
@@ -101,7 +101,7 @@ class Validator:
         return {f"val_{k}": float(v) for k, v in out.items()}
 
     def _pretrain(self, model: BiEncoder) -> dict[str, float]:
-        from madr.batching import make_batch
+        from madr.modeling.batching import make_batch
 
         qb = make_batch(model, [q.text for q in self.queries], "query", [q.aspects for q in self.queries])
         texts = [self.catalog.product_text(p) for p in self.products]

@@ -1,15 +1,15 @@
 """What one data-parallel worker trains in a stage: the model plus the stage's losses, as one `nn.Module`
 whose `forward` returns the loss (what DDP and DeepSpeed wrap). Ray-free: tests run it in plain processes.
 
-* pretrain: paper 000 Eq. 7 / paper 001 Eq. 9 (`madr.objectives.pretrain_loss`): per-row losses, so each
+* pretrain: paper 000 Eq. 7 / paper 001 Eq. 9 (`madr.training.objectives.pretrain_loss`): per-row losses, so each
   worker's mean is averaged over workers by the gradient all-reduce.
 * finetune: paper 000 Eq. 8 / paper 001 Eq. 10 / paper 002 Eq. 3-5 (hybrid), written as
   - a *representation* loss over the batch: L_SCE with in-batch negatives gathered from every worker
-    (`madr.distributed.GatheredInBatchSoftmaxLoss`), plus the aspect losses (Eq. 8's lambda term) from the
+    (`madr.training.distributed.GatheredInBatchSoftmaxLoss`), plus the aspect losses (Eq. 8's lambda term) from the
     aspect / presence logits; for the hybrid model dense + sparse contrastive terms (gathered) + FLOPS;
   - a *row-local* loss: pointwise L_CE on each (query, positive) / (query, hard negative) pair.
-  With one worker and no chunking this is `madr.objectives.finetune_loss` term for term. The split lets
-  GradCache (`madr.gradcache`) cache gradients of the representations and recompute chunk by chunk.
+  With one worker and no chunking this is `madr.training.objectives.finetune_loss` term for term. The split lets
+  GradCache (`madr.training.gradcache`) cache gradients of the representations and recompute chunk by chunk.
 * distill: paper 004 Sec. V-A, L2 between the student's and the frozen teacher's query embeddings.
 """
 
@@ -22,14 +22,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from madr.batching import TextBatch
 from madr.config import StageConfig
-from madr.distributed import GatheredInBatchSoftmaxLoss
-from madr.gradcache import Reps, dot_surrogate
 from madr.losses import DistillationMSELoss, FlopsLoss, FlopsWeightSchedule, PointwiseCELoss
-from madr.model import BiEncoder, Tower, objective_keys
-from madr.objectives import aspect_loss, pretrain_loss
-from madr.outputs import TowerOutput
+from madr.modeling.batching import TextBatch
+from madr.modeling.model import BiEncoder, Tower, objective_keys
+from madr.modeling.outputs import TowerOutput
+from madr.training.distributed import GatheredInBatchSoftmaxLoss
+from madr.training.gradcache import Reps, dot_surrogate
+from madr.training.objectives import aspect_loss, pretrain_loss
 
 KINDS = ("pretrain", "finetune", "distill")
 

@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from madr.config import BackboneConfig, ModelConfig
-from madr.data.synthetic import generate_catalog
-from madr.hybrid_searcher import EncodedCorpus, EncodedTexts, HybridSearcher
+from madr.data.synthetic.catalog import generate_catalog
 from madr.index import DocStore, Manifest, ShardedIndex, encode_documents, encode_queries
 from madr.index.manifest import sha256_file
-from madr.model import build_model
+from madr.modeling.model import build_model
+from madr.search.hybrid import EncodedCorpus, EncodedTexts, HybridSearcher
 from pipelines.encode.config import EncodeConfig
 from pipelines.encode.corpus import plan_corpus, read_piece
 from pipelines.encode.job import InjectedFailure, run_encode, verify_index
@@ -151,7 +151,7 @@ def test_crash_resume_flat_hybrid_job(ray_local, corpus, models, tmp_path_factor
     index = ShardedIndex.open(out)
     ids = table.column("doc_id").to_numpy()
     vecs = index.reconstruct(ids)
-    from madr.model import BiEncoder
+    from madr.modeling.model import BiEncoder
 
     model = BiEncoder.load(models["hybrid"]).eval()
     dense, sparse = encode_documents(model, texts_of(table))
@@ -211,7 +211,7 @@ def test_ivf_job_crash_on_ray_resume_equals_uninterrupted(ray_local, corpus, mod
 
     index = ShardedIndex.open(out)
     assert not index.has_sparse and index.manifest.lam is None and index.ntotal == N_DOCS
-    from madr.model import BiEncoder
+    from madr.modeling.model import BiEncoder
 
     q, _ = encode_queries(BiEncoder.load(models["bibert"]).eval(), [x.text for x in catalog.queries])
     ids = table.column("doc_id").to_numpy()
@@ -230,7 +230,7 @@ def test_hnsw_job_recall(corpus, models, tmp_path):
     cfg = encode_config(root, tmp_path, models["bibert"], num_shards=2, index_factory="HNSW16", store_docs=False)
     run_encode(cfg, log=lambda _: None, local=True)
     index = ShardedIndex.open(tmp_path)
-    from madr.model import BiEncoder
+    from madr.modeling.model import BiEncoder
 
     q, _ = encode_queries(BiEncoder.load(models["bibert"]).eval(), [x.text for x in catalog.queries])
     ids = table.column("doc_id").to_numpy()

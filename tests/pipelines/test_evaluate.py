@@ -12,7 +12,7 @@ import torch
 
 from madr.index import ShardedIndex
 from madr.metrics import evaluate
-from madr.model import BiEncoder
+from madr.modeling.model import BiEncoder
 from pipelines.encode.job import run_encode
 from pipelines.evaluate.job import EvaluateConfig, run_evaluate, to_run
 from pipelines.evaluate.searcher import DocKeys, SearchSpec, search_texts

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from madr.index import ShardedIndex
-from madr.model import BiEncoder
+from madr.modeling.model import BiEncoder
 from pipelines.encode.job import run_encode
 from pipelines.evaluate.searcher import SearchSpec, search_texts
 from pipelines.mine.job import MineConfig, run_mine, sample_negatives

@@ -94,7 +94,7 @@ def test_real_graded_and_judged_labels(shared_data, ray_local, tmp_path):
 def test_real_esci_aspect_statistics(shared_data, ray_local, tmp_path):
     """Paper 000 Table 3 / paper 001 Table 2 statistics on the real ESCI sample, through ingest -> Parquet ->
     the Ray vocabulary job: coverage = the README's brand / colour gaps (39 and 137 of 485 rows)."""
-    from madr.aspects.vocabulary import build_vocabularies
+    from madr.modeling.aspect_vocabulary import build_vocabularies
     from pipelines.data.stats import aspect_stats
     from pipelines.data.vocab_job import build_vocabularies_ray
 

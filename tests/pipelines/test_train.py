@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from madr.config import load_config
-from madr.model import BiEncoder
+from madr.modeling.model import BiEncoder
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
@@ -147,9 +147,9 @@ def test_finetune_job_survives_a_killed_worker(ray_local, out_dir):
 def _teacher(out_dir: Path) -> Path:
     """A 2-layer teacher whose upper layer matters (its feed-forward weights redrawn with a large scale), so
     a student made of the lower layer starts far from it; a barely trained tiny model would not do that."""
-    from madr.data.synthetic import generate_catalog
-    from madr.experiment import prepare_tokenizer, prepare_vocabularies
-    from madr.model import build_model
+    from madr.data.synthetic.catalog import generate_catalog
+    from madr.modeling.model import build_model
+    from madr.recipes.aspects.experiment import prepare_tokenizer, prepare_vocabularies
 
     cfg = _config(out_dir)
     catalog = generate_catalog(400, 200, seed=0)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from madr.aspects.vocabulary import build_vocabularies
+from madr.modeling.aspect_vocabulary import build_vocabularies
 from pipelines.data.stats import aspect_stats
 from pipelines.data.vocab_job import build_vocabularies_ray
 

@@ -16,9 +16,9 @@ from madr.config import BackboneConfig, ModelConfig
 @pytest.fixture(scope="session")
 def served_index(catalog, tokenizer, tmp_path_factory) -> dict:
     """{model, model_dir, manifest, ids, docs (pa.Table), queries}: the saved model and its 3-shard index."""
-    from madr.hybrid_searcher import encode_corpus
     from madr.index import build_index
-    from madr.model import BiEncoder, build_model
+    from madr.modeling.model import BiEncoder, build_model
+    from madr.search.hybrid import encode_corpus
 
     root: Path = tmp_path_factory.mktemp("served")
     torch.manual_seed(0)

@@ -1,0 +1,1 @@
+"""One reader per public source (Home Depot, ESCI, hetPQA, XGLUE / XNLI / Tatoeba) as madr records."""

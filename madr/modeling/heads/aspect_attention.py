@@ -1,0 +1,86 @@
+"""MADR / MADRAL head: the Aspect Extraction Network (paper 000 Sec. 4) + an Aspect Fusion Network (Sec. 6)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel
+
+from madr.modeling.fusion import build_fusion
+from madr.modeling.heads.base import run_backbone
+from madr.modeling.outputs import TowerOutput
+
+OTHER = "other"
+
+
+class AspectExtractionNetwork(nn.Module):
+    """Eq. 1-2: E_A = softmax((Q W^Q)(phi W^K)^T / sqrt(H)) (phi W^V).
+
+    Q [K, H] are input-independent, learned aspect queries (one per aspect, plus OTHER). The CLS
+    position is masked out so no aspect attends to it (Sec. 4, "we mask the CLS token"), and so is
+    padding. Returns the aspect embeddings [B, K, H] and the attention [B, K, L].
+    """
+
+    def __init__(self, num_aspects: int, hidden: int) -> None:
+        super().__init__()
+        self.hidden = hidden
+        self.queries = nn.Parameter(torch.randn(num_aspects, hidden) * hidden**-0.5)
+        self.w_q = nn.Linear(hidden, hidden, bias=False)
+        self.w_k = nn.Linear(hidden, hidden, bias=False)
+        self.w_v = nn.Linear(hidden, hidden, bias=False)
+
+    def forward(self, sequence_output: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q = self.w_q(self.queries)  # [K, H]
+        k = self.w_k(sequence_output)  # [B, L, H]
+        v = self.w_v(sequence_output)
+        scores = torch.einsum("kh,blh->bkl", q, k) / math.sqrt(self.hidden)
+        allowed = attention_mask.bool().clone()
+        allowed[:, 0] = False  # CLS
+        # A text of only [CLS] would leave nothing to attend to; let it attend to CLS rather than NaN.
+        empty = ~allowed.any(dim=1)
+        allowed[empty, 0] = True
+        scores = scores.masked_fill(~allowed[:, None, :], float("-inf"))
+        attn = torch.softmax(scores, dim=-1)
+        return torch.einsum("bkl,blh->bkh", attn, v), attn
+
+
+class AspectAttentionHead(nn.Module):
+    """AEN over the backbone's sequence output, then fusion into one vector.
+
+    Components are the explicit aspects in config order followed by OTHER (when `use_other`), which
+    captures what the explicit aspects miss and never receives an aspect loss (Sec. 4 and Eq. 7).
+    MADRAL predicts the explicit aspects from their embeddings (Sec. 5); MADR has no aspect learning.
+
+    With `projection_dim` d, the aspect embeddings are projected to d before anything uses them (Sec. 8.2:
+    "the aspect, query and document embeddings are projected to 128 dimensions"): fusion combines the
+    projected E_a, so the query / document embedding (Eq. 4) is d-wide without a second projection; Presence
+    Weighting's sigmoid layer reads the projected E_a (Eq. 5); and the aspect prediction softmax(E_a U_a^T +
+    b_a) (Sec. 5) scores the projected E_a against d-wide value tables (`aspect_dim`). CLS-Gating still
+    reads the H-wide CLS encoding (Sec. 6.3). One projection per tower serves every aspect.
+    """
+
+    def __init__(self, aspects: list[str], use_other: bool, hidden: int, fusion: str, predict_aspects: bool,
+                 projection_dim: int | None = None) -> None:
+        super().__init__()
+        self.component_names = list(aspects) + ([OTHER] if use_other else [])
+        self.predicted = list(aspects) if predict_aspects else []
+        self.aen = AspectExtractionNetwork(len(self.component_names), hidden)
+        self.projection = nn.Linear(hidden, projection_dim) if projection_dim else None
+        self.aspect_dim = projection_dim or hidden
+        self.fusion = build_fusion(fusion, len(self.component_names), self.aspect_dim, cls_dim=hidden)
+
+    def forward(self, backbone: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TowerOutput:
+        seq = run_backbone(backbone, input_ids, attention_mask)
+        comps, attn = self.aen(seq, attention_mask)
+        if self.projection is not None:
+            comps = self.projection(comps)
+        fused = self.fusion(comps, seq[:, 0])
+        index = {name: i for i, name in enumerate(self.component_names)}
+        return TowerOutput(
+            embedding=fused.embedding, cls=seq[:, 0], sequence_output=seq,
+            component_names=list(self.component_names), components=comps,
+            fusion_weights=fused.weights, presence_logits=fused.presence_logits, attention=attn,
+            aspect_repr={a: comps[:, index[a]] for a in self.predicted},
+        )

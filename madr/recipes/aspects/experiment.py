@@ -1,0 +1,110 @@
+"""One experiment, in process: data -> tokenizer -> aspect vocabularies -> model -> pretrain -> fine-tune -> eval.
+
+This is the single-process form of the pipeline; the Ray jobs in `pipelines/` run the same steps
+distributed. Everything it writes goes under `cfg.output_dir`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from madr.config import ExperimentConfig
+from madr.data.schema import Catalog
+from madr.data.synthetic.catalog import generate_catalog
+from madr.layout import RunLayout, prepared_catalog
+from madr.modeling.aspect_vocabulary import AspectVocabularies, build_vocabularies
+from madr.modeling.backbone import resolve_backbone_path
+from madr.modeling.model import BiEncoder, build_model
+from madr.modeling.tokenization import load_tokenizer, train_wordpiece_tokenizer
+from madr.recipes.aspects.evaluation import evaluate_model
+from madr.training.loop import CatalogSampler, train_stage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ExperimentResult:
+    before: dict[str, float]
+    after: dict[str, float]
+    history: dict[str, list[dict]] = field(default_factory=dict)
+    model_dir: str = ""
+    seconds: float = 0.0
+
+
+def catalog_dir(cfg: ExperimentConfig) -> Path:
+    """Where `load_catalog` reads or writes: the data stage's validated catalog when it was prepared from this
+    config (`madr.layout`), else `data.catalog_dir`, else `<output_dir>/catalog` (generated)."""
+    prepared = prepared_catalog(cfg)
+    if prepared is not None:
+        return prepared
+    return Path(cfg.data.catalog_dir) if cfg.data.catalog_dir else Path(cfg.output_dir) / "catalog"
+
+
+def load_catalog(cfg: ExperimentConfig) -> Catalog:
+    """The catalog of `catalog_dir(cfg)`; generated (seeded, `data.languages`) and written there when the
+    config names no catalog and the data stage has not prepared one."""
+    where = catalog_dir(cfg)
+    if prepared_catalog(cfg) is not None or cfg.data.catalog_dir:
+        return Catalog.read(where, aspect_names=cfg.model.aspects)
+    catalog = generate_catalog(cfg.data.synthetic_products, cfg.data.synthetic_queries, seed=cfg.data.seed,
+                               languages=cfg.data.languages)
+    catalog.write(where)
+    return catalog
+
+
+def prepare_tokenizer(cfg: ExperimentConfig, catalog: Catalog) -> PreTrainedTokenizerBase:
+    """The backbone's own tokenizer, an explicit one, or a WordPiece trained on the catalog (tiny backbones)."""
+    if cfg.data.tokenizer:
+        return load_tokenizer(resolve_backbone_path(cfg.data.tokenizer))
+    if cfg.model.backbone.name_or_path:
+        return load_tokenizer(resolve_backbone_path(cfg.model.backbone.name_or_path))
+    trained = Path(cfg.output_dir) / "tokenizer"
+    if prepared_catalog(cfg) is not None and (trained / "vocab.txt").is_file():
+        return load_tokenizer(str(trained))  # trained by the data stage on this very catalog
+    texts = [catalog.product_text(p) for p in catalog.products] + [q.text for q in catalog.queries]
+    return train_wordpiece_tokenizer(texts, vocab_size=cfg.data.tokenizer_vocab_size,
+                                     out_dir=str(Path(cfg.output_dir) / "tokenizer"))
+
+
+def prepare_vocabularies(cfg: ExperimentConfig, catalog: Catalog,
+                         tokenizer: PreTrainedTokenizerBase) -> AspectVocabularies:
+    """Phrase / word / token value vocabularies over product and query annotations (paper 001 Sec. 5.3.1);
+    the data stage's (built with Ray Data over the same annotations) when it prepared this catalog."""
+    vocab = RunLayout.of(cfg).vocab
+    if prepared_catalog(cfg) is not None and vocab.is_file():
+        return AspectVocabularies.load(vocab, tokenize=tokenizer.tokenize)  # same vocab_min_freq
+    annotations = [p.aspects for p in catalog.products] + [q.aspects for q in catalog.queries]
+    return build_vocabularies(annotations, cfg.model.aspects, ["phrase", "word", "token"],
+                              tokenize=tokenizer.tokenize, min_freq=cfg.model.vocab_min_freq)
+
+
+def run_experiment(cfg: ExperimentConfig, progress: bool = True) -> ExperimentResult:
+    start = time.perf_counter()
+    torch.manual_seed(cfg.train.seed)
+    out_dir = Path(cfg.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cfg.save(out_dir / "experiment.yaml")
+    catalog = load_catalog(cfg)
+    tokenizer = prepare_tokenizer(cfg, catalog)
+    vocab = prepare_vocabularies(cfg, catalog, tokenizer)
+    model: BiEncoder = build_model(cfg.model, tokenizer, vocab)
+    before = evaluate_model(model, catalog, cfg.eval)
+    sampler = CatalogSampler(catalog, "train", seed=cfg.train.seed)
+    history = {}
+    for kind, stage in (("pretrain", cfg.train.pretrain), ("finetune", cfg.train.finetune)):
+        if stage.steps > 0 and not (kind == "pretrain" and cfg.model.name == "dssm"):
+            history[kind] = train_stage(model, sampler, stage, kind, seed=cfg.train.seed, progress=progress)
+    after = evaluate_model(model, catalog, cfg.eval)
+    model_dir = model.save(out_dir / "model")
+    result = ExperimentResult(before, after, history, str(model_dir), time.perf_counter() - start)
+    (out_dir / "metrics.json").write_text(json.dumps({"before": before, "after": after,
+                                                      "seconds": result.seconds}, indent=2))
+    (out_dir / "history.json").write_text(json.dumps(history))
+    return result

@@ -1,0 +1,1 @@
+"""Product-QA evidence ranking with the hybrid model (paper 002)."""

@@ -1,0 +1,112 @@
+"""BM25 over pre-tokenised text as a sparse index: the lexical baseline of paper 002 (Table 3) and paper 004
+Sec. VI-D ("token-based terms": BM25 on (word)piece tokens instead of words).
+
+Each document becomes a sparse vector of BM25 term weights (Robertson & Zaragoza 2009, the reference of
+paper 004)::
+
+    w(t, d) = idf(t) * tf(t, d) * (k1 + 1) / (tf(t, d) + k1 * (1 - b + b * |d| / avgdl))
+
+so that ``BM25(q, d) = sum_{t in q} qtf(t) * w(t, d)`` is the dot product of a query term-count vector with
+the document vector, scored by the same inverted index as SPLADE vectors (``InvertedIndex``).
+
+- ``idf="lucene"`` (default, as in Lucene / Anserini): ``log(1 + (N - df + 0.5) / (df + 0.5))``, always > 0.
+- ``idf="okapi"`` (as ``rank_bm25.BM25Okapi``): ``log((N - df + 0.5) / (df + 0.5))`` with negative values
+  replaced by ``epsilon * mean idf`` over the vocabulary.
+- Defaults ``k1=0.9, b=0.4`` are Anserini's. The ``(k1 + 1)`` factor, which Lucene >= 8 drops, only scales
+  all scores and leaves rankings unchanged. Document lengths are exact token counts (Lucene stores them
+  lossily).
+- ``query_weighting="count"`` repeats a query term's contribution per occurrence (Lucene / rank_bm25);
+  ``"binary"`` counts each distinct query term once. Query tokens absent from the corpus are ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+
+import numpy as np
+import scipy.sparse as sp
+
+from madr.search.sparse.inverted_index import InvertedIndex
+from madr.search.sparse.vectors import SparseBatch
+
+Tokens = Sequence[Hashable]
+
+
+def _check_tokens(tokens: object, what: str) -> None:
+    if isinstance(tokens, str | bytes) or not isinstance(tokens, Sequence | np.ndarray):
+        raise ValueError(f"{what} must be a list of tokens (strings or wordpiece ids), got "
+                         f"{type(tokens).__name__}; tokenise the text first")
+
+
+class BM25Index:
+    """BM25 weights in an ``InvertedIndex``; build with ``fit(documents, ids)``, query with ``search``."""
+
+    def __init__(self, k1: float = 0.9, b: float = 0.4, idf: str = "lucene", epsilon: float = 0.25,
+                 query_weighting: str = "count") -> None:
+        if k1 < 0 or not 0 <= b <= 1:
+            raise ValueError(f"BM25Index: need k1 >= 0 and 0 <= b <= 1, got k1={k1}, b={b}")
+        if idf not in ("lucene", "okapi"):
+            raise ValueError(f"BM25Index: idf must be 'lucene' or 'okapi', got {idf!r}")
+        if query_weighting not in ("count", "binary"):
+            raise ValueError(f"BM25Index: query_weighting must be 'count' or 'binary', got {query_weighting!r}")
+        self.k1, self.b, self.idf_kind, self.epsilon = float(k1), float(b), idf, float(epsilon)
+        self.query_weighting = query_weighting
+        self.vocabulary: dict[Hashable, int] = {}
+        self.idf: np.ndarray = np.zeros(0)
+        self.avgdl = 0.0
+        self.index: InvertedIndex | None = None
+
+    def _term_counts(self, documents: Sequence[Tokens], grow: bool) -> sp.csr_array:
+        """[N, V] token counts; unknown tokens get new ids when ``grow`` and are dropped otherwise."""
+        rows, cols = [], []
+        for d, tokens in enumerate(documents):
+            _check_tokens(tokens, f"document {d}" if grow else f"query {d}")
+            for tok in tokens:
+                t = self.vocabulary.setdefault(tok, len(self.vocabulary)) if grow else self.vocabulary.get(tok)
+                if t is not None:
+                    rows.append(d)
+                    cols.append(t)
+        counts = sp.coo_array((np.ones(len(rows), np.float64), (np.array(rows, np.int64),
+                               np.array(cols, np.int64))), shape=(len(documents), max(len(self.vocabulary), 1)))
+        return counts.tocsr()  # sums duplicate (doc, term) pairs into term frequencies
+
+    def _idf(self, df: np.ndarray, n_docs: int) -> np.ndarray:
+        if self.idf_kind == "lucene":
+            return np.log1p((n_docs - df + 0.5) / (df + 0.5))
+        idf = np.log((n_docs - df + 0.5) / (df + 0.5))
+        return np.where(idf < 0, self.epsilon * idf.mean(), idf) if idf.size else idf
+
+    def fit(self, documents: Sequence[Tokens], ids: Sequence[int] | np.ndarray | None = None) -> BM25Index:
+        """Index tokenised ``documents`` (``ids``: global ids, default 0..N-1). Returns ``self``."""
+        if len(documents) == 0:
+            raise ValueError("BM25Index.fit: no documents")
+        self.vocabulary = {}
+        tf = self._term_counts(documents, grow=True)
+        if not self.vocabulary:
+            raise ValueError("BM25Index.fit: the documents contain no tokens")
+        n_docs = tf.shape[0]
+        doc_len = np.array([len(d) for d in documents], dtype=np.float64)
+        self.avgdl = float(doc_len.mean())
+        self.idf = self._idf(np.bincount(tf.indices, minlength=tf.shape[1]).astype(np.float64), n_docs)
+        norm = self.k1 * (1.0 - self.b + self.b * doc_len / self.avgdl)  # per doc
+        row_of = np.repeat(np.arange(n_docs), np.diff(tf.indptr))
+        weights = self.idf[tf.indices] * tf.data * (self.k1 + 1.0) / (tf.data + norm[row_of])
+        tf.data = weights
+        self.index = InvertedIndex.build(SparseBatch.from_scipy(tf), ids)
+        return self
+
+    def encode_queries(self, queries: Sequence[Tokens]) -> SparseBatch:
+        """Tokenised queries -> term-count (or binary) vectors over the corpus vocabulary."""
+        if self.index is None:
+            raise ValueError("BM25Index: call fit() before encoding or searching")
+        counts = self._term_counts(queries, grow=False)
+        if self.query_weighting == "binary":
+            counts.data[:] = 1.0
+        return SparseBatch.from_scipy(counts)
+
+    def search(self, queries: Sequence[Tokens], k: int,
+               batch_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Top-``k`` BM25 (scores [Q, k] float32, ids [Q, k] int64), padded -inf / -1 (see InvertedIndex)."""
+        batch = self.encode_queries(queries)
+        assert self.index is not None
+        return self.index.search(batch, k, batch_size=batch_size)

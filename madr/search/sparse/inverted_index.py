@@ -1,0 +1,277 @@
+"""Exact top-k retrieval over sparse lexical vectors with an inverted index (paper 002 Sec. 4.1, Eq. 1
+sparse term ``<sparse_q, sparse_p>``; Sec. 6.4 notes that scoring "in a loop" is what makes sparse ranking
+slow, so a query batch is scored here by one sparse-sparse matrix product over the posting lists).
+
+Layout: the document-term matrix [N, V] is kept in scipy CSC form, i.e. term-major: column ``t`` is the
+posting list of term ``t`` (document rows ascending, with their weights). ``Q @ D.T`` then only reads the
+posting lists of the terms the queries contain.
+
+Result convention (``search``):
+- Only documents with a strictly positive score are returned. With non-negative weights (SPLADE's
+  log(1 + ReLU), BM25) these are exactly the documents that share a term with the query.
+- Rows are padded with score ``-inf`` and id ``-1`` when fewer than ``k`` documents qualify; ``-1`` is
+  therefore not a valid document id.
+- Ranking is score descending, ties broken by global document id ascending, so results do not depend on
+  insertion order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+from madr.search.sparse.vectors import SparseBatch
+
+_FORMAT = "madr.sparse.InvertedIndex/1"
+PAD_ID = -1
+AUTO_BATCH_ENTRIES = 4_000_000  # default query batch: about this many (query, doc) score slots per product
+
+
+def _as_ids(ids: Sequence[int] | np.ndarray | None, n: int, start: int) -> np.ndarray:
+    if ids is None:
+        return np.arange(start, start + n, dtype=np.int64)
+    arr = np.asarray(ids)
+    if arr.shape != (n,) or (arr.size and arr.dtype.kind not in "iu"):
+        raise ValueError(f"ids: expected {n} integer ids, got shape {arr.shape} dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
+    if arr.size and arr.min() < 0:
+        raise ValueError(f"ids: document ids must be >= 0 ({PAD_ID} marks padding), got {arr.min()}")
+    return arr
+
+
+def top_k_row(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top ``k`` of one query's (scores, ids) among scores > 0: score desc, then id asc; unpadded."""
+    positive = scores > 0
+    if not positive.all():
+        scores, ids = scores[positive], ids[positive]
+    n = scores.size
+    if n > k:
+        kth = np.partition(scores, n - k)[n - k]  # k-th largest score: argpartition-style O(n) cut
+        keep = scores >= kth  # keeps every tie at the cut; lexsort below breaks them by id
+        scores, ids = scores[keep], ids[keep]
+    order = np.lexsort((ids, -scores))[:k]
+    return scores[order], ids[order]
+
+
+def pad_rows(rows: list[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-query (scores, ids) of length <= k -> ([Q, k] float32 padded -inf, [Q, k] int64 padded -1)."""
+    scores = np.full((len(rows), k), -np.inf, dtype=np.float32)
+    ids = np.full((len(rows), k), PAD_ID, dtype=np.int64)
+    for q, (s, i) in enumerate(rows):
+        scores[q, : s.size] = s
+        ids[q, : i.size] = i
+    return scores, ids
+
+
+def _prune_postings(csc: sp.csc_array, ids: np.ndarray, max_postings: int) -> sp.csc_array:
+    """Keep the ``max_postings`` largest weights of every posting list (ties: lower global id)."""
+    lens = np.diff(csc.indptr)
+    if lens.max(initial=0) <= max_postings:
+        return csc
+    cols = np.repeat(np.arange(csc.shape[1]), lens)
+    long = lens[cols] > max_postings
+    sel = np.flatnonzero(long)
+    order = sel[np.lexsort((ids[csc.indices[sel]], -csc.data[sel], cols[sel]))]
+    sorted_cols = cols[order]
+    first = np.searchsorted(sorted_cols, sorted_cols, side="left")
+    keep = ~long
+    keep[order[np.arange(order.size) - first < max_postings]] = True
+    return sp.csc_array((csc.data[keep], (csc.indices[keep], cols[keep])), shape=csc.shape)
+
+
+class InvertedIndex:
+    """Term-major (CSC) index of sparse document vectors with global int64 document ids.
+
+    ``max_postings_per_term`` (off by default) statically prunes each posting list to its highest-weight
+    entries; search is then exact only with respect to the pruned index.
+    """
+
+    def __init__(self, vocab_size: int, max_postings_per_term: int | None = None) -> None:
+        if vocab_size < 1:
+            raise ValueError(f"InvertedIndex: vocab_size must be >= 1, got {vocab_size}")
+        if max_postings_per_term is not None and max_postings_per_term < 1:
+            raise ValueError(f"InvertedIndex: max_postings_per_term must be >= 1 or None, "
+                             f"got {max_postings_per_term}")
+        self.vocab_size = int(vocab_size)
+        self.max_postings_per_term = max_postings_per_term
+        self._postings = sp.csc_array((0, self.vocab_size), dtype=np.float32)
+        self._ids = np.zeros(0, dtype=np.int64)
+        self._pending: list[SparseBatch] = []
+
+    @classmethod
+    def build(cls, docs: SparseBatch, ids: Sequence[int] | np.ndarray | None = None,
+              max_postings_per_term: int | None = None) -> InvertedIndex:
+        """Index ``docs``; ``ids`` are their global ids (default 0..N-1)."""
+        index = cls(docs.vocab_size, max_postings_per_term)
+        index.add(docs, ids)
+        return index
+
+    # ---- building ----------------------------------------------------------------------------------------
+
+    def add(self, docs: SparseBatch, ids: Sequence[int] | np.ndarray | None = None) -> None:
+        """Append documents; ``ids`` default to the next integers after the current count. Ids must stay
+        unique over the whole index. The posting lists are rebuilt lazily, once, at the next search."""
+        if docs.vocab_size != self.vocab_size:
+            raise ValueError(f"add: docs have vocab_size {docs.vocab_size}, index has {self.vocab_size}")
+        new_ids = _as_ids(ids, len(docs), len(self))
+        all_ids = np.concatenate([self._ids, new_ids])
+        uniq, counts = np.unique(all_ids, return_counts=True)
+        if uniq.size != all_ids.size:
+            raise ValueError(f"add: duplicate document id {int(uniq[counts > 1][0])}")
+        self._ids = all_ids
+        self._pending.append(docs)
+
+    def _compact(self) -> sp.csc_array:
+        if self._pending:
+            pending = self._pending[0] if len(self._pending) == 1 else SparseBatch.concat(self._pending)
+            new = pending.to_scipy()
+            stacked = sp.vstack([self._postings, new], format="csr") if self._postings.shape[0] else new
+            csc = sp.csc_array(stacked, dtype=np.float32)
+            csc.sort_indices()
+            if self.max_postings_per_term is not None:
+                csc = _prune_postings(csc, self._ids, self.max_postings_per_term)
+            self._postings = csc
+            self._pending = []
+        return self._postings
+
+    # ---- search ------------------------------------------------------------------------------------------
+
+    def _check_queries(self, queries: SparseBatch) -> None:
+        if queries.vocab_size != self.vocab_size:
+            raise ValueError(f"queries have vocab_size {queries.vocab_size}, index has {self.vocab_size}")
+
+    def _batch_size(self, batch_size: int | None) -> int:
+        """Queries per sparse product; ``None``: about ``AUTO_BATCH_ENTRIES`` score entries per product
+        (frequent terms make each query row up to N long, and larger products only add memory traffic)."""
+        if batch_size is None:
+            return max(1, AUTO_BATCH_ENTRIES // max(len(self), 1))
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1 or None, got {batch_size}")
+        return batch_size
+
+    def _scores(self, queries: sp.csr_array, start: int, stop: int) -> sp.csr_array:
+        """csr [stop - start, N] of query-document scores: one SpGEMM ``Q @ D.T`` over the posting lists
+        (``D.T`` of the CSC index is a CSR [V, N] whose row t is term t's posting list; no copy)."""
+        return sp.csr_array(queries[start:stop] @ self._postings.T)
+
+    def _map_batches(self, queries: SparseBatch, batch_size: int | None, num_threads: int, fn) -> list:
+        """``fn(start, scores_csr)`` for each query batch, in order; threads overlap (scipy's sparse kernels
+        release the GIL)."""
+        if num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        self._compact()
+        q = queries.to_scipy()
+        step = self._batch_size(batch_size)
+        starts = range(0, len(queries), step)
+
+        def run(start: int):
+            return fn(start, self._scores(q, start, start + step))
+
+        if num_threads == 1 or len(starts) == 1:
+            return [run(s) for s in starts]
+        with ThreadPoolExecutor(num_threads) as pool:
+            return list(pool.map(run, starts))
+
+    def search(self, queries: SparseBatch, k: int, batch_size: int | None = None,
+               num_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-``k`` by dot product: (scores [Q, k] float32, ids [Q, k] int64), padded -inf / -1.
+
+        ``batch_size`` queries are scored per sparse product (``None``: chosen from the index size);
+        ``num_threads`` > 1 scores batches concurrently.
+        """
+        self._check_queries(queries)
+        if k < 1:
+            raise ValueError(f"search: k must be >= 1, got {k}")
+
+        def top(_: int, res: sp.csr_array) -> list[tuple[np.ndarray, np.ndarray]]:
+            bounds = zip(res.indptr[:-1], res.indptr[1:], strict=True)
+            return [top_k_row(res.data[s:e], self._ids[res.indices[s:e]], k) for s, e in bounds]
+
+        batches = self._map_batches(queries, batch_size, num_threads, top)
+        return pad_rows([row for rows in batches for row in rows], k)
+
+    def _rows_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Global ids -> (row positions, found mask); rows are 0 where not found."""
+        if len(self) == 0:
+            return np.zeros(ids.shape, dtype=np.int64), np.zeros(ids.shape, dtype=bool)
+        order = np.argsort(self._ids, kind="stable")
+        pos = np.minimum(np.searchsorted(self._ids, ids, sorter=order), order.size - 1)
+        rows = order[pos]
+        known = self._ids[rows] == ids
+        return np.where(known, rows, 0), known
+
+    def score(self, queries: SparseBatch, ids: np.ndarray, batch_size: int | None = None) -> np.ndarray:
+        """Exact scores [Q, C] float32 of query ``q`` against the documents ``ids[q]`` (global ids; -1 gives
+        -inf). For re-scoring hybrid candidates (``madr.search.score_fusion``)."""
+        self._check_queries(queries)
+        ids = np.asarray(ids, dtype=np.int64)
+        if ids.ndim != 2 or ids.shape[0] != len(queries):
+            raise ValueError(f"score: ids must be [{len(queries)}, C], got shape {ids.shape}")
+        rows, known = self._rows_of(ids)
+        unknown = ~known & (ids != PAD_ID)
+        if unknown.any():
+            raise ValueError(f"score: document id {int(ids[unknown][0])} is not in the index")
+        out = np.full(ids.shape, -np.inf, dtype=np.float32)
+
+        def gather(start: int, res: sp.csr_array) -> None:
+            for r in range(res.shape[0]):
+                dense = np.zeros(len(self), dtype=np.float32)
+                s, e = res.indptr[r], res.indptr[r + 1]
+                dense[res.indices[s:e]] = res.data[s:e]
+                q = start + r
+                out[q, known[q]] = dense[rows[q, known[q]]]
+
+        self._map_batches(queries, batch_size, 1, gather)
+        return out
+
+    # ---- size and persistence ----------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return int(self._ids.size)
+
+    @property
+    def ids(self) -> np.ndarray:
+        """Global document ids in insertion order."""
+        return self._ids
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the posting arrays (CSC data, row indices, column pointers) plus the id array."""
+        p = self._compact()
+        return int(p.data.nbytes + p.indices.nbytes + p.indptr.nbytes + self._ids.nbytes)
+
+    def save(self, path: str | Path) -> None:
+        """Write an uncompressed ``.npz`` of plain arrays (no pickle)."""
+        p = self._compact()
+        np.savez(path, format=np.array(_FORMAT), data=p.data, indices=p.indices, indptr=p.indptr,
+                 ids=self._ids, vocab_size=np.array(self.vocab_size, dtype=np.int64),
+                 max_postings_per_term=np.array(self.max_postings_per_term or 0, dtype=np.int64))
+
+    @classmethod
+    def load(cls, path: str | Path) -> InvertedIndex:
+        """Read a file written by ``save`` (``allow_pickle=False``)."""
+        fields = {"format", "data", "indices", "indptr", "ids", "vocab_size", "max_postings_per_term"}
+        with np.load(path, allow_pickle=False) as f:
+            missing = fields - set(f.files)
+            if missing:
+                raise ValueError(f"{path}: not an InvertedIndex file, missing fields {sorted(missing)}")
+            if str(f["format"]) != _FORMAT:
+                raise ValueError(f"{path}: field 'format' is {str(f['format'])!r}, expected {_FORMAT!r}")
+            arrays = {name: f[name] for name in fields - {"format"}}
+        vocab, n = int(arrays["vocab_size"]), int(arrays["ids"].size)
+        if arrays["indptr"].shape != (vocab + 1,):
+            raise ValueError(f"{path}: field 'indptr' has shape {arrays['indptr'].shape}, expected "
+                             f"({vocab + 1},) for vocab_size {vocab}")
+        index = cls(vocab, int(arrays["max_postings_per_term"]) or None)
+        try:
+            index._postings = sp.csc_array((arrays["data"], arrays["indices"], arrays["indptr"]),
+                                           shape=(n, vocab))
+            index._postings.check_format(full_check=True)
+        except ValueError as e:
+            raise ValueError(f"{path}: posting arrays are inconsistent ({e})") from e
+        index._ids = _as_ids(arrays["ids"], n, 0)
+        return index

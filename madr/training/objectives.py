@@ -1,0 +1,178 @@
+"""The combined pretraining and fine-tuning objectives of the two aspect papers.
+
+Pretraining, per tower input X (queries through the query tower, products through the document tower):
+    MADRAL / MtBERT (paper 000 Eq. 7): L_MLM + sum_{a != OTHER} (L_AP^a + L_APP^a)
+    MURAL (paper 001 Eq. 9):          L_MLM + lambda * L_A, L_A grouped by Eq. 3 / 4 / 5
+    models without aspect learning:   L_MLM
+Fine-tuning:
+    paper 000 Eq. 8: L_CE + L_SCE + lambda * sum_{a != OTHER} (L_AP^a + L_APP^a)(Q and D)
+    paper 001 Eq. 10: L_SCE with one hard negative per query (set pointwise_weight=0, aspect_weight=0)
+    paper 002 Eq. 3-5 (hybrid): L_dense + L_sparse + lambda_q FLOPS(queries) + lambda_d FLOPS(passages)
+OTHER never receives an aspect loss: it has no annotations and no objective key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from madr.config import StageConfig
+from madr.losses import (
+    AspectPredictionLoss,
+    AspectPresenceLoss,
+    FlopsLoss,
+    FlopsWeightSchedule,
+    GroupWiseContrastiveLoss,
+    InBatchSoftmaxLoss,
+    MLMLoss,
+    PointwiseCELoss,
+    combine_objectives,
+    mask_tokens,
+)
+from madr.losses.mlm import IGNORE_INDEX
+from madr.modeling.batching import TextBatch
+from madr.modeling.model import BiEncoder, objective_keys
+from madr.modeling.outputs import TowerOutput
+
+
+def _value(t: torch.Tensor) -> float:
+    return float(t.detach())
+
+
+@dataclass
+class LossParts:
+    total: torch.Tensor
+    parts: dict[str, float]
+
+
+def aspect_loss(model: BiEncoder, out: TowerOutput, batch: TextBatch, side: str) -> tuple[torch.Tensor, dict[str, float]]:
+    """Aspect learning loss of one tower's output (zero, still on the graph, for models without it)."""
+    cfg = model.config
+    zero = out.embedding.sum() * 0.0
+    keys = objective_keys(cfg)
+    if not keys or not batch.aspect_labels:
+        return zero, {}
+    parts: dict[str, float] = {}
+    if cfg.uses_granularities:  # MURAL: group-wise contrastive (Eq. 2), grouped (Eq. 3-5)
+        word_emb = model.tower(side).word_embeddings
+        losses, has = {}, {}
+        loss_fn = GroupWiseContrastiveLoss()
+        for key, aspect, gran in keys:
+            labels = batch.aspect_labels[key]
+            losses[(aspect, gran)] = loss_fn(out.aspect_repr[key], model.aspect_predictor.value_table(key, word_emb), labels)
+            has[(aspect, gran)] = bool((labels >= 0).any())
+        total = combine_objectives(losses, has, cfg.grouping)
+        parts["aspect"] = _value(total)
+        return total, parts
+    # MADRAL / MtBERT: sum over explicit aspects of AP (Eq. 3) (+ APP, Eq. 6, with Presence Weighting)
+    total = zero
+    ap = AspectPredictionLoss()
+    for key, _, _ in keys:
+        loss = ap(out.aspect_logits[key], batch.aspect_labels[key])
+        parts[f"ap_{key}"] = _value(loss)
+        total = total + loss
+    if out.presence_logits is not None and batch.aspect_present is not None:
+        n = len(cfg.aspects)
+        labels = torch.zeros_like(out.presence_logits)
+        labels[:, :n] = batch.aspect_present
+        mask = torch.zeros(out.presence_logits.shape[1], dtype=torch.bool)
+        mask[:n] = True  # components after the explicit aspects (OTHER) get no loss
+        app = AspectPresenceLoss()(out.presence_logits, labels, aspect_mask=mask) * n  # mean -> sum over aspects
+        parts["app"] = _value(app)
+        total = total + app
+    return total, parts
+
+
+def mlm_loss(model: BiEncoder, batch: TextBatch, side: str, probability: float,
+             generator: torch.Generator | None = None) -> tuple[torch.Tensor, TowerOutput]:
+    """Mask the batch (BERT 80/10/10), encode it and return L_MLM and the tower output."""
+    tok = model.tokenizer
+    masked, labels = mask_tokens(batch.input_ids, batch.attention_mask, tok.mask_token_id, len(tok),
+                                 tok.all_special_ids, probability=probability, generator=generator)
+    out = model.encode(masked, batch.attention_mask, side)
+    if model.tower(side).mlm_head is None:
+        return out.embedding.sum() * 0.0, out
+    predicted = labels != IGNORE_INDEX  # logits at the masked positions only (the loss ignores the rest)
+    return MLMLoss()(model.tower(side).mlm_logits(out, predicted), labels[predicted]), out
+
+
+def pretrain_loss(model: BiEncoder, queries: TextBatch, docs: TextBatch, stage: StageConfig,
+                  generator: torch.Generator | None = None) -> LossParts:
+    """Eq. 7 (paper 000) / Eq. 9 (paper 001): MLM on both sides, aspect losses on `model.aspect_sides`."""
+    total = None
+    parts: dict[str, float] = {}
+    for side, batch in (("query", queries), ("doc", docs)):
+        mlm, out = mlm_loss(model, batch, side, stage.mlm_probability, generator)
+        loss = mlm
+        if side in model.config.aspect_sides:
+            asp, asp_parts = aspect_loss(model, out, batch, side)
+            loss = loss + stage.aspect_weight * asp
+            parts.update({f"{side}_{k}": v for k, v in asp_parts.items()})
+        total = loss if total is None else total + loss
+        parts[f"{side}_mlm"] = _value(mlm)
+    parts["loss"] = _value(total)
+    return LossParts(total, parts)
+
+
+def finetune_loss(model: BiEncoder, queries: TextBatch, positives: TextBatch, negatives: TextBatch | None,
+                  stage: StageConfig, pointwise: PointwiseCELoss | None = None,
+                  neg_relevance: torch.Tensor | None = None, step: int = 0) -> LossParts:
+    """Eq. 8 (paper 000) / Eq. 10 (paper 001).
+
+    L_SCE: each query against every positive in the batch and every hard negative. L_CE: pointwise
+    cross entropy on the judged (query, positive) pairs (target 1) and (query, hard negative) pairs
+    (target `neg_relevance`, default 0). Aspect losses on `model.aspect_sides` (both by default), weighted by
+    `stage.aspect_weight`.
+    """
+    cfg = model.config
+    q = model.encode(queries.input_ids, queries.attention_mask, "query")
+    p = model.encode(positives.input_ids, positives.attention_mask, "doc")
+    n = model.encode(negatives.input_ids, negatives.attention_mask, "doc") if negatives is not None else None
+    if cfg.name == "hybrid":
+        return hybrid_loss(q, p, n, stage, step)
+    temperature = cfg.temperature if cfg.similarity == "cosine" else 1.0
+    sce = InBatchSoftmaxLoss(similarity=cfg.similarity, temperature=temperature)(
+        q.embedding, p.embedding, None if n is None else n.embedding)
+    total = sce
+    parts = {"sce": _value(sce)}
+    if pointwise is not None and stage.pointwise_weight > 0:
+        docs = p.embedding if n is None else torch.cat([p.embedding, n.embedding])
+        qs = q.embedding if n is None else torch.cat([q.embedding, q.embedding])
+        target = torch.ones(len(p.embedding))
+        if n is not None:
+            neg_t = neg_relevance if neg_relevance is not None else torch.zeros(len(n.embedding))
+            target = torch.cat([target, neg_t.float()])
+        ce = pointwise(qs, docs, target)
+        parts["ce"] = _value(ce)
+        total = total + stage.pointwise_weight * ce
+    if stage.aspect_weight > 0:
+        for side, out, batch in (("query", q, queries), ("doc", p, positives)):
+            if side not in cfg.aspect_sides:
+                continue
+            asp, asp_parts = aspect_loss(model, out, batch, side)
+            total = total + stage.aspect_weight * asp
+            parts.update({f"{side}_{k}": v for k, v in asp_parts.items()})
+    parts["loss"] = _value(total)
+    return LossParts(total, parts)
+
+
+def hybrid_loss(q: TowerOutput, p: TowerOutput, n: TowerOutput | None, stage: StageConfig, step: int) -> LossParts:
+    """Paper 002 Eq. 3-5: a contrastive loss with temperature for each representation + FLOPS.
+
+    Dense: CLS dot products; sparse: dot products of the top-k term weights; both in-batch plus hard
+    negatives. FLOPS weights warm up quadratically over `stage.flops_warmup_steps`.
+    """
+    dense = InBatchSoftmaxLoss("dot", stage.sparse_temperature)(
+        q.embedding, p.embedding, None if n is None else n.embedding)
+    sparse = InBatchSoftmaxLoss("dot", stage.sparse_temperature)(
+        q.sparse, p.sparse, None if n is None else n.sparse)
+    docs = p.sparse if n is None else torch.cat([p.sparse, n.sparse])
+    flops = FlopsLoss()
+    lq = FlopsWeightSchedule(stage.flops_query_weight, stage.flops_warmup_steps)(step)
+    ld = FlopsWeightSchedule(stage.flops_doc_weight, stage.flops_warmup_steps)(step)
+    fq, fd = flops(q.sparse), flops(docs)
+    total = dense + sparse + lq * fq + ld * fd
+    parts = {"dense": _value(dense), "sparse": _value(sparse), "flops_q": _value(fq), "flops_d": _value(fd),
+             "nnz_q": float((q.sparse > 0).sum(-1).float().mean()), "loss": _value(total)}
+    return LossParts(total, parts)

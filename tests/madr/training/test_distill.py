@@ -1,0 +1,81 @@
+"""Query-tower distillation (paper 004 Sec. V-A): a 3-layer student of a 6-layer teacher, L2 on the outputs."""
+
+import pytest
+import torch
+
+from madr.config import BackboneConfig, ModelConfig
+from madr.modeling.model import BiEncoder
+from madr.modeling.tokenization import train_wordpiece_tokenizer
+from madr.training.distill import (
+    attach_query_student,
+    distill,
+    make_student,
+    num_layers,
+    student_teacher_distance,
+)
+
+TINY = {"hidden_size": 32, "num_hidden_layers": 6, "num_attention_heads": 2, "intermediate_size": 64,
+        "max_position_embeddings": 32, "initializer_range": 0.1}
+COLORS = ["red", "blue", "green", "black", "white", "pink", "grey", "brown"]
+ITEMS = ["shoes", "jacket", "lamp", "phone", "chair", "watch", "bag", "desk"]
+TRAIN = [f"{c} {i}" for c in COLORS for i in ITEMS if (len(c) + len(i)) % 4]
+HELD_OUT = [f"{c} {i}" for c in COLORS for i in ITEMS if not (len(c) + len(i)) % 4]
+
+
+@pytest.fixture(scope="module")
+def teacher():
+    tok = train_wordpiece_tokenizer(TRAIN + HELD_OUT, vocab_size=120)
+    torch.manual_seed(0)
+    cfg = ModelConfig(name="bibert", backbone=BackboneConfig(tiny=TINY), shared_towers=True, projection_dim=32,
+                      max_query_length=8, max_doc_length=16)
+    return BiEncoder(cfg, tok).eval()
+
+
+def test_student_has_the_teachers_first_layers_and_shape(teacher):
+    student = make_student(teacher, num_layers=3)
+    assert num_layers(student) == 3 and student.backbone.config.num_hidden_layers == 3, "student must have 3 layers"
+    assert num_layers(teacher.query_tower) == 6, "the teacher must not be cut"
+    t_state, s_state = teacher.query_tower.state_dict(), student.state_dict()
+    assert not any("encoder.layer.3." in k for k in s_state), "layers past the third must be gone"
+    for key, value in s_state.items():
+        assert torch.equal(value, t_state[key]), f"{key} was not initialised from the teacher"
+    assert student.projection.weight.shape == (32, 32), "same 32-d projection as the teacher"
+    picked = make_student(teacher.query_tower, num_layers=3, layers=[0, 2, 4])
+    assert torch.equal(picked.backbone.encoder.layer[2].output.dense.weight,
+                       teacher.query_tower.backbone.encoder.layer[4].output.dense.weight)
+    for bad in ({"num_layers": 0}, {"num_layers": 7}, {"num_layers": 2, "layers": [0, 1, 2]}):
+        with pytest.raises(ValueError, match="layers"):
+            make_student(teacher, **bad)
+
+
+def test_distillation_reduces_held_out_distance_and_keeps_the_teacher(teacher):
+    student = make_student(teacher, num_layers=3)
+    frozen = {k: v.clone() for k, v in teacher.state_dict().items()}
+    history = distill(teacher, student, TRAIN, steps=60, batch_size=16, lr=3e-3, eval_texts=HELD_OUT, eval_every=30)
+    assert history.eval_steps == [0, 30, 60] and len(history.losses) == 60
+    start, end = history.eval_distance[0], history.eval_distance[-1]
+    assert start > 0.05, f"a cut student must start away from the teacher, got {start}"
+    assert end < 0.5 * start, f"held-out student-teacher L2 distance {start:.4f} -> {end:.4f}"
+    assert end == pytest.approx(student_teacher_distance(teacher, student, HELD_OUT), rel=1e-5)
+    assert all(torch.equal(v, frozen[k]) for k, v in teacher.state_dict().items()), "the teacher must stay frozen"
+    assert not teacher.training, "the teacher's mode must be restored"
+    with pytest.raises(ValueError, match="tokenize"):
+        distill(teacher.query_tower, student, TRAIN, steps=1)
+
+
+def test_student_serves_queries_and_round_trips(teacher, tmp_path):
+    student = make_student(teacher, num_layers=3)
+    served = attach_query_student(teacher, student)
+    assert teacher.config.shared_towers and not served.config.shared_towers
+    assert served.query_tower is student and num_layers(served.doc_tower) == 6
+    queries, docs = ["red shoes", "blue lamp"], ["red shoes for running", "a blue desk lamp"]
+    loaded = BiEncoder.load(served.save(tmp_path / "served"))
+    assert num_layers(loaded.query_tower) == 3 and num_layers(loaded.doc_tower) == 6, "towers' depths after load"
+    for side, texts, want in (("query", queries, served), ("doc", docs, teacher)):
+        got = loaded.encode_texts(texts, side)
+        assert torch.allclose(got, want.encode_texts(texts, side), atol=1e-5), f"{side} embeddings changed"
+    other = ModelConfig(name="bibert", backbone=BackboneConfig(tiny=TINY), projection_dim=16, max_query_length=8,
+                        max_doc_length=16)
+    bad = make_student(BiEncoder(other, teacher.tokenizer), num_layers=3)
+    with pytest.raises(ValueError, match="output size 16"):
+        attach_query_student(teacher, bad)
