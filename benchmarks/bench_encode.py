@@ -207,7 +207,7 @@ def child_st(corpus: Path, model_dir: Path, out: Path, threads: int, **_) -> dic
 
 def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: int = 4,
               max_docs_per_shard: int | None = None, **_) -> dict:
-    from madr.index import ShardedIndex
+    from madr.search.sharded import ShardedIndex
     from pipelines.encode.config import EncodeConfig
     from pipelines.encode.job import run_encode
     from pipelines.runtime import init_ray

@@ -119,7 +119,8 @@ def peak_rss_gb() -> float:
 
 def bench_type(name: str, x: np.ndarray, q: np.ndarray, exact: np.ndarray, args, nlist: int,
                exact_qps: float) -> list[dict]:
-    from madr.index import ShardedIndex, build_index
+    from madr.index import build_index
+    from madr.search.sharded import ShardedIndex
 
     pattern, settings = TYPES[name]
     factory = pattern.format(nlist=nlist, m=args.dim // 4)
@@ -130,7 +131,7 @@ def bench_type(name: str, x: np.ndarray, q: np.ndarray, exact: np.ndarray, args,
         index = ShardedIndex.open(path, mmap=True)
         nbytes = sum(f.stat().st_size for f in Path(tmp).glob("shard-*.faiss"))
         for kw in settings:
-            t, (_, found) = timed(lambda k=kw, ix=index: ix.search(q, args.k, **k))
+            t, (_, found) = timed(lambda k=kw, ix=index: ix.search(q, k=args.k, **k))
             row = {"n": x.shape[0], "dim": args.dim, "type": name, "factory": factory, **kw,
                    "setting": " ".join(f"{a}={b}" for a, b in kw.items()) or "-",
                    f"recall@{args.k}": recall(found, exact), "qps": q.shape[0] / t,

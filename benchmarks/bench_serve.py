@@ -128,7 +128,7 @@ def build_corpus_index(args: argparse.Namespace, model_dir: Path) -> Path:
                      "brand": brands[rng.integers(0, 50, args.docs)]})
     t1 = time.perf_counter()
     manifest = build_index(dense, ids, out, num_shards=args.shards, index_factory=args.index, sparse=sparse,
-                           lam=0.5 if sparse is not None else None, model_dir=str(model_dir), docs=docs,
+                           hybrid_lambda=0.5 if sparse is not None else None, model_dir=str(model_dir), docs=docs,
                            train_size=min(args.docs, 50_000), seed=args.seed)
     meta.write_text(json.dumps(key))
     print(f"corpus {t1 - t0:.1f} s, index build {time.perf_counter() - t1:.1f} s "
@@ -167,13 +167,14 @@ LATENCY_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN
 def start_serve(manifest: Path, port: int, nprobe: int | None, shards: int, tuning: str) -> None:
     import ray
 
+    from madr.search.params import SearchParams
     from serve.app import run_local
     from serve.config import DeploymentSettings, ServeSettings
 
     if tuning == "latency":  # before ray.init: the cluster's processes inherit the driver's environment
         os.environ.update(LATENCY_ENV)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    settings = ServeSettings(manifest_path=str(manifest), port=port, nprobe=nprobe, shard_groups=shards,
+    settings = ServeSettings(manifest_path=str(manifest), port=port, search=SearchParams(nprobe=nprobe), shard_groups=shards,
                              api_key_env="MADR_BENCH_NO_KEY", request_timeout_s=30, log_level="WARNING",
                              access_log=False,
                              encoder=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),

@@ -31,7 +31,8 @@ import scipy.sparse as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 from benchmarks.machine import cpu_model, memory_gib, usable_cores  # noqa: E402
-from madr.search.sparse.inverted_index import InvertedIndex, pad_rows, top_k_row  # noqa: E402
+from madr.search.protocol import pad_rows  # noqa: E402
+from madr.search.sparse.inverted_index import InvertedIndex, top_k_row  # noqa: E402
 from madr.search.sparse.vectors import SparseBatch  # noqa: E402
 
 
@@ -144,14 +145,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"postings read per query (inverted index): mean {touched.mean() / 1e6:.2f} M = "
           f"{touched.mean() / docs.nnz:.1%} of all postings (brute force reads 100%)")
 
-    index.search(queries.select(slice(0, 4)), args.k)  # warm-up
+    index.search(queries.select(slice(0, 4)), k=args.k)  # warm-up
     results = {}
     configs = [(None if b == "auto" else int(b), 1) for b in args.batch_sizes]
     if args.threads > 1:
         configs.append((None, args.threads))
     for bs, threads in configs:
         t0 = time.perf_counter()
-        results[(bs, threads)] = index.search(queries, args.k, batch_size=bs, num_threads=threads)
+        results[(bs, threads)] = index.search(queries, k=args.k, batch_size=bs, num_threads=threads)
         dt = time.perf_counter() - t0
         print(f"InvertedIndex.search batch_size={bs or f'auto ({index._batch_size(None)})'} "
               f"threads={threads}: {len(queries)} queries in {dt:.2f} s = {len(queries) / dt:.1f} queries/s "
@@ -168,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{peer_qps:.2f} queries/s ({1000 * t_peer / n_peer:.1f} ms/query)")
 
     t0 = time.perf_counter()
-    mine = index.search(peer_q, args.k)
+    mine = index.search(peer_q, k=args.k)
     index_qps = n_peer / (time.perf_counter() - t0)
     print(f"ratio (same {n_peer} queries, both single-threaded, auto batch size): InvertedIndex "
           f"{index_qps:.2f} q/s / brute force {peer_qps:.2f} q/s = {index_qps / peer_qps:.1f}x")

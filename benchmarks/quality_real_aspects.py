@@ -300,7 +300,7 @@ def bm25_runs(tokenizer, ev: EvalSet, k: int) -> tuple[dict, dict]:
     """BM25 over the word pieces of the corpus: top-k run and the judged-products run."""
     index = BM25Index().fit([tokenizer.tokenize(t) for t in ev.doc_texts])
     qs = [tokenizer.tokenize(t) for t in ev.query_texts]
-    scores, ids = index.search(qs, k)
+    scores, ids = index.search(qs, k=k)
     run = {qid: {ev.product_ids[i]: float(s) for s, i in zip(srow, irow, strict=True) if i >= 0}
            for qid, srow, irow in zip(ev.query_ids, scores, ids, strict=True)}
     width = max(len(j) for j in ev.judged)

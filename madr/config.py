@@ -19,6 +19,8 @@ from typing import Any
 
 import yaml
 
+from madr.search.params import SearchParams
+
 MODEL_NAMES = ("bibert", "mpbert", "mtbert", "dssm", "madr", "madral", "mur", "mural", "hybrid")
 FUSIONS = ("weighted_sum", "presence", "cls_gating")
 GROUPINGS = ("single", "granularity", "aspect")
@@ -260,14 +262,14 @@ class DistributedConfig:
 class IndexConfig:
     """The index the pipeline's encode stage builds from the fine-tuned model (see `madr.layout`).
 
-    `index_factory` is a FAISS factory string ("Flat", "IVF256,Flat", "OPQ16,IVF256,PQ16", "HNSW32");
-    `nprobe` / `ef_search` are the search-time defaults of evaluation and serving (None: the index's own).
+    `index_factory` is a FAISS factory string ("Flat", "IVF256,Flat", "OPQ16,IVF256,PQ16", "HNSW32").
+    `num_shards` and `index_factory` are also the defaults of the encode job's own config
+    (`pipelines.encode.config.EncodeConfig`). How the index is searched (nprobe, ef_search, ...) is the
+    experiment's `search:` section.
     """
 
     num_shards: int = 2
     index_factory: str = "Flat"
-    nprobe: int | None = None
-    ef_search: int | None = None
     model_stage: str = "finetune"  # whose export is indexed: pretrain | finetune
 
     def __post_init__(self) -> None:
@@ -278,8 +280,9 @@ class IndexConfig:
 
 @dataclass
 class ExperimentConfig:
-    """One experiment end to end. `encode`, `evaluate` and `serve` are optional overrides of the settings
-    the pipeline derives for those stages (`pipelines/jobs/experiment.py`); each is checked by its stage
+    """One experiment end to end. `search` (`madr.search.params.SearchParams`) is how evaluation, mining and
+    serving search the index (each stage sets its own `k`). `encode`, `evaluate` and `serve` are optional
+    overrides of the settings the pipeline derives for those stages (`pipelines/jobs/experiment.py`); each is checked by its stage
     (`pipelines.encode.config.EncodeConfig`, `pipelines.evaluate.job.EvaluateConfig`,
     `serve.config.ServeSettings`), so a typo there is an error naming the key."""
 
@@ -291,6 +294,7 @@ class ExperimentConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     index: IndexConfig = field(default_factory=IndexConfig)
+    search: SearchParams = field(default_factory=SearchParams)
     encode: dict[str, Any] = field(default_factory=dict)
     evaluate: dict[str, Any] = field(default_factory=dict)
     serve: dict[str, Any] = field(default_factory=dict)

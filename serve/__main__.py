@@ -21,7 +21,8 @@ def main(argv: list[str] | None = None) -> None:
     plain.add_argument("--threads", type=int, default=None, help="torch and faiss threads")
     args = parser.parse_args(argv)
     overrides = {"manifest_path": args.manifest, "model_dir": args.model_dir, "host": args.host,
-                 "port": args.port, "nprobe": args.nprobe, "torch_threads": args.threads}
+                 "port": args.port, "search": {"nprobe": args.nprobe} if args.nprobe else None,
+                 "torch_threads": args.threads}
     data = {k: v for k, v in overrides.items() if v is not None}
     if args.config:
         data["config"] = args.config

@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from madr.index.manifest import Manifest
+from madr.search.params import SearchParams
 from serve.backend import (
     Backend,
     BackendBadRequest,
@@ -35,7 +36,6 @@ from serve.backend import (
     BackendUnavailable,
     Docs,
     EncodedQuery,
-    SearchParams,
 )
 from serve.config import ServeSettings
 from serve.filters import check_filters, matches
@@ -220,8 +220,8 @@ class SearchRoutes:
             raise HTTPException(422, str(e)) from e
 
     def _params(self, k: int, lam: float | None) -> SearchParams:
-        return SearchParams(k=k, lam=lam, candidates=self.s.candidates, nprobe=self.s.nprobe,
-                            ef_search=self.s.ef_search)
+        """The settings' `search` with the request's k and, when it sends one, lam."""
+        return self.s.search.replace(k=k, **({} if lam is None else {"lam": lam}))
 
     async def search(self, req: Any) -> dict[str, Any]:
         start = time.perf_counter()

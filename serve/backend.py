@@ -4,7 +4,7 @@
 `LocalBackend` (model + `ShardedIndex` in this process: the plain FastAPI/uvicorn app and the benchmark
 baseline) and `RayBackend` in `serve/deployments.py` (Ray Serve handles to a batching `QueryEncoder` and one
 `ShardSearcher` per shard group). Both encode with `madr.index` `encode_queries` and search with
-`Shard.search` + `merge_topk`, so the HTTP results equal an offline `ShardedIndex.search` of the same
+`madr.search.sharded` `Shard.search` + `merge_topk` under one `madr.search.params.SearchParams`, so the HTTP results equal an offline `ShardedIndex.search` of the same
 queries (paper 002 Eq. 1 per shard, unnormalised, merged by score with ties by id).
 """
 
@@ -19,7 +19,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from madr.index.manifest import Manifest
-from madr.index.sharded import ShardedIndex, load_shard, merge_topk
+from madr.search.params import SearchParams, resolve
+from madr.search.protocol import TopK, merge_topk
+from madr.search.sharded import ShardedIndex, load_shard
 from madr.search.sparse import SparseBatch
 
 if TYPE_CHECKING:
@@ -35,17 +37,6 @@ class EncodedQuery:
 
     dense: np.ndarray
     sparse: SparseBatch | None
-
-
-@dataclass(frozen=True)
-class SearchParams:
-    """Per-request search knobs; equal params can share one batched index call."""
-
-    k: int
-    lam: float | None = None
-    candidates: int | None = None
-    nprobe: int | None = None
-    ef_search: int | None = None
 
 
 class Backend(Protocol):
@@ -135,10 +126,11 @@ class ShardGroup:
         self.shard_ids = [int(s) for s in shards]
         self.shards = [load_shard(manifest_path, s, mmap=mmap, verify=verify) for s in self.shard_ids]
 
-    def search(self, dense: np.ndarray, sparse: SparseBatch | None, params: SearchParams
-               ) -> tuple[np.ndarray, np.ndarray]:
-        parts = [s.search(dense, params.k, sparse=sparse, lam=params.lam, candidates=params.candidates,
-                          nprobe=params.nprobe, ef_search=params.ef_search) for s in self.shards]
+    def search(self, dense: np.ndarray, params: SearchParams | None = None, *, sparse: SparseBatch | None = None,
+               **overrides: Any) -> TopK:
+        """A `madr.search.protocol.Searcher` over these shards: `Shard.search` each, then `merge_topk`."""
+        params = resolve(params, overrides)
+        parts = [s.search(dense, params, sparse=sparse) for s in self.shards]
         return parts[0] if len(parts) == 1 else merge_topk(parts, params.k)
 
     @property
@@ -150,14 +142,14 @@ def search_batched(search: Any, requests: Sequence[tuple[EncodedQuery, SearchPar
                    ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Answer many (query, params) requests with one index call per distinct params; rows in input order.
 
-    `search(dense [Q, d], sparse | None, params) -> (scores [Q, k], ids [Q, k])`."""
+    `search(dense [Q, d], params, sparse=sparse | None) -> (scores [Q, k], ids [Q, k])`."""
     results: list[Any] = [None] * len(requests)
     by_params: dict[tuple[SearchParams, bool], list[int]] = {}
     for i, (query, params) in enumerate(requests):
         by_params.setdefault((params, query.sparse is None), []).append(i)
     for (params, _), rows in by_params.items():
         dense, sparse = stack([requests[i][0] for i in rows])
-        scores, ids = search(dense, sparse, params)
+        scores, ids = search(dense, params, sparse=sparse)
         for j, i in enumerate(rows):
             results[i] = (scores[j], ids[j])
     return results
@@ -185,9 +177,7 @@ class LocalBackend:
     async def search(self, query: EncodedQuery, params: SearchParams) -> tuple[np.ndarray, np.ndarray]:
         dense, sparse = stack([query])
         try:
-            scores, ids = await asyncio.to_thread(
-                self.index.search, dense, params.k, sparse=sparse, lam=params.lam, candidates=params.candidates,
-                nprobe=params.nprobe, ef_search=params.ef_search)
+            scores, ids = await asyncio.to_thread(self.index.search, dense, params, sparse=sparse)
         except ValueError as e:
             raise BackendBadRequest(str(e)) from e
         return scores[0], ids[0]

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from madr.config import from_dict
+from madr.search.params import SearchParams
 
 DEFAULT_API_KEY_ENV = "MADR_API_KEY"
 
@@ -60,7 +61,9 @@ class ServeSettings:
     manifest's).
     Searchers: the manifest's shards are split into `shard_groups` contiguous groups, one `ShardSearcher`
     deployment per group (`searcher-0`, `searcher-1`, ...), each with its own replicas.
-    Search knobs passed to every shard: `candidates`, `nprobe`, `ef_search` (None: the index defaults).
+    Search settings: `search` (`madr.search.params.SearchParams`, YAML section `search:`): `candidates`,
+    `nprobe`, `ef_search` for every shard (None: the index defaults) and `lam` for requests that do not send
+    one (None: the index's `hybrid_lambda`); `k` comes with each request.
     Validation: `max_query_chars`, `max_k`, `max_encode_texts`, `max_body_bytes` (HTTP 413 above it).
     Filters (post-filters on DocStore fields, see serve/app.py): `filter_fields` (None: every DocStore
     column but the id and `doc_text_field`), fetch `k * filter_overfetch` candidates, doubling up to
@@ -85,9 +88,7 @@ class ServeSettings:
     doc_text_field: str = "text"
     filter_overfetch: int = 10
     max_filter_fetch: int = 1000
-    candidates: int | None = None
-    nprobe: int | None = None
-    ef_search: int | None = None
+    search: SearchParams = field(default_factory=SearchParams)
     shard_groups: int = 1
     mmap: bool = False
     verify: bool = True
@@ -135,7 +136,7 @@ class ServeSettings:
 
 def settings_from_dict(data: dict[str, Any] | None) -> ServeSettings:
     """Settings from a plain mapping (the Serve application `args`). A `config` key names a YAML file whose
-    mapping is loaded first; the other keys override it."""
+    mapping is loaded first; the other keys override it (a mapping such as `search` key by key)."""
     data = dict(data or {})
     base: dict[str, Any] = {}
     if "config" in data:
@@ -143,7 +144,9 @@ def settings_from_dict(data: dict[str, Any] | None) -> ServeSettings:
         base = yaml.safe_load(path.read_text()) or {}
         if not isinstance(base, dict):
             raise ValueError(f"{path}: top level must be a mapping, got {type(base).__name__}")
-    base.update(data)
+    for key, value in data.items():
+        both = isinstance(value, dict) and isinstance(base.get(key), dict)
+        base[key] = {**base[key], **value} if both else value
     return from_dict(ServeSettings, base)
 
 

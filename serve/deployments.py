@@ -19,12 +19,12 @@ import numpy as np
 import ray
 from ray import serve
 
-from madr.index.sharded import merge_topk
+from madr.search.params import SearchParams
+from madr.search.protocol import merge_topk
 from serve.backend import (
     BackendBadRequest,
     BackendUnavailable,
     EncodedQuery,
-    SearchParams,
     ShardGroup,
     encode_texts,
     explain_texts,

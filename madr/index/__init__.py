@@ -1,7 +1,8 @@
-"""Sharded dense (FAISS) + sparse indexes: manifest, writing, searching, display fields, encoding.
+"""Sharded dense (FAISS) + sparse indexes: manifest, writing, checksums, display fields, encoding.
+Searching them is ``madr.search.sharded``.
 
 ``encode_documents`` / ``encode_queries`` (``madr.index.encode``) need torch and the model code; they are
-imported on first use (module ``__getattr__``, PEP 562), so ``from madr.index import ShardedIndex`` in a
+imported on first use (module ``__getattr__``, PEP 562), so ``from madr.index import Manifest`` in a
 search-only process (Serve shard replicas) does not import torch.
 """
 
@@ -10,17 +11,16 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from madr.index.build import build_index
 from madr.index.docstore import DocStore
 from madr.index.manifest import Manifest, ShardInfo
-from madr.index.sharded import Shard, ShardedIndex, build_index, load_shard, merge_topk
 
 if TYPE_CHECKING:
     from madr.index.encode import encode_documents, encode_queries
 
 _LAZY = {"encode_documents": "madr.index.encode", "encode_queries": "madr.index.encode"}
 
-__all__ = ["DocStore", "Manifest", "Shard", "ShardInfo", "ShardedIndex", "build_index", "encode_documents",
-           "encode_queries", "load_shard", "merge_topk"]
+__all__ = ["DocStore", "Manifest", "ShardInfo", "build_index", "encode_documents", "encode_queries"]
 
 
 def __getattr__(name: str) -> Any:

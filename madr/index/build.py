@@ -64,6 +64,12 @@ def ivf_of(index: faiss.Index) -> faiss.IndexIVF | None:
         return None
 
 
+def hnsw_of(index: faiss.Index) -> faiss.IndexHNSW | None:
+    """The HNSW index inside ``index`` (through an ``IndexIDMap``), or None."""
+    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap) else index
+    return inner if isinstance(inner, faiss.IndexHNSW) else None
+
+
 def _on_gpu(index: faiss.Index) -> faiss.Index | None:
     if num_gpus() == 0 or not hasattr(faiss, "index_cpu_to_all_gpus"):
         return None
@@ -209,7 +215,7 @@ def write_docs(out_dir: str | Path, docs: pa.Table) -> str:
 
 
 def assemble_manifest(out_dir: str | Path, shards: Sequence[ShardInfo], dim: int, index_factory: str,
-                      lam: float | None = None, sparse_vocab_size: int | None = None,
+                      hybrid_lambda: float | None = None, sparse_vocab_size: int | None = None,
                       model_dir: str | None = None, config_hash: str | None = None,
                       docs_path: str | None = None) -> Path:
     """Write ``manifest.json`` over complete shards (ids unique across shards, or a ValueError)."""
@@ -219,7 +225,8 @@ def assemble_manifest(out_dir: str | Path, shards: Sequence[ShardInfo], dim: int
         raise ValueError(f"{out_dir}: {len(report['duplicates'])} ids occur in more than one shard row, "
                          f"e.g. {report['duplicates'][:5]}")
     manifest = Manifest(dim=int(dim), index_factory=index_factory, num_docs=sum(s.count for s in shards),
-                        shards=list(shards), model_dir=model_dir, config_hash=config_hash, lam=lam,
+                        shards=list(shards), model_dir=model_dir, config_hash=config_hash,
+                        hybrid_lambda=hybrid_lambda,
                         sparse_vocab_size=sparse_vocab_size, docs_path=docs_path)
     return manifest.save(Path(out_dir) / MANIFEST_FILE)
 
@@ -244,22 +251,22 @@ def id_report(out_dir: str | Path, shards: Sequence[ShardInfo],
 
 
 def build_index(dense: np.ndarray, ids: np.ndarray, out_dir: str | Path, num_shards: int,
-                index_factory: str = "Flat", sparse: SparseBatch | None = None, lam: float | None = None,
+                index_factory: str = "Flat", sparse: SparseBatch | None = None, hybrid_lambda: float | None = None,
                 model_dir: str | None = None, config_hash: str | None = None, docs: pa.Table | None = None,
                 train_size: int | None = None, seed: int = 0) -> Path:
     """Build a sharded index in-process; returns the manifest path.
 
     Rows are sorted by id and cut into ``num_shards`` contiguous id ranges (sizes differ by at most one).
     The quantiser is trained once on ``train_size`` rows sampled with ``seed`` (default: all rows up to
-    ``DEFAULT_TRAIN_SIZE``). With ``sparse`` the manifest's ``lam`` defaults to 0.5 (paper 002 Eq. 1)."""
+    ``DEFAULT_TRAIN_SIZE``). With ``sparse`` the manifest's ``hybrid_lambda`` defaults to 0.5 (paper 002 Eq. 1)."""
     dense = np.ascontiguousarray(dense, dtype=np.float32)
     if dense.ndim != 2 or dense.shape[0] == 0:
         raise ValueError(f"build_index: dense must be a non-empty [N, d] matrix, got shape {dense.shape}")
     ids = check_ids(ids, dense.shape[0])
     if not 1 <= num_shards <= dense.shape[0]:
         raise ValueError(f"build_index: num_shards must be in [1, {dense.shape[0]}], got {num_shards}")
-    if sparse is not None and lam is None:
-        lam = 0.5
+    if sparse is not None and hybrid_lambda is None:
+        hybrid_lambda = 0.5
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     trained = train_index(index_factory, dense.shape[1], sample_rows(dense, train_size, seed), seed)
@@ -269,7 +276,7 @@ def build_index(dense: np.ndarray, ids: np.ndarray, out_dir: str | Path, num_sha
         part = sparse.select(rows) if sparse is not None else None
         infos.append(write_shard(out, s, trained, dense[rows], ids[rows], part))
     docs_path = write_docs(out, docs) if docs is not None else None
-    return assemble_manifest(out, infos, dense.shape[1], index_factory, lam,
+    return assemble_manifest(out, infos, dense.shape[1], index_factory, hybrid_lambda,
                              sparse.vocab_size if sparse is not None else None, model_dir, config_hash, docs_path)
 
 

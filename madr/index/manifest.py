@@ -128,8 +128,9 @@ class ShardInfo:
 
 @dataclass
 class Manifest:
-    """A sharded index (see the module docstring). ``lam`` None = dense-only; otherwise the default of
-    paper 002 Eq. 1 for hybrid search with the sparse shards."""
+    """A sharded index (see the module docstring). ``hybrid_lambda``: the lam of paper 002 Eq. 1 the index
+    was built with (the model's ``hybrid_lambda`` unless the encode job set another), the lam of a hybrid
+    search whose ``madr.search.params.SearchParams.lam`` is None; None = a dense-only index."""
 
     dim: int
     index_factory: str
@@ -138,7 +139,7 @@ class Manifest:
     metric: str = "ip"
     model_dir: str | None = None
     config_hash: str | None = None
-    lam: float | None = None
+    hybrid_lambda: float | None = None
     sparse_vocab_size: int | None = None
     docs_path: str | None = None
     created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
@@ -149,8 +150,8 @@ class Manifest:
             raise ValueError(f"manifest: format is {self.format!r}, expected {FORMAT!r}")
         if self.metric != "ip":
             raise ValueError(f"manifest: metric {self.metric!r} is not supported (only 'ip')")
-        if self.lam is not None and not 0.0 <= self.lam <= 1.0:
-            raise ValueError(f"manifest: lam must be in [0, 1] or null, got {self.lam}")
+        if self.hybrid_lambda is not None and not 0.0 <= self.hybrid_lambda <= 1.0:
+            raise ValueError(f"manifest: hybrid_lambda must be in [0, 1] or null, got {self.hybrid_lambda}")
         numbers = [s.shard for s in self.shards]
         if numbers != list(range(len(numbers))):
             raise ValueError(f"manifest: shards must be numbered 0..{len(numbers) - 1} in order, got {numbers}")
@@ -178,6 +179,8 @@ class Manifest:
         if path.is_dir():
             path = path / MANIFEST_FILE
         data = _read_json(path)
+        if "lam" in data and "hybrid_lambda" not in data:  # indexes written before the field was renamed
+            data["hybrid_lambda"] = data.pop("lam")
         shards = data.get("shards")
         if not isinstance(shards, list):
             raise ValueError(f"{path}: field 'shards' must be a list")

@@ -1,2 +1,3 @@
-"""Retrieval over encoded collections: sparse indexes and BM25, score fusion, the hybrid searcher,
-and training-free baselines."""
+"""Retrieval over encoded collections: one ``SearchParams`` (``params``) and one ``Searcher`` protocol
+(``protocol``) implemented by the exact reference (``exact``), FAISS shards (``sharded``), the sparse inverted
+index and BM25 (``sparse``) and the hybrid searcher (``hybrid``); score fusion and training-free baselines."""

@@ -11,7 +11,10 @@ weights of ``TowerOutput.sparse``) in an exact ``InvertedIndex``. A query batch 
 3. paper 002 Eq. 1, ``s(q, p) = lambda * <dense_q, dense_p> + (1 - lambda) * <sparse_q, sparse_p>``
    (after the optional per-query normalisation of ``madr.search.score_fusion.normalise``), and the top ``k``.
 
-Modes: ``hybrid`` (lambda from the call or the searcher), ``dense`` (lambda = 1, FAISS candidates only),
+Settings come as a ``madr.search.params.SearchParams`` (``k``, ``candidates``, ``lam``, ``normalisation``,
+and ``nprobe`` / ``ef_search`` for an IVF / HNSW dense index); the searcher is a
+``madr.search.protocol.Searcher``. Modes: ``hybrid`` (lambda from the params or the searcher's
+``hybrid_lambda``), ``dense`` (lambda = 1, FAISS candidates only),
 ``sparse`` (lambda = 0, inverted-index candidates only). With a Flat index and ``candidates`` >= the corpus
 size the result equals brute-force interpolation over the whole corpus. Scores are raw inner products, as in
 ``BiEncoder.hybrid_scores`` (the hybrid objective trains dot products). Results follow
@@ -32,7 +35,10 @@ import numpy as np
 import torch
 
 from madr.modeling.model import BiEncoder
-from madr.search.score_fusion import PAD_ID, hybrid_merge
+from madr.search.params import SearchParams, resolve
+from madr.search.protocol import PAD_ID, TopK
+from madr.search.score_fusion import hybrid_merge, union_candidates
+from madr.search.sharded import faiss_params
 from madr.search.sparse import InvertedIndex, SparseBatch
 
 MODES = ("hybrid", "dense", "sparse")
@@ -128,7 +134,7 @@ class HybridSearcher:
     """Dense FAISS index + sparse inverted index over one collection; see the module docstring."""
 
     def __init__(self, dense_index: faiss.Index, sparse_index: InvertedIndex, ids: np.ndarray,
-                 vectors: np.ndarray | None = None, lam: float = 0.5, index_factory: str = "Flat",
+                 vectors: np.ndarray | None = None, hybrid_lambda: float = 0.5, index_factory: str = "Flat",
                  model: BiEncoder | None = None) -> None:
         self.ids = _check_ids(ids, dense_index.ntotal)
         if len(sparse_index) != self.ids.size or not np.array_equal(np.sort(sparse_index.ids), np.sort(self.ids)):
@@ -136,20 +142,21 @@ class HybridSearcher:
                              f"differ from the dense index's {self.ids.size}")
         if vectors is not None and vectors.shape != (self.ids.size, dense_index.d):
             raise ValueError(f"HybridSearcher: vectors must be [{self.ids.size}, {dense_index.d}], got {vectors.shape}")
-        if not 0.0 <= lam <= 1.0:
-            raise ValueError(f"HybridSearcher: lam must be in [0, 1], got {lam}")
+        if not 0.0 <= hybrid_lambda <= 1.0:
+            raise ValueError(f"HybridSearcher: hybrid_lambda must be in [0, 1], got {hybrid_lambda}")
         if model is not None:
             _require_hybrid(model)
         self.dense_index, self.sparse_index, self.vectors = dense_index, sparse_index, vectors
-        self.lam, self.index_factory, self.model = float(lam), index_factory, model
+        self.hybrid_lambda, self.index_factory, self.model = float(hybrid_lambda), index_factory, model
         self._order = np.argsort(self.ids)
 
     # ---- construction ------------------------------------------------------------------------------------
 
     @classmethod
-    def build(cls, corpus: EncodedCorpus, model: BiEncoder | None = None, lam: float | None = None,
+    def build(cls, corpus: EncodedCorpus, model: BiEncoder | None = None, hybrid_lambda: float | None = None,
               index_factory: str = "Flat", keep_vectors: bool = True) -> HybridSearcher:
-        """Index an encoded corpus. ``lam`` defaults to ``model.config.hybrid_lambda`` (0.5 without a model);
+        """Index an encoded corpus. ``hybrid_lambda`` (the lam of a search that does not set one) defaults to
+        ``model.config.hybrid_lambda`` (0.5 without a model);
         ``keep_vectors=False`` re-scores from ``index.reconstruct`` instead of a stored copy."""
         if len(corpus) == 0:
             raise ValueError("HybridSearcher.build: the corpus is empty")
@@ -164,16 +171,17 @@ class HybridSearcher:
         if not keep_vectors:
             _enable_reconstruct(index, index_factory)
         sparse = InvertedIndex.build(corpus.sparse, corpus.ids)
-        if lam is None:
-            lam = model.config.hybrid_lambda if model is not None else 0.5
-        return cls(index, sparse, corpus.ids, corpus.dense.copy() if keep_vectors else None, lam, index_factory,
-                   model)
+        if hybrid_lambda is None:
+            hybrid_lambda = model.config.hybrid_lambda if model is not None else 0.5
+        return cls(index, sparse, corpus.ids, corpus.dense.copy() if keep_vectors else None, hybrid_lambda,
+                   index_factory, model)
 
     @classmethod
     def from_texts(cls, model: BiEncoder, texts: list[str], ids: np.ndarray | list[int] | None = None,
-                   batch_size: int = 64, lam: float | None = None, index_factory: str = "Flat") -> HybridSearcher:
+                   batch_size: int = 64, hybrid_lambda: float | None = None,
+                   index_factory: str = "Flat") -> HybridSearcher:
         """Encode ``texts`` with ``model``'s document tower and index them."""
-        return cls.build(encode_corpus(model, texts, ids, batch_size), model, lam, index_factory)
+        return cls.build(encode_corpus(model, texts, ids, batch_size), model, hybrid_lambda, index_factory)
 
     def __len__(self) -> int:
         return int(self.ids.size)
@@ -218,8 +226,9 @@ class HybridSearcher:
 
     # ---- search ------------------------------------------------------------------------------------------
 
-    def _dense_topk(self, q: EncodedTexts, n: int) -> tuple[np.ndarray, np.ndarray]:
-        scores, rows = self.dense_index.search(q.dense, min(n, len(self)))
+    def _dense_topk(self, q: EncodedTexts, n: int, params: SearchParams) -> TopK:
+        scores, rows = self.dense_index.search(q.dense, min(n, len(self)),
+                                               params=faiss_params(self.dense_index, params))
         valid = rows >= 0
         ids = np.where(valid, self.ids[np.where(valid, rows, 0)], PAD_ID)
         return np.where(valid, scores, -np.inf).astype(np.float32), ids
@@ -231,25 +240,17 @@ class HybridSearcher:
             if lam is not None:
                 raise ValueError(f"search: lam is fixed in mode {mode!r} (dense: 1, sparse: 0); leave it None")
             return 1.0 if mode == "dense" else 0.0
-        lam = self.lam if lam is None else float(lam)
-        if not 0.0 <= lam <= 1.0:
-            raise ValueError(f"search: lam must be in [0, 1], got {lam}")
-        return lam
+        return self.hybrid_lambda if lam is None else lam
 
-    def search_encoded(self, queries: EncodedTexts, k: int, lam: float | None = None, normalisation: str = "none",
-                       candidates: int = 100, mode: str = "hybrid") -> tuple[np.ndarray, np.ndarray]:
+    def search_encoded(self, queries: EncodedTexts, params: SearchParams | None = None, *, mode: str = "hybrid",
+                       **overrides) -> TopK:
         """``search`` for already encoded queries."""
-        lam = self._lam(mode, lam)
-        if k < 1 or candidates < 1:
-            raise ValueError(f"search: k and candidates must be >= 1, got k={k}, candidates={candidates}")
-        n = len(queries)
-        dense = self._dense_topk(queries, candidates) if mode != "sparse" else _empty_topk(n)
-        sparse = self.sparse_index.search(queries.sparse, candidates) if mode != "dense" else _empty_topk(n)
-        unions = [np.union1d(d[d != PAD_ID], s[s != PAD_ID]) for d, s in zip(dense[1], sparse[1], strict=True)]
-        width = max([u.size for u in unions] + [1])
-        cand = np.full((n, width), PAD_ID, dtype=np.int64)
-        for q, u in enumerate(unions):
-            cand[q, : u.size] = u
+        p = resolve(params, overrides)
+        lam = self._lam(mode, p.lam)
+        n, n_cand = len(queries), p.num_candidates
+        dense = self._dense_topk(queries, n_cand, p) if mode != "sparse" else _empty_topk(n)
+        sparse = self.sparse_index.search(queries.sparse, k=n_cand) if mode != "dense" else _empty_topk(n)
+        unions, cand = union_candidates(dense[1], sparse[1])
         d_exact, s_exact = self.score(queries, cand)
 
         def rescore(q: int, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -257,14 +258,15 @@ class HybridSearcher:
                 raise AssertionError("hybrid_merge built another candidate set than the searcher")
             return d_exact[q, : ids.size], s_exact[q, : ids.size]
 
-        return hybrid_merge(dense, sparse, lam, k, normalisation, rescore=rescore)
+        return hybrid_merge(dense, sparse, lam, p.k, p.normalisation, rescore=rescore)
 
-    def search(self, queries: list[str], k: int, lam: float | None = None, normalisation: str = "none",
-               candidates: int = 100, mode: str = "hybrid") -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` (scores [Q, k] float32, ids [Q, k] int64) of each query by paper 002 Eq. 1 over the
-        union of the dense and sparse top-``candidates`` (module docstring), padded -inf / -1."""
-        self._lam(mode, lam)  # fail before encoding
-        return self.search_encoded(self.encode_queries(queries), k, lam, normalisation, candidates, mode)
+    def search(self, queries: list[str], params: SearchParams | None = None, *, mode: str = "hybrid",
+               **overrides) -> TopK:
+        """Top ``params.k`` (scores [Q, k] float32, ids [Q, k] int64) of each query by paper 002 Eq. 1 over the
+        union of the dense and sparse top-``params.num_candidates`` (module docstring), padded -inf / -1."""
+        p = resolve(params, overrides)
+        self._lam(mode, p.lam)  # fail before encoding
+        return self.search_encoded(self.encode_queries(queries), p, mode=mode)
 
     # ---- persistence -------------------------------------------------------------------------------------
 
@@ -276,7 +278,7 @@ class HybridSearcher:
         self.sparse_index.save(path / SPARSE_FILE)
         vectors = self.vectors if self.vectors is not None else np.zeros((0, self.dense_index.d), np.float32)
         np.savez(path / META_FILE, format=np.array(_FORMAT), ids=self.ids, vectors=vectors,
-                 has_vectors=np.array(self.vectors is not None), lam=np.array(self.lam),
+                 has_vectors=np.array(self.vectors is not None), lam=np.array(self.hybrid_lambda),
                  index_factory=np.array(self.index_factory))
         return path
 

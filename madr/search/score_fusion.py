@@ -9,8 +9,8 @@
   obtained from Equation 1": ``source_priors_from_validation`` measures those hit rates and
   ``source_prior_rerank`` applies them.
 
-Conventions: result arrays are [Q, k] (scores float32, ids int64) padded with ``-inf`` / ``-1`` like
-``madr.search.sparse.InvertedIndex.search``; ties are broken by document id ascending.
+Conventions (``madr.search.protocol``): result arrays are [Q, k] (scores float32, ids int64) padded with
+``-inf`` / ``-1``; ties are broken by document id ascending.
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from madr.metrics import Qrels, Run, rank_documents
+from madr.search.params import NORMALISATIONS
+from madr.search.protocol import PAD_ID, TopK, pad_rows
 
-PAD_ID = -1
-NORMALISATIONS = ("none", "minmax", "zscore")
-TopK = tuple[np.ndarray, np.ndarray]
 Rescore = Callable[[int, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
@@ -101,12 +100,14 @@ def _sorted_topk(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarra
     return scores[order], ids[order]
 
 
-def _pad(rows: list[tuple[np.ndarray, np.ndarray]], k: int) -> TopK:
-    scores = np.full((len(rows), k), -np.inf, dtype=np.float32)
-    ids = np.full((len(rows), k), PAD_ID, dtype=np.int64)
-    for q, (s, i) in enumerate(rows):
-        scores[q, : s.size], ids[q, : i.size] = s, i
-    return scores, ids
+def union_candidates(dense_ids: np.ndarray, sparse_ids: np.ndarray) -> tuple[list[np.ndarray], np.ndarray]:
+    """Per query, the sorted union of the ids of two top lists ([Q, kd], [Q, ks], -1 padded): the list of
+    unions and the same as one [Q, width] matrix padded with -1 (for exact re-scoring in one call)."""
+    unions = [np.union1d(d[d != PAD_ID], s[s != PAD_ID]) for d, s in zip(dense_ids, sparse_ids, strict=True)]
+    cand = np.full((len(unions), max([u.size for u in unions] + [1])), PAD_ID, dtype=np.int64)
+    for q, u in enumerate(unions):
+        cand[q, : u.size] = u
+    return unions, cand
 
 
 def hybrid_merge(dense: TopK, sparse: TopK, lam: float, k: int, normalisation: str = "none",
@@ -147,7 +148,7 @@ def hybrid_merge(dense: TopK, sparse: TopK, lam: float, k: int, normalisation: s
             d, s = _lookup(cand, di, ds), _lookup(cand, si, ss)
         final = lam * normalise(d, normalisation) + (1.0 - lam) * normalise(s, normalisation)
         rows.append(_sorted_topk(final, cand, k))
-    return _pad(rows, k)
+    return pad_rows(rows, k)
 
 
 def source_prior_rerank(scores: np.ndarray, sources: Sequence[Sequence[str | None]] | np.ndarray,

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from madr.config import from_dict
+from madr.config import IndexConfig, from_dict
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -23,7 +23,9 @@ class EncodeConfig:
     The corpus has one row per document: an integer id column (``id_column``; the global id in the index)
     and the text columns joined with a space (``text_columns``). ``display_columns`` (default: the text
     columns) go to the index's ``docs`` table for display; ``external_id_column`` (e.g. a product id
-    string) is kept there too, for qrels that name documents by it.
+    string) is kept there too, for qrels that name documents by it. ``num_shards`` and ``index_factory``
+    default to the experiment's (``madr.config.IndexConfig``); ``hybrid_lambda`` is recorded in the
+    manifest as the lam of searches that do not set one (None: the model's ``hybrid_lambda``).
     """
 
     input: list[str] = field(default_factory=list)
@@ -36,12 +38,12 @@ class EncodeConfig:
     external_id_column: str | None = None
     store_docs: bool = True
     # index
-    num_shards: int | None = 4
-    max_docs_per_shard: int | None = None  # alternative to num_shards: ceil(rows / this) shards
-    index_factory: str = "Flat"
+    num_shards: int | None = field(default_factory=lambda: IndexConfig().num_shards)
+    max_docs_per_shard: int | None = None  # alternative to num_shards (set it null): ceil(rows / this) shards
+    index_factory: str = field(default_factory=lambda: IndexConfig().index_factory)
     train_size: int = 100_000
     seed: int = 0
-    lam: float | None = None  # hybrid default of the manifest; None: the model's hybrid_lambda
+    hybrid_lambda: float | None = None  # recorded in the manifest; None: the model's hybrid_lambda
     # encoding
     max_length: int | None = None  # default: the model's max_doc_length
     batch_size: int = 128  # rows per forward pass (cut from a length-sorted piece)

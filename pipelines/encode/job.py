@@ -75,7 +75,7 @@ class InjectedFailure(RuntimeError):
 class ModelInfo:
     dim: int
     hybrid: bool
-    lam: float
+    hybrid_lambda: float
     vocab_size: int
     fingerprint: str
 
@@ -476,7 +476,7 @@ def _finish(cfg: EncodeConfig, plan: CorpusPlan, info: ModelInfo, out: Path, don
     report = id_report(out, shards)
     report.update(planned=plan.num_rows, shards=plan.num_shards, written=sorted(pending))
     atomic_write_text(out / REPORT_FILE, json.dumps({k: v for k, v in report.items()}, indent=1))
-    lam = (cfg.lam if cfg.lam is not None else info.lam) if info.hybrid else None
+    lam = (cfg.hybrid_lambda if cfg.hybrid_lambda is not None else info.hybrid_lambda) if info.hybrid else None
     path = assemble_manifest(out, shards, info.dim, cfg.index_factory, lam, info.vocab_size if info.hybrid else None,
                              str(Path(cfg.model_dir).resolve()), job_identity_hash(out),
                              DOCS_DIR if cfg.store_docs else None)

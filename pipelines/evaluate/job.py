@@ -30,6 +30,7 @@ from pipelines.evaluate.searcher import (
     collect,
     resolve_model_dir,
     search_dataset,
+    search_params,
 )
 
 DEFAULT_METRICS = ["recall@10", "recall@100", "ndcg@10", "mrr@10", "map@100", "p@1", "hit@10"]
@@ -78,14 +79,13 @@ def _metrics(run: Run, qrels: Qrels, cfg: EvaluateConfig, names: list[str]) -> d
 
 
 def _sweep_param(index: Any) -> tuple[str | None, list[int]]:
-    from madr.index.build import ivf_of
-    from madr.index.sharded import _hnsw_of
+    from madr.index.build import hnsw_of, ivf_of
 
     shard = index.shards[0].index
     ivf = ivf_of(shard)
     if ivf is not None:
         return "nprobe", [v for v in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024) if v <= ivf.nlist]
-    if _hnsw_of(shard) is not None:
+    if hnsw_of(shard) is not None:
         return "ef_search", [16, 32, 64, 128, 256, 512]
     return None, [0]
 
@@ -94,8 +94,9 @@ def sweep(spec: SearchSpec, queries: Any, qrels: Qrels, keys: DocKeys, cfg: Eval
     """(setting, ms/query, metric) points of one run, timed in this process (search only)."""
     import torch
 
-    from madr.index import ShardedIndex, encode_queries
+    from madr.index import encode_queries
     from madr.modeling.model import BiEncoder
+    from madr.search.sharded import ShardedIndex
 
     model = BiEncoder.load(resolve_model_dir(spec)).eval()
     index = ShardedIndex.open(spec.index, mmap=True, verify=False)
@@ -110,13 +111,12 @@ def sweep(spec: SearchSpec, queries: Any, qrels: Qrels, keys: DocKeys, cfg: Eval
             dense, sparse = encode_queries(model, texts)
     finally:
         torch.set_num_threads(threads)
-    hybrid = sparse is not None and index.has_sparse
+    params = search_params(spec, cfg.k, sparse is not None and index.has_sparse)
     points = []
     for v in values:
         kw = {param: v} if param else {}
         start = time.perf_counter()
-        scores, ids = index.search(dense, cfg.k, sparse=sparse if hybrid else None, lam=spec.lam if hybrid else 1.0,
-                                   candidates=spec.candidates, **kw)
+        scores, ids = index.search(dense, params.replace(**kw), sparse=sparse if index.has_sparse else None)
         ms = 1000 * (time.perf_counter() - start) / max(len(texts), 1)
         run = to_run({q: (i, s) for q, i, s in zip(qids, ids, scores, strict=True)}, keys)
         value = _metrics(run, qrels, cfg, [cfg.sweep_metric])[cfg.sweep_metric]

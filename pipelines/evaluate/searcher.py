@@ -2,33 +2,44 @@
 
 ``SearchQueries`` loads the model and opens the ``ShardedIndex`` once per actor (memory-mapped where the
 index type allows it, so several actors on one node share the page cache), encodes a batch of query
-texts (``madr.index.encode_queries``) and searches all shards: dense, or hybrid (paper 002 Eq. 1) when the
-index has sparse shards and the model is hybrid. ``DocKeys`` maps index ids to the display key that
+texts (``madr.index.encode_queries``) and searches all shards (``madr.search.sharded``): dense, or hybrid
+(paper 002 Eq. 1) when the index has sparse shards and the model is hybrid. ``DocKeys`` maps index ids to the display key that
 qrels use (e.g. a product id) through the index's docs table.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
+from madr.config import from_dict
+from madr.search.params import SearchParams
+
 
 @dataclass
 class SearchSpec:
     """One searcher: an index manifest, the model that encodes queries (default: the manifest's), and the
-    search settings (``lam`` None = the manifest's; dense-only for dense indexes)."""
+    search settings (YAML ``search:``; ``lam`` None = the manifest's, dense-only for dense indexes; ``k`` is
+    the job's: the evaluation depth or the mining ``rank_max``)."""
 
     name: str = "model"
     index: str = ""
     model_dir: str | None = None
-    lam: float | None = None
-    candidates: int | None = None
-    nprobe: int | None = None
-    ef_search: int | None = None
+    search: SearchParams = field(default_factory=SearchParams)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.search, dict):
+            self.search = from_dict(SearchParams, self.search, "search.")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain fields (for Ray actor arguments); ``SearchSpec(**d)`` reads it back."""
+        return {"name": self.name, "index": self.index, "model_dir": self.model_dir,
+                "search": dataclasses.asdict(self.search)}
 
 
 def resolve_model_dir(spec: SearchSpec) -> str:
@@ -48,8 +59,8 @@ class SearchQueries:
     def __init__(self, spec: dict[str, Any], k: int, torch_threads: int | None = 1, mmap: bool = True) -> None:
         import torch
 
-        from madr.index import ShardedIndex
         from madr.modeling.model import BiEncoder
+        from madr.search.sharded import ShardedIndex
 
         if torch_threads:
             torch.set_num_threads(torch_threads)
@@ -69,23 +80,22 @@ def search_texts(model: Any, index: Any, texts: list[str], k: int, spec: SearchS
     from madr.index import encode_queries
 
     dense, sparse = encode_queries(model, texts)
-    if sparse is None or not index.has_sparse:  # dense model or dense index: dense-only (lam = 1)
-        sparse, lam = None, 1.0
-    else:
-        lam = spec.lam
-    return index.search(dense, k, sparse=sparse, lam=lam, candidates=spec.candidates, nprobe=spec.nprobe,
-                        ef_search=spec.ef_search)
+    return index.search(dense, search_params(spec, k, sparse is not None and index.has_sparse),
+                        sparse=sparse if index.has_sparse else None)
+
+
+def search_params(spec: SearchSpec, k: int, hybrid: bool) -> SearchParams:
+    """``spec.search`` at depth ``k``; dense-only (lam = 1) unless both the model and the index are hybrid."""
+    return spec.search.replace(k=k, **({} if hybrid else {"lam": 1.0}))
 
 
 def search_dataset(queries: pa.Table, spec: SearchSpec, k: int, actors: int = 1, batch_size: int = 256,
                    num_cpus: float = 1.0) -> Any:
     """A Ray Dataset of search results of ``queries`` (query_id, text) on an actor pool."""
-    import dataclasses
-
     import ray
 
     ds = ray.data.from_arrow(queries)
-    return ds.map_batches(SearchQueries, fn_constructor_kwargs={"spec": dataclasses.asdict(spec), "k": k},
+    return ds.map_batches(SearchQueries, fn_constructor_kwargs={"spec": spec.to_dict(), "k": k},
                           batch_size=batch_size, batch_format="pyarrow", num_cpus=num_cpus,
                           compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors))
 

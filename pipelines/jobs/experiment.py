@@ -11,6 +11,7 @@ job behaves exactly as when run by hand with that file. `serve_args` does the sa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Callable
@@ -60,8 +61,13 @@ def _corpus_size(layout: RunLayout) -> int | None:
 
 
 def _search(cfg: ExperimentConfig) -> dict[str, Any]:
-    return {"name": cfg.model.name, "index": _abs(RunLayout.of(cfg).manifest),
-            "nprobe": cfg.index.nprobe, "ef_search": cfg.index.ef_search}
+    """A run (`pipelines.evaluate.searcher.SearchSpec`) over the experiment's index with its `search:` settings."""
+    return {"name": cfg.model.name, "index": _abs(RunLayout.of(cfg).manifest), "search": _search_settings(cfg)}
+
+
+def _search_settings(cfg: ExperimentConfig) -> dict[str, Any]:
+    """The experiment's `search:` section (k excepted: each stage sets its own depth)."""
+    return {k: v for k, v in dataclasses.asdict(cfg.search).items() if k != "k"}
 
 
 def evaluate_settings(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -80,16 +86,15 @@ def mine_settings(cfg: ExperimentConfig) -> dict[str, Any]:
     """Hard negatives for the training queries: ranks 10-100 of the index minus the judged positives."""
     layout = RunLayout.of(cfg)
     return {"queries": _abs(layout.queries("train")), "positives": _abs(layout.qrels("train")),
-            "search": _search(cfg), "output": _abs(layout.negatives), "doc_key": "product_id",
+            "run": _search(cfg), "output": _abs(layout.negatives), "doc_key": "product_id",
             "positives_doc_column": "product_id", "min_relevance": cfg.eval.relevance_threshold,
             "seed": cfg.train.seed, "text_column": "title"}
 
 
 def serve_args(cfg: ExperimentConfig) -> dict[str, Any]:
     """The Serve application's args (`serve.config.ServeSettings`) for this experiment's index."""
-    derived: dict[str, Any] = {"manifest_path": _abs(RunLayout.of(cfg).manifest), "doc_text_field": "title"}
-    if cfg.index.nprobe is not None:
-        derived["nprobe"] = cfg.index.nprobe
+    derived: dict[str, Any] = {"manifest_path": _abs(RunLayout.of(cfg).manifest), "doc_text_field": "title",
+                               "search": _search_settings(cfg)}
     return _merge(derived, cfg.serve)
 
 

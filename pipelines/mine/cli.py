@@ -38,14 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_config(args: argparse.Namespace) -> MineConfig:
     """The YAML (its ``mine:`` section when it has one) with the command-line flags on top; ``--index`` and
-    ``--model-dir`` replace those of the ``search`` section and keep its other settings (nprobe, ...)."""
+    ``--model-dir`` replace those of the ``run`` section and keep its search settings (nprobe, ...)."""
     overrides = {k: getattr(args, k) for k in ("queries", "positives", "doc_key", "rank_min", "rank_max",
                                                "num_negatives", "seed", "output")}
     if args.index or args.model_dir:
-        overrides["search"] = {"index": args.index, "model_dir": args.model_dir}
+        overrides["run"] = {"index": args.index, "model_dir": args.model_dir}
     cfg = load_yaml_config(MineConfig, args.config, overrides, section="mine")
     missing = [name for name, value in (("queries", cfg.queries), ("positives", cfg.positives),
-                                        ("index", cfg.search.index)) if not value]
+                                        ("index", cfg.run.index)) if not value]
     if missing:
         raise ValueError(f"mine: missing {', '.join(missing)} (set in the YAML or on the command line)")
     return cfg

@@ -43,7 +43,7 @@ class MineConfig:
 
     queries: str = ""
     positives: str = ""  # qrels-like: query_id, doc_id (index id or doc_key value), relevance (optional)
-    search: SearchSpec = field(default_factory=SearchSpec)
+    run: SearchSpec = field(default_factory=SearchSpec)  # the index, its model and the search settings
     output: str = "negatives.parquet"
     doc_key: str | None = None
     positives_doc_column: str = "doc_id"
@@ -58,8 +58,8 @@ class MineConfig:
     batch_size: int = 256
 
     def __post_init__(self) -> None:
-        if isinstance(self.search, dict):
-            self.search = SearchSpec(**self.search)
+        if isinstance(self.run, dict):
+            self.run = SearchSpec(**self.run)
         if not 1 <= self.rank_min <= self.rank_max:
             raise ValueError(f"mine: need 1 <= rank_min <= rank_max, got {self.rank_min}, {self.rank_max}")
         if self.num_negatives < 1:
@@ -104,10 +104,10 @@ def _texts(cfg: MineConfig) -> Any:
         return None
     from madr.index import DocStore, Manifest
 
-    m = Manifest.load(cfg.search.index)
+    m = Manifest.load(cfg.run.index)
     if not m.docs_path:
-        raise ValueError(f"{cfg.search.index}: the index has no docs table for text_column {cfg.text_column!r}")
-    base = Path(cfg.search.index)
+        raise ValueError(f"{cfg.run.index}: the index has no docs table for text_column {cfg.text_column!r}")
+    base = Path(cfg.run.index)
     base = base if base.is_dir() else base.parent
     return DocStore.open(base / m.docs_path, columns=[cfg.text_column])
 
@@ -115,13 +115,13 @@ def _texts(cfg: MineConfig) -> Any:
 def run_mine(cfg: MineConfig, log=print) -> Path:
     """Mine hard negatives (Ray must be initialised); returns the output path."""
     queries = read_queries(cfg.queries)
-    keys = DocKeys(cfg.search.index, cfg.doc_key)
+    keys = DocKeys(cfg.run.index, cfg.doc_key)
     positives = _positive_ids(cfg, keys)
     queries = queries.filter(pa.array([q in positives for q in queries.column("query_id").to_pylist()]))
     if queries.num_rows == 0:
         raise ValueError(f"{cfg.positives}: no query of {cfg.queries} has a positive (relevance >= {cfg.min_relevance})")
     log(f"mining {cfg.num_negatives} negatives from ranks {cfg.rank_min}..{cfg.rank_max} for {queries.num_rows} queries")
-    results = collect(search_dataset(queries, cfg.search, cfg.rank_max, cfg.search_actors, cfg.batch_size))
+    results = collect(search_dataset(queries, cfg.run, cfg.rank_max, cfg.search_actors, cfg.batch_size))
     store = _texts(cfg)
     cols: dict[str, list[Any]] = {c: [] for c in ("query_id", "query", "positive_ids", "negative_ids",
                                                   "negative_ranks", "negative_scores")}

@@ -24,19 +24,19 @@ def _cfg(tmp_path, **overrides):
 
 
 def test_derived_settings_are_valid_job_configs_on_the_run_layout(tmp_path):
-    cfg = _cfg(tmp_path, **{"index.num_shards": 3, "index.nprobe": 8})
+    cfg = _cfg(tmp_path, **{"index.num_shards": 3, "search.nprobe": 8})
     layout = RunLayout.of(cfg)
     enc = from_dict(EncodeConfig, experiment.encode_settings(cfg))
     assert enc.input == [str(layout.corpus.resolve())] and enc.output == str(layout.index.resolve())
     assert enc.model_dir == str(layout.model("finetune").resolve()) and enc.num_shards == 3
     assert enc.external_id_column == "product_id" and enc.replace_other_job
     ev = from_dict(EvaluateConfig, experiment.evaluate_settings(cfg))
-    assert ev.queries == str(layout.queries("eval").resolve()) and ev.runs[0].nprobe == 8
+    assert ev.queries == str(layout.queries("eval").resolve()) and ev.runs[0].search.nprobe == 8
     assert ev.runs[0].index == str(layout.manifest.resolve()) and "recall@10" in ev.metrics
     mine = from_dict(MineConfig, experiment.mine_settings(cfg))
     assert mine.queries == str(layout.queries("train").resolve()) and mine.output.endswith("negatives.parquet")
     serve = settings_from_dict(experiment.serve_args(cfg))
-    assert serve.manifest_path == str(layout.manifest.resolve()) and serve.nprobe == 8
+    assert serve.manifest_path == str(layout.manifest.resolve()) and serve.search.nprobe == 8
 
 
 def test_experiment_sections_override_single_keys(tmp_path):

@@ -17,10 +17,11 @@ import torch
 
 from madr.config import BackboneConfig, ModelConfig
 from madr.data.synthetic.catalog import generate_catalog
-from madr.index import DocStore, Manifest, ShardedIndex, encode_documents, encode_queries
+from madr.index import DocStore, Manifest, encode_documents, encode_queries
 from madr.index.manifest import sha256_file
 from madr.modeling.model import build_model
 from madr.search.hybrid import EncodedCorpus, EncodedTexts, HybridSearcher
+from madr.search.sharded import ShardedIndex
 from pipelines.encode.config import EncodeConfig
 from pipelines.encode.corpus import plan_corpus, read_piece
 from pipelines.encode.job import InjectedFailure, run_encode, verify_index
@@ -146,7 +147,7 @@ def test_crash_resume_flat_hybrid_job(ray_local, corpus, models, tmp_path_factor
     run_encode(encode_config(root, ref, models["hybrid"], num_shards=3), local=True, log=logs.append)
     m, m_ref = Manifest.load(out), Manifest.load(ref)
     assert [s.sha256 for s in m.shards] == [s.sha256 for s in m_ref.shards]
-    assert m.lam == 0.4 and m.sparse_vocab_size is not None and m.index_factory == "Flat"
+    assert m.hybrid_lambda == 0.4 and m.sparse_vocab_size is not None and m.index_factory == "Flat"
 
     index = ShardedIndex.open(out)
     ids = table.column("doc_id").to_numpy()
@@ -158,14 +159,14 @@ def test_crash_resume_flat_hybrid_job(ray_local, corpus, models, tmp_path_factor
     np.testing.assert_allclose(vecs, dense, atol=1e-4)  # the job's vectors are the model's
     q_dense, q_sparse = encode_queries(model, [q.text for q in catalog.queries[:20]])
     # Flat shards, dense: exactly brute force over the stored vectors
-    got_s, got_i = index.search(q_dense, 10, lam=1.0)
+    got_s, got_i = index.search(q_dense, k=10, lam=1.0)
     exp_s, exp_i = _topk(q_dense.astype(np.float64) @ vecs.T.astype(np.float64), ids, 10)
     np.testing.assert_array_equal(got_i, exp_i)
     np.testing.assert_allclose(got_s, exp_s, rtol=1e-5, atol=1e-5)
     # hybrid over the shards = the unsharded HybridSearcher (Flat, exhaustive candidates)
-    searcher = HybridSearcher.build(EncodedCorpus(dense, sparse, ids), lam=0.4)
-    exp_s, exp_i = searcher.search_encoded(EncodedTexts(q_dense, q_sparse), 10, candidates=N_DOCS)
-    got_s, got_i = index.search(q_dense, 10, sparse=q_sparse, candidates=N_DOCS)
+    searcher = HybridSearcher.build(EncodedCorpus(dense, sparse, ids), hybrid_lambda=0.4)
+    exp_s, exp_i = searcher.search_encoded(EncodedTexts(q_dense, q_sparse), k=10, candidates=N_DOCS)
+    got_s, got_i = index.search(q_dense, k=10, sparse=q_sparse, candidates=N_DOCS)
     _agree(got_i, got_s, exp_i, exp_s)
     # display rows travel with the shards
     store = DocStore.open(out / m.docs_path)
@@ -183,7 +184,7 @@ def test_crash_resume_flat_hybrid_job(ray_local, corpus, models, tmp_path_factor
 def _recall_at_10(index: ShardedIndex, q: np.ndarray, ids: np.ndarray, **kw) -> float:
     vecs = index.reconstruct(ids)  # Flat / IVF-Flat / HNSW store the vectors exactly
     _, exact = _topk(q.astype(np.float64) @ vecs.T.astype(np.float64), ids, 10)
-    found = index.search(q, 10, **kw)[1]
+    found = index.search(q, k=10, **kw)[1]
     return float(np.mean([len(set(a) & set(b)) / 10 for a, b in zip(found, exact, strict=True)]))
 
 
@@ -210,7 +211,7 @@ def test_ivf_job_crash_on_ray_resume_equals_uninterrupted(ray_local, corpus, mod
     assert [s.sha256 for s in Manifest.load(out).shards] == [s.sha256 for s in Manifest.load(ref).shards]
 
     index = ShardedIndex.open(out)
-    assert not index.has_sparse and index.manifest.lam is None and index.ntotal == N_DOCS
+    assert not index.has_sparse and index.manifest.hybrid_lambda is None and index.ntotal == N_DOCS
     from madr.modeling.model import BiEncoder
 
     q, _ = encode_queries(BiEncoder.load(models["bibert"]).eval(), [x.text for x in catalog.queries])
@@ -305,9 +306,9 @@ def test_configs_load_and_local_cli_run(corpus, models, tmp_path):
     enc = load_yaml_config(EncodeConfig, root / "encode.yaml", section="encode")
     assert enc.index_factory == "IVF1024,Flat" and enc.external_id_column == "product_id"
     ev = load_yaml_config(EvaluateConfig, root / "encode.yaml", section="evaluate")
-    assert ev.runs[0].nprobe == 16 and ev.relevance_threshold == 2
+    assert ev.runs[0].search.nprobe == 16 and ev.relevance_threshold == 2
     mine = load_yaml_config(MineConfig, root / "encode.yaml", section="mine")
-    assert (mine.rank_min, mine.rank_max, mine.search.nprobe) == (10, 100, 16)
+    assert (mine.rank_min, mine.rank_max, mine.run.search.nprobe) == (10, 100, 16)
     bare = tmp_path / "mine.yaml"  # a stage's own YAML: its fields at the top level, no section
     bare.write_text("rank_min: 5\n")
     assert load_yaml_config(MineConfig, bare, section="mine").rank_min == 5

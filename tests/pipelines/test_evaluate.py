@@ -10,9 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from madr.index import ShardedIndex
 from madr.metrics import evaluate
 from madr.modeling.model import BiEncoder
+from madr.search.params import SearchParams
+from madr.search.sharded import ShardedIndex
 from pipelines.encode.job import run_encode
 from pipelines.evaluate.job import EvaluateConfig, run_evaluate, to_run
 from pipelines.evaluate.searcher import DocKeys, SearchSpec, search_texts
@@ -58,8 +59,8 @@ def _direct(spec: SearchSpec, catalog, k: int) -> dict[str, float]:
 @pytest.mark.ray
 def test_evaluation_job_matches_direct_metrics(ray_local, setup):
     base, catalog = setup
-    runs = [SearchSpec(name="hybrid", index=str(base / "flat"), candidates=200),
-            SearchSpec(name="dense-ivf", index=str(base / "ivf"), nprobe=4)]
+    runs = [SearchSpec(name="hybrid", index=str(base / "flat"), search=SearchParams(candidates=200)),
+            SearchSpec(name="dense-ivf", index=str(base / "ivf"), search=SearchParams(nprobe=4))]
     cfg = EvaluateConfig(queries=str(base / "queries.parquet"), qrels=str(base / "qrels.parquet"), runs=runs,
                          output=str(base / "out"), doc_key="product_id", qrels_doc_column="product_id",
                          metrics=METRICS, k=50, relevance_threshold=2, sweep_metric="recall@10", batch_size=16)
@@ -101,7 +102,7 @@ def test_evaluate_cli_config(tmp_path):
 
     yaml_path = Path(__file__).resolve().parents[2] / "configs" / "encode.yaml"
     cfg = load_config(build_parser().parse_args(["--config", str(yaml_path), "--k", "20"]))
-    assert (cfg.k, cfg.runs[0].name, cfg.runs[0].nprobe, cfg.doc_key) == (20, "ivf", 16, "product_id")
+    assert (cfg.k, cfg.runs[0].name, cfg.runs[0].search.nprobe, cfg.doc_key) == (20, "ivf", 16, "product_id")
     cfg = load_config(build_parser().parse_args(["--config", str(yaml_path), "--run", "a=/i/a", "--run", "b=/i/b"]))
     assert [(r.name, r.index) for r in cfg.runs] == [("a", "/i/a"), ("b", "/i/b")]
     with pytest.raises(ValueError, match="--run expects NAME=MANIFEST, got 'noequals'"):

@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from madr.index import ShardedIndex
 from madr.modeling.model import BiEncoder
+from madr.search.sharded import ShardedIndex
 from pipelines.encode.job import run_encode
 from pipelines.evaluate.searcher import SearchSpec, search_texts
 from pipelines.mine.job import MineConfig, run_mine, sample_negatives
@@ -36,7 +36,7 @@ def setup(tmp_path_factory, tokenizer):
 def test_mining_job(ray_local, setup):
     base, catalog, table = setup
     cfg = MineConfig(queries=str(base / "queries.parquet"), positives=str(base / "positives.parquet"),
-                     search=SearchSpec(index=str(base / "index")), output=str(base / "neg.parquet"),
+                     run=SearchSpec(index=str(base / "index")), output=str(base / "neg.parquet"),
                      doc_key="product_id", min_relevance=2, rank_min=3, rank_max=40, num_negatives=5, seed=1,
                      text_column="title", batch_size=8)
     out = pq.read_table(run_mine(cfg, log=lambda _: None)).to_pylist()
@@ -53,7 +53,7 @@ def test_mining_job(ray_local, setup):
     try:
         index = ShardedIndex.open(base / "index")
         model = BiEncoder.load(index.manifest.model_dir).eval()
-        scores, ids = search_texts(model, index, [r["query"] for r in out], 40, cfg.search)
+        scores, ids = search_texts(model, index, [r["query"] for r in out], 40, cfg.run)
     finally:
         torch.set_num_threads(threads)
     for r, s_row, i_row in zip(out, scores, ids, strict=True):
@@ -87,7 +87,7 @@ def test_sample_negatives_rank_range_and_determinism():
 
 
 def test_mine_cli_config():
-    """``--index`` replaces the index of the YAML's ``search`` section and keeps its nprobe; a missing input
+    """``--index`` replaces the index of the YAML's ``run`` section and keeps its nprobe; a missing input
     is named."""
     from pathlib import Path
 
@@ -96,7 +96,7 @@ def test_mine_cli_config():
     yaml_path = Path(__file__).resolve().parents[2] / "configs" / "encode.yaml"
     cfg = load_config(build_parser().parse_args(["--config", str(yaml_path), "--index", "/x/idx", "--rank-max", "50",
                                                  "--num-negatives", "4"]))
-    assert (cfg.search.index, cfg.search.nprobe, cfg.rank_min, cfg.rank_max, cfg.num_negatives) == \
+    assert (cfg.run.index, cfg.run.search.nprobe, cfg.rank_min, cfg.rank_max, cfg.num_negatives) == \
         ("/x/idx", 16, 10, 50, 4)
     with pytest.raises(ValueError, match="missing positives, index"):
         load_config(build_parser().parse_args(["--queries", "q.parquet"]))

@@ -30,7 +30,7 @@ def served_index(catalog, tokenizer, tmp_path_factory) -> dict:
     corpus = encode_corpus(model, [catalog.product_text(p) for p in catalog.products], ids, batch_size=128)
     docs = docs_table(catalog, ids)
     manifest = build_index(corpus.dense, ids, root / "index", num_shards=3, index_factory="Flat",
-                           sparse=corpus.sparse, lam=cfg.hybrid_lambda, model_dir=str(root / "model"), docs=docs)
+                           sparse=corpus.sparse, hybrid_lambda=cfg.hybrid_lambda, model_dir=str(root / "model"), docs=docs)
     queries = [q.text for q in catalog.queries[:12]]
     return {"model": model, "model_dir": root / "model", "manifest": Path(manifest), "ids": ids, "docs": docs,
             "queries": queries}

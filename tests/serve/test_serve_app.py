@@ -46,13 +46,13 @@ def app(ray_local, served_index):
 def offline(served_index):
     """The offline reference: encode_queries + ShardedIndex.search over the same manifest and model."""
     from madr.index.encode import encode_queries
-    from madr.index.sharded import ShardedIndex
+    from madr.search.sharded import ShardedIndex
 
     index = ShardedIndex.open(served_index["manifest"])
 
     def search(queries: list[str], k: int, lam: float | None = None):
         dense, sparse = encode_queries(served_index["model"], queries)
-        return index.search(dense, k, sparse=sparse, lam=lam)
+        return index.search(dense, k=k, sparse=sparse, lam=lam)
 
     return search
 

@@ -14,7 +14,8 @@ import requests
 import yaml
 from serve_helpers import assert_same_ranking, free_port
 
-from serve.backend import SearchParams, shard_groups
+from madr.search.params import SearchParams
+from serve.backend import shard_groups
 from serve.config import ServeSettings, settings_from_dict
 from serve.filters import check_filters, matches
 
@@ -95,7 +96,7 @@ def test_batched_search_equals_one_by_one(served_index):
     params = [SearchParams(k=5), SearchParams(k=5, lam=0.9), SearchParams(k=3)] * 2
     batched = search_batched(group.search, list(zip(queries, params, strict=True)))
     for q, p, (scores, ids) in zip(queries, params, batched, strict=True):
-        s1, i1 = group.search(q.dense[None], q.sparse, p)
+        s1, i1 = group.search(q.dense[None], p, sparse=q.sparse)
         np.testing.assert_allclose(scores, s1[0], rtol=1e-5, atol=1e-5)
         assert np.array_equal(ids, i1[0])
 
@@ -122,11 +123,11 @@ def plain(served_index):
 
 def test_plain_app_without_key_equals_offline(plain, served_index):
     from madr.index.encode import encode_queries
-    from madr.index.sharded import ShardedIndex
+    from madr.search.sharded import ShardedIndex
 
     queries = served_index["queries"][:4]
     dense, sparse = encode_queries(served_index["model"], queries)
-    ref_scores, ref_ids = ShardedIndex.open(served_index["manifest"]).search(dense, 5, sparse=sparse)
+    ref_scores, ref_ids = ShardedIndex.open(served_index["manifest"]).search(dense, k=5, sparse=sparse)
     for qi, q in enumerate(queries):
         r = requests.post(plain + "/search", json={"query": q, "k": 5}, timeout=20)
         assert r.status_code == 200, r.text

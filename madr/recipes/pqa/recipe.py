@@ -38,6 +38,7 @@ from madr.metrics import Qrels, Run, evaluate
 from madr.modeling.model import BiEncoder, build_model
 from madr.modeling.outputs import TowerOutput
 from madr.search.hybrid import EncodedTexts, HybridSearcher, encode_corpus, encode_hybrid
+from madr.search.params import NORMALISATIONS
 from madr.search.score_fusion import normalise, source_prior_rerank, source_priors_from_validation
 from madr.search.sparse import BM25Index
 from madr.training.loop import FinetuneExample, finetune_batches, train_stage
@@ -46,7 +47,6 @@ from madr.training.objectives import LossParts, hybrid_loss
 PQA_METRICS = ("map", "r_precision", "mrr@5", "ndcg", "hit@5", "precision@1")
 TUNE_METRIC = "mrr@5"
 LAMBDA_GRID = tuple(round(0.05 * i, 2) for i in range(21))
-NORMALISATIONS = ("none", "minmax", "zscore")
 REPRESENTATIONS = ("hybrid", "dense", "sparse")
 ROW_LABELS = {
     "random": "Random order",

@@ -26,6 +26,8 @@ from collections.abc import Hashable, Sequence
 import numpy as np
 import scipy.sparse as sp
 
+from madr.search.params import SearchParams
+from madr.search.protocol import TopK
 from madr.search.sparse.inverted_index import InvertedIndex
 from madr.search.sparse.vectors import SparseBatch
 
@@ -104,9 +106,9 @@ class BM25Index:
             counts.data[:] = 1.0
         return SparseBatch.from_scipy(counts)
 
-    def search(self, queries: Sequence[Tokens], k: int,
-               batch_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """Top-``k`` BM25 (scores [Q, k] float32, ids [Q, k] int64), padded -inf / -1 (see InvertedIndex)."""
+    def search(self, queries: Sequence[Tokens], params: SearchParams | None = None, *,
+               batch_size: int | None = None, **overrides) -> TopK:
+        """Top ``params.k`` BM25 (scores [Q, k] float32, ids [Q, k] int64), padded -inf / -1 (see InvertedIndex)."""
         batch = self.encode_queries(queries)
         assert self.index is not None
-        return self.index.search(batch, k, batch_size=batch_size)
+        return self.index.search(batch, params, batch_size=batch_size, **overrides)

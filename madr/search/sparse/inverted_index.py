@@ -24,10 +24,11 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
+from madr.search.params import SearchParams, resolve
+from madr.search.protocol import PAD_ID, TopK, pad_rows
 from madr.search.sparse.vectors import SparseBatch
 
 _FORMAT = "madr.sparse.InvertedIndex/1"
-PAD_ID = -1
 AUTO_BATCH_ENTRIES = 4_000_000  # default query batch: about this many (query, doc) score slots per product
 
 
@@ -55,16 +56,6 @@ def top_k_row(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, 
         scores, ids = scores[keep], ids[keep]
     order = np.lexsort((ids, -scores))[:k]
     return scores[order], ids[order]
-
-
-def pad_rows(rows: list[tuple[np.ndarray, np.ndarray]], k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-query (scores, ids) of length <= k -> ([Q, k] float32 padded -inf, [Q, k] int64 padded -1)."""
-    scores = np.full((len(rows), k), -np.inf, dtype=np.float32)
-    ids = np.full((len(rows), k), PAD_ID, dtype=np.int64)
-    for q, (s, i) in enumerate(rows):
-        scores[q, : s.size] = s
-        ids[q, : i.size] = i
-    return scores, ids
 
 
 def _prune_postings(csc: sp.csc_array, ids: np.ndarray, max_postings: int) -> sp.csc_array:
@@ -176,16 +167,16 @@ class InvertedIndex:
         with ThreadPoolExecutor(num_threads) as pool:
             return list(pool.map(run, starts))
 
-    def search(self, queries: SparseBatch, k: int, batch_size: int | None = None,
-               num_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
-        """Exact top-``k`` by dot product: (scores [Q, k] float32, ids [Q, k] int64), padded -inf / -1.
+    def search(self, queries: SparseBatch, params: SearchParams | None = None, *, batch_size: int | None = None,
+               num_threads: int = 1, **overrides) -> TopK:
+        """Exact top ``params.k`` by dot product: (scores [Q, k] float32, ids [Q, k] int64), padded -inf / -1
+        (a ``madr.search.protocol.Searcher``; only ``k`` applies).
 
         ``batch_size`` queries are scored per sparse product (``None``: chosen from the index size);
         ``num_threads`` > 1 scores batches concurrently.
         """
+        k = resolve(params, overrides).k
         self._check_queries(queries)
-        if k < 1:
-            raise ValueError(f"search: k must be >= 1, got {k}")
 
         def top(_: int, res: sp.csr_array) -> list[tuple[np.ndarray, np.ndarray]]:
             bounds = zip(res.indptr[:-1], res.indptr[1:], strict=True)
@@ -237,6 +228,10 @@ class InvertedIndex:
     def ids(self) -> np.ndarray:
         """Global document ids in insertion order."""
         return self._ids
+
+    def documents(self) -> SparseBatch:
+        """The indexed document vectors in insertion order (rows of ``ids``; pruned postings stay pruned)."""
+        return SparseBatch.from_scipy(sp.csr_array(self._compact()))
 
     @property
     def nbytes(self) -> int:

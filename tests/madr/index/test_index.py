@@ -13,10 +13,12 @@ import pytest
 import torch
 
 from madr.config import BackboneConfig, ModelConfig
-from madr.index import DocStore, Manifest, ShardedIndex, build_index, encode_queries, load_shard, merge_topk
+from madr.index import DocStore, Manifest, build_index, encode_queries
 from madr.index.build import id_report
 from madr.modeling.model import build_model
 from madr.search.hybrid import EncodedCorpus, EncodedTexts, HybridSearcher
+from madr.search.protocol import merge_topk
+from madr.search.sharded import ShardedIndex, load_shard
 from madr.search.sparse import SparseBatch
 
 N, D, V = 1500, 16, 300
@@ -57,7 +59,7 @@ def test_flat_shards_equal_brute_force(data, tmp_path):
     path = build_index(x, ids, tmp_path, num_shards=3, index_factory="Flat")
     index = ShardedIndex.open(path)
     assert (index.num_shards, index.ntotal, index.dim, index.has_sparse) == (3, N, D, False)
-    scores, found = index.search(q, 10)
+    scores, found = index.search(q, k=10)
     exp_s, exp_i = _exact(x, ids, q, 10)
     np.testing.assert_array_equal(found, exp_i)
     np.testing.assert_allclose(scores, exp_s, rtol=1e-5, atol=1e-5)
@@ -79,7 +81,7 @@ def test_approximate_types_recall(data, tmp_path, factory, kwargs, bound):
     x, q, ids = data
     index = ShardedIndex.open(build_index(x, ids, tmp_path, num_shards=2, index_factory=factory))
     _, exact = _exact(x, ids, q, 10)
-    _, found = index.search(q, 10, **kwargs)
+    _, found = index.search(q, k=10, **kwargs)
     assert set(found.ravel().tolist()) <= set(ids.tolist())
     recall = _recall(found, exact)
     assert recall >= bound, f"{factory}: recall@10 {recall:.3f} < {bound}"
@@ -89,30 +91,30 @@ def test_search_parameters_change_results(data, tmp_path):
     x, q, ids = data
     _, exact = _exact(x, ids, q, 10)
     index = ShardedIndex.open(build_index(x, ids, tmp_path / "ivf", num_shards=2, index_factory="IVF32,Flat"))
-    r1 = _recall(index.search(q, 10, nprobe=1)[1], exact)
-    r32 = _recall(index.search(q, 10, nprobe=32)[1], exact)
+    r1 = _recall(index.search(q, k=10, nprobe=1)[1], exact)
+    r32 = _recall(index.search(q, k=10, nprobe=32)[1], exact)
     assert r32 == 1.0 and r1 < r32  # all lists probed: exact
     index = ShardedIndex.open(build_index(x, ids, tmp_path / "hnsw", num_shards=2, index_factory="HNSW16"))
-    assert _recall(index.search(q, 10, ef_search=4)[1], exact) < _recall(index.search(q, 10, ef_search=64)[1], exact)
+    assert _recall(index.search(q, k=10, ef_search=4)[1], exact) < _recall(index.search(q, k=10, ef_search=64)[1], exact)
 
 
 def test_hybrid_sharded_equals_hybrid_searcher(data, tmp_path):
     x, q, ids = data
     sp_docs, sp_q = _sparse(N, 3), _sparse(len(q), 4)
-    path = build_index(x, ids, tmp_path, num_shards=4, index_factory="Flat", sparse=sp_docs, lam=0.3)
+    path = build_index(x, ids, tmp_path, num_shards=4, index_factory="Flat", sparse=sp_docs, hybrid_lambda=0.3)
     index = ShardedIndex.open(path)
-    assert index.has_sparse and index.lam == 0.3
-    ref = HybridSearcher.build(EncodedCorpus(x, sp_docs, ids), lam=0.3)
-    exp_s, exp_i = ref.search_encoded(EncodedTexts(q, sp_q), 10, candidates=N)
-    got_s, got_i = index.search(q, 10, sparse=sp_q, candidates=N)
+    assert index.has_sparse and index.hybrid_lambda == 0.3
+    ref = HybridSearcher.build(EncodedCorpus(x, sp_docs, ids), hybrid_lambda=0.3)
+    exp_s, exp_i = ref.search_encoded(EncodedTexts(q, sp_q), k=10, candidates=N)
+    got_s, got_i = index.search(q, k=10, sparse=sp_q, candidates=N)
     np.testing.assert_array_equal(got_i, exp_i)
     np.testing.assert_allclose(got_s, exp_s, rtol=1e-6, atol=1e-6)
     # lam from the call overrides the manifest; lam = 1 is dense-only
-    exp_s, exp_i = ref.search_encoded(EncodedTexts(q, sp_q), 5, lam=0.8, candidates=N)
-    np.testing.assert_array_equal(index.search(q, 5, sparse=sp_q, lam=0.8, candidates=N)[1], exp_i)
-    np.testing.assert_array_equal(index.search(q, 5, lam=1.0)[1], _exact(x, ids, q, 5)[1])
+    exp_s, exp_i = ref.search_encoded(EncodedTexts(q, sp_q), k=5, lam=0.8, candidates=N)
+    np.testing.assert_array_equal(index.search(q, k=5, sparse=sp_q, lam=0.8, candidates=N)[1], exp_i)
+    np.testing.assert_array_equal(index.search(q, k=5, lam=1.0)[1], _exact(x, ids, q, 5)[1])
     with pytest.raises(ValueError, match="needs sparse query vectors"):
-        index.search(q, 5)
+        index.search(q, k=5)
 
 
 def test_checksum_detects_corrupted_shard(data, tmp_path):
@@ -132,8 +134,8 @@ def test_mmap_open_gives_same_results(data, tmp_path):
     for factory in ("Flat", "IVF16,Flat"):
         out = tmp_path / factory.replace(",", "_")
         path = build_index(x, ids, out, num_shards=2, index_factory=factory)
-        a = ShardedIndex.open(path).search(q, 7, nprobe=4)
-        b = ShardedIndex.open(path, mmap=True).search(q, 7, nprobe=4)
+        a = ShardedIndex.open(path).search(q, k=7, nprobe=4)
+        b = ShardedIndex.open(path, mmap=True).search(q, k=7, nprobe=4)
         np.testing.assert_array_equal(a[1], b[1])
         np.testing.assert_array_equal(a[0], b[0])
 
@@ -152,7 +154,7 @@ def test_manifest_roundtrip_and_errors(data, tmp_path):
     x, _, ids = data
     path = build_index(x[:100], ids[:100], tmp_path, num_shards=2, model_dir="m", config_hash="abc")
     m = Manifest.load(path)
-    assert (m.format, m.dim, m.index_factory, m.num_docs, m.model_dir, m.config_hash, m.lam) == \
+    assert (m.format, m.dim, m.index_factory, m.num_docs, m.model_dir, m.config_hash, m.hybrid_lambda) == \
         ("madr.index/1", D, "Flat", 100, "m", "abc", None)
     m2 = Manifest.load(m.save(tmp_path / "copy.json"))
     assert m2.to_dict() == m.to_dict()
@@ -198,7 +200,8 @@ def test_import_without_torch():
     import subprocess
     import sys
 
-    code = "import sys; from madr.index import ShardedIndex, DocStore, Manifest; assert 'torch' not in sys.modules"
+    code = ("import sys; from madr.search.sharded import ShardedIndex; from madr.index import DocStore, Manifest; "
+            "assert 'torch' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(Path(__file__).resolve().parents[3]))
     import madr.index
     from madr.index import encode_documents
@@ -231,4 +234,4 @@ def test_faiss_index_types_stored_with_global_ids(data, tmp_path):
         path = build_index(x[:200], ids[:200], tmp_path / kind.__name__ / factory[:3], 1, factory)
         shard = load_shard(path, 0)
         assert isinstance(shard.index, kind)
-        assert set(shard.search(x[:5], 3)[1].ravel().tolist()) <= set(ids[:200].tolist())
+        assert set(shard.search(x[:5], k=3)[1].ravel().tolist()) <= set(ids[:200].tolist())

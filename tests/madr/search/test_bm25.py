@@ -62,7 +62,7 @@ def test_bad_input_is_rejected():
     with pytest.raises(ValueError, match="no documents"):
         BM25Index().fit([])
     with pytest.raises(ValueError, match="call fit"):
-        BM25Index().search([["a"]], 1)
+        BM25Index().search([["a"]], k=1)
     with pytest.raises(ValueError, match="idf must be"):
         BM25Index(idf="bm25+")
 

@@ -98,7 +98,7 @@ def test_save_load_and_reconstruct(setup, tmp_path):
     s = setup["searcher"]
     expected = s.search(setup["queries"], k=10, candidates=40)
     loaded = HybridSearcher.load(s.save(tmp_path / "idx"), setup["model"])
-    assert loaded.lam == pytest.approx(0.3) and loaded.index_factory == "Flat"
+    assert loaded.hybrid_lambda == pytest.approx(0.3) and loaded.index_factory == "Flat"
     for got, want in zip(loaded.search(setup["queries"], k=10, candidates=40), expected, strict=True):
         np.testing.assert_array_equal(got, want)
     corpus = encode_corpus(setup["model"], setup["docs"], setup["ids"])

@@ -52,7 +52,7 @@ def assert_same(got, expected, what):
 def test_search_equals_brute_force_with_ties_and_global_ids(corpus, k):
     docs, queries, ids = corpus
     index = InvertedIndex.build(docs, ids)
-    got = index.search(queries, k)
+    got = index.search(queries, k=k)
     exp = brute_force(docs, queries, ids, k)
     assert got[0].dtype == np.float32 and got[1].dtype == np.int64 and got[0].shape == (N_QUERIES, k)
     s = got[0]
@@ -65,14 +65,14 @@ def test_search_with_float_weights_equals_brute_force():
     docs = _random_batch(rng, N_DOCS, DOC_NNZ, integer=False)
     queries = _random_batch(rng, N_QUERIES, Q_NNZ, integer=False)
     ids = np.arange(N_DOCS) * 7 + 3
-    assert_same(InvertedIndex.build(docs, ids).search(queries, 10), brute_force(docs, queries, ids, 10),
+    assert_same(InvertedIndex.build(docs, ids).search(queries, k=10), brute_force(docs, queries, ids, 10),
                 "float weights")
 
 
 def test_fewer_matches_than_k_are_padded_and_zero_score_docs_not_returned():
     docs = SparseBatch.from_pairs([([0], [1.0]), ([1], [2.0]), ([0, 1], [3.0, 1.0])], vocab_size=3)
     queries = SparseBatch.from_pairs([([0], [1.0]), ([2], [1.0])], vocab_size=3)
-    scores, ids = InvertedIndex.build(docs, [10, 20, 30]).search(queries, 3)
+    scores, ids = InvertedIndex.build(docs, [10, 20, 30]).search(queries, k=3)
     assert ids.tolist() == [[30, 10, -1], [-1, -1, -1]], f"only docs sharing a term, then -1 padding: {ids}"
     assert scores[0, :2].tolist() == [3.0, 1.0] and np.isneginf(scores[0, 2]) and np.isneginf(scores[1]).all()
 
@@ -80,12 +80,12 @@ def test_fewer_matches_than_k_are_padded_and_zero_score_docs_not_returned():
 def test_batch_size_and_threads_do_not_change_results(corpus):
     docs, queries, ids = corpus
     index = InvertedIndex.build(docs, ids)
-    reference = index.search(queries, 10, batch_size=1)
-    assert_same(index.search(queries, 10, batch_size=64), reference, "batch_size=64")
-    assert_same(index.search(queries, 10), reference, "automatic batch size")
-    assert_same(index.search(queries, 10, batch_size=7, num_threads=2), reference, "2 threads")
+    reference = index.search(queries, k=10, batch_size=1)
+    assert_same(index.search(queries, k=10, batch_size=64), reference, "batch_size=64")
+    assert_same(index.search(queries, k=10), reference, "automatic batch size")
+    assert_same(index.search(queries, k=10, batch_size=7, num_threads=2), reference, "2 threads")
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
-        index.search(queries, 10, batch_size=0)
+        index.search(queries, k=10, batch_size=0)
 
 
 def test_add_equals_building_at_once(corpus):
@@ -98,9 +98,9 @@ def test_add_equals_building_at_once(corpus):
                            docs.values[docs.indptr[a] : docs.indptr[b]], VOCAB)
         parts.add(part, ids[a:b])
         if a == 700:
-            parts.search(queries, 5)  # a search between adds compacts; later adds must still merge
+            parts.search(queries, k=5)  # a search between adds compacts; later adds must still merge
     assert len(parts) == N_DOCS
-    assert_same(parts.search(queries, 10), whole.search(queries, 10), "add()")
+    assert_same(parts.search(queries, k=10), whole.search(queries, k=10), "add()")
     np.testing.assert_array_equal(parts.ids, ids, err_msg="ids keep insertion order")
 
 
@@ -123,7 +123,7 @@ def test_save_load_round_trip(corpus, tmp_path):
     index.save(tmp_path / "index.npz")
     loaded = InvertedIndex.load(tmp_path / "index.npz")
     assert len(loaded) == N_DOCS and loaded.nbytes == index.nbytes
-    assert_same(loaded.search(queries, 10), index.search(queries, 10), "after load")
+    assert_same(loaded.search(queries, k=10), index.search(queries, k=10), "after load")
 
 
 def test_load_rejects_inconsistent_file(tmp_path):
@@ -164,9 +164,9 @@ def test_posting_pruning_keeps_top_weights_per_term():
     docs = SparseBatch.from_pairs([([0, 1], [5.0, 1.0]), ([0], [1.0]), ([0], [5.0]), ([0, 1], [3.0, 2.0])],
                                   vocab_size=2)
     index = InvertedIndex.build(docs, [40, 10, 30, 20], max_postings_per_term=2)
-    scores, ids = index.search(SparseBatch.from_pairs([([0], [1.0])], vocab_size=2), 4)
+    scores, ids = index.search(SparseBatch.from_pairs([([0], [1.0])], vocab_size=2), k=4)
     assert ids.tolist() == [[30, 40, -1, -1]], f"pruned term 0 keeps the 2 highest weights, got {ids}"
-    _, ids = index.search(SparseBatch.from_pairs([([1], [1.0])], vocab_size=2), 4)
+    _, ids = index.search(SparseBatch.from_pairs([([1], [1.0])], vocab_size=2), k=4)
     assert ids.tolist() == [[20, 40, -1, -1]], f"term 1 has only 2 postings, untouched, got {ids}"
     unpruned = InvertedIndex.build(docs, [40, 10, 30, 20])
     assert unpruned.nbytes > index.nbytes, "pruning must shrink the index"
@@ -176,12 +176,12 @@ def test_search_validates_arguments(corpus):
     docs, queries, ids = corpus
     index = InvertedIndex.build(docs, ids)
     with pytest.raises(ValueError, match="k must be >= 1"):
-        index.search(queries, 0)
+        index.search(queries, k=0)
     with pytest.raises(ValueError, match="vocab_size 7"):
-        index.search(SparseBatch.from_pairs([([0], [1.0])], vocab_size=7), 3)
+        index.search(SparseBatch.from_pairs([([0], [1.0])], vocab_size=7), k=3)
 
 
 def test_empty_index_returns_padding():
     index = InvertedIndex(4)
-    scores, ids = index.search(SparseBatch.from_pairs([([1], [1.0])], vocab_size=4), 2)
+    scores, ids = index.search(SparseBatch.from_pairs([([1], [1.0])], vocab_size=4), k=2)
     assert ids.tolist() == [[-1, -1]] and np.isneginf(scores).all()

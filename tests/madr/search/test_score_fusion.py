@@ -28,7 +28,7 @@ def retrievers():
     docs = SparseBatch.from_dense(rng.random((N_DOCS, VOCAB)) * (rng.random((N_DOCS, VOCAB)) < 0.1))
     queries = SparseBatch.from_dense(rng.random((N_QUERIES, VOCAB)) * (rng.random((N_QUERIES, VOCAB)) < 0.1))
     index = InvertedIndex.build(docs, ids)
-    sparse_top = index.search(queries, 20)
+    sparse_top = index.search(queries, k=20)
     order = np.argsort(-dense, axis=1, kind="stable")[:, :20]
     dense_top = (np.take_along_axis(dense, order, axis=1), ids[order])
 

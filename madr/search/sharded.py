@@ -1,37 +1,38 @@
 """Searching a sharded index (``madr.index.manifest``): per-shard dense / hybrid top-k and the merge.
 
-Dense search is the FAISS inner-product top-k of each shard (``nprobe`` for IVF, ``ef_search`` for HNSW,
-passed per call as FAISS ``SearchParameters``, so concurrent searches with different settings do not
-interfere). Hybrid search (paper 002 Eq. 1, ``s = lam * <dense_q, dense_p> + (1 - lam) * <sparse_q,
-sparse_p>``) follows ``madr.search.hybrid.HybridSearcher`` within each shard: the dense and the sparse
-top-``candidates`` nominate documents, every candidate is re-scored exactly (dense from the vector the
-index reconstructs, sparse from the inverted index) and interpolated without normalisation, so a score
-does not depend on which shard a document lives in; ``merge_topk`` then keeps the best ``k`` over all
-shards. With Flat shards and ``candidates`` >= the shard size the result equals the unsharded
-``HybridSearcher`` (exhaustive candidates) and brute-force search.
+``Shard`` and ``ShardedIndex`` are ``madr.search.protocol.Searcher``s: ``search(dense, params, sparse=...)``
+with a ``madr.search.params.SearchParams``. Dense search is the FAISS inner-product top-k of each shard
+(``nprobe`` for IVF, ``ef_search`` for HNSW, passed per call as FAISS ``SearchParameters``, so concurrent
+searches with different settings do not interfere).
 
-Results follow ``madr.search.score_fusion``: [Q, k] float32 scores and int64 global ids, padded with -inf / -1,
-ties broken by id ascending.
+Hybrid search (paper 002 Eq. 1, ``s = lam * <dense_q, dense_p> + (1 - lam) * <sparse_q, sparse_p>``)
+follows ``madr.search.hybrid.HybridSearcher`` within each shard: the dense and the sparse top-``candidates``
+nominate documents, every candidate is re-scored exactly (dense from the vector the index reconstructs,
+sparse from the inverted index) and interpolated without normalisation, so a score does not depend on which
+shard a document lives in; ``merge_topk`` then keeps the best ``k`` over all shards. With Flat shards and
+``candidates`` >= the shard size the result equals the unsharded ``HybridSearcher`` (exhaustive candidates)
+and brute-force search (``madr.search.exact``).
+
+Results follow ``madr.search.protocol``: [Q, k] float32 scores and int64 global ids, padded with -inf / -1,
+ties broken by id ascending. Writing an index (shards, manifest, checksums) is ``madr.index``.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 from pathlib import Path
 
 import faiss
 import numpy as np
 
-from madr.index.build import build_index, ivf_of
+from madr.index.build import hnsw_of, ivf_of
 from madr.index.manifest import MANIFEST_FILE, Manifest, ShardInfo
-from madr.search.score_fusion import PAD_ID, hybrid_merge
+from madr.search.params import SearchParams, resolve
+from madr.search.protocol import PAD_ID, TopK, merge_topk
+from madr.search.score_fusion import hybrid_merge, union_candidates
 from madr.search.sparse import InvertedIndex, SparseBatch
 
-__all__ = ["DEFAULT_CANDIDATES", "Shard", "ShardedIndex", "build_index", "load_shard", "merge_topk"]
-
-DEFAULT_CANDIDATES = 100
-TopK = tuple[np.ndarray, np.ndarray]
+__all__ = ["Shard", "ShardedIndex", "faiss_params", "load_shard"]
 
 
 def _manifest_path(path: str | Path) -> Path:
@@ -39,51 +40,19 @@ def _manifest_path(path: str | Path) -> Path:
     return path / MANIFEST_FILE if path.is_dir() else path
 
 
-def merge_topk(results: Sequence[TopK], k: int) -> TopK:
-    """Best ``k`` of several (scores [Q, ki], ids [Q, ki]) lists of the same queries: score descending, ties
-    by id ascending, padding (-1 / -inf) last. Returns ([Q, k] float32, [Q, k] int64)."""
-    if k < 1:
-        raise ValueError(f"merge_topk: k must be >= 1, got {k}")
-    if not results:
-        raise ValueError("merge_topk: no result lists")
-    counts = {np.asarray(s).shape[0] for s, _ in results}
-    if len(counts) != 1:
-        raise ValueError(f"merge_topk: result lists have different query counts {sorted(counts)}")
-    nq = counts.pop()
-    scores = np.concatenate([np.asarray(s, dtype=np.float32).reshape(nq, -1) for s, _ in results], 1)
-    ids = np.concatenate([np.asarray(i, dtype=np.int64).reshape(nq, -1) for _, i in results], 1)
-    if scores.shape != ids.shape:
-        raise ValueError(f"merge_topk: scores {scores.shape} and ids {ids.shape} differ in shape")
-    pad = (ids == PAD_ID) | ~np.isfinite(scores)
-    key = np.where(pad, np.inf, -scores.astype(np.float64))
-    order = np.lexsort((np.where(pad, np.iinfo(np.int64).max, ids), key), axis=1)[:, :k]
-    out_s = np.take_along_axis(np.where(pad, -np.inf, scores), order, 1).astype(np.float32)
-    out_i = np.take_along_axis(np.where(pad, PAD_ID, ids), order, 1)
-    if out_s.shape[1] < k:
-        width = k - out_s.shape[1]
-        out_s = np.pad(out_s, ((0, 0), (0, width)), constant_values=-np.inf)
-        out_i = np.pad(out_i, ((0, 0), (0, width)), constant_values=PAD_ID)
-    return out_s, out_i
-
-
-def _search_params(index: faiss.Index, nprobe: int | None, ef_search: int | None) -> faiss.SearchParameters | None:
-    """Per-call FAISS parameters for ``index`` (IVF nprobe, HNSW efSearch), wrapped through pre-transforms."""
-    if (nprobe is not None and nprobe < 1) or (ef_search is not None and ef_search < 1):
-        raise ValueError(f"nprobe and ef_search must be >= 1, got {nprobe}, {ef_search}")
+def faiss_params(index: faiss.Index, params: SearchParams) -> faiss.SearchParameters | None:
+    """Per-call FAISS parameters for ``index`` (IVF ``params.nprobe``, HNSW ``params.ef_search``), wrapped
+    through pre-transforms; None when neither applies (the index's own settings)."""
     inner = index.index if isinstance(index, faiss.IndexPreTransform) else index
-    params = None
+    nprobe, ef_search = params.nprobe, params.ef_search
+    out = None
     if nprobe is not None and ivf_of(index) is not None:
-        params = faiss.SearchParametersIVF(nprobe=int(nprobe))
-    elif ef_search is not None and _hnsw_of(index) is not None:
-        params = faiss.SearchParametersHNSW(efSearch=int(ef_search))
-    if params is not None and inner is not index:
-        params = faiss.SearchParametersPreTransform(index_params=params)
-    return params
-
-
-def _hnsw_of(index: faiss.Index) -> faiss.IndexHNSW | None:
-    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexIDMap) else index
-    return inner if isinstance(inner, faiss.IndexHNSW) else None
+        out = faiss.SearchParametersIVF(nprobe=int(nprobe))
+    elif ef_search is not None and hnsw_of(index) is not None:
+        out = faiss.SearchParametersHNSW(efSearch=int(ef_search))
+    if out is not None and inner is not index:
+        out = faiss.SearchParametersPreTransform(index_params=out)
+    return out
 
 
 def _read_index(path: Path, mmap: bool) -> faiss.Index:
@@ -102,12 +71,13 @@ class Shard:
     """One shard: a FAISS index over global ids, its id array and, for hybrid indexes, an inverted index."""
 
     def __init__(self, index: faiss.Index, ids: np.ndarray, sparse: InvertedIndex | None = None,
-                 lam: float | None = None, shard: int = 0) -> None:
+                 hybrid_lambda: float | None = None, shard: int = 0) -> None:
         if index.ntotal != ids.size:
             raise ValueError(f"shard {shard}: the FAISS index holds {index.ntotal} vectors but {ids.size} ids")
         if sparse is not None and len(sparse) != ids.size:
             raise ValueError(f"shard {shard}: the sparse index holds {len(sparse)} documents but {ids.size} ids")
-        self.index, self.ids, self.sparse, self.lam, self.shard = index, ids, sparse, lam, shard
+        self.index, self.ids, self.sparse, self.shard = index, ids, sparse, shard
+        self.hybrid_lambda = hybrid_lambda  # the manifest's: the lam of a search that does not set one
         self._lock = threading.Lock()
         self._direct_map = False
 
@@ -140,10 +110,8 @@ class Shard:
 
     # ---- search ------------------------------------------------------------------------------------------
 
-    def _resolve_lam(self, sparse: SparseBatch | None, lam: float | None) -> float | None:
-        lam = self.lam if lam is None else float(lam)
-        if lam is not None and not 0.0 <= lam <= 1.0:
-            raise ValueError(f"search: lam must be in [0, 1], got {lam}")
+    def _resolve_lam(self, sparse: SparseBatch | None, params: SearchParams) -> float | None:
+        lam = self.hybrid_lambda if params.lam is None else params.lam
         if lam is None or lam == 1.0:
             return None
         if self.sparse is None:
@@ -160,37 +128,32 @@ class Shard:
         valid = ids >= 0
         return np.where(valid, scores, -np.inf).astype(np.float32), np.where(valid, ids, PAD_ID)
 
-    def search(self, dense: np.ndarray, k: int, sparse: SparseBatch | None = None, lam: float | None = None,
-               candidates: int | None = None, nprobe: int | None = None, ef_search: int | None = None) -> TopK:
-        """Top ``k`` of this shard per query (module docstring): ([Q, k] float32, [Q, k] int64), padded.
+    def search(self, dense: np.ndarray, params: SearchParams | None = None, *, sparse: SparseBatch | None = None,
+               **overrides) -> TopK:
+        """Top ``params.k`` of this shard per query (module docstring): ([Q, k] float32, [Q, k] int64), padded.
 
-        ``lam`` None takes the manifest's; dense-only when that is None or 1. ``candidates`` (hybrid only,
-        default max(k, 100)) is how many documents each retriever nominates."""
+        ``params.lam`` None takes the manifest's ``hybrid_lambda``; dense-only when that is None or 1.
+        ``params.candidates`` (hybrid only, default max(k, 100)) is how many documents each retriever nominates."""
+        p = resolve(params, overrides)
         dense = np.ascontiguousarray(dense, dtype=np.float32)
         if dense.ndim != 2 or dense.shape[1] != self.dim:
             raise ValueError(f"search: dense queries must be [Q, {self.dim}], got shape {dense.shape}")
-        if k < 1:
-            raise ValueError(f"search: k must be >= 1, got {k}")
-        lam = self._resolve_lam(sparse, lam)
-        params = _search_params(self.index, nprobe, ef_search)
+        if p.normalisation != "none":
+            raise ValueError(f"search: a sharded index interpolates unnormalised scores (a score must not depend on "
+                             f"the shard), got normalisation {p.normalisation!r}")
+        lam = self._resolve_lam(sparse, p)
+        fp = faiss_params(self.index, p)
         if lam is None:
-            return merge_topk([self._dense_topk(dense, k, params)], k)
+            return merge_topk([self._dense_topk(dense, p.k, fp)], p.k)
         if len(sparse) != dense.shape[0]:
             raise ValueError(f"search: {dense.shape[0]} dense but {len(sparse)} sparse query vectors")
-        n_cand = max(k, DEFAULT_CANDIDATES) if candidates is None else int(candidates)
-        if n_cand < 1:
-            raise ValueError(f"search: candidates must be >= 1, got {candidates}")
-        return self._hybrid(dense, sparse, lam, k, n_cand, params)
+        return self._hybrid(dense, sparse, lam, p.k, p.num_candidates, fp)
 
     def _hybrid(self, dense: np.ndarray, sparse: SparseBatch, lam: float, k: int, n_cand: int,
                 params: faiss.SearchParameters | None) -> TopK:
         d_top = self._dense_topk(dense, n_cand, params)
-        s_top = self.sparse.search(sparse, n_cand) if self.ntotal else d_top
-        unions = [np.union1d(d[d != PAD_ID], s[s != PAD_ID]) for d, s in zip(d_top[1], s_top[1], strict=True)]
-        width = max([u.size for u in unions] + [1])
-        cand = np.full((len(unions), width), PAD_ID, dtype=np.int64)
-        for q, u in enumerate(unions):
-            cand[q, : u.size] = u
+        s_top = self.sparse.search(sparse, k=n_cand) if self.ntotal else d_top
+        _, cand = union_candidates(d_top[1], s_top[1])
         live = cand != PAD_ID
         d_exact = np.full(cand.shape, -np.inf)
         if live.any():
@@ -223,7 +186,7 @@ def _open_shard(base: Path, info: ShardInfo, manifest: Manifest, mmap: bool, ver
         raise ValueError(f"{base / info.dense_path}: dimension {index.d}, manifest says {manifest.dim}")
     ids = np.load(base / info.ids_path, mmap_mode="r" if mmap else None, allow_pickle=False)
     sparse = InvertedIndex.load(base / info.sparse_path) if info.sparse_path else None
-    return Shard(index, ids, sparse, manifest.lam, info.shard)
+    return Shard(index, ids, sparse, manifest.hybrid_lambda, info.shard)
 
 
 class ShardedIndex:
@@ -257,8 +220,9 @@ class ShardedIndex:
         return bool(self.shards) and all(s.sparse is not None for s in self.shards)
 
     @property
-    def lam(self) -> float | None:
-        return self.manifest.lam
+    def hybrid_lambda(self) -> float | None:
+        """The lam of paper 002 Eq. 1 the index was built with (its manifest's): a search's default."""
+        return self.manifest.hybrid_lambda
 
     def reconstruct(self, ids: np.ndarray) -> np.ndarray:
         """Dense vectors of global ``ids`` (found through the shards' id ranges)."""
@@ -277,9 +241,10 @@ class ShardedIndex:
             raise ValueError(f"reconstruct: id {int(ids[~done][0])} is in no shard")
         return out
 
-    def search(self, dense: np.ndarray, k: int, sparse: SparseBatch | None = None, lam: float | None = None,
-               candidates: int | None = None, nprobe: int | None = None, ef_search: int | None = None) -> TopK:
-        """``Shard.search`` on every shard, merged to the global top ``k``."""
+    def search(self, dense: np.ndarray, params: SearchParams | None = None, *, sparse: SparseBatch | None = None,
+               **overrides) -> TopK:
+        """``Shard.search`` on every shard, merged to the global top ``params.k``."""
         if not self.shards:
             raise ValueError("search: the index has no shards")
-        return merge_topk([s.search(dense, k, sparse, lam, candidates, nprobe, ef_search) for s in self.shards], k)
+        p = resolve(params, overrides)
+        return merge_topk([s.search(dense, p, sparse=sparse) for s in self.shards], p.k)
