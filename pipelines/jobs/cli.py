@@ -4,7 +4,7 @@
     python -m pipelines.jobs pipeline --config configs/demo.yaml [--address ...] [--stages data,pretrain]
     python -m pipelines.jobs plan --config configs/demo.yaml          # what pipeline would run / skip
     python -m pipelines.jobs submit --stage deploy --config configs/demo.yaml --address ...  # serve the index
-        [--serve-arg nprobe=16 ...]                                     # (app args: serve/config.py)
+        [--serve-arg search.nprobe=16 ...]                              # (app args: serve/config.py)
     python -m pipelines.jobs up [--num-cpus 2]                          # a loopback cluster on this machine
     python -m pipelines.jobs down
 
@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from madr.config import parse_overrides
+from madr.config import apply_overrides, parse_overrides
 from pipelines.jobs import deploy as deploy_mod
 from pipelines.jobs import local_cluster, markers, runner, submit
 from pipelines.jobs.stages import STAGES, Stage, StageUnavailable, check_available, load_table, select
@@ -111,7 +111,7 @@ def _serve_args(args: argparse.Namespace) -> dict:
         except ValueError as err:  # not an experiment config (e.g. a custom stage table's): no derived args
             print(f"[madr.jobs] deploy: {args.config} is not an experiment config ({err}); "
                   f"using the Serve config's args", flush=True)
-    return {**derived, **parse_overrides(args.serve_arg)}
+    return apply_overrides(derived, parse_overrides(args.serve_arg))
 
 
 def _deploy(args: argparse.Namespace) -> int:

@@ -44,7 +44,9 @@ def load_serve_config(path: str, args: Mapping[str, Any] | None = None, absolute
         if not isinstance(app, dict) or "import_path" not in app:
             raise ValueError(f"{path}: applications[{i}] has no import_path")
         app_args = dict(app.get("args") or {})
-        app_args.update(args or {})
+        for key, value in (args or {}).items():  # a mapping (e.g. `search`) key by key
+            both = isinstance(value, dict) and isinstance(app_args.get(key), dict)
+            app_args[key] = {**app_args[key], **value} if both else value
         if absolute_paths:
             base = Path(root or os.getcwd())
             for key, value in app_args.items():

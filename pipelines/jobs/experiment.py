@@ -22,6 +22,7 @@ import yaml
 
 from madr.config import ExperimentConfig, load_config
 from madr.layout import RunLayout
+from madr.search.params import SearchParams
 
 DISPLAY = ["title"]
 
@@ -66,8 +67,11 @@ def _search(cfg: ExperimentConfig) -> dict[str, Any]:
 
 
 def _search_settings(cfg: ExperimentConfig) -> dict[str, Any]:
-    """The experiment's `search:` section (k excepted: each stage sets its own depth)."""
-    return {k: v for k, v in dataclasses.asdict(cfg.search).items() if k != "k"}
+    """The settings the experiment's `search:` section sets (those that differ from `SearchParams`' defaults;
+    k excepted: each stage sets its own depth), so that a stage's own file keeps the others."""
+    default = SearchParams()
+    return {f.name: getattr(cfg.search, f.name) for f in dataclasses.fields(SearchParams)
+            if f.name != "k" and getattr(cfg.search, f.name) != getattr(default, f.name)}
 
 
 def evaluate_settings(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -93,8 +97,9 @@ def mine_settings(cfg: ExperimentConfig) -> dict[str, Any]:
 
 def serve_args(cfg: ExperimentConfig) -> dict[str, Any]:
     """The Serve application's args (`serve.config.ServeSettings`) for this experiment's index."""
-    derived: dict[str, Any] = {"manifest_path": _abs(RunLayout.of(cfg).manifest), "doc_text_field": "title",
-                               "search": _search_settings(cfg)}
+    derived: dict[str, Any] = {"manifest_path": _abs(RunLayout.of(cfg).manifest), "doc_text_field": "title"}
+    if _search_settings(cfg):
+        derived["search"] = _search_settings(cfg)
     return _merge(derived, cfg.serve)
 
 

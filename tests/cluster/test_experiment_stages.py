@@ -59,3 +59,22 @@ def test_stage_config_file_is_written_and_printed(tmp_path, capsys):
     bad.write_text("modle: {}\n")
     assert experiment.main(["encode", "--config", str(bad)]) == 1
     assert "modle" in capsys.readouterr().err
+
+
+def test_experiment_and_stages_agree_on_shards_and_search_settings(tmp_path):
+    """`num_shards` / `index_factory` have one default (the experiment's `IndexConfig`, which the encode job's own
+    config takes as well), and every stage searches with the experiment's one `search:` section."""
+    from madr.config import IndexConfig
+
+    assert (EncodeConfig().num_shards, EncodeConfig().index_factory) == \
+        (IndexConfig().num_shards, IndexConfig().index_factory)
+    cfg = _cfg(tmp_path, **{"search.candidates": 50, "search.lam": 0.7, "search.ef_search": 64})
+    enc = from_dict(EncodeConfig, experiment.encode_settings(cfg))
+    assert (enc.num_shards, enc.index_factory) == (cfg.index.num_shards, cfg.index.index_factory)
+    default = load_config(None, {"output_dir": str(tmp_path / "default")})
+    assert from_dict(EncodeConfig, experiment.encode_settings(default)).num_shards == EncodeConfig().num_shards
+    ev = from_dict(EvaluateConfig, experiment.evaluate_settings(cfg)).runs[0].search
+    mine = from_dict(MineConfig, experiment.mine_settings(cfg)).run.search
+    serve = settings_from_dict(experiment.serve_args(cfg)).search
+    assert ev == mine == serve == cfg.search.replace(k=serve.k)
+    assert (serve.candidates, serve.lam, serve.ef_search) == (50, 0.7, 64)
