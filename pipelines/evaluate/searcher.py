@@ -36,11 +36,6 @@ class SearchSpec:
         if isinstance(self.search, dict):
             self.search = from_dict(SearchParams, self.search, "search.")
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain fields (for Ray actor arguments); ``SearchSpec(**d)`` reads it back."""
-        return {"name": self.name, "index": self.index, "model_dir": self.model_dir,
-                "search": dataclasses.asdict(self.search)}
-
 
 def resolve_model_dir(spec: SearchSpec) -> str:
     from madr.index import Manifest
@@ -95,7 +90,7 @@ def search_dataset(queries: pa.Table, spec: SearchSpec, k: int, actors: int = 1,
     import ray
 
     ds = ray.data.from_arrow(queries)
-    return ds.map_batches(SearchQueries, fn_constructor_kwargs={"spec": spec.to_dict(), "k": k},
+    return ds.map_batches(SearchQueries, fn_constructor_kwargs={"spec": dataclasses.asdict(spec), "k": k},
                           batch_size=batch_size, batch_format="pyarrow", num_cpus=num_cpus,
                           compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors))
 
