@@ -1,14 +1,10 @@
 """Session fixtures: a small seeded catalog, a WordPiece tokenizer trained on it in-process, its aspect
-vocabularies, (for Ray tests) one local Ray instance with the loopback-only network settings, and a loader
-for the benchmark scripts the smoke tests run."""
+vocabularies, (for Ray tests) one local Ray instance with the loopback-only network settings, and a tiny config
+for the Home Depot benchmark's smoke tests."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
@@ -20,26 +16,6 @@ apply_ray_env(offline=True)
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
-
-
-@pytest.fixture(scope="session")
-def benchmark_script() -> Iterator[Callable[[str], ModuleType]]:
-    """`load(name)`: benchmarks/<name>.py imported as a module (the scripts are not a package). Registered in
-    sys.modules while the session runs: dataclasses resolve their annotations through it."""
-    loaded: dict[str, ModuleType] = {}
-
-    def load(name: str) -> ModuleType:
-        if name not in loaded:
-            spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[name] = module
-            spec.loader.exec_module(module)
-            loaded[name] = module
-        return loaded[name]
-
-    yield load
-    for name in loaded:
-        sys.modules.pop(name, None)
 
 
 @pytest.fixture(scope="session")
@@ -85,7 +61,7 @@ def ray_local():
 
 @pytest.fixture
 def tiny_aspects_config(tmp_path: Path) -> Path:
-    """A benchmarks/quality_real_aspects.py config for the smoke tests: a synthetic catalog, a random 2-layer BERT
+    """A benchmarks.quality.homedepot config for the smoke tests: a synthetic catalog, a random 2-layer BERT
     over a WordPiece tokenizer trained on it, 2 fine-tuning steps per row (output under tmp_path/run)."""
     cfg = {
         "bench": {"seeds": [0], "draws": 200},

@@ -1,4 +1,4 @@
-"""The ESCI text samples as a catalog (madr.data.sources.esci) and the wiring of benchmarks/quality_esci_transfer.py: tiny
+"""The ESCI text samples as a catalog (madr.data.sources.esci) and the wiring of benchmarks.quality.esci_transfer: tiny
 rows trained on a synthetic catalog, saved, then evaluated on a hand-made ESCI sample (quality is the script's job)."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from benchmarks.quality import esci_transfer as bench
 from madr.data.sources.esci import TEXT_SAMPLES, esci_text_catalog
 
 
@@ -48,9 +49,7 @@ def test_locale_filter_and_an_empty_title_names_file_row_and_field(tmp_path: Pat
         esci_text_catalog(_esci_dir(tmp_path, title=" "))
 
 
-def test_rows_are_trained_once_saved_and_evaluated_on_esci(benchmark_script, tiny_aspects_config: Path, tmp_path: Path,
-                                                           capsys) -> None:
-    bench = benchmark_script("quality_esci_transfer")
+def test_rows_are_trained_once_saved_and_evaluated_on_esci(tiny_aspects_config: Path, tmp_path: Path, capsys) -> None:
     args = ["--config", str(tiny_aspects_config), "--esci-dir", str(_esci_dir(tmp_path)), "--threads", "1",
             "--out-dir", str(tmp_path / "out"), "--seeds", "0", "1", "--set", "bench.corpus_size=150",
             "--models", "bm25", "zero_shot", "bibert", "madral_pw", "mural"]

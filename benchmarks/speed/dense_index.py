@@ -12,9 +12,9 @@ products in blocks, no index copy; all queries in one call); its top-k is the re
 timed in every run, and every row prints its queries/s ratio to it. Bytes per vector = the shards' ``.faiss`` files / N (the ``.ids.npy`` files add 8).
 Thread count: faiss / BLAS use ``--threads`` OpenMP threads (default: all cores) for peer and ours alike.
 
-    python benchmarks/bench_index.py --n 1000000 --dim 128 --json benchmarks/results/index_1m.json
-    python benchmarks/bench_index.py --n 10000000 --types flat ivf_flat --json benchmarks/results/index_10m.json
-    python benchmarks/bench_index.py --plot benchmarks/results/index_1m.json benchmarks/results/index_10m.json \\
+    python -m benchmarks.speed.dense_index --n 1000000 --dim 128 --json benchmarks/results/index_1m.json
+    python -m benchmarks.speed.dense_index --n 10000000 --types flat ivf_flat --json benchmarks/results/index_10m.json
+    python -m benchmarks.speed.dense_index --plot benchmarks/results/index_1m.json benchmarks/results/index_10m.json \\
         --png benchmarks/plots/index_recall_qps.png
 
 ``--json`` files are merged: a run replaces the rows of the types it measured and keeps the others, so
@@ -26,17 +26,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.plotting import pyplot, save_figure  # noqa: E402
+from benchmarks.common.machine import arch_cores, versions_line
+from benchmarks.common.plotting import pyplot, save_figure
 
 # short name -> (factory pattern, search settings swept)
 TYPES = {
@@ -195,7 +193,8 @@ def plot(json_paths: list[str], png: str, k: int = 100) -> None:
 def main() -> None:
     import faiss
 
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=1_000_000)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--queries", type=int, default=1000)
@@ -217,8 +216,7 @@ def main() -> None:
         faiss.omp_set_num_threads(args.threads)
     work = Path(args.work)
     load = os.getloadavg()
-    header = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "load_before": load[0],
-              "versions": f"python {platform.python_version()}, numpy {np.__version__}, faiss {faiss.__version__}",
+    header = {"machine": arch_cores(), "load_before": load[0], "versions": versions_line("numpy", "faiss"),
               "threads": faiss.omp_get_max_threads(), "n": args.n, "dim": args.dim, "queries": args.queries,
               "k": args.k, "shards": args.shards, "nlist": args.nlist, "train_size": args.train_size}
     print(f"machine: {header['machine']}, load avg {load[0]:.2f}; {header['versions']} "

@@ -1,6 +1,6 @@
-"""benchmarks/quality_real_pqa_topk.py: the paper 002 Table 3 rows e-i table from per-k runs.
+"""benchmarks.quality.hetpqa_topk: the paper 002 Table 3 rows e-i table from per-k runs.
 
-The per-k runs are benchmarks/quality_real_pqa.py results (real hetPQA, minutes each); here two seeds of
+The per-k runs are benchmarks.quality.hetpqa results (real hetPQA, minutes each); here two seeds of
 made-up per-row means in that result's layout check the table: every k row, mean ± std over seeds, the
 paper's values beside the rows it reports, the per-k paired tests, and the plot.
 """
@@ -10,15 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 
-import pytest
+from benchmarks.common.config import ROOT
+from benchmarks.quality import hetpqa_topk as topk
 
 
-@pytest.fixture(scope="module")
-def topk(benchmark_script):
-    return benchmark_script("quality_real_pqa_topk")
-
-
-def _result(topk, k: int) -> dict:
+def _result(k: int) -> dict:
     rows = ("random", "bm25", "dense_alone", "sparse_alone", "dense_part", "sparse_part", "hybrid", "source_prior")
     seeds = [{row: {m: 0.5 + 0.01 * i + 0.0001 * k + 0.02 * seed for m in topk.pqa.PQA_METRICS}
               for i, row in enumerate(rows)} for seed in (0, 1)]
@@ -28,8 +24,8 @@ def _result(topk, k: int) -> dict:
             "significance_mrr@5": {"fine_tuned_seed_mean": {f"{a}|{b}": test for a, b in topk.pqa.COMPARISONS}}}
 
 
-def test_table_has_each_k_row_with_seed_spread_and_the_papers_values(topk, tmp_path):
-    results = {k: _result(topk, k) for k in (128, 256, 512)}
+def test_table_has_each_k_row_with_seed_spread_and_the_papers_values(tmp_path):
+    results = {k: _result(k) for k in (128, 256, 512)}
     table = topk.topk_table(results).splitlines()
     assert len(table) == 2 + len(topk.ONCE) + len(topk.PER_K) * 3
     hybrid_512 = next(line for line in table if line.startswith(f"| {topk.pqa.LABELS['hybrid']} | 512 |"))
@@ -40,16 +36,16 @@ def test_table_has_each_k_row_with_seed_spread_and_the_papers_values(topk, tmp_p
     tests = topk.tests_table(results).splitlines()
     assert [line.split(" |")[0] for line in tests[2:]] == ["| 128", "| 256", "| 512"]
     assert "+0.040 (p_rand 0.200, p_t 0.250)" in tests[-1]
-    assert topk.nnz_table({16: _result(topk, 16), 128: _result(topk, 128)}).splitlines()[2:] == [
+    assert topk.nnz_table({16: _result(16), 128: _result(128)}).splitlines()[2:] == [
         "| 16 | 16.0 | 16.0 | 18.0 | 36.0 |", "| 128 | 20.0 | 40.0 | 18.0 | 36.0 |"]
     assert topk.plot(results, tmp_path / "k.png", "title") and (tmp_path / "k.png").stat().st_size > 0
 
 
-def test_reuse_needs_the_same_top_k_placement(topk, tmp_path, monkeypatch):
+def test_reuse_needs_the_same_top_k_placement(tmp_path, monkeypatch):
     """A per-k JSON from before issue 20 (no `sparse_top_k_in_training`: cut in training) is reused only for a
     run that asks for the cut in training; the default (cut at inference only) runs again."""
-    config = str(topk.pqa.ROOT / "configs" / "real" / "hetpqa.yaml")
-    monkeypatch.setattr(topk, "ROOT", tmp_path)
+    config = str(ROOT / "configs" / "real" / "hetpqa.yaml")
+    monkeypatch.setattr(topk, "RESULTS", tmp_path / "benchmarks" / "results")
     (tmp_path / "benchmarks" / "results").mkdir(parents=True)
     old = {"config": {"model": {"sparse_top_k": 16}, "seeds": [0]}}
     (tmp_path / "benchmarks" / "results" / "t_k16.json").write_text(json.dumps(old))

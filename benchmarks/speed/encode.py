@@ -30,9 +30,9 @@ only): ``first_output_s`` = time to the first encoded piece (start-up + one piec
 rows of the later pieces / time from the first to the last piece, ``after_last_output_s`` = the tail
 (last shards' FAISS build and write, manifest).
 
-    python benchmarks/bench_encode.py --model minilm --sizes 20000 --methods ray st
-    python benchmarks/bench_encode.py --model micro --sizes 100000 1000000 --max-docs-per-shard 100000
-    python benchmarks/bench_encode.py --plot benchmarks/results/encode_memory_*.json
+    python -m benchmarks.speed.encode --model minilm --sizes 20000 --methods ray st
+    python -m benchmarks.speed.encode --model micro --sizes 100000 1000000 --max-docs-per-shard 100000
+    python -m benchmarks.speed.encode --plot benchmarks/results/encode_memory_*.json
 """
 
 from __future__ import annotations
@@ -40,18 +40,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from benchmarks.plotting import pyplot, save_figure  # noqa: E402
+from benchmarks.common.machine import arch_cores, versions_line
+from benchmarks.common.plotting import pyplot, save_figure
+from benchmarks.common.process import child_env, module_command
 
 TINY = {"tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
                  "max_position_embeddings": 128},
@@ -246,11 +244,11 @@ CHILDREN = {"torch": child_torch, "st": child_st, "ray": child_ray}
 
 def run_child(method: str, corpus: Path, model_dir: Path, out: Path, args: argparse.Namespace) -> dict:
     """Run one method in a fresh interpreter; returns its result with the peak memory."""
-    cmd = [sys.executable, __file__, "--child", method, "--corpus", str(corpus), "--model-dir", str(model_dir),
+    cmd = [*module_command(__spec__.name), "--child", method, "--corpus", str(corpus), "--model-dir", str(model_dir),
            "--out", str(out), "--threads", str(args.threads), "--shards", str(args.shards)]
     if args.max_docs_per_shard:
         cmd += ["--max-docs-per-shard", str(args.max_docs_per_shard)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "RAY_DEDUP_LOGS": "1"})
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env(RAY_DEDUP_LOGS="1"))
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
     if proc.returncode or not line:
         raise RuntimeError(f"{method} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -258,15 +256,7 @@ def run_child(method: str, corpus: Path, model_dir: Path, out: Path, args: argpa
 
 
 def versions() -> str:
-    import faiss
-    import ray
-    import sentence_transformers
-    import torch
-    import transformers
-
-    return (f"python {platform.python_version()}, torch {torch.__version__}, transformers {transformers.__version__}, "
-            f"sentence-transformers {sentence_transformers.__version__}, ray {ray.__version__}, "
-            f"faiss {faiss.__version__}")
+    return versions_line("torch", "transformers", "sentence_transformers", "ray", "faiss")
 
 
 def report(rows: list[dict], sizes: list[int], methods: list[str]) -> None:
@@ -307,7 +297,8 @@ def plot_memory(json_paths: list[str], png: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="tiny", choices=sorted(MAX_LENGTH))
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 30_000])
     ap.add_argument("--methods", nargs="+", default=["ray", "st", "torch"], choices=sorted(CHILDREN))
@@ -336,7 +327,7 @@ def main() -> None:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0]
-    header = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "load_before": load,
+    header = {"machine": arch_cores(), "load_before": load,
               "versions": versions(), "model": args.model, "max_length": MAX_LENGTH[args.model],
               "threads": args.threads, "sizes": args.sizes, "max_docs_per_shard": args.max_docs_per_shard,
               "shards": args.shards}

@@ -24,8 +24,8 @@ B. Memory: one fine-tuning step at `--big-batch` pairs (the papers' 1024) of a 4
    ru_maxrss), through the job's engine (`DDPEngine.train_step`, one process, dropout off so the losses
    must agree).
 
-    python benchmarks/bench_train.py --out benchmarks/results/train_cpu.json --plot benchmarks/plots/train_cpu.png
-    python benchmarks/bench_train.py --steps 20 --repeat 1 --skip memory       # smoke check
+    python -m benchmarks.speed.train --out benchmarks/results/train_cpu.json --plot benchmarks/plots/train_cpu.png
+    python -m benchmarks.speed.train --steps 20 --repeat 1 --skip memory       # smoke check
 """
 
 from __future__ import annotations
@@ -34,16 +34,15 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchmarks.plotting import pyplot, save_figure  # noqa: E402
+from benchmarks.common.config import ROOT
+from benchmarks.common.machine import cpu_model, memory_gib, usable_cores, versions
+from benchmarks.common.plotting import pyplot, save_figure
+from benchmarks.common.process import Interval, ProcessTree, child_env, module_command, wait_quiet
 
 MODES = ("plain_1t", "plain_2t", "ray_ddp", "ray_deepspeed")
 SIZES = {
@@ -54,19 +53,8 @@ SIZES = {
 
 
 def machine() -> dict:
-    import deepspeed
-    import ray
-    import torch
-    import transformers
-
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    mem = int(next(line.split()[1] for line in Path("/proc/meminfo").read_text().splitlines()
-                   if line.startswith("MemTotal"))) / 2**20
-    return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "ram_gib": round(mem, 1),
-            "python": platform.python_version(), "torch": torch.__version__, "ray": ray.__version__,
-            "deepspeed": deepspeed.__version__, "transformers": transformers.__version__,
-            "load_avg_start": os.getloadavg()}
+    return {"cpu": cpu_model(), "cores": usable_cores(), "ram_gib": round(memory_gib(), 1),
+            **versions("torch", "ray", "deepspeed", "transformers"), "load_avg_start": os.getloadavg()}
 
 
 # -- A. throughput ------------------------------------------------------------------------------------
@@ -97,7 +85,6 @@ def plain_loop(work: str, size: str, steps: int, batch: int, threads: int) -> di
     import pyarrow as pa
     import pyarrow.parquet as pq
     import torch
-    from bench_ingest import Interval, ProcessTree
 
     from madr.modeling.model import BiEncoder
     from pipelines.train.data import example_files
@@ -146,7 +133,6 @@ def plain_loop(work: str, size: str, steps: int, batch: int, threads: int) -> di
 
 def ray_job(work: str, size: str, steps: int, batch: int, backend: str) -> dict:
     import ray
-    from bench_ingest import Interval, ProcessTree
 
     from pipelines.train.job import run_stage
     from pipelines.train.metrics import read_history
@@ -181,12 +167,10 @@ def run_child(mode: str, args: argparse.Namespace) -> dict:
 
 
 def spawn(mode: str, args: argparse.Namespace, work: str) -> dict:
-    from bench_ingest import wait_quiet
-
     quiet = wait_quiet(args.quiet_below, args.quiet_wait) if args.quiet_wait > 0 else None
-    cmd = [sys.executable, __file__, "--child", mode, "--work-dir", work, "--size", args.size,
+    cmd = [*module_command(__spec__.name), "--child", mode, "--work-dir", work, "--size", args.size,
            "--steps", str(args.steps), "--batch", str(args.batch)]
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1" if mode != "plain_2t" else "2"}
+    env = child_env(TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1" if mode != "plain_2t" else "2")
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
@@ -220,8 +204,7 @@ def throughput(args: argparse.Namespace) -> dict:
 # -- B. GradCache memory ------------------------------------------------------------------------------
 
 MEM_CHILD = """
-import json, resource, sys, time, psutil, torch
-sys.path.insert(0, {root!r})
+import json, resource, time, psutil, torch
 torch.set_num_threads(1)
 from madr.config import StageConfig
 from madr.modeling.model import BiEncoder
@@ -273,9 +256,9 @@ def memory_inputs(out: str, batch: int) -> tuple[str, str]:
 
 
 def memory(model_dir: str, batch_file: str, batch: int, chunk: int) -> dict:
-    code = MEM_CHILD.format(root=str(ROOT), model=model_dir, batch_file=batch_file, batch=batch, chunk=chunk)
+    code = MEM_CHILD.format(model=model_dir, batch_file=batch_file, batch=batch, chunk=chunk)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          env=child_env(OMP_NUM_THREADS="1"))
     if proc.returncode != 0:
         return {"chunk": chunk, "batch": batch, "error": proc.stderr[-2000:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -323,12 +306,13 @@ def plot(path: str, report: dict) -> None:
     ax.bar([f"chunk {m['chunk']}" if m["chunk"] else "plain" for m in mem], [m["peak_rss"] / 2**30 for m in mem])
     ax.set_ylabel("peak RSS (GiB)")
     ax.set_title(f"one step at batch {mem[0]['batch'] if mem else '?'}: GradCache vs plain", fontsize=9)
-    fig.suptitle("bench_train.py on dev-cpu (2 cores)", fontsize=9)
+    fig.suptitle("benchmarks.speed.train on dev-cpu (2 cores)", fontsize=9)
     save_figure(fig, path, dpi=110)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=list(SIZES))

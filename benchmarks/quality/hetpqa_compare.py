@@ -1,4 +1,4 @@
-"""Two `quality_real_pqa.py` runs side by side, with a paired test per model (issue 20 item 3).
+"""Two `benchmarks.quality.hetpqa` runs side by side, with a paired test per model (issue 20 item 3).
 
 Written for the sparse top-k placement (paper 002 Sec. 4.2 cuts the term weights to the top k; SPLADE trains
 on the whole vector): run A with the default (`model.sparse_top_k_in_training: false`, the cut at inference
@@ -7,12 +7,12 @@ on the same test questions can be compared.
 
 For each fine-tuned model (dense only, sparse only, the hybrid's halves, hybrid, hybrid + source prior): the
 test metrics of each run, mean ± std over seeds; the difference A - B of the seed means; and a paired test
-over the test questions on the seed-mean per question (`quality_real_pqa.paired_tests`: two-sided paired
+over the test questions on the seed-mean per question (`benchmarks.common.stats.paired_tests`: two-sided paired
 randomisation with 10,000 sign flips, Student's paired t-test), on MRR@5 and P@1. Needs result JSONs with
 `fine_tuned.per_question_seed_mean` (written since issue 20). Also the mean non-zero terms per test query /
 candidate, which is where the two placements differ most.
 
-    python benchmarks/quality_real_pqa_compare.py benchmarks/results/real_hetpqa_topk_infer.json \\
+    python -m benchmarks.quality.hetpqa_compare benchmarks/results/real_hetpqa_topk_infer.json \\
         benchmarks/results/real_hetpqa_topk_train.json --names "inference only" "training too"
 """
 
@@ -20,25 +20,23 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-from benchmarks import quality_real_pqa as pqa  # noqa: E402
+from benchmarks.common.stats import format_mean_std, paired_tests
+from benchmarks.quality import hetpqa as pqa
 
 ROWS = ("dense_alone", "sparse_alone", "dense_part", "sparse_part", "hybrid", "source_prior")
 NNZ = ("hybrid", "sparse")
 
 
 def load(path: Path) -> dict[str, Any]:
-    """A quality_real_pqa result with per-question values (else SystemExit naming what is missing)."""
+    """A benchmarks.quality.hetpqa result with per-question values (else SystemExit naming what is missing)."""
     res = json.loads(Path(path).read_text())
     if "per_question_seed_mean" not in res.get("fine_tuned", {}):
-        raise SystemExit(f"{path}: no fine_tuned.per_question_seed_mean (written by quality_real_pqa since issue 20)")
+        raise SystemExit(f"{path}: no fine_tuned.per_question_seed_mean (written by benchmarks.quality.hetpqa since issue 20)")
     return res
 
 
@@ -58,7 +56,7 @@ def metrics_table(runs: dict[str, dict[str, Any]]) -> str:
     for row in ROWS:
         for name, res in runs.items():
             per_seed = res["fine_tuned"]["test"]
-            cells = " | ".join(pqa.fmt([s[row][m] for s in per_seed]) for m in pqa.PQA_METRICS)
+            cells = " | ".join(format_mean_std([s[row][m] for s in per_seed]) for m in pqa.PQA_METRICS)
             lines.append(f"| {pqa.LABELS[row]} | {name} | {cells} |")
     return "\n".join(lines)
 
@@ -66,7 +64,7 @@ def metrics_table(runs: dict[str, dict[str, Any]]) -> str:
 def paired(a: dict[str, Any], b: dict[str, Any]) -> dict[str, dict[str, dict[str, float]]]:
     """{row: {metric: paired_tests(A, B)}} on the seed-mean per question, for `pqa.PAIRED_METRICS`."""
     pa, pb = a["fine_tuned"]["per_question_seed_mean"], b["fine_tuned"]["per_question_seed_mean"]
-    return {row: {m: pqa.paired_tests(pa[m][row], pb[m][row]) for m in pqa.PAIRED_METRICS} for row in ROWS}
+    return {row: {m: paired_tests(pa[m][row], pb[m][row]) for m in pqa.PAIRED_METRICS} for row in ROWS}
 
 
 def tests_table(tests: dict[str, dict[str, dict[str, float]]], names: tuple[str, str]) -> str:
@@ -90,7 +88,8 @@ def nnz_table(runs: dict[str, dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("a", type=Path, help="result JSON of run A")
     p.add_argument("b", type=Path, help="result JSON of run B")
     p.add_argument("--names", nargs=2, default=("A", "B"), help="what to call the two runs")

@@ -39,10 +39,10 @@ agents and workers included: a load-independent cost), the CPU the rest of the m
 the summed PSS (proportional set size, so shared object-store pages are not counted twice) over the
 process and its descendants, sampled every second (`ProcessTree`).
 
-    python benchmarks/bench_ingest.py                   # 200k rows, every mode: the reported run
-    python benchmarks/bench_ingest.py --rows 20000 50000 100000 200000 500000 --modes loop ray_tasks \\
+    python -m benchmarks.speed.ingest                   # 200k rows, every mode: the reported run
+    python -m benchmarks.speed.ingest --rows 20000 50000 100000 200000 500000 --modes loop ray_tasks \\
         --repeat 1 --out benchmarks/results/ingest_sweep.json --plot benchmarks/plots/ingest_sweep.png
-    python benchmarks/bench_ingest.py --rows 20000 --repeat 1      # smoke check
+    python -m benchmarks.speed.ingest --rows 20000 --repeat 1      # smoke check
 """
 
 from __future__ import annotations
@@ -50,17 +50,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-from benchmarks.plotting import pyplot, save_figure  # noqa: E402
+from benchmarks.common.machine import load_average, machine_line, versions_line
+from benchmarks.common.plotting import pyplot, save_figure
+from benchmarks.common.process import Interval, ProcessTree, child_env, module_command, wait_quiet
 
 WORDS = ("a man woman child dog cat group people two three young old red blue green small large is are "
          "playing running sitting standing eating walking looking holding wearing riding near on in at the "
@@ -71,24 +70,12 @@ MODES = ("loop", "loop_threads", "ray_tasks", "ray_actors", "ray_tasks_w1")
 
 
 def machine_info() -> str:
-    cpu = "unknown cpu"
-    with open("/proc/cpuinfo") as f:
-        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    with open("/proc/meminfo") as f:
-        mem_kb = int(next(ln.split()[1] for ln in f if ln.startswith("MemTotal")))
-    import pyarrow
-    import ray
-    import tokenizers
-    import transformers
-
-    return (f"machine: {cpu}; {len(os.sched_getaffinity(0))} usable cores; RAM {mem_kb / 2**20:.1f} GiB; "
-            f"{platform.system()} {platform.release()}\nversions: python {platform.python_version()}, ray "
-            f"{ray.__version__}, pyarrow {pyarrow.__version__}, transformers {transformers.__version__}, "
-            f"tokenizers {tokenizers.__version__}")
+    return (f"machine: {machine_line()}\n"
+            f"versions: {versions_line('ray', 'pyarrow', 'transformers', 'tokenizers')}")
 
 
 def load() -> str:
-    return "load average (1/5/15 min): " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+    return "load average (1/5/15 min): " + load_average().replace(" / ", " ")
 
 
 def sentence(rng: random.Random) -> str:
@@ -114,94 +101,6 @@ def make_data(path: Path, rows: int, seed: int = 0) -> int:
                 good += 1
             f.write(json.dumps(row) + "\n")
     return good
-
-
-def machine_busy_seconds() -> float:
-    """CPU seconds the whole machine has spent busy (every process: /proc/stat, all but idle and iowait)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
-
-
-def wait_quiet(below: float, max_wait: float, window: float = 5.0) -> float:
-    """Wait (up to `max_wait` s) until the machine's busy CPU over `window` s is under `below` cores (nothing of
-    ours runs between contenders, so that is the other jobs' load); returns the last reading."""
-    deadline = time.monotonic() + max_wait
-    while True:
-        busy0 = machine_busy_seconds()
-        time.sleep(window)
-        cores = (machine_busy_seconds() - busy0) / window
-        if cores < below or time.monotonic() >= deadline:
-            return cores
-
-
-class ProcessTree:
-    """Peak summed PSS (sampled in a thread) and CPU seconds of this process and its descendants.
-
-    Reading smaps_rollup is not free: with Ray's ten processes one sample costs about 40 ms of CPU here, so
-    samples are a second apart and the sampler's own CPU time is left out of `cpu_seconds`."""
-
-    def __init__(self, interval: float = 1.0) -> None:
-        import psutil
-
-        self.proc, self.interval, self.peak, self._stop = psutil.Process(), interval, 0, threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.sampler_cpu = 0.0
-        self._cpu: dict[int, float] = {}
-
-    def members(self) -> list:
-        return [self.proc, *self.proc.children(recursive=True)]
-
-    def cpu_seconds(self) -> float:
-        """CPU seconds of the tree so far (every process ever seen: its last reading), less the sampler's."""
-        for p in self.members():
-            try:
-                t = p.cpu_times()
-                self._cpu[p.pid] = max(self._cpu.get(p.pid, 0.0), t.user + t.system)
-            except Exception:  # noqa: BLE001 - a process that just exited
-                pass
-        return sum(self._cpu.values()) - self.sampler_cpu
-
-    def _sample(self) -> int:
-        total = 0
-        for p in self.members():
-            try:
-                with open(f"/proc/{p.pid}/smaps_rollup") as f:
-                    total += next(int(ln.split()[1]) for ln in f if ln.startswith("Pss:")) * 1024
-            except (OSError, StopIteration):
-                pass
-        return total
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            t = time.thread_time()
-            self.peak = max(self.peak, self._sample())
-            self.cpu_seconds()  # keeps the CPU of processes that exit before the end
-            self.sampler_cpu += time.thread_time() - t
-            self._stop.wait(self.interval)
-
-    def __enter__(self) -> ProcessTree:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self.thread.join()
-        self.peak = max(self.peak, self._sample())
-
-
-class Interval:
-    """Wall, our CPU and the rest of the machine's CPU over one measured interval."""
-
-    def __init__(self, tree: ProcessTree) -> None:
-        self.tree = tree
-        self.start, self.cpu0, self.busy0 = time.perf_counter(), tree.cpu_seconds(), machine_busy_seconds()
-
-    def result(self) -> dict:
-        seconds, cpu = time.perf_counter() - self.start, self.tree.cpu_seconds() - self.cpu0
-        busy = machine_busy_seconds() - self.busy0
-        return {"seconds": seconds, "cpu": cpu, "others_cores": max(busy - cpu, 0.0) / seconds}
 
 
 def count_tokens(table) -> int:
@@ -274,13 +173,11 @@ def _ray_pass(data: Path, tokenizer: str, args: argparse.Namespace, compute: str
 
 
 def run_ray(data: Path, tokenizer: str, args: argparse.Namespace, compute: str, workers: int) -> dict:
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
+    from pipelines.runtime import apply_ray_env
+
+    apply_ray_env()  # loopback defaults and the local-provider bootstrap file
     os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")  # a loaded 2-core machine starts slowly
     os.environ["RAY_worker_niceness"] = str(args.ray_worker_niceness)
-    bootstrap = Path.home() / "ray_bootstrap_config.yaml"
-    if not bootstrap.exists():
-        bootstrap.write_text("provider:\n  type: local\n")
     import ray
 
     with ProcessTree() as tree:
@@ -309,10 +206,10 @@ def child(args: argparse.Namespace) -> None:
 
 def spawn(mode: str, args: argparse.Namespace, data: Path, tok: str) -> dict:
     quiet = wait_quiet(args.quiet_below, args.quiet_wait) if args.quiet_wait > 0 else None
-    cmd = [sys.executable, __file__, "--child", mode, "--data", str(data), "--tokenizer", tok,
+    cmd = [*module_command(__spec__.name), "--child", mode, "--data", str(data), "--tokenizer", tok,
            "--window", str(args.window), "--max-length", str(args.max_length), "--ranges", str(args.ranges),
            "--workers", str(args.workers), "--ray-worker-niceness", str(args.ray_worker_niceness)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=child_env())
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"{mode} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -422,7 +319,8 @@ def prefix_file(big: Path, rows: int, path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", type=int, nargs="+", default=[200_000], help="one size, or several (a sweep)")
     parser.add_argument("--window", type=int, default=2048, help="rows per validate/tokenise call")
     parser.add_argument("--max-length", type=int, default=64)
@@ -490,7 +388,7 @@ def main() -> None:
         print("ray_tasks reaches the loop's rows/s at: " + ", ".join(
             f"{k} {'never (in this range)' if v is None else f'~{v:,.0f} rows'}" for k, v in cross.items()))
         if args.plot:
-            plot(args.plot, sizes, per_size, f"bench_ingest.py on dev-cpu ({args.workers} cores), "
+            plot(args.plot, sizes, per_size, f"benchmarks.speed.ingest on dev-cpu ({args.workers} cores), "
                                                f"best of {args.repeat}; {load_before}")
             print(f"plot: {args.plot}")
     if args.out:

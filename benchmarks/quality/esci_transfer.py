@@ -1,4 +1,4 @@
-"""Quality on the ESCI samples: the Home Depot-trained rows of benchmarks/quality_real_aspects.py, evaluated
+"""Quality on the ESCI samples: the Home Depot-trained rows of benchmarks.quality.homedepot, evaluated
 without further training on the public Amazon Shopping Queries (ESCI) samples with product text (issue 10:
 "aspect models and dense baselines: product_search/ and the ESCI samples"; paper 001 Table 3 reports its
 MURAL vs MADRAL comparison on ESCI).
@@ -11,21 +11,20 @@ distractor (not judged for that query, so read the numbers as a lower bound). Me
 Recall@10 / @50, MRR@10, NDCG@10 (gain 2^rel - 1, every relevant product has the same grade).
 
 Models: for each seed and row the Home Depot run's saved model (<output_dir>/seed<seed>/<row>/model); a row
-whose model was not saved is trained by quality_real_aspects.run_row with the same config and corpus (so its
+whose model was not saved is trained by aspect_models.training.run_row with the same config and corpus (so its
 Home Depot result.json is reproduced, not changed) and saved. References: BM25 on the word pieces and the
 zero-shot backbone. Paired tests as in the Home Depot script: every row vs BiBERT, MADR / MUR / MURAL vs
 MADRAL (Presence Weighting), on the seed-mean per query. It also measures the Home Depot title annotator
 (`TitleAnnotator`, fitted on the ESCI titles as it is fitted on the Home Depot ones) against the ESCI
 catalog's own brand and colour fields: an external check of the rules the Home Depot aspects come from.
 
-    python benchmarks/quality_esci_transfer.py --seeds 0 --set bench.corpus_size=12000     # ~20 min on 2 cores
+    python -m benchmarks.quality.esci_transfer --seeds 0 --set bench.corpus_size=12000     # ~20 min on 2 cores
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -33,16 +32,27 @@ from typing import Any
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-
-from benchmarks import quality_real_aspects as hd  # noqa: E402
-from madr.data.sources.esci import esci_text_catalog  # noqa: E402
-from madr.data.sources.homedepot import TitleAnnotator, annotator_accuracy  # noqa: E402
-from madr.metrics import evaluate  # noqa: E402
-from madr.modeling.model import BiEncoder  # noqa: E402
-from madr.modeling.tokenization import load_tokenizer  # noqa: E402
-from madr.recipes.aspects.experiment import prepare_tokenizer  # noqa: E402
+from benchmarks.common.config import BENCHMARKS, ROOT
+from benchmarks.common.machine import load_average, machine_info, run_command
+from benchmarks.common.stats import mean_std
+from benchmarks.quality.aspect_models.data import EvalSet, eval_lengths, load_config, prepare
+from benchmarks.quality.aspect_models.evaluation import bm25_runs, dense_runs, encode, means
+from benchmarks.quality.aspect_models.report import (
+    budget_text,
+    plot,
+    relative_table,
+    seed_mean,
+    significance,
+    value_table,
+)
+from benchmarks.quality.aspect_models.rows import MURAL_VS, REFERENCES, label_of, trained_rows
+from benchmarks.quality.aspect_models.training import run_row, zero_shot_model
+from madr.data.sources.esci import esci_text_catalog
+from madr.data.sources.homedepot import TitleAnnotator, annotator_accuracy
+from madr.metrics import evaluate
+from madr.modeling.model import BiEncoder
+from madr.modeling.tokenization import load_tokenizer
+from madr.recipes.aspects.experiment import prepare_tokenizer
 
 DEFAULT_MODELS = ["bm25", "zero_shot", "bibert", "madr", "madral_pw", "mur", "mural"]
 METRICS = ["recall@10", "recall@50", "mrr@10", "ndcg@10"]
@@ -55,34 +65,34 @@ def home_depot_models(keys: list[str], seeds: list[int], home: dict | None, cfg,
     where = {(s, k): Path(cfg.output_dir) / f"seed{s}" / k / "model" for s in seeds for k in keys}
     missing = [sk for sk, path in where.items() if not path.is_dir()]
     if missing:
-        catalog, tokenizer, vocab, ev = hd.prepare(home, cfg, bench)
-        lengths = hd.eval_lengths(tokenizer, ev, cfg)
+        catalog, tokenizer, vocab, ev = prepare(home, cfg, bench)
+        lengths = eval_lengths(tokenizer, ev, cfg)
         saving = {**bench, "save_models": sorted({k for _, k in missing})}
         for seed, key in missing:
             print(f"seed {seed} {key}: no saved model, training it as the Home Depot table does", flush=True)
-            hd.run_row(key, cfg, catalog, ev, tokenizer, vocab, lengths, seed, saving)
+            run_row(key, cfg, catalog, ev, tokenizer, vocab, lengths, seed, saving)
     return where
 
 
-def retrieval_metrics(run: dict, ev: hd.EvalSet) -> dict[str, dict[str, float]]:
+def retrieval_metrics(run: dict, ev: EvalSet) -> dict[str, dict[str, float]]:
     # Every judgment is Exact (grade 4, madr.data.sources.esci), so any threshold in (0, 4] gives the same values; 3.0 is
     # the Home Depot table's ("E" = grade 3-4, configs/real/homedepot.yaml), not paper 000's 2.
     return evaluate(run, ev.qrels, METRICS, relevance_threshold=3.0, gains="exp2", per_query=True)
 
 
-def dense_row(model: BiEncoder, ev: hd.EvalSet, cfg, batch_size: int, label: str) -> dict[str, dict[str, float]]:
-    lengths = hd.eval_lengths(model.tokenizer, ev, cfg)
-    d, _ = hd.encode(model, ev.doc_texts, lengths["doc"], "doc", batch_size, f"{label}: ESCI products")
-    q, _ = hd.encode(model, ev.query_texts, lengths["query"], "query", batch_size, f"{label}: ESCI queries")
-    return retrieval_metrics(hd.dense_runs(q, d, ev, DEPTH)[0], ev)
+def dense_row(model: BiEncoder, ev: EvalSet, cfg, batch_size: int, label: str) -> dict[str, dict[str, float]]:
+    lengths = eval_lengths(model.tokenizer, ev, cfg)
+    d, _ = encode(model, ev.doc_texts, lengths["doc"], "doc", batch_size, f"{label}: ESCI products")
+    q, _ = encode(model, ev.query_texts, lengths["query"], "query", batch_size, f"{label}: ESCI queries")
+    return retrieval_metrics(dense_runs(q, d, ev, DEPTH)[0], ev)
 
 
-def reference_rows(keys: list[str], cfg, ev: hd.EvalSet, tokenizer, bench: dict) -> dict[str, dict]:
+def reference_rows(keys: list[str], cfg, ev: EvalSet, tokenizer, bench: dict) -> dict[str, dict]:
     rows = {}
     if "bm25" in keys:
-        rows["bm25"] = retrieval_metrics(hd.bm25_runs(tokenizer, ev, DEPTH)[0], ev)
+        rows["bm25"] = retrieval_metrics(bm25_runs(tokenizer, ev, DEPTH)[0], ev)
     if "zero_shot" in keys:
-        rows["zero_shot"] = dense_row(hd.zero_shot_model(cfg, tokenizer, bench), ev, cfg, bench["encode_batch_size"],
+        rows["zero_shot"] = dense_row(zero_shot_model(cfg, tokenizer, bench), ev, cfg, bench["encode_batch_size"],
                                       "zero-shot")
     return rows
 
@@ -100,26 +110,27 @@ def annotator_check(catalog) -> dict[str, dict[str, float]]:
 def report(keys: list[str], labels: dict, shared: dict, runs: list[dict], bench: dict) -> tuple[str, dict]:
     """Values (mean ± std over seeds), change relative to BiBERT and to MADRAL with paired tests."""
     trained = [k for k in keys if k not in shared]
-    per_seed = {r["seed"]: {k: hd.means(v) for k, v in {**shared, **r["per_query"]}.items()} for r in runs}
-    mean = {k: {m: float(np.mean([s[k][m] for s in per_seed.values()])) for m in METRICS} for k in keys}
-    std = {k: {m: float(np.std([s[k][m] for s in per_seed.values()], ddof=1)) if len(runs) > 1 else 0.0
-               for m in METRICS} for k in keys}
-    pooled = hd.seed_mean(runs, shared)
+    per_seed = {r["seed"]: {k: means(v) for k, v in {**shared, **r["per_query"]}.items()} for r in runs}
+    pairs = {k: {m: mean_std([s[k][m] for s in per_seed.values()]) for m in METRICS} for k in keys}
+    mean = {k: {m: p[0] for m, p in v.items()} for k, v in pairs.items()}
+    std = {k: {m: p[1] for m, p in v.items()} for k, v in pairs.items()}
+    pooled = seed_mean(runs, shared)
     draws, alpha = int(bench["draws"]), float(bench["alpha"])
-    tests = {"vs_baseline": hd.significance(pooled, "bibert", draws)}
-    family = [k for k in hd.MURAL_VS if k in keys]
-    text = ["## Values (mean ± std over seeds)", hd.value_table(keys, labels, mean, std, METRICS, set(trained)),
+    tests = {"vs_baseline": significance(pooled, "bibert", draws)}
+    family = [k for k in MURAL_VS if k in keys]
+    text = ["## Values (mean ± std over seeds)", value_table(keys, labels, mean, std, METRICS, set(trained)),
             f"\n## Relative to BiBERT († paired t-test p < {alpha:g} on the seed-mean per query)",
-            hd.relative_table(keys, labels, mean, METRICS, "bibert", tests["vs_baseline"], alpha)]
-    if hd.MURAL_VS[0] in family and len(family) > 1:
-        tests["vs_madral"] = hd.significance({k: pooled[k] for k in family}, hd.MURAL_VS[0], draws)
-        text += [f"\n## Relative to {labels[hd.MURAL_VS[0]]} (paper 001 Table 3 shape)",
-                 hd.relative_table(family, labels, mean, METRICS, hd.MURAL_VS[0], tests["vs_madral"], alpha)]
+            relative_table(keys, labels, mean, METRICS, "bibert", tests["vs_baseline"], alpha)]
+    if MURAL_VS[0] in family and len(family) > 1:
+        tests["vs_madral"] = significance({k: pooled[k] for k in family}, MURAL_VS[0], draws)
+        text += [f"\n## Relative to {labels[MURAL_VS[0]]} (paper 001 Table 3 shape)",
+                 relative_table(family, labels, mean, METRICS, MURAL_VS[0], tests["vs_madral"], alpha)]
     return "\n".join(text), {"mean": mean, "std": std, "per_seed": per_seed, "tests": tests}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(ROOT / "configs" / "real" / "homedepot.yaml"),
                    help="the Home Depot table's config (the models are its rows)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override (repeatable)")
@@ -128,27 +139,27 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--esci-dir", default=str(ROOT.parent / "shared" / "data" / "esci"))
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--tag", default="esci_transfer", help="name of the JSON / PNG")
-    p.add_argument("--out-dir", default=str(ROOT / "benchmarks"), help="results/ and plots/ go under it")
+    p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    home, cfg, bench = hd.load_config(Path(args.config), args.set)
-    known = hd.trained_rows(cfg)
-    unknown = [k for k in args.models if k not in known and k not in hd.REFERENCES]
+    home, cfg, bench = load_config(Path(args.config), args.set)
+    known = trained_rows(cfg)
+    unknown = [k for k in args.models if k not in known and k not in REFERENCES]
     if unknown or "bibert" not in args.models:
-        raise SystemExit(f"--models needs bibert (the baseline) and rows of {', '.join([*hd.REFERENCES, *known])}; "
+        raise SystemExit(f"--models needs bibert (the baseline) and rows of {', '.join([*REFERENCES, *known])}; "
                          f"unknown: {unknown}")
     keys = list(dict.fromkeys(args.models))
     trained = [k for k in keys if k in known]
-    start, load_before = time.perf_counter(), hd.machine_info()["load_average"]
+    start, load_before = time.perf_counter(), load_average()
 
     esci = esci_text_catalog(args.esci_dir)
-    ev = hd.EvalSet.of(esci, "test", 3.0)
+    ev = EvalSet.of(esci, "test", 3.0)
     annotator = annotator_check(esci)
     data = {"products": len(esci.products), "queries": len(ev.query_ids),
             "judged_per_query": float(np.mean([len(j) for j in ev.judged])), "annotator_vs_esci_fields": annotator}
     print("data: " + json.dumps(data), flush=True)
     models = home_depot_models(trained, args.seeds, home, cfg, bench)
-    labels = {k: hd.label_of(k, bench, cfg) for k in keys}
+    labels = {k: label_of(k, bench, cfg) for k in keys}
     # the references tokenize as the trained rows do (their saved tokenizer; a tiny test backbone has no other)
     tokenizer = (load_tokenizer(models[(args.seeds[0], trained[0])] / "tokenizer") if trained
                  else prepare_tokenizer(cfg, esci))
@@ -160,19 +171,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             t0 = time.perf_counter()
             per_query[key] = dense_row(BiEncoder.load(models[(seed, key)]), ev, cfg, bench["encode_batch_size"],
                                        labels[key])
-            print(f"seed {seed} {labels[key]}: " + json.dumps({m: round(v, 4) for m, v in hd.means(
+            print(f"seed {seed} {labels[key]}: " + json.dumps({m: round(v, 4) for m, v in means(
                 per_query[key]).items()}) + f" ({time.perf_counter() - t0:.0f} s)", flush=True)
         runs.append({"seed": seed, "per_query": per_query})
     table, agg = report(keys, labels, shared, runs, bench)
-    info = hd.machine_info()
+    info = machine_info(load_average=load_average())
     head = (f"# ESCI samples (US, {data['queries']} queries, {data['products']} products, Exact judgments only), "
-            f"zero-shot transfer of the Home Depot rows ({hd.budget_text(cfg)}; seeds {args.seeds})")
+            f"zero-shot transfer of the Home Depot rows ({budget_text(cfg)}; seeds {args.seeds})")
     annot = "\n".join(f"title annotator vs ESCI {a}: accuracy {v['accuracy']:.3f}, precision {v['precision']:.3f}, "
                       f"recall {v['recall']:.3f} (n {v['n']})" for a, v in annotator.items())
     text = "\n".join([head, table, "", annot, "\nmachine: " + "; ".join(f"{k} {v}" for k, v in info.items())
                       + f"; load before {load_before}"])
     print(text, flush=True)
-    result = {"benchmark": "quality_esci_transfer", "command": " ".join(["python", *sys.argv]),
+    result = {"benchmark": __spec__.name, "command": run_command(__spec__.name),
               "config": {"homedepot": home, "bench": bench, **cfg.to_dict()}, "rows": labels, "seeds": args.seeds,
               "data": data, "metrics": METRICS, **agg, "machine": info, "load_average_before": load_before,
               "wall_s": time.perf_counter() - start, "table": text}
@@ -181,7 +192,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     json_path.parent.mkdir(parents=True, exist_ok=True)
     json_path.write_text(json.dumps(result, indent=1, default=float))
     png = out / "plots" / f"{args.tag}.png"
-    if hd.plot(keys, labels, runs, {k: hd.means(v) for k, v in shared.items()}, png, head.lstrip("# "),
+    if plot(keys, labels, runs, {k: means(v) for k, v in shared.items()}, png, head.lstrip("# "),
                ("recall@10", "mrr@10"), "bibert"):
         print(f"wrote {png}")
     print(f"wrote {json_path} ({result['wall_s']:.0f} s)")

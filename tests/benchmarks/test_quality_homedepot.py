@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/quality_real_aspects.py: every row of the table on a tiny synthetic catalog.
+"""Smoke test of benchmarks.quality.homedepot: every row of the table on a tiny synthetic catalog.
 
 A random 2-layer BERT over a WordPiece tokenizer trained on the catalog, 2 fine-tuning steps per model: this
 checks the wiring (rows, metrics, tests, JSON, plot), not quality. The Home Depot run is the script's job.
@@ -6,19 +6,23 @@ checks the wiring (rows, metrics, tests, JSON, plot), not quality. The Home Depo
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from benchmarks.quality import homedepot as bench
+from benchmarks.quality.aspect_models.data import EvalSet, load_config
+from benchmarks.quality.aspect_models.rows import DEFAULT_MODELS, model_config
+from benchmarks.quality.aspect_models.training import row_fingerprint
+from madr.config import config_hash
 
-@pytest.fixture(scope="module")
-def bench(benchmark_script):
-    return benchmark_script("quality_real_aspects")
 
-
-def test_table_has_a_row_per_model_with_metrics_in_unit_interval(bench, tiny_aspects_config, tmp_path):
+def test_table_has_a_row_per_model_with_metrics_in_unit_interval(tiny_aspects_config, tmp_path):
     out = tmp_path / "out"
     threads = torch.get_num_threads()
     try:
@@ -26,7 +30,7 @@ def test_table_has_a_row_per_model_with_metrics_in_unit_interval(bench, tiny_asp
                              "--threads", "1", "--set", "bench.corpus_size=150"])
     finally:
         torch.set_num_threads(threads)  # main() sets the process-wide count
-    rows = bench.DEFAULT_MODELS
+    rows = DEFAULT_MODELS
     saved = json.loads((out / "results" / "smoke.json").read_text())
     assert (out / "plots" / "smoke.png").is_file(), "the plot is written"
     assert set(saved["mean"]) == set(rows) == set(saved["rows"]), saved["rows"]
@@ -52,18 +56,7 @@ def test_table_has_a_row_per_model_with_metrics_in_unit_interval(bench, tiny_asp
     assert result["seeds"] == [0]
 
 
-def test_paired_tests_detect_a_constant_shift(bench):
-    a = {f"q{i}": 0.5 + 0.01 * (i % 7) for i in range(60)}
-    b = {q: v - 0.05 for q, v in a.items()}
-    t = bench.paired_tests(a, b, draws=500)
-    assert t["diff"] == pytest.approx(0.05) and t["n"] == 60
-    assert t["p_randomisation"] < 0.01 and t["p_ttest"] < 0.01, t
-    same = bench.paired_tests(a, dict(a), draws=500)
-    assert same["diff"] == 0.0 and same["p_randomisation"] == 1.0 and same["p_ttest"] == 1.0, same
-
-
-def test_a_rerun_keeps_finished_rows_and_retrains_when_the_settings_change(bench, tiny_aspects_config, tmp_path,
-                                                                            capsys):
+def test_a_rerun_keeps_finished_rows_and_retrains_when_the_settings_change(tiny_aspects_config, tmp_path, capsys):
     """Rows are cached per seed under <output_dir>/seed<seed>/<row>/result.json with a fingerprint of their
     settings: adding a seed trains only that seed; another fine-tuning budget trains everything again."""
     config, out = tiny_aspects_config, tmp_path / "out"
@@ -86,7 +79,7 @@ def test_a_rerun_keeps_finished_rows_and_retrains_when_the_settings_change(bench
     assert "kept from" not in retrained and third["training"][0]["bibert"]["finetune"]["steps"] == 3
 
 
-def test_ablation_rows_train_their_variant_and_get_their_tables(bench, tiny_aspects_config, tmp_path):
+def test_ablation_rows_train_their_variant_and_get_their_tables(tiny_aspects_config, tmp_path):
     """Paper 000 Table 6 (MADRAL minus one component) and paper 001 Table 5 (MURAL with one aspect or
     granularity): each ablation builds the model it names and is tested against its full model."""
     ablations = ["madral_no_brand", "madral_no_other", "madral_no_query", "mural_only_color", "mural_only_word"]
@@ -97,8 +90,8 @@ def test_ablation_rows_train_their_variant_and_get_their_tables(bench, tiny_aspe
                              "--models", "bibert", "madral_pw", "mural", *ablations])
     finally:
         torch.set_num_threads(threads)
-    _, cfg, _ = bench.load_config(tiny_aspects_config, [])
-    built = {k: bench.model_config(cfg, k) for k in ablations}
+    _, cfg, _ = load_config(tiny_aspects_config, [])
+    built = {k: model_config(cfg, k) for k in ablations}
     assert built["madral_no_brand"].aspects == ["category", "color"] and built["madral_no_brand"].fusion == "presence"
     assert built["madral_no_other"].use_other is False and built["madral_no_query"].aspect_sides == ["doc"]
     assert built["mural_only_color"].aspects == ["color"] and built["mural_only_word"].granularities == ["word"]
@@ -110,3 +103,17 @@ def test_ablation_rows_train_their_variant_and_get_their_tables(bench, tiny_aspe
         "query_acc@1_color", "doc_acc@1_color"}, (acc["madral_no_brand"], acc["mural_only_color"])
     with pytest.raises(SystemExit, match="unknown row"):
         bench.main(["--config", str(tiny_aspects_config), "--models", "madral_no_size"])
+
+
+def test_the_row_cache_key_is_the_documented_recipe(tiny_aspects_config):
+    """Cached rows (<output_dir>/seed<seed>/<row>/result.json) hit only while `row_fingerprint` stays what it was
+    when they were written: the config hash of the row, its model config, the other settings (not the name or
+    output dir), the corpus's product ids, the seed and the frozen-embedding switch."""
+    home, cfg, bench_cfg = load_config(tiny_aspects_config, ["bench.corpus_size=150"])
+    ev = EvalSet(["p1", "p2"], ["a", "b"], [{}, {}], ["q1"], ["q"], [{}], {"q1": {"p1": 4.0}}, [np.array([0])])
+    settings = {k: v for k, v in cfg.to_dict().items() if k not in ("name", "output_dir")}
+    for key, seed in (("bibert", 0), ("madral_pw", 1), ("madral_no_brand", 0)):
+        expected = config_hash({"row": key, "model": dataclasses.asdict(model_config(cfg, key)), "settings": settings,
+                                "corpus": hashlib.sha256(b"p1\np2").hexdigest(), "seed": seed,
+                                "freeze_word_embeddings": True})
+        assert row_fingerprint(key, seed, cfg, ev, bench_cfg) == expected

@@ -10,9 +10,9 @@ Rows: random scores, the logged old ranker, token BM25, minimum edit distance, t
 the click-only encoder, the multi-task encoder (same steps) and its 3-layer query student.
 Everything comes from `configs/multitask.yaml` via `madr.recipes.multitask.experiment.run_multitask_experiment`.
 
-    python benchmarks/quality_multitask_synthetic.py                   # 1 seed, a few minutes on 2 cores
-    python benchmarks/quality_multitask_synthetic.py --seeds 0 1 2     # mean ± sample std over seeds
-    python benchmarks/quality_multitask_synthetic.py --seeds 1 --out s1.json --merge s0.json   # seeds join
+    python -m benchmarks.quality.multilingual_synthetic                   # 1 seed, a few minutes on 2 cores
+    python -m benchmarks.quality.multilingual_synthetic --seeds 0 1 2     # mean ± sample std over seeds
+    python -m benchmarks.quality.multilingual_synthetic --seeds 1 --out s1.json --merge s0.json   # seeds join
 
 Prints the table, sizes, machine, versions and timings; writes JSON to benchmarks/results/ and a PNG to
 benchmarks/plots/ (when matplotlib is installed).
@@ -22,38 +22,25 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
-import tokenizers
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-from benchmarks.machine import machine_info as _machine_info  # noqa: E402
-from benchmarks.plotting import pyplot, save_figure  # noqa: E402
-from madr.recipes.multitask.config import load_multitask_config  # noqa: E402
-from madr.recipes.multitask.experiment import COLUMNS, MultiTaskResult, format_table, run_multitask_experiment  # noqa: E402
-
-
-def machine_info() -> dict[str, str]:
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return _machine_info(load_average_1min_at_end=f"{load:.1f}", tokenizers=tokenizers.__version__)
+from benchmarks.common.config import PLOTS, RESULTS, ROOT
+from benchmarks.common.machine import load_1min, load_average, machine_info, run_command, versions
+from benchmarks.common.plotting import pyplot, save_figure
+from benchmarks.common.stats import seed_mean_std
+from madr.recipes.multitask.config import load_multitask_config
+from madr.recipes.multitask.experiment import COLUMNS, MultiTaskResult, format_table, run_multitask_experiment
 
 
 def aggregate(results: list[MultiTaskResult]) -> tuple[dict, dict]:
-    """Mean and sample std (over seeds) of every metric of every row."""
-    mean, std = {}, {}
-    for row in results[0].rows:
-        keys = results[0].rows[row]
-        mean[row] = {k: float(np.mean([r.rows[row][k] for r in results])) for k in keys}
-        if len(results) > 1:
-            std[row] = {k: float(np.std([r.rows[row][k] for r in results], ddof=1)) for k in keys}
-    return mean, std
+    """Mean and sample std (over seeds) of every metric of every row; no std (an empty dict) for one seed."""
+    mean, std = seed_mean_std([r.rows for r in results])
+    return mean, std if len(results) > 1 else {}
 
 
 def plot(mean: dict, std: dict, path: Path, title: str) -> bool:
@@ -94,7 +81,7 @@ def load_runs(paths: list[str]) -> tuple[list[int], list[MultiTaskResult], list[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(ROOT / "configs" / "multitask.yaml"))
     parser.add_argument("--seeds", type=int, nargs="*", default=[0], help="experiment seeds (data + weights)")
     parser.add_argument("--merge", nargs="+", default=[], metavar="JSON",
@@ -102,11 +89,11 @@ def main() -> None:
                              "seed per command keeps each measured command short)")
     parser.add_argument("--steps", type=int, default=None, help="override the config's training steps")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: robust on shared cores)")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "quality_multitask_synthetic.json"))
-    parser.add_argument("--plot", default=str(ROOT / "benchmarks" / "plots" / "quality_multitask_synthetic.png"))
+    parser.add_argument("--out", default=str(RESULTS / "quality_multitask_synthetic.json"))
+    parser.add_argument("--plot", default=str(PLOTS / "quality_multitask_synthetic.png"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    start, cpu_start, load_start = time.perf_counter(), time.process_time(), os.getloadavg()
+    start, cpu_start, load_start = time.perf_counter(), time.process_time(), load_average()
     seeds, results, runs = load_runs(args.merge)
     if set(seeds) & set(args.seeds):
         raise SystemExit(f"seeds {sorted(set(seeds) & set(args.seeds))} are both merged and run")
@@ -123,10 +110,10 @@ def main() -> None:
         seeds.append(seed)
         results.append(result)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu_start
-    info = machine_info()
-    info["load_average_start"] = " / ".join(f"{x:.2f}" for x in load_start)
+    info = machine_info(load_average_1min_at_end=f"{load_1min():.1f}", tokenizers=versions("tokenizers")["tokenizers"])
+    info["load_average_start"] = load_start
     if args.seeds:
-        runs.append({"command": " ".join(["python", *sys.argv]), "seeds": args.seeds, "wall_seconds": wall,
+        runs.append({"command": run_command(__spec__.name), "seeds": args.seeds, "wall_seconds": wall,
                      "cpu_seconds": cpu, "machine": info})
     mean, std = aggregate(results)
     print(f"\n## mean over seeds {seeds} ({'± sample std' if std else 'one seed'})\n")

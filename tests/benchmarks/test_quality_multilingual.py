@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/quality_real_multitask.py on the real sources with a tiny random encoder.
+"""Smoke test of benchmarks.quality.multilingual on the real sources with a tiny random encoder.
 
 A 2-layer BERT over a WordPiece trained in process, 3 steps per model and a 1-layer query student distilled
 for 2 steps: this checks the wiring (rows, the student row and its paired test, JSON, plot), not quality.
@@ -10,16 +10,12 @@ from __future__ import annotations
 import json
 import math
 
-import pytest
 import torch
 
-
-@pytest.fixture(scope="module")
-def bench(benchmark_script):
-    return benchmark_script("quality_real_multitask")
+from benchmarks.quality import multilingual as bench
 
 
-def test_student_row_is_distilled_evaluated_and_tested_against_its_teacher(bench, shared_data, tmp_path):
+def test_student_row_is_distilled_evaluated_and_tested_against_its_teacher(shared_data, tmp_path):
     sets = ["model.backbone.name_or_path=null", "model.doc_layers=2", "model.projection_dim=32", "steps=3",
             "student.enabled=true", "student.steps=2", "student.num_layers=1", "bench.bootstrap=50",
             "bench.pooling=cls", f"output_dir={tmp_path / 'run'}", f"real_data.data_dir={shared_data}",

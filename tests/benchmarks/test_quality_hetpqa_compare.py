@@ -1,6 +1,6 @@
-"""benchmarks/quality_real_pqa_compare.py: two hetPQA runs side by side with a paired test per model.
+"""benchmarks.quality.hetpqa_compare: two hetPQA runs side by side with a paired test per model.
 
-The real runs take minutes each; here two made-up results in quality_real_pqa's JSON layout (two seeds,
+The real runs take minutes each; here two made-up results in benchmarks.quality.hetpqa's JSON layout (two seeds,
 per-question seed means of 4 test questions) check the tables and that the paired test is over questions.
 """
 
@@ -10,15 +10,12 @@ import json
 
 import pytest
 
+from benchmarks.quality import hetpqa_compare as cmp
+
 ROWS = ("random", "bm25", "dense_alone", "sparse_alone", "dense_part", "sparse_part", "hybrid", "source_prior")
 
 
-@pytest.fixture(scope="module")
-def cmp(benchmark_script):
-    return benchmark_script("quality_real_pqa_compare")
-
-
-def _result(cmp, shift: float, questions: tuple[str, ...] = ("q1", "q2", "q3", "q4"), seeds=(0, 1)) -> dict:
+def _result(shift: float, questions: tuple[str, ...] = ("q1", "q2", "q3", "q4"), seeds=(0, 1)) -> dict:
     per_seed = [{row: {m: 0.5 + 0.01 * i + shift + 0.02 * s for m in cmp.pqa.PQA_METRICS}
                  for i, row in enumerate(ROWS)} for s in seeds]
     per_q = {m: {row: {q: 0.5 + 0.1 * j + (shift if row == "hybrid" else 0.0) for j, q in enumerate(questions)}
@@ -28,8 +25,8 @@ def _result(cmp, shift: float, questions: tuple[str, ...] = ("q1", "q2", "q3", "
             "fine_tuned": {"test": per_seed, "chosen": [{"nnz": nnz} for _ in seeds], "per_question_seed_mean": per_q}}
 
 
-def test_tables_and_paired_tests_over_questions(cmp, tmp_path):
-    a, b = _result(cmp, 0.05), _result(cmp, 0.0)
+def test_tables_and_paired_tests_over_questions(tmp_path):
+    a, b = _result(0.05), _result(0.0)
     cmp.check_comparable(a, b)
     tests = cmp.paired(a, b)
     assert tests["hybrid"]["mrr@5"]["diff"] == pytest.approx(0.05) and tests["hybrid"]["mrr@5"]["n"] == 4
@@ -51,12 +48,12 @@ def test_tables_and_paired_tests_over_questions(cmp, tmp_path):
     assert out["names"] == ["A", "B"]
 
 
-def test_refuses_runs_that_cannot_be_paired(cmp, tmp_path):
+def test_refuses_runs_that_cannot_be_paired(tmp_path):
     with pytest.raises(ValueError, match="seeds differ"):
-        cmp.check_comparable(_result(cmp, 0.0), _result(cmp, 0.0, seeds=(0, 1, 2)))
+        cmp.check_comparable(_result(0.0), _result(0.0, seeds=(0, 1, 2)))
     with pytest.raises(ValueError, match="not the same split"):
-        cmp.check_comparable(_result(cmp, 0.0), _result(cmp, 0.0, questions=("q1", "q2", "q9", "q4")))
-    old = _result(cmp, 0.0)
+        cmp.check_comparable(_result(0.0), _result(0.0, questions=("q1", "q2", "q9", "q4")))
+    old = _result(0.0)
     del old["fine_tuned"]["per_question_seed_mean"]
     (tmp_path / "old.json").write_text(json.dumps(old))
     with pytest.raises(SystemExit, match="per_question_seed_mean"):

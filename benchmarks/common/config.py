@@ -1,0 +1,48 @@
+"""Where the benchmarks read and write, and the one way a quality benchmark reads its YAML config with
+`--set key=value` overrides (a bad override is a clean exit naming it, not a traceback)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from madr.config import apply_overrides, parse_overrides
+
+ROOT = Path(__file__).resolve().parents[2]  # the repository root
+BENCHMARKS = ROOT / "benchmarks"  # results/ (JSON), plots/ (PNG) and data/ live under it
+RESULTS = BENCHMARKS / "results"
+PLOTS = BENCHMARKS / "plots"
+
+
+def overrides(sets: Sequence[str]) -> dict[str, Any]:
+    """`--set key.sub=value` pairs -> {dotted key: value} (`madr.config.parse_overrides`); SystemExit on a bad
+    pair."""
+    try:
+        return parse_overrides(sets)
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+
+
+def read_config(path: str | Path, sets: Sequence[str]) -> dict[str, Any]:
+    """The YAML mapping at `path` with the `--set` overrides applied (SystemExit on a bad override)."""
+    data = yaml.safe_load(Path(path).read_text()) or {}
+    try:
+        return apply_overrides(data, parse_overrides(sets))
+    except ValueError as err:
+        raise SystemExit(str(err)) from None
+
+
+def repo_path(path: str | Path) -> str:
+    """`path` against the repository root when relative (resolved), else as given."""
+    return str(path) if Path(path).is_absolute() else str((ROOT / path).resolve())
+
+
+def local_backbone(name: str | None) -> str | None:
+    """A backbone name that is a relative path existing under the repository root -> that absolute path; a
+    hub name, a `pypi:` package, an absolute path or None unchanged."""
+    if name and not name.startswith("pypi:") and not Path(name).is_absolute() and (ROOT / name).exists():
+        return str(ROOT / name)
+    return name

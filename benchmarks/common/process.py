@@ -1,0 +1,112 @@
+"""The measured child processes of the speed benchmarks: each contender runs in a fresh interpreter
+(`module_command` + `child_env`: `python -m benchmarks.speed.<name> --child ...` from any directory), and
+its process tree's peak memory and CPU, and the rest of the machine's load, are sampled (`ProcessTree`,
+`Interval`, `wait_quiet`)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+from benchmarks.common.config import ROOT
+
+
+def module_command(module: str) -> list[str]:
+    """`[python, "-m", module]` with this interpreter (`child_env` makes the checkout importable)."""
+    return [sys.executable, "-m", module]
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """This process's environment with the repository root first on PYTHONPATH, then `extra`."""
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, **extra}
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine has spent busy (every process: /proc/stat, all but idle and iowait)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_quiet(below: float, max_wait: float, window: float = 5.0) -> float:
+    """Wait (up to `max_wait` s) until the machine's busy CPU over `window` s is under `below` cores (nothing of
+    ours runs between contenders, so that is the other jobs' load); returns the last reading."""
+    deadline = time.monotonic() + max_wait
+    while True:
+        busy0 = machine_busy_seconds()
+        time.sleep(window)
+        cores = (machine_busy_seconds() - busy0) / window
+        if cores < below or time.monotonic() >= deadline:
+            return cores
+
+
+class ProcessTree:
+    """Peak summed PSS (sampled in a thread) and CPU seconds of this process and its descendants.
+
+    Reading smaps_rollup is not free: with Ray's ten processes one sample costs about 40 ms of CPU here, so
+    samples are a second apart and the sampler's own CPU time is left out of `cpu_seconds`."""
+
+    def __init__(self, interval: float = 1.0) -> None:
+        import psutil
+
+        self.proc, self.interval, self.peak, self._stop = psutil.Process(), interval, 0, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.sampler_cpu = 0.0
+        self._cpu: dict[int, float] = {}
+
+    def members(self) -> list:
+        return [self.proc, *self.proc.children(recursive=True)]
+
+    def cpu_seconds(self) -> float:
+        """CPU seconds of the tree so far (every process ever seen: its last reading), less the sampler's."""
+        for p in self.members():
+            try:
+                t = p.cpu_times()
+                self._cpu[p.pid] = max(self._cpu.get(p.pid, 0.0), t.user + t.system)
+            except Exception:  # noqa: BLE001 - a process that just exited
+                pass
+        return sum(self._cpu.values()) - self.sampler_cpu
+
+    def _sample(self) -> int:
+        total = 0
+        for p in self.members():
+            try:
+                with open(f"/proc/{p.pid}/smaps_rollup") as f:
+                    total += next(int(ln.split()[1]) for ln in f if ln.startswith("Pss:")) * 1024
+            except (OSError, StopIteration):
+                pass
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t = time.thread_time()
+            self.peak = max(self.peak, self._sample())
+            self.cpu_seconds()  # keeps the CPU of processes that exit before the end
+            self.sampler_cpu += time.thread_time() - t
+            self._stop.wait(self.interval)
+
+    def __enter__(self) -> ProcessTree:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self.thread.join()
+        self.peak = max(self.peak, self._sample())
+
+
+class Interval:
+    """Wall, our CPU and the rest of the machine's CPU over one measured interval."""
+
+    def __init__(self, tree: ProcessTree) -> None:
+        self.tree = tree
+        self.start, self.cpu0, self.busy0 = time.perf_counter(), tree.cpu_seconds(), machine_busy_seconds()
+
+    def result(self) -> dict:
+        seconds, cpu = time.perf_counter() - self.start, self.tree.cpu_seconds() - self.cpu0
+        busy = machine_busy_seconds() - self.busy0
+        return {"seconds": seconds, "cpu": cpu, "others_cores": max(busy - cpu, 0.0) / seconds}

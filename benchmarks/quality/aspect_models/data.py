@@ -1,0 +1,136 @@
+"""Config, catalog and evaluation set of the multi-aspect product-search benchmarks: the YAML with its
+`homedepot:` and `bench:` sections, the Home Depot catalog (written once under the output dir), and the
+evaluated test queries over the corpus."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from benchmarks.common.config import ROOT, local_backbone, read_config, repo_path
+from benchmarks.quality.aspect_models.rows import DEFAULT_MODELS
+from madr.config import ExperimentConfig, config_hash, from_dict
+from madr.data.schema import Catalog
+from madr.recipes.aspects.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies
+
+BENCH_DEFAULTS: dict[str, Any] = {"seeds": [0], "models": DEFAULT_MODELS, "baseline": "bibert",
+                                  "zero_shot_pooling": "mean", "freeze_word_embeddings": True,
+                                  "corpus_size": None, "alpha": 0.01, "draws": 10000, "encode_batch_size": 256,
+                                  "save_models": []}
+
+
+def load_config(path: Path, sets: list[str]) -> tuple[dict | None, ExperimentConfig, dict]:
+    """`homedepot:` -> write_homedepot_catalog arguments (path against the repository root), `bench:` -> the
+    script's settings (BENCH_DEFAULTS), the rest -> ExperimentConfig; `--set key=value` overrides first."""
+    data = read_config(path, sets)
+    home = data.pop("homedepot", None)
+    if home is not None:
+        unknown = set(home) - {"path", "seed", "fractions", "max_queries"}
+        if unknown or "path" not in home:
+            raise SystemExit(f"{path}: homedepot: needs path and knows seed, fractions, max_queries; got {sorted(home)}")
+        home["path"] = repo_path(home["path"])
+    bench = {**BENCH_DEFAULTS, **(data.pop("bench", {}) or {})}
+    unknown = set(bench) - set(BENCH_DEFAULTS)
+    if unknown:
+        raise SystemExit(f"{path}: unknown bench key(s) {sorted(unknown)}; known: {sorted(BENCH_DEFAULTS)}")
+    if bench["zero_shot_pooling"] not in ("mean", "cls"):
+        raise SystemExit(f"{path}: bench.zero_shot_pooling must be mean or cls, got {bench['zero_shot_pooling']!r}")
+    cfg = from_dict(ExperimentConfig, data)
+    if not Path(cfg.output_dir).is_absolute():
+        cfg.output_dir = str(ROOT / cfg.output_dir)
+    cfg.model.backbone.name_or_path = local_backbone(cfg.model.backbone.name_or_path)
+    return home, cfg, bench
+
+
+def catalog_for(home: dict | None, cfg: ExperimentConfig) -> Catalog:
+    """The Home Depot catalog (written once per `homedepot:` settings and annotator code under the output dir),
+    else `data:`."""
+    if home is not None:
+        from madr.data.sources import homedepot
+
+        code = hashlib.sha256(Path(homedepot.__file__).read_bytes()).hexdigest()  # a changed annotator: rewrite
+        where = Path(cfg.output_dir) / f"catalog-{config_hash({**home, 'code': code})}"
+        if not (where / "judgments.parquet").is_file():
+            t0 = time.perf_counter()
+            args = {k: v for k, v in home.items() if k != "path"}
+            if "fractions" in args:
+                args["fractions"] = tuple(args["fractions"])
+            homedepot.write_homedepot_catalog(Path(home["path"]), where, **args)
+            print(f"wrote catalog {where} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        cfg.data.catalog_dir = str(where)
+    return load_catalog(cfg)
+
+
+@dataclass
+class EvalSet:
+    """The evaluated test queries (>= 1 relevant product), the whole corpus, and what the metrics need."""
+
+    product_ids: list[str]
+    doc_texts: list[str]
+    doc_aspects: list[dict[str, list[str]]]
+    query_ids: list[str]
+    query_texts: list[str]
+    query_aspects: list[dict[str, list[str]]]
+    qrels: dict[str, dict[str, float]]
+    judged: list[np.ndarray]  # per query: corpus rows of its judged products (qrels order)
+
+    @classmethod
+    def of(cls, catalog: Catalog, split: str, threshold: float, corpus_size: int | None = None,
+           seed: int = 0) -> EvalSet:
+        """`corpus_size` (None: every product) keeps the evaluated queries' judged products and a seeded
+        sample of the others: a cheaper, smaller corpus for the retrieval metrics."""
+        qrels_all = catalog.qrels(split)
+        queries = [q for q in catalog.queries_in(split)
+                   if any(r >= threshold for r in qrels_all.get(q.query_id, {}).values())]
+        if not queries:
+            raise SystemExit(f"no {split} query has a product of relevance >= {threshold}")
+        qrels = {q.query_id: {pid: float(r) for pid, r in qrels_all[q.query_id].items()} for q in queries}
+        products = list(catalog.products)
+        if corpus_size is not None and corpus_size < len(products):
+            judged = {pid for docs in qrels.values() for pid in docs}
+            others = [p for p in products if p.product_id not in judged]
+            rng = np.random.default_rng(seed)
+            keep = judged | {others[i].product_id for i in rng.choice(
+                len(others), max(0, min(len(others), corpus_size - len(judged))), replace=False)}
+            products = [p for p in products if p.product_id in keep]
+        row = {p.product_id: i for i, p in enumerate(products)}
+        return cls([p.product_id for p in products], [catalog.product_text(p) for p in products],
+                   [p.aspects for p in products], [q.query_id for q in queries], [q.text for q in queries],
+                   [q.aspects for q in queries], qrels,
+                   [np.array([row[pid] for pid in qrels[q.query_id]], dtype=np.int64) for q in queries])
+
+    def summary(self, catalog: Catalog) -> dict[str, Any]:
+        splits = {s: len(catalog.queries_in(s)) for s in ("train", "dev", "test")}
+        grades = np.bincount([j.relevance for j in catalog.judgments], minlength=5).tolist()
+        covered = {a: float(np.mean([bool(p.aspects.get(a)) for p in catalog.products])) for a in catalog.aspect_names}
+        q_covered = {a: float(np.mean([bool(x.get(a)) for x in self.query_aspects])) for a in catalog.aspect_names}
+        return {"products": len(catalog.products), "corpus": len(self.product_ids), "queries": splits, "judgments": len(catalog.judgments),
+                "relevance_counts_0_to_4": grades, "evaluated_test_queries": len(self.query_ids),
+                "judged_per_evaluated_query": float(np.mean([len(j) for j in self.judged])),
+                "product_aspect_coverage": covered, "test_query_aspect_coverage": q_covered}
+
+
+def token_lengths(tokenizer, texts: list[str], max_length: int) -> np.ndarray:
+    """Word-piece lengths (truncated): encoding in length order wastes little on padding."""
+    ids = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length)["input_ids"]
+    return np.array([len(x) for x in ids])
+
+
+def eval_lengths(tokenizer, ev: EvalSet, cfg: ExperimentConfig) -> dict[str, np.ndarray]:
+    """`token_lengths` of the corpus ("doc") and of the queries ("query") at the model's maximum lengths."""
+    return {"doc": token_lengths(tokenizer, ev.doc_texts, cfg.model.max_doc_length),
+            "query": token_lengths(tokenizer, ev.query_texts, cfg.model.max_query_length)}
+
+
+def prepare(home: dict | None, cfg: ExperimentConfig, bench: dict) -> tuple[Catalog, Any, Any, EvalSet]:
+    """(catalog, tokenizer, aspect vocabularies, evaluation set): what every trained row shares."""
+    catalog = catalog_for(home, cfg)
+    tokenizer = prepare_tokenizer(cfg, catalog)
+    vocab = prepare_vocabularies(cfg, catalog, tokenizer)
+    return catalog, tokenizer, vocab, EvalSet.of(catalog, cfg.eval.split, cfg.eval.relevance_threshold,
+                                                 bench["corpus_size"])

@@ -1,0 +1,115 @@
+"""Scoring of the multi-aspect product-search rows: encode the corpus and the queries in length order, exact
+top-k over the whole corpus and the judged-products re-ranking run, BM25 on word pieces, per-query metrics and
+aspect Accuracy@1."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from benchmarks.quality.aspect_models.data import EvalSet
+from madr.config import ExperimentConfig
+from madr.metrics import evaluate
+from madr.modeling.model import BiEncoder, objective_keys
+from madr.search.sparse.bm25 import BM25Index
+
+
+@torch.no_grad()
+def encode(model: BiEncoder, texts: list[str], lengths: np.ndarray, side: str, batch_size: int,
+           desc: str) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
+    """Search vectors [N, d] (L2-normalised for cosine models) and the top-1 phrase value of each aspect the
+    model predicts, in ONE pass in length order."""
+    model.eval()
+    keys = [k for k, _, g in objective_keys(model.config) if g == "phrase"]
+    order = np.argsort(lengths, kind="stable")
+    emb = torch.empty(len(texts), model.embedding_dim)
+    preds = {k: np.zeros(len(texts), dtype=np.int64) for k in keys}
+    for start in tqdm(range(0, len(texts), batch_size), desc=desc, leave=False, mininterval=5):
+        idx = order[start:start + batch_size]
+        enc = model.tokenize([texts[i] for i in idx], side)
+        out = model.encode(enc["input_ids"], enc["attention_mask"], side)
+        e = out.embedding.float()
+        emb[torch.from_numpy(idx)] = F.normalize(e, dim=-1) if model.config.similarity == "cosine" else e
+        for k in keys:
+            preds[k][idx] = out.aspect_logits[k].argmax(-1).numpy()
+    return emb, preds
+
+
+def dense_runs(q: torch.Tensor, d: torch.Tensor, ev: EvalSet, k: int, chunk: int = 256) -> tuple[dict, dict]:
+    """(top-k run over the whole corpus, judged-products run) from query / document vectors."""
+    run, rerank = {}, {}
+    for s in range(0, len(q), chunk):
+        sim = q[s:s + chunk] @ d.T
+        top_s, top_i = torch.topk(sim, min(k, d.shape[0]), dim=1)
+        for r in range(sim.shape[0]):
+            qi = s + r
+            qid = ev.query_ids[qi]
+            run[qid] = dict(zip([ev.product_ids[i] for i in top_i[r].tolist()], top_s[r].tolist(), strict=True))
+            judged = ev.judged[qi]
+            rerank[qid] = dict(zip([ev.product_ids[i] for i in judged], sim[r, judged].tolist(), strict=True))
+    return run, rerank
+
+
+def bm25_runs(tokenizer, ev: EvalSet, k: int) -> tuple[dict, dict]:
+    """BM25 over the word pieces of the corpus: top-k run and the judged-products run."""
+    index = BM25Index().fit([tokenizer.tokenize(t) for t in ev.doc_texts])
+    qs = [tokenizer.tokenize(t) for t in ev.query_texts]
+    scores, ids = index.search(qs, k=k)
+    run = {qid: {ev.product_ids[i]: float(s) for s, i in zip(srow, irow, strict=True) if i >= 0}
+           for qid, srow, irow in zip(ev.query_ids, scores, ids, strict=True)}
+    width = max(len(j) for j in ev.judged)
+    judged = np.full((len(qs), width), -1, dtype=np.int64)
+    for i, j in enumerate(ev.judged):
+        judged[i, :len(j)] = j
+    js = np.nan_to_num(index.index.score(index.encode_queries(qs), judged), neginf=0.0)
+    rerank = {qid: dict(zip([ev.product_ids[i] for i in j], js[qi, :len(j)].tolist(), strict=True))
+              for qi, (qid, j) in enumerate(zip(ev.query_ids, ev.judged, strict=True))}
+    return run, rerank
+
+
+def per_query_metrics(run: dict, rerank: dict, ev: EvalSet, cfg: ExperimentConfig) -> dict[str, dict[str, float]]:
+    """{metric: {query id: value}}: retrieval metrics over the corpus run, re-ranking metrics over the judged."""
+    e = cfg.eval
+    out = evaluate(run, ev.qrels, e.retrieval_metrics, relevance_threshold=e.relevance_threshold, gains=e.gains,
+                   per_query=True)
+    out.update(evaluate(rerank, ev.qrels, e.rerank_metrics, relevance_threshold=e.relevance_threshold,
+                        gains=e.gains, per_query=True))
+    return out
+
+
+def aspect_accuracy(model: BiEncoder, preds: dict[str, np.ndarray], aspects: list[dict], side: str) -> dict:
+    """Accuracy@1 of the top phrase value per aspect over the items with an annotation in the vocabulary."""
+    out = {}
+    for key, aspect, _ in [x for x in objective_keys(model.config) if x[2] == "phrase"]:
+        voc = model.vocabularies.get(aspect, "phrase")
+        gold = [set(voc.encode(a.get(aspect, []))) for a in aspects]
+        rows = [i for i, g in enumerate(gold) if g]
+        if rows:
+            out[f"{side}_acc@1_{aspect}"] = float(np.mean([int(preds[key][i]) in gold[i] for i in rows]))
+    return out
+
+
+def means(per_query: dict[str, dict[str, float]]) -> dict[str, float]:
+    return {m: float(np.mean(list(v.values()))) if v else math.nan for m, v in per_query.items()}
+
+
+def search_depth(cfg: ExperimentConfig) -> int:
+    """Documents retrieved per query: `eval.top_k`, at least the largest cutoff of the retrieval metrics."""
+    return max([cfg.eval.top_k, *[int(m.split("@")[1]) for m in cfg.eval.retrieval_metrics if "@" in m]])
+
+
+def eval_model(model: BiEncoder, ev: EvalSet, lengths: dict[str, np.ndarray], cfg: ExperimentConfig, bs: int,
+               label: str) -> tuple[dict, dict]:
+    k = search_depth(cfg)
+    d, d_preds = encode(model, ev.doc_texts, lengths["doc"], "doc", bs, f"{label}: corpus")
+    q, q_preds = encode(model, ev.query_texts, lengths["query"], "query", bs, f"{label}: queries")
+    pq = per_query_metrics(*dense_runs(q, d, ev, k), ev, cfg)
+    acc = {}
+    if model.vocabularies is not None and objective_keys(model.config):
+        acc = {**aspect_accuracy(model, q_preds, ev.query_aspects, "query"),
+               **aspect_accuracy(model, d_preds, ev.doc_aspects, "doc")}
+    return pq, acc

@@ -1,0 +1,60 @@
+"""The rows of the multi-aspect product-search tables (paper 000 Tables 4-7, paper 001 Tables 3 and 5): each
+trained row is a `ModelConfig` variant of the config's `model:`; the references are not trained."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from madr.config import ExperimentConfig
+
+# key -> (row label, ModelConfig fields over the config's `model:`)
+ROWS: dict[str, tuple[str, dict[str, Any]]] = {
+    "dssm": ("DSSM", {"name": "dssm"}),
+    "bibert": ("BiBERT", {"name": "bibert"}),
+    "mpbert": ("MpBERT", {"name": "mpbert", "fusion": "presence"}),
+    "mtbert": ("MtBERT", {"name": "mtbert"}),
+    "madr": ("MADR", {"name": "madr", "fusion": "presence"}),
+    "madral_ws": ("MADRAL (Weighted Sum)", {"name": "madral", "fusion": "weighted_sum"}),
+    "madral_pw": ("MADRAL (Presence Weighting)", {"name": "madral", "fusion": "presence"}),
+    "madral_cls": ("MADRAL (CLS-Gating)", {"name": "madral", "fusion": "cls_gating"}),
+    "mur": ("MUR", {"name": "mur"}),
+    "mural": ("MURAL", {"name": "mural"}),
+}
+GRANULARITIES = ("phrase", "word", "token")
+
+
+def ablation_rows(aspects: list[str]) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Paper 000 Table 6: MADRAL (Presence Weighting) without one aspect, without OTHER, or with aspect learning
+    on one side only; paper 001 Table 5: MURAL learning one aspect, or one granularity, only."""
+    pw = {"name": "madral", "fusion": "presence"}
+    rows = {f"madral_no_{a}": (f"MADRAL −{a}", {**pw, "aspects": [x for x in aspects if x != a]}) for a in aspects}
+    rows["madral_no_other"] = ("MADRAL −other", {**pw, "use_other": False})
+    rows["madral_no_query"] = ("MADRAL −query (aspect learning on documents only)", {**pw, "aspect_sides": ["doc"]})
+    rows["madral_no_doc"] = ("MADRAL −doc (aspect learning on queries only)", {**pw, "aspect_sides": ["query"]})
+    rows |= {f"mural_only_{a}": (f"MURAL only {a}", {"name": "mural", "aspects": [a]}) for a in aspects}
+    rows |= {f"mural_only_{g}": (f"MURAL only {g}", {"name": "mural", "granularities": [g]}) for g in GRANULARITIES}
+    return rows
+
+
+def trained_rows(cfg: ExperimentConfig) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Every trainable row for the config's aspects: the papers' models (ROWS) and the ablations."""
+    return {**ROWS, **ablation_rows(list(cfg.model.aspects))}
+
+
+ABLATION_BASES = {"madral_no_": "madral_pw", "mural_only_": "mural"}  # Table 6 / Table 5: relative to these
+REFERENCES = {"bm25": "BM25 (word pieces)", "zero_shot": "Zero-shot backbone (untrained)"}
+DEFAULT_MODELS = ["bm25", "zero_shot", "bibert", "mpbert", "mtbert", "madr", "madral_ws", "madral_pw",
+                  "madral_cls", "mur", "mural"]
+FUSIONS = ("madral_ws", "madral_pw", "madral_cls")  # Table 7 rows, relative to the first
+MURAL_VS = ("madral_pw", "madr", "mur", "mural")  # paper 001 Table 3: the MURAL family relative to MADRAL (first)
+
+
+def model_config(cfg: ExperimentConfig, key: str):
+    return dataclasses.replace(cfg.model, **trained_rows(cfg)[key][1])
+
+
+def label_of(key: str, bench: dict, cfg: ExperimentConfig) -> str:
+    if key == "zero_shot":
+        return f"Zero-shot backbone ({bench['zero_shot_pooling']} pooling, untrained)"
+    return REFERENCES.get(key) or trained_rows(cfg)[key][0]
