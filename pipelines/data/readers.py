@@ -18,7 +18,7 @@ default of the read functions) splits each large local line file, and each Parqu
 row groups, into about `AUTO_PARTS_PER_CPU` parts per cluster CPU (`auto_split_bytes`); an integer gives
 the part size; None reads every file whole (one task per file).
 `read_tokenized(..., compute="actors")` instead tokenises in `map_batches` on an actor pool
-(`pipelines.data.tokenize.tokenize_dataset`); `benchmarks/bench_ingest.py` measures both.
+(`pipelines.data.tokenize.tokenize_dataset`); `benchmarks.speed.ingest` measures both.
 
 Row numbers stay exact while streaming because a read task reads its part sequentially and counts lines
 itself: JSONL/TSV rows are 1-based line numbers (the TSV header is line 1, as `sed -n Np` counts), Parquet
@@ -440,7 +440,7 @@ def read_tokenized(source: str, paths: str | Sequence[str], tokenizer: str | os.
     at most `workers` tasks at a time (default: as many as the cluster's CPUs). compute="actors": read
     tasks validate, an autoscaling pool of 1..`workers` actors tokenises in `map_batches`. `bucket` sorts
     each `rows_per_block` window by length. Output blocks of about `block_bytes` (1 MiB: with 8 MiB a
-    consumer waited for whole file parts, 7 s for its first batch in benchmarks/bench_ingest.py at 200k rows,
+    consumer waited for whole file parts, 7 s for its first batch in benchmarks.speed.ingest at 200k rows,
     2.7 s with 1 MiB, same CPU per row). Quarantine and strict mode as in `read_source`.
     """
     if compute not in ("tasks", "actors"):
