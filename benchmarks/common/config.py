@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -46,3 +47,15 @@ def local_backbone(name: str | None) -> str | None:
     if name and not name.startswith("pypi:") and not Path(name).is_absolute() and (ROOT / name).exists():
         return str(ROOT / name)
     return name
+
+
+def add_run_args(parser: argparse.ArgumentParser, config: Path, tag: str, seeds: list[int] | None = None) -> None:
+    """The options every quality benchmark with a YAML config takes: --config (default `config`), --set
+    (repeatable dotted override), --seeds (default `seeds`, None: the config's), --threads, --tag (`tag`)."""
+    parser.add_argument("--config", default=str(config))
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="dotted config override, e.g. finetune.steps=20 (repeatable)")
+    shown = "the config's" if seeds is None else " ".join(map(str, seeds))
+    parser.add_argument("--seeds", type=int, nargs="+", default=seeds, help=f"training seeds (default: {shown})")
+    parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
+    parser.add_argument("--tag", default=tag, help="name of the JSON / PNG")

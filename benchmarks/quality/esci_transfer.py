@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common.config import BENCHMARKS, ROOT
+from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
 from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.common.stats import mean_std
 from benchmarks.quality.aspect_models.data import EvalSet, eval_lengths, load_config, prepare
@@ -131,14 +131,9 @@ def report(keys: list[str], labels: dict, shared: dict, runs: list[dict], bench:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=str(ROOT / "configs" / "real" / "homedepot.yaml"),
-                   help="the Home Depot table's config (the models are its rows)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override (repeatable)")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0])
+    add_run_args(p, ROOT / "configs" / "real" / "homedepot.yaml", "esci_transfer", seeds=[0])  # the Home Depot config
     p.add_argument("--models", nargs="+", default=DEFAULT_MODELS, metavar="ROW")
     p.add_argument("--esci-dir", default=str(ROOT.parent / "shared" / "data" / "esci"))
-    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    p.add_argument("--tag", default="esci_transfer", help="name of the JSON / PNG")
     p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common.config import PLOTS, RESULTS, ROOT, read_config, repo_path
+from benchmarks.common.config import PLOTS, RESULTS, ROOT, add_run_args, read_config, repo_path
 from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.stats import format_mean_std, mean_std, paired_tests
@@ -226,11 +226,7 @@ def plot(zs: dict[str, dict[str, float]], ft: list[dict[str, dict[str, float]]],
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=str(ROOT / "configs" / "real" / "hetpqa.yaml"))
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override (repeatable)")
-    p.add_argument("--seeds", type=int, nargs="+", default=None)
-    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    p.add_argument("--tag", default="real_hetpqa", help="name of the JSON / PNG")
+    add_run_args(p, ROOT / "configs" / "real" / "hetpqa.yaml", "real_hetpqa")
     args = p.parse_args(argv)
     het, cfg = load_config(Path(args.config), args.set + ([f"seeds={args.seeds}"] if args.seeds else []))
     torch.set_num_threads(args.threads)

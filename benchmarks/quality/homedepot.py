@@ -64,7 +64,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common.config import BENCHMARKS, ROOT
+from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
 from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.quality.aspect_models.data import eval_lengths, load_config, prepare
 from benchmarks.quality.aspect_models.evaluation import means
@@ -117,14 +117,10 @@ def publish(ctx: Invocation, runs: list[dict]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=str(ROOT / "configs" / "real" / "homedepot.yaml"))
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override (repeatable)")
-    p.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default: bench.seeds)")
+    add_run_args(p, ROOT / "configs" / "real" / "homedepot.yaml", "real_homedepot_aspects")
     p.add_argument("--models", nargs="+", default=None, metavar="ROW",
                    help=f"rows (default: bench.models); known: {', '.join([*REFERENCES, *ROWS])} and the "
                         "ablations madral_no_<aspect|other|query|doc>, mural_only_<aspect|phrase|word|token>")
-    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    p.add_argument("--tag", default="real_homedepot_aspects", help="name of the JSON / PNG")
     p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)

@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from benchmarks.common.config import BENCHMARKS, ROOT, local_backbone, read_config, repo_path
+from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args, local_backbone, read_config, repo_path
 from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.stats import seed_mean_std
@@ -281,11 +281,7 @@ def plot(mean: dict, std: dict, path: Path, title: str) -> bool:
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=str(ROOT / "configs" / "real" / "multitask.yaml"))
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override (repeatable)")
-    p.add_argument("--seeds", type=int, nargs="+", default=None)
-    p.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
-    p.add_argument("--tag", default="real_multitask", help="name of the JSON / PNG")
+    add_run_args(p, ROOT / "configs" / "real" / "multitask.yaml", "real_multitask")
     p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
     p.add_argument("--merge", nargs="+", default=[], metavar="JSON", help="add the seeds of earlier runs' JSON")
     p.add_argument("--no-reference", action="store_true", help="skip the 12-layer e5 reference row")
