@@ -3,7 +3,7 @@
 Paper 004 Sec. IV embeds a document with several text entities either by concatenating them into one text
 (a fixed vector, indexable) or by encoding each entity and attending to them with the query, Eq. 8-9
 (`f(d) = sum_k alpha_k f(d^k)`, `alpha = softmax_k a(q, d^k)`), and expects the attention to do better where
-a field is noisy. Here the multi-task row of `benchmarks/quality_real_multitask.py` (configs/real/multitask.yaml:
+a field is noisy. Here the multi-task row of `benchmarks.quality.multilingual` (configs/real/multitask.yaml:
 click + NLI + translation, the same steps, batch, optimiser and start weights) is trained twice per seed:
 
 - concatenation: `tasks.click.field_attention: null`, the ad's title and description joined into one text;
@@ -17,7 +17,7 @@ weights on the held-out click pairs are recorded (mean weight on the title, its 
 whether the attention learned anything beyond a fixed mix. No student, no shared rows: those are the
 multi-task benchmark's.
 
-    OMP_NUM_THREADS=1 flock /tmp/madr_bench.lock python benchmarks/quality_real_field_attention.py --threads 1
+    OMP_NUM_THREADS=1 flock /tmp/madr_bench.lock python -m benchmarks.quality.field_attention --threads 1
 
 Writes benchmarks/results/<tag>.json (`--merge` adds seeds from earlier JSONs; <tag>.partial.json after
 every seed). `--initial-weights` only prints the untrained attention's weights per seed (the start of training).
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -36,24 +35,16 @@ from typing import Any
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout without installing
-from benchmarks.quality_real_multitask import (  # noqa: E402
-    aggregate,
-    encoder,
-    load_config,
-    machine_info,
-    madr_item_scores,
-    metrics,
-    paired_bootstrap,
-    table,
-    train_model,
-)
-from madr.data.records import MultilingualData  # noqa: E402
-from madr.data.sources.real_multilingual import load_real_multilingual  # noqa: E402
-from madr.modeling.heads.field_attention import SCORERS  # noqa: E402
-from madr.recipes.multitask.config import MultiTaskExperimentConfig  # noqa: E402
-from madr.recipes.multitask.experiment import build_tokenizer, row_labels  # noqa: E402
+from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
+from benchmarks.common.machine import load_average, machine_info, run_command
+from benchmarks.common.stats import seed_mean_std
+from benchmarks.quality.multilingual import encoder, load_config, madr_item_scores, table, train_model
+from benchmarks.quality.multilingual_scores import metrics, paired_bootstrap
+from madr.data.records import MultilingualData
+from madr.data.sources.real_multilingual import load_real_multilingual
+from madr.modeling.heads.field_attention import SCORERS
+from madr.recipes.multitask.config import MultiTaskExperimentConfig
+from madr.recipes.multitask.experiment import build_tokenizer, row_labels
 
 CONCAT = "Multi-task, concatenated fields"
 
@@ -118,14 +109,11 @@ def run_seed(cfg: MultiTaskExperimentConfig, bench: dict, data: MultilingualData
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=str(ROOT / "configs" / "real" / "multitask.yaml"))
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted override (repeatable)")
-    p.add_argument("--seeds", type=int, nargs="+", default=None)
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
+                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_args(p, ROOT / "configs" / "real" / "multitask.yaml", "real_field_attention")
     p.add_argument("--scorer", default="additive", choices=SCORERS, help="a(q, d) of Eq. 9")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
-    p.add_argument("--tag", default="real_field_attention", help="name of the JSON")
-    p.add_argument("--out-dir", default=str(ROOT / "benchmarks"), help="results/ goes under it")
+    p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ goes under it")
     p.add_argument("--merge", nargs="+", default=[], metavar="JSON", help="add the seeds of earlier runs' JSON")
     p.add_argument("--initial-weights", action="store_true",
                    help="only print the untrained attention's weights on the held-out pairs per seed (no training)")
@@ -135,7 +123,7 @@ def main(argv: list[str] | None = None) -> dict:
     if cfg.tasks.click.field_attention is not None:
         raise SystemExit(f"{args.config}: tasks.click.field_attention must be null here (the script sets it)")
     seeds = args.seeds if args.seeds is not None else list(bench["seeds"])
-    start, load_before = time.perf_counter(), machine_info()["load_average"]
+    start, load_before = time.perf_counter(), load_average()
     data = load_real_multilingual(real)
     tokenizer = build_tokenizer(cfg, data, Path(cfg.output_dir))
     print(json.dumps(data.summary), flush=True)
@@ -150,12 +138,12 @@ def main(argv: list[str] | None = None) -> dict:
         earlier = json.loads(Path(path).read_text())
         runs += [r for r in earlier["runs"] if r["seed"] not in {x["seed"] for x in runs}]
     runs.sort(key=lambda r: r["seed"])
-    mean, std = aggregate(runs)
+    mean, std = seed_mean_std([r["rows"] for r in runs])
     text = table(mean, std, set(mean))
     print(text)
-    result = {"command": " ".join(sys.argv), "multi_task_row": row_labels(cfg)[1], "scorer": args.scorer,
+    result = {"command": run_command(__spec__.name), "multi_task_row": row_labels(cfg)[1], "scorer": args.scorer,
               "config": {"real_data": dataclasses.asdict(real), "bench": bench, **cfg.to_dict()},
-              "machine": machine_info(), "load_average_before": load_before, "sizes": data.summary,
+              "machine": machine_info(load_average=load_average()), "load_average_before": load_before, "sizes": data.summary,
               "seeds": [r["seed"] for r in runs], "wall_s": time.perf_counter() - start, "runs": runs,
               "mean": mean, "std": std, "table": text}
     out = Path(args.out_dir) / "results" / f"{args.tag}.json"

@@ -1,4 +1,4 @@
-"""Smoke test of benchmarks/quality_real_field_attention.py on the real sources with a tiny random encoder.
+"""Smoke test of benchmarks.quality.field_attention on the real sources with a tiny random encoder.
 
 A 2-layer BERT over a WordPiece trained in process, 3 steps per variant: checks the wiring (both rows, the
 attention weights on held-out pairs, the paired bootstrap, JSON), not quality. Skips when ../shared/data is
@@ -14,8 +14,9 @@ import pytest
 import torch
 
 
-def test_concatenation_and_attention_rows_with_their_paired_test(benchmark_script, shared_data, tmp_path):
-    bench = benchmark_script("quality_real_field_attention")
+def test_concatenation_and_attention_rows_with_their_paired_test(shared_data, tmp_path):
+    from benchmarks.quality import field_attention as bench
+
     sets = ["model.backbone.name_or_path=null", "model.doc_layers=2", "model.projection_dim=32", "steps=3",
             "bench.bootstrap=50", "bench.pooling=cls", f"output_dir={tmp_path / 'run'}",
             f"real_data.data_dir={shared_data}", "real_data.parallel_train_per_language=20",
