@@ -55,6 +55,10 @@ class ModelConfig:
     madr/madral: Aspect Extraction Network + fusion, madral with aspect learning;
     mur/mural: aspect tokens after CLS + CLS-gating, mural with multi-granularity aspect learning;
     hybrid: SPLADE sparse vector from the MLM head + CLS dense vector (paper 002).
+    `similarity` / `shared_towers` left None take the model's paper default (`paper_defaults`): MUR / MURAL
+    score by dot product (paper 001 Eq. 2 / Eq. 10) with one encoder for queries and items (Sec. 5.3.1);
+    the others cosine (paper 000) with separate towers. They are resolved when the config is built, so
+    `dataclasses.replace(cfg, name=...)` keeps the old model's values unless it also passes them as None.
     `pooling` (bibert / mtbert only): the text vector is the CLS state (the papers) or the masked mean of
     the token states ("mean": what sentence-transformers checkpoints such as all-MiniLM and e5 were trained with).
     `aspect_sides`: the sides whose aspect losses are trained (both in the papers; one side only is the
@@ -69,7 +73,7 @@ class ModelConfig:
 
     name: str = "madral"
     backbone: BackboneConfig = field(default_factory=BackboneConfig)
-    shared_towers: bool = False
+    shared_towers: bool | None = None
     projection_dim: int | None = None
     aspects: list[str] = field(default_factory=lambda: ["category", "brand", "color"])
     use_other: bool = True
@@ -77,7 +81,7 @@ class ModelConfig:
     granularities: list[str] = field(default_factory=lambda: ["phrase", "word", "token"])
     grouping: str = "single"
     value_embeddings: str = "unshared"
-    similarity: str = "cosine"
+    similarity: str | None = None
     temperature: float = 0.05
     max_query_length: int = 32
     max_doc_length: int = 128
@@ -92,6 +96,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         _check_choice("model.name", self.name, MODEL_NAMES)
+        for key, value in self.paper_defaults.items():
+            if getattr(self, key) is None:
+                setattr(self, key, value)
         for side in self.aspect_sides:
             _check_choice("model.aspect_sides", side, ("query", "doc"))
         _check_choice("model.pooling", self.pooling, ("cls", "mean"))
@@ -116,6 +123,15 @@ class ModelConfig:
     @property
     def uses_granularities(self) -> bool:
         return self.name in ("mur", "mural")
+
+    @property
+    def paper_defaults(self) -> dict[str, Any]:
+        """Similarity and tower sharing of this model's paper: the aspect-token models (MUR / MURAL) score by
+        dot product with one encoder shared by queries and items (paper 001 Eq. 10, Sec. 5.3.1); the others
+        by cosine with a tower per side (paper 000 Sec. 8.2)."""
+        if self.uses_granularities:
+            return {"similarity": "dot", "shared_towers": True}
+        return {"similarity": "cosine", "shared_towers": False}
 
 
 @dataclass

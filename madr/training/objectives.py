@@ -6,7 +6,8 @@ Pretraining, per tower input X (queries through the query tower, products throug
     models without aspect learning:   L_MLM
 Fine-tuning:
     paper 000 Eq. 8: L_CE + L_SCE + lambda * sum_{a != OTHER} (L_AP^a + L_APP^a)(Q and D)
-    paper 001 Eq. 10: L_SCE with one hard negative per query (set pointwise_weight=0, aspect_weight=0)
+    paper 001 Eq. 10: L_SCE with one hard negative per query (set pointwise_weight=0, aspect_weight=0;
+        aspect_weight > 0 adds lambda * L_A, which Sec. 6.4 found to raise aspect accuracy but hurt retrieval)
     paper 002 Eq. 3-5 (hybrid): L_dense + L_sparse + lambda_q FLOPS(queries) + lambda_d FLOPS(passages)
 OTHER never receives an aspect loss: it has no annotations and no objective key.
 """
@@ -23,7 +24,6 @@ from madr.losses import (
     AspectPresenceLoss,
     FlopsLoss,
     FlopsWeightSchedule,
-    GroupWiseContrastiveLoss,
     InBatchSoftmaxLoss,
     MLMLoss,
     PointwiseCELoss,
@@ -47,22 +47,19 @@ class LossParts:
 
 
 def aspect_loss(model: BiEncoder, out: TowerOutput, batch: TextBatch, side: str) -> tuple[torch.Tensor, dict[str, float]]:
-    """Aspect learning loss of one tower's output (zero, still on the graph, for models without it)."""
+    """Aspect learning loss of one tower's output (zero, still on the graph, for models without it).
+
+    Reads the per-row scores `out.aspect_logits` that `BiEncoder.encode` fills from the shared tables, so the
+    same call works on a tower output and on representations alone (the training job's GradCache pass 2).
+    """
     cfg = model.config
     zero = out.embedding.sum() * 0.0
     keys = objective_keys(cfg)
     if not keys or not batch.aspect_labels:
         return zero, {}
     parts: dict[str, float] = {}
-    if cfg.uses_granularities:  # MURAL: group-wise contrastive (Eq. 2), grouped (Eq. 3-5)
-        word_emb = model.tower(side).word_embeddings
-        losses, has = {}, {}
-        loss_fn = GroupWiseContrastiveLoss()
-        for key, aspect, gran in keys:
-            labels = batch.aspect_labels[key]
-            losses[(aspect, gran)] = loss_fn(out.aspect_repr[key], model.aspect_predictor.value_table(key, word_emb), labels)
-            has[(aspect, gran)] = bool((labels >= 0).any())
-        total = combine_objectives(losses, has, cfg.grouping)
+    if cfg.uses_granularities:
+        total = mural_aspect_loss(model, out, batch)
         parts["aspect"] = _value(total)
         return total, parts
     # MADRAL / MtBERT: sum over explicit aspects of AP (Eq. 3) (+ APP, Eq. 6, with Presence Weighting)
@@ -82,6 +79,18 @@ def aspect_loss(model: BiEncoder, out: TowerOutput, batch: TextBatch, side: str)
         parts["app"] = _value(app)
         total = total + app
     return total, parts
+
+
+def mural_aspect_loss(model: BiEncoder, out: TowerOutput, batch: TextBatch) -> torch.Tensor:
+    """MURAL's L_A: the group-wise contrastive loss (paper 001 Eq. 2) of every (aspect, granularity), grouped by
+    Eq. 3 / 4 / 5. `out.aspect_logits[key]` is `h_a^g . E_a^g` (`ValueEmbeddings`: sim is the dot product), so
+    Eq. 2 is the multi-label NLL of those scores (`GroupWiseContrastiveLoss` = `AspectPredictionLoss` on them)."""
+    losses, has = {}, {}
+    for key, aspect, gran in objective_keys(model.config):
+        labels = batch.aspect_labels[key]
+        losses[(aspect, gran)] = AspectPredictionLoss()(out.aspect_logits[key], labels)
+        has[(aspect, gran)] = bool((labels >= 0).any())
+    return combine_objectives(losses, has, model.config.grouping)
 
 
 def mlm_loss(model: BiEncoder, batch: TextBatch, side: str, probability: float,

@@ -5,8 +5,10 @@ whose `forward` returns the loss (what DDP and DeepSpeed wrap). Ray-free: tests 
   worker's mean is averaged over workers by the gradient all-reduce.
 * finetune: paper 000 Eq. 8 / paper 001 Eq. 10 / paper 002 Eq. 3-5 (hybrid), written as
   - a *representation* loss over the batch: L_SCE with in-batch negatives gathered from every worker
-    (`madr.training.distributed.GatheredInBatchSoftmaxLoss`), plus the aspect losses (Eq. 8's lambda term) from the
-    aspect / presence logits; for the hybrid model dense + sparse contrastive terms (gathered) + FLOPS;
+    (`madr.training.distributed.GatheredInBatchSoftmaxLoss`), plus the aspect losses (Eq. 8's lambda term; for
+    MURAL the optional lambda * L_A, paper 001 Eq. 2-5, whose value scores h_a^g . E_a^g are per-row logits like
+    MADRAL's) from the aspect / presence logits; for the hybrid model dense + sparse contrastive terms
+    (gathered) + FLOPS;
   - a *row-local* loss: pointwise L_CE on each (query, positive) / (query, hard negative) pair.
   With one worker and no chunking this is `madr.training.objectives.finetune_loss` term for term. The split lets
   GradCache (`madr.training.gradcache`) cache gradients of the representations and recompute chunk by chunk.
@@ -197,9 +199,6 @@ class StageModule(nn.Module):
         sce = self.sce(q, p, n)
         total, parts = sce, {"sce": float(sce.detach())}
         if self._aspect_terms():
-            if cfg.uses_granularities:
-                raise ValueError("finetune aspect losses of MURAL need the aspect tables: set train.finetune."
-                                 "aspect_weight=0 (paper 001 Eq. 10 fine-tunes with L_SCE only)")
             for side, name, tb in (("query", "q", batch.queries), ("doc", "p", batch.positives)):
                 out = TowerOutput(embedding=reps[name],
                                   aspect_logits={k: reps[f"{name}_logits/{k}"] for k in self._aspect_terms()},

@@ -86,7 +86,7 @@ def test_saved_model_has_no_pickles(catalog, tokenizer, vocabularies, tmp_path):
 def test_shared_towers_are_one_module(tokenizer, vocabularies):
     model = build_model(_cfg("mural", shared_towers=True), tokenizer, vocabularies)
     assert model.doc_tower is model.query_tower
-    separate = build_model(_cfg("mural"), tokenizer, vocabularies)
+    separate = build_model(_cfg("mural", shared_towers=False), tokenizer, vocabularies)
     assert separate.doc_tower is not separate.query_tower
 
 
