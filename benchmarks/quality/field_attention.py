@@ -38,7 +38,14 @@ import torch
 from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
 from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.common.stats import seed_mean_std
-from benchmarks.quality.multilingual import encoder, load_config, madr_item_scores, table, train_model
+from benchmarks.quality.multilingual import (
+    encoder,
+    load_config,
+    madr_item_scores,
+    seed_runs,
+    table,
+    train_model,
+)
 from benchmarks.quality.multilingual_scores import metrics, paired_bootstrap
 from madr.data.records import MultilingualData
 from madr.data.sources.real_multilingual import load_real_multilingual
@@ -129,15 +136,9 @@ def main(argv: list[str] | None = None) -> dict:
     print(json.dumps(data.summary), flush=True)
     if args.initial_weights:
         return {"initial_weights": initial_weights(cfg, bench, data, tokenizer, seeds, args.scorer)}
-    runs, partial = [], Path(args.out_dir) / "results" / f"{args.tag}.partial.json"
-    for seed in seeds:
-        runs.append(run_seed(cfg, bench, data, tokenizer, seed, args.scorer))
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps({"sizes": data.summary, "runs": runs}, indent=1, default=float))
-    for path in args.merge:
-        earlier = json.loads(Path(path).read_text())
-        runs += [r for r in earlier["runs"] if r["seed"] not in {x["seed"] for x in runs}]
-    runs.sort(key=lambda r: r["seed"])
+    partial = Path(args.out_dir) / "results" / f"{args.tag}.partial.json"
+    runs = seed_runs(seeds, lambda seed: run_seed(cfg, bench, data, tokenizer, seed, args.scorer), partial,
+                     data.summary, args.merge)
     mean, std = seed_mean_std([r["rows"] for r in runs])
     text = table(mean, std, set(mean))
     print(text)

@@ -39,7 +39,7 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -278,6 +278,21 @@ def plot(mean: dict, std: dict, path: Path, title: str) -> bool:
 # ---- main -------------------------------------------------------------------------------------------------------
 
 
+def seed_runs(seeds: Sequence[int], run_one: Callable[[int], dict], partial: Path, sizes: dict,
+              merge: Sequence[str]) -> list[dict]:
+    """`run_one(seed)` for every seed, the runs so far written to `partial` after each (a crash keeps them),
+    then the runs of the `merge` JSONs whose seed did not run here; sorted by seed."""
+    runs: list[dict] = []
+    for seed in seeds:
+        runs.append(run_one(seed))
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps({"sizes": sizes, "runs": runs}, indent=1, default=float))
+    for path in merge:
+        earlier = json.loads(Path(path).read_text())
+        runs += [r for r in earlier["runs"] if r["seed"] not in {x["seed"] for x in runs}]
+    return sorted(runs, key=lambda r: r["seed"])
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -300,16 +315,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(json.dumps(data.summary), flush=True)
     shared = shared_rows(cfg, data, tokenizer, not args.no_reference, bench["pooling"])
     print(f"shared rows ({shared['seconds']:.0f} s): {json.dumps(shared['rows'], default=float)[:2000]}", flush=True)
-    runs = []
-    for seed in seeds:
-        runs.append(run_seed(cfg, bench, data, tokenizer, seed, shared))
-        partial = Path(args.out_dir) / "results" / f"{args.tag}.partial.json"
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps({"sizes": data.summary, "runs": runs}, indent=1, default=float))
-    for path in args.merge:
-        earlier = json.loads(Path(path).read_text())
-        runs += [r for r in earlier["runs"] if r["seed"] not in {x["seed"] for x in runs}]
-    runs.sort(key=lambda r: r["seed"])
+    runs = seed_runs(seeds, lambda seed: run_seed(cfg, bench, data, tokenizer, seed, shared),
+                     Path(args.out_dir) / "results" / f"{args.tag}.partial.json", data.summary, args.merge)
     mean, std = seed_mean_std([r["rows"] for r in runs])
     seeded = set(row_labels(cfg)) | ({student_label(cfg)} if cfg.student.enabled else set())
     text = table(mean, std, seeded)
