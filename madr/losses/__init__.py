@@ -1,4 +1,4 @@
-"""Loss functions of the two aspect papers, one per module (paper 000 MADRAL, paper 001 MURAL).
+"""Loss functions of the papers, one per module (000 MADRAL, 001 MURAL, 002 hybrid, 004 multi-task).
 
 | loss | equation | use |
 |---|---|---|
@@ -9,6 +9,7 @@
 | `InBatchSoftmaxLoss` | 000 L_SCE, 001 Eq. 10 | fine-tuning with in-batch (+ hard) negatives |
 | `PointwiseCELoss` | 000 L_CE | fine-tuning on judged pairs, graded targets |
 | `FlopsLoss` (+ `FlopsWeightSchedule`) | 002 Eq. 4-5 | sparsity of the hybrid head's lexical vectors |
+| `HybridLoss` | 002 Eq. 3-5 | the hybrid model: dense + sparse in-batch softmax + FLOPS (every training path) |
 | `TripletLoss` | 004 Eq. 3-7 | click pairs: batch-all / hard / semi-hard / random negatives, L1 / L2 / cosine |
 | `NLICosineLoss` (+ `nli_targets`) | 004 Eq. 2 | NLI pairs without contradictions, cross entropy on the cosine |
 | `TranslationLoss` | 004 Sec. III-A | parallel sentences (bridge task): in-batch softmax or MSE to English |
@@ -20,6 +21,7 @@ from madr.losses.aspect_presence import AspectPresenceLoss
 from madr.losses.distillation import DistillationMSELoss
 from madr.losses.flops import FlopsLoss, FlopsWeightSchedule
 from madr.losses.group_contrastive import GroupWiseContrastiveLoss, combine_objectives
+from madr.losses.hybrid import HybridLoss
 from madr.losses.in_batch_softmax import InBatchSoftmaxLoss
 from madr.losses.mlm import MLMLoss, mask_tokens
 from madr.losses.nli_cosine import NLICosineLoss, NLITargets, nli_targets
@@ -41,6 +43,7 @@ __all__ = [
     "FlopsLoss",
     "FlopsWeightSchedule",
     "GroupWiseContrastiveLoss",
+    "HybridLoss",
     "InBatchSoftmaxLoss",
     "MLMLoss",
     "PointwiseCELoss",

@@ -22,8 +22,7 @@ from madr.config import StageConfig
 from madr.losses import (
     AspectPredictionLoss,
     AspectPresenceLoss,
-    FlopsLoss,
-    FlopsWeightSchedule,
+    HybridLoss,
     InBatchSoftmaxLoss,
     MLMLoss,
     PointwiseCELoss,
@@ -166,22 +165,16 @@ def finetune_loss(model: BiEncoder, queries: TextBatch, positives: TextBatch, ne
     return LossParts(total, parts)
 
 
-def hybrid_loss(q: TowerOutput, p: TowerOutput, n: TowerOutput | None, stage: StageConfig, step: int) -> LossParts:
-    """Paper 002 Eq. 3-5: a contrastive loss with temperature for each representation + FLOPS.
-
-    Dense: CLS dot products; sparse: dot products of the top-k term weights; both in-batch plus hard
-    negatives. FLOPS weights warm up quadratically over `stage.flops_warmup_steps`.
-    """
-    dense = InBatchSoftmaxLoss("dot", stage.sparse_temperature)(
-        q.embedding, p.embedding, None if n is None else n.embedding)
-    sparse = InBatchSoftmaxLoss("dot", stage.sparse_temperature)(
-        q.sparse, p.sparse, None if n is None else n.sparse)
-    docs = p.sparse if n is None else torch.cat([p.sparse, n.sparse])
-    flops = FlopsLoss()
-    lq = FlopsWeightSchedule(stage.flops_query_weight, stage.flops_warmup_steps)(step)
-    ld = FlopsWeightSchedule(stage.flops_doc_weight, stage.flops_warmup_steps)(step)
-    fq, fd = flops(q.sparse), flops(docs)
-    total = dense + sparse + lq * fq + ld * fd
-    parts = {"dense": _value(dense), "sparse": _value(sparse), "flops_q": _value(fq), "flops_d": _value(fd),
-             "nnz_q": float((q.sparse > 0).sum(-1).float().mean()), "loss": _value(total)}
+def hybrid_loss(q: TowerOutput, p: TowerOutput, n: TowerOutput | None, stage: StageConfig, step: int,
+                terms: tuple[str, ...] = ("dense", "sparse")) -> LossParts:
+    """Paper 002 Eq. 3-5 (`madr.losses.HybridLoss`) on tower outputs: dense (CLS) and sparse (top-k term
+    weights) dot products with in-batch plus hard negatives at `stage.sparse_temperature`, + FLOPS whose
+    weights warm up quadratically over `stage.flops_warmup_steps`; `terms` keeps one representation only."""
+    total, values = HybridLoss.from_stage(stage, terms=terms)(
+        q.embedding, p.embedding, None if n is None else n.embedding,
+        q.sparse, p.sparse, None if n is None else n.sparse, step)
+    parts = {k: _value(v) for k, v in values.items()}
+    if "sparse" in terms:
+        parts["nnz_q"] = float((q.sparse > 0).sum(-1).float().mean())
+    parts["loss"] = _value(total)
     return LossParts(total, parts)

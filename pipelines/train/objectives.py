@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from madr.config import StageConfig
-from madr.losses import DistillationMSELoss, FlopsLoss, FlopsWeightSchedule, PointwiseCELoss
+from madr.losses import DistillationMSELoss, HybridLoss, PointwiseCELoss
 from madr.modeling.batching import TextBatch
 from madr.modeling.model import BiEncoder, Tower, objective_keys
 from madr.modeling.outputs import TowerOutput
@@ -112,6 +112,7 @@ class StageModule(nn.Module):
             temperature = cfg.temperature if cfg.similarity == "cosine" else 1.0
             if cfg.name == "hybrid":
                 self.sce = GatheredInBatchSoftmaxLoss("dot", stage.sparse_temperature, gather=gather)
+                self.hybrid = HybridLoss.from_stage(stage, contrastive=self.sce)
             else:
                 self.sce = GatheredInBatchSoftmaxLoss(cfg.similarity, temperature, gather=gather)
         if kind == "distill":
@@ -209,18 +210,12 @@ class StageModule(nn.Module):
         return total, parts
 
     def _hybrid(self, reps: Reps, step: int) -> tuple[torch.Tensor, dict[str, float]]:
-        """Paper 002 Eq. 3-5: dense + sparse contrastive terms (negatives gathered) + FLOPS on this worker's rows."""
-        st = self.stage
-        dense = self.sce(_float(reps["q"]), _float(reps["p"]), _float(reps.get("n")))
-        sparse = self.sce(_float(reps["q_sparse"]), _float(reps["p_sparse"]), _float(reps.get("n_sparse")))
-        docs = reps["p_sparse"] if "n_sparse" not in reps else torch.cat([reps["p_sparse"], reps["n_sparse"]])
-        flops = FlopsLoss()
-        fq, fd = flops(_float(reps["q_sparse"])), flops(_float(docs))
-        lq = FlopsWeightSchedule(st.flops_query_weight, st.flops_warmup_steps)(step)
-        ld = FlopsWeightSchedule(st.flops_doc_weight, st.flops_warmup_steps)(step)
-        total = dense + sparse + lq * fq + ld * fd
-        return total, {"dense": float(dense.detach()), "sparse": float(sparse.detach()),
-                       "flops_q": float(fq.detach()), "flops_d": float(fd.detach())}
+        """Paper 002 Eq. 3-5 (`madr.losses.HybridLoss`): dense + sparse contrastive terms (negatives gathered)
+        + FLOPS on this worker's rows."""
+        total, parts = self.hybrid(_float(reps["q"]), _float(reps["p"]), _float(reps.get("n")),
+                                   _float(reps["q_sparse"]), _float(reps["p_sparse"]), _float(reps.get("n_sparse")),
+                                   step)
+        return total, {k: float(v) for k, v in parts.items()}
 
     def local_loss(self, q: torch.Tensor, p: torch.Tensor, n: torch.Tensor | None, batch: FinetuneBatch,
                    weight: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:

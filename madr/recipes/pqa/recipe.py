@@ -33,7 +33,6 @@ from transformers import PreTrainedTokenizerBase, get_linear_schedule_with_warmu
 
 from madr.config import BackboneConfig, ModelConfig, StageConfig, load_dataclass
 from madr.data.records import EVIDENCE_SOURCES, EvidenceRecord
-from madr.losses import FlopsLoss, FlopsWeightSchedule, InBatchSoftmaxLoss
 from madr.metrics import Qrels, Run, evaluate
 from madr.modeling.model import BiEncoder, build_model
 from madr.modeling.outputs import TowerOutput
@@ -244,29 +243,16 @@ def pqa_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 
 
 def representation_loss(q: TowerOutput, p: TowerOutput, n: TowerOutput | None, stage: StageConfig, step: int,
                         representation: str = "hybrid") -> LossParts:
-    """The terms of paper 002 Eq. 5 that train one representation.
+    """The terms of paper 002 Eq. 5 that train one representation (`madr.losses.HybridLoss`).
 
-    hybrid: `madr.training.objectives.hybrid_loss` (L_dense + L_sparse + lambda_q FLOPS(q) + lambda_d FLOPS(p));
-    dense: L_dense, Eq. 3 on the CLS dot products; sparse: L_sparse + the two FLOPS terms. The contrastive
-    terms use in-batch plus hard negatives and temperature `stage.sparse_temperature` (as `hybrid_loss`).
+    hybrid: L_dense + L_sparse + lambda_q FLOPS(q) + lambda_d FLOPS(p); dense: L_dense, Eq. 3 on the CLS dot
+    products; sparse: L_sparse + the two FLOPS terms. The contrastive terms use in-batch plus hard negatives
+    and temperature `stage.sparse_temperature`.
     """
     if representation not in REPRESENTATIONS:
         raise ValueError(f"representation must be one of {REPRESENTATIONS}, got {representation!r}")
-    if representation == "hybrid":
-        return hybrid_loss(q, p, n, stage, step)
-    contrastive = InBatchSoftmaxLoss("dot", stage.sparse_temperature)
-    if representation == "dense":
-        dense = contrastive(q.embedding, p.embedding, None if n is None else n.embedding)
-        return LossParts(dense, {"dense": float(dense.detach()), "loss": float(dense.detach())})
-    sparse = contrastive(q.sparse, p.sparse, None if n is None else n.sparse)
-    docs = p.sparse if n is None else torch.cat([p.sparse, n.sparse])
-    fq, fd = FlopsLoss()(q.sparse), FlopsLoss()(docs)
-    lq = FlopsWeightSchedule(stage.flops_query_weight, stage.flops_warmup_steps)(step)
-    ld = FlopsWeightSchedule(stage.flops_doc_weight, stage.flops_warmup_steps)(step)
-    total = sparse + lq * fq + ld * fd
-    return LossParts(total, {"sparse": float(sparse.detach()), "flops_q": float(fq.detach()),
-                             "flops_d": float(fd.detach()), "nnz_q": float((q.sparse > 0).sum(-1).float().mean()),
-                             "loss": float(total.detach())})
+    terms = ("dense", "sparse") if representation == "hybrid" else (representation,)
+    return hybrid_loss(q, p, n, stage, step, terms)
 
 
 def train_representation(model: BiEncoder, sampler: PQASampler, stage: StageConfig, representation: str = "hybrid",
