@@ -102,7 +102,7 @@ class ModelConfig:
         for side in self.aspect_sides:
             _check_choice("model.aspect_sides", side, ("query", "doc"))
         _check_choice("model.pooling", self.pooling, ("cls", "mean"))
-        if self.pooling != "cls" and self.name not in ("bibert", "mtbert"):
+        if self.pooling != "cls" and not self.pooling_configurable:
             raise ValueError(f"model.pooling {self.pooling!r} applies to bibert / mtbert only, not {self.name!r} "
                              "(its head defines the text vector)")
         _check_choice("model.fusion", self.fusion, FUSIONS)
@@ -115,13 +115,30 @@ class ModelConfig:
         for g in self.granularities:
             _check_choice("model.granularities", g, ("phrase", "word", "token"))
 
+    # -- capabilities: what the model named `name` has and learns (callers ask these, never the name) --------
     @property
-    def aspect_learning(self) -> bool:
-        """True for the models trained with aspect annotations (MtBERT, MADRAL, MURAL)."""
+    def has_backbone(self) -> bool:
+        """A transformer backbone (every model but DSSM, a bag of wordpieces into an MLP)."""
+        return self.name != "dssm"
+
+    @property
+    def pretrains_mlm(self) -> bool:
+        """Takes the MLM pretraining stage (paper 000 Eq. 7 / paper 001 Eq. 9): the models with a backbone."""
+        return self.has_backbone
+
+    @property
+    def has_sparse(self) -> bool:
+        """Produces sparse term weights beside the dense vector (the hybrid model of paper 002)."""
+        return self.name == "hybrid"
+
+    @property
+    def learns_aspects(self) -> bool:
+        """Trained with aspect annotations (MtBERT, MADRAL, MURAL)."""
         return self.name in ("mtbert", "madral", "mural")
 
     @property
     def uses_granularities(self) -> bool:
+        """Aspect tokens per granularity (phrase / word / token: MUR, MURAL of paper 001)."""
         return self.name in ("mur", "mural")
 
     @property
@@ -132,6 +149,11 @@ class ModelConfig:
         if self.uses_granularities:
             return {"similarity": "dot", "shared_towers": True}
         return {"similarity": "cosine", "shared_towers": False}
+
+    @property
+    def pooling_configurable(self) -> bool:
+        """The head pools the backbone's tokens itself (BiBERT, MtBERT), so `pooling` may be "mean"."""
+        return self.name in ("bibert", "mtbert")
 
 
 @dataclass

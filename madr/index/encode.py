@@ -25,11 +25,6 @@ from madr.search.hybrid import encode_hybrid
 from madr.search.sparse import SparseBatch
 
 
-def is_hybrid(model: BiEncoder) -> bool:
-    """Whether ``model`` produces sparse term weights as well as dense vectors."""
-    return model.config.name == "hybrid"
-
-
 def _dense_only(model: BiEncoder, texts: list[str], side: str, batch_size: int) -> np.ndarray:
     if isinstance(texts, str):
         raise ValueError("texts must be a list of strings, got one string")
@@ -41,7 +36,7 @@ def encode_texts(model: BiEncoder, texts: list[str], side: str,
     """(dense [N, d] float32, sparse or None) of ``texts`` through the ``side`` tower (eval mode)."""
     if isinstance(texts, str):
         raise ValueError("texts must be a list of strings, got one string")
-    if is_hybrid(model):
+    if model.config.has_sparse:
         enc = encode_hybrid(model, list(texts), side, batch_size)
         return enc.dense, enc.sparse
     return _dense_only(model, texts, side, batch_size), None
@@ -93,7 +88,7 @@ def encode_token_batch(model: BiEncoder, rows: Sequence[Sequence[int]], side: st
     finally:
         model.train(was_training)
     emb = out.embedding.float()
-    if not is_hybrid(model):
+    if not model.config.has_sparse:
         if model.config.similarity == "cosine":
             emb = nn.functional.normalize(emb, dim=-1)
         return emb.cpu().numpy(), None

@@ -115,14 +115,14 @@ def _build_dssm(cfg: ModelConfig, vocab_size: int, pad_id: int, table: torch.Ten
 def _build_head(cfg: ModelConfig, hidden: int, special_ids: list[int]) -> nn.Module:
     k = len(cfg.aspects) + int(cfg.use_other)
     if cfg.name in ("bibert", "mtbert"):
-        return ClsHead(cfg.aspects, predict_aspects=cfg.aspect_learning, pooling=cfg.pooling)
+        return ClsHead(cfg.aspects, predict_aspects=cfg.learns_aspects, pooling=cfg.pooling)
     if cfg.name == "mpbert":
         return MultiPoolHead(k, hidden, cfg.fusion)
     if cfg.name in ("madr", "madral"):
-        return AspectAttentionHead(cfg.aspects, cfg.use_other, hidden, cfg.fusion, cfg.aspect_learning,
+        return AspectAttentionHead(cfg.aspects, cfg.use_other, hidden, cfg.fusion, cfg.learns_aspects,
                                    cfg.projection_dim)
     if cfg.name in ("mur", "mural"):
-        return AspectTokensHead(cfg.aspects, cfg.granularities, cfg.grouping, hidden, cfg.aspect_learning)
+        return AspectTokensHead(cfg.aspects, cfg.granularities, cfg.grouping, hidden, cfg.learns_aspects)
     if cfg.name == "hybrid":
         return HybridHead(cfg.sparse_top_k, cfg.sparse_pooling, special_ids, cfg.sparse_top_k_in_training)
     raise ValueError(f"model {cfg.name!r} has no backbone head")
@@ -130,7 +130,7 @@ def _build_head(cfg: ModelConfig, hidden: int, special_ids: list[int]) -> nn.Mod
 
 def objective_keys(cfg: ModelConfig) -> list[tuple[str, str, str]]:
     """(key, aspect, granularity) of every aspect-learning objective of this model (empty without)."""
-    if not cfg.aspect_learning:
+    if not cfg.learns_aspects:
         return []
     if cfg.uses_granularities:
         return [(f"{a}/{g}", a, g) for a in cfg.aspects for g in cfg.granularities]
@@ -156,14 +156,14 @@ class BiEncoder(nn.Module):
         self.config = cfg
         self.tokenizer = tokenizer
         self.vocabularies = vocabularies
-        if cfg.name == "dssm" and dssm_embeddings is None and cfg.backbone.name_or_path and backbone_paths is None:
+        if not cfg.has_backbone and dssm_embeddings is None and cfg.backbone.name_or_path and backbone_paths is None:
             dssm_embeddings = build_backbone(cfg.backbone).get_input_embeddings().weight.detach()
         self.query_tower = self._tower("query", backbone_paths, dssm_embeddings)
         self._doc_tower = None if cfg.shared_towers else self._tower("doc", backbone_paths, dssm_embeddings)
         self._check_lengths()
         self.aspect_predictor = self._aspect_predictor()
         self.field_attention = None if field_attention is None else FieldAttention(self.embedding_dim, field_attention)
-        if cfg.name != "dssm" and cfg.backbone.name_or_path and backbone_paths is None:
+        if cfg.has_backbone and cfg.backbone.name_or_path and backbone_paths is None:
             for tower in self.towers():
                 tower.mlm_head.load_from_checkpoint(cfg.backbone.name_or_path)
 
@@ -171,7 +171,7 @@ class BiEncoder(nn.Module):
     def _tower(self, side: str, backbone_paths: dict[str, str] | None, dssm_embeddings: torch.Tensor | None) -> Tower:
         cfg = self.config
         backbone = None
-        if cfg.name != "dssm":
+        if cfg.has_backbone:
             if backbone_paths:
                 backbone = load_pretrained_backbone(backbone_paths[side])
             else:
@@ -338,13 +338,13 @@ class BiEncoder(nn.Module):
         tokenizer = AutoTokenizer.from_pretrained(str(path / "tokenizer"))
         vocab = AspectVocabularies.load(path / VOCAB_FILE) if (path / VOCAB_FILE).is_file() else None
         paths = None
-        if cfg.name != "dssm":
+        if cfg.has_backbone:
             query = str(path / "query_backbone")
             paths = {"query": query, "doc": query if cfg.shared_towers else str(path / "doc_backbone")}
         attention = path / FIELD_ATTENTION_FILE
         scorer = json.loads(attention.read_text())["scorer"] if attention.is_file() else None
         state = load_file(str(path / HEADS_FILE))
-        table = state.get("query_tower.head.embeddings.weight") if cfg.name == "dssm" else None
+        table = state.get("query_tower.head.embeddings.weight") if not cfg.has_backbone else None
         model = cls(cfg, tokenizer, vocab, backbone_paths=paths, field_attention=scorer, dssm_embeddings=table)
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if ".backbone." not in k]

@@ -87,7 +87,7 @@ def _check_ids(ids: np.ndarray | list[int] | None, n: int) -> np.ndarray:
 
 
 def _require_hybrid(model: BiEncoder) -> None:
-    if model.config.name != "hybrid":
+    if not model.config.has_sparse:
         raise ValueError(f"HybridSearcher needs a hybrid model (model.name=hybrid), got {model.config.name!r}")
 
 

@@ -105,7 +105,7 @@ def model_info(model_dir: str) -> ModelInfo:
         with open(f, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
-    return ModelInfo(model.embedding_dim, model.config.name == "hybrid", model.config.hybrid_lambda,
+    return ModelInfo(model.embedding_dim, model.config.has_sparse, model.config.hybrid_lambda,
                      len(model.tokenizer), h.hexdigest()[:16])
 
 

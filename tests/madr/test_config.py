@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from madr.config import (
+    MODEL_NAMES,
     ExperimentConfig,
+    ModelConfig,
     apply_overrides,
     config_hash,
     load_config,
@@ -62,3 +64,27 @@ def test_set_pairs_parse_into_dotted_overrides():
         "train.seed": 3, "model.aspects": ["brand"], "eval.top_k": 1000.0}
     with pytest.raises(ValueError, match="--set expects key=value, got 'train.seed'"):
         parse_overrides(["train.seed"])
+
+
+CAPABILITIES = ("has_backbone", "pretrains_mlm", "has_sparse", "learns_aspects", "uses_granularities",
+                "pooling_configurable")
+EXPECTED = {  # name: the capabilities it has (paper 000 Sec. 8.2, paper 001 Sec. 5.2, paper 002)
+    "bibert": {"has_backbone", "pretrains_mlm", "pooling_configurable"},
+    "mpbert": {"has_backbone", "pretrains_mlm"},
+    "mtbert": {"has_backbone", "pretrains_mlm", "learns_aspects", "pooling_configurable"},
+    "dssm": set(),
+    "madr": {"has_backbone", "pretrains_mlm"},
+    "madral": {"has_backbone", "pretrains_mlm", "learns_aspects"},
+    "mur": {"has_backbone", "pretrains_mlm", "uses_granularities"},
+    "mural": {"has_backbone", "pretrains_mlm", "learns_aspects", "uses_granularities"},
+    "hybrid": {"has_backbone", "pretrains_mlm", "has_sparse"},
+}
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_model_capabilities_per_name(name):
+    cfg = ModelConfig(name=name)
+    assert {c for c in CAPABILITIES if getattr(cfg, c)} == EXPECTED[name]
+    if not cfg.pooling_configurable:
+        with pytest.raises(ValueError, match="pooling"):
+            ModelConfig(name=name, pooling="mean")

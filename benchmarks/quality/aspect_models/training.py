@@ -43,7 +43,7 @@ def train_row(key: str, cfg: ExperimentConfig, catalog: Catalog, tokenizer, voca
     sampler = CatalogSampler(catalog, "train", seed=seed)
     history = {}
     for kind, stage in (("pretrain", cfg.train.pretrain), ("finetune", cfg.train.finetune)):
-        if stage.steps > 0 and not (kind == "pretrain" and mcfg.name == "dssm"):
+        if stage.steps > 0 and (kind != "pretrain" or mcfg.pretrains_mlm):
             history[kind] = train_stage(model, sampler, stage, kind, seed=seed)
     info = {kind: {"steps": len(h), "final_loss": float(np.mean([r["loss"] for r in h[-20:]]))}
             for kind, h in history.items()}

@@ -99,7 +99,7 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True) -> ExperimentRe
     sampler = CatalogSampler(catalog, "train", seed=cfg.train.seed)
     history = {}
     for kind, stage in (("pretrain", cfg.train.pretrain), ("finetune", cfg.train.finetune)):
-        if stage.steps > 0 and not (kind == "pretrain" and cfg.model.name == "dssm"):
+        if stage.steps > 0 and (kind != "pretrain" or cfg.model.pretrains_mlm):
             history[kind] = train_stage(model, sampler, stage, kind, seed=cfg.train.seed, progress=progress)
     after = evaluate_model(model, catalog, cfg.eval)
     model_dir = model.save(out_dir / "model")

@@ -119,7 +119,7 @@ class PQAConfig:
     eval: PQAEvalConfig = field(default_factory=PQAEvalConfig)
 
     def __post_init__(self) -> None:
-        if self.model.name != "hybrid":
+        if not self.model.has_sparse:
             raise ValueError(f"model.name must be 'hybrid' for product-QA evidence ranking, got {self.model.name!r}")
         bad = [r for r in self.representations if r not in REPRESENTATIONS]
         if bad or "hybrid" not in self.representations:
@@ -235,7 +235,7 @@ def build_pqa_model(tokenizer: PreTrainedTokenizerBase, backbone: str | None = N
 
 def pqa_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase, seed: int = 0) -> BiEncoder:
     """`build_model(cfg)` with the weights drawn under `torch.manual_seed(seed)`; `cfg.name` must be hybrid."""
-    if cfg.name != "hybrid":
+    if not cfg.has_sparse:
         raise ValueError(f"product-QA models are hybrid (model.name=hybrid), got {cfg.name!r}")
     torch.manual_seed(seed)
     return build_model(cfg, tokenizer)
