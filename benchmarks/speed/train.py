@@ -87,8 +87,9 @@ def plain_loop(work: str, size: str, steps: int, batch: int, threads: int) -> di
     import torch
 
     from madr.modeling.model import BiEncoder
+    from madr.training.loop import Optimisation
     from pipelines.train.data import example_files
-    from pipelines.train.engine import build_scheduler, trainable
+    from pipelines.train.engine import trainable
     from pipelines.train.examples import decode_batch
     from pipelines.train.job import stage_dir
     from pipelines.train.objectives import StageModule
@@ -101,9 +102,7 @@ def plain_loop(work: str, size: str, steps: int, batch: int, threads: int) -> di
         torch.manual_seed(cfg.train.seed)
         model = BiEncoder.load(str(stage_dir(cfg, "finetune") / "init_model"))
         module = StageModule("finetune", stage, model)
-        params = trainable(module)
-        optimizer = torch.optim.AdamW(params, lr=stage.learning_rate, weight_decay=stage.weight_decay)
-        scheduler = build_scheduler(optimizer, stage)
+        optimisation = Optimisation.for_stage(trainable(module), stage)
         files = itertools.cycle(example_files(str(stage_dir(cfg, "finetune") / "examples")))
         table = pq.read_table(next(files))
         logged, steady_start = [], None
@@ -114,11 +113,7 @@ def plain_loop(work: str, size: str, steps: int, batch: int, threads: int) -> di
             rows, table = table.slice(0, batch), table.slice(batch)
             numpy_rows = {c: rows.column(c).to_numpy(zero_copy_only=False) for c in rows.column_names}
             loss, _ = module("loss", decode_batch("finetune", numpy_rows, model), step)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimisation.step(loss)
             if (step + 1) % stage.log_every == 0 or step + 1 == steps:
                 logged.append(float(loss))  # the loss the job reports at its log steps
             if step + 1 == stage.log_every:

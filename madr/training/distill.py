@@ -27,6 +27,7 @@ from torch import nn
 
 from madr.losses import DistillationMSELoss
 from madr.modeling.model import BiEncoder, Tower
+from madr.training.loop import Optimisation
 
 Tokenize = Callable[[list[str]], dict[str, torch.Tensor]]
 
@@ -153,7 +154,7 @@ def distill(teacher: Tower | BiEncoder, student: Tower, texts: Sequence[str], st
 
     Batches of `texts` (queries) are drawn epoch by epoch in a seeded random order; each step minimises
     `loss` (default `DistillationMSELoss()`, mean squared L2 distance) between `student(x)` and `teacher(x)`
-    with AdamW. The teacher runs in eval mode without gradients and is restored to its mode afterwards.
+    with `madr.training.loop.Optimisation` (AdamW at a constant `lr`, clipping at `max_grad_norm`). The teacher runs in eval mode without gradients and is restored to its mode afterwards.
     `eval_texts` are scored with `student_teacher_distance` before training, every `eval_every` steps and at
     the end. A BiEncoder teacher supplies its query tower and tokenizer; a Tower teacher needs `tokenize`.
     """
@@ -166,8 +167,8 @@ def distill(teacher: Tower | BiEncoder, student: Tower, texts: Sequence[str], st
         raise ValueError(f"distill: need steps >= 0, batch_size >= 1 and lr > 0, got {steps}, {batch_size}, {lr}")
     loss_fn = loss if loss is not None else DistillationMSELoss()
     device = next(student.parameters()).device
-    params = [p for p in student.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+    optimisation = Optimisation((p for p in student.parameters() if p.requires_grad), lr, weight_decay,
+                                max_grad_norm=max_grad_norm)  # constant learning rate
     generator = torch.Generator().manual_seed(seed)
     history = DistillHistory()
 
@@ -189,11 +190,7 @@ def distill(teacher: Tower | BiEncoder, student: Tower, texts: Sequence[str], st
             target = _embed(t_tower, enc, device)
         student.train()
         value = loss_fn(_embed(student, enc, device), target)
-        optimizer.zero_grad(set_to_none=True)
-        value.backward()
-        if max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        optimizer.step()
+        optimisation.step(value)
         history.losses.append(float(value.detach()))
         if eval_every and step % eval_every == 0 and step != steps:
             evaluate(step)

@@ -1,18 +1,22 @@
-"""In-process training: seeded catalog samplers and a plain PyTorch loop for one stage.
+"""In-process training: the optimiser step every training path takes, seeded catalog samplers and the loop of
+one stage.
 
-The Ray Train job (pipelines/train) runs the same `train_step`; this module is what tests and the
-single-process demo use.
+`Optimisation` is AdamW + a learning-rate schedule (`build_scheduler`: warm-up for `warmup_ratio` of the steps,
+then linear or cosine decay, or constant) + gradient clipping at norm 1; `run_steps` drives it over a step
+function and returns the loss history. `train_stage` (the aspect papers' stages), the pqa recipe, query-tower
+distillation and the multi-task trainer use them in process; the Ray Train job (pipelines/train/engine.py) steps
+the same `Optimisation` after its data-parallel backward passes.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
 from tqdm.auto import tqdm
-from transformers import get_linear_schedule_with_warmup
+from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
 
 from madr.config import StageConfig
 from madr.data.schema import Catalog
@@ -20,6 +24,96 @@ from madr.losses import PointwiseCELoss
 from madr.modeling.batching import TextBatch, make_batch
 from madr.modeling.model import BiEncoder
 from madr.training.objectives import LossParts, finetune_loss, pretrain_loss
+
+Schedule = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
+
+
+def _constant_with_warmup(stage: StageConfig) -> Callable[[int], float]:
+    warm = int(stage.warmup_ratio * stage.steps)
+    return lambda s: min(1.0, s / warm) if warm else 1.0
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, stage: StageConfig) -> torch.optim.lr_scheduler.LambdaLR:
+    """`stage.lr_schedule`: transformers' linear / cosine warm-up schedules, or constant after the warm-up."""
+    warm = int(stage.warmup_ratio * stage.steps)
+    if stage.lr_schedule == "linear":
+        return get_linear_schedule_with_warmup(optimizer, warm, max(stage.steps, 1))
+    if stage.lr_schedule == "cosine":
+        return get_cosine_schedule_with_warmup(optimizer, warm, max(stage.steps, 1))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, _constant_with_warmup(stage))
+
+
+class Optimisation:
+    """AdamW over `params`, an optional learning-rate schedule stepped with it, gradient clipping.
+
+    `step(loss)`: zero the gradients, backpropagate `loss`, `apply()`. `apply()`: clip the gradients to
+    `max_grad_norm` (None or 0: no clipping), step the optimiser, then the schedule; loops that run their own
+    backward passes (data-parallel engines, gradient accumulation) call `zero_grad()` and `apply()` themselves.
+    """
+
+    def __init__(self, params: Iterable[torch.nn.Parameter], lr: float, weight_decay: float = 0.0,
+                 schedule: Schedule | None = None, max_grad_norm: float | None = 1.0) -> None:
+        self.params = list(params)
+        self.optimizer = torch.optim.AdamW(self.params, lr=lr, weight_decay=weight_decay)
+        self.scheduler = schedule(self.optimizer) if schedule is not None else None
+        self.max_grad_norm = max_grad_norm
+
+    @classmethod
+    def for_stage(cls, params: Iterable[torch.nn.Parameter], stage: StageConfig) -> Optimisation:
+        """The stage's learning rate and weight decay, `build_scheduler`'s schedule, clipping at 1."""
+        return cls(params, stage.learning_rate, stage.weight_decay, lambda opt: build_scheduler(opt, stage))
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def apply(self) -> None:
+        if self.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        self.optimizer.step()
+        if self.scheduler is not None:
+            self.scheduler.step()
+
+    def step(self, loss: torch.Tensor) -> None:
+        self.zero_grad()
+        loss.backward()
+        self.apply()
+
+    @property
+    def lr(self) -> float:
+        if self.scheduler is None:
+            return float(self.optimizer.param_groups[0]["lr"])
+        return float(self.scheduler.get_last_lr()[0])
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict(),
+                "scheduler": None if self.scheduler is None else self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+
+
+def run_steps(optimisation: Optimisation, steps: int, step_fn: Callable[[int], LossParts],
+              on_step: Callable[[int, dict[str, float]], None] | None = None,
+              desc: str | None = None) -> list[dict]:
+    """`steps` optimiser steps: `step_fn(step)` (step from 0) gives the loss, `optimisation.step` applies it.
+
+    Returns the history, one `{"step": step + 1, **parts}` per step; `on_step(step + 1, record)` after each;
+    `desc` shows a progress bar with that title.
+    """
+    history = []
+    bar = tqdm(range(steps), desc=desc, disable=desc is None, leave=False)
+    for step in bar:
+        result = step_fn(step)
+        optimisation.step(result.total)
+        record = {"step": step + 1, **result.parts}
+        history.append(record)
+        if "loss" in result.parts:
+            bar.set_postfix(loss=f"{result.parts['loss']:.3f}")
+        if on_step is not None:
+            on_step(step + 1, record)
+    return history
 
 
 @dataclass
@@ -107,32 +201,26 @@ def finetune_step(model: BiEncoder, sampler: CatalogSampler, stage: StageConfig,
 
 def train_stage(model: BiEncoder, sampler: CatalogSampler, stage: StageConfig, kind: str, seed: int = 0,
                 on_log: Callable[[int, dict[str, float]], None] | None = None, progress: bool = True) -> list[dict]:
-    """Run `stage.steps` optimiser steps of `kind` ("pretrain" or "finetune"); returns the loss history."""
+    """Run `stage.steps` optimiser steps of `kind` ("pretrain" or "finetune") with `Optimisation.for_stage`;
+    returns the loss history."""
     if kind not in ("pretrain", "finetune"):
         raise ValueError(f"stage kind must be pretrain or finetune, got {kind!r}")
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
     pointwise = PointwiseCELoss(similarity=model.config.similarity) if kind == "finetune" else None
     params = list(model.parameters()) + (list(pointwise.parameters()) if pointwise is not None else [])
-    optimizer = torch.optim.AdamW(params, lr=stage.learning_rate, weight_decay=stage.weight_decay)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(stage.warmup_ratio * stage.steps), stage.steps)
-    model.train()
-    history = []
-    bar = tqdm(range(stage.steps), desc=f"{model.config.name} {kind}", disable=not progress, leave=False)
-    for step in bar:
+
+    def step_fn(step: int) -> LossParts:
         if kind == "pretrain":
-            result = pretrain_step(model, sampler, stage, generator)
-        else:
-            result = finetune_step(model, sampler, stage, pointwise, step)
-        optimizer.zero_grad(set_to_none=True)
-        result.total.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        scheduler.step()
-        record = {"step": step + 1, **result.parts}
-        history.append(record)
-        bar.set_postfix(loss=f"{result.parts['loss']:.3f}")
-        if on_log is not None and ((step + 1) % stage.log_every == 0 or step + 1 == stage.steps):
-            on_log(step + 1, record)
+            return pretrain_step(model, sampler, stage, generator)
+        return finetune_step(model, sampler, stage, pointwise, step)
+
+    def log(step: int, record: dict[str, float]) -> None:
+        if on_log is not None and (step % stage.log_every == 0 or step == stage.steps):
+            on_log(step, record)
+
+    model.train()
+    history = run_steps(Optimisation.for_stage(params, stage), stage.steps, step_fn, log,
+                        desc=f"{model.config.name} {kind}" if progress else None)
     model.eval()
     return history

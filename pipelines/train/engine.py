@@ -27,31 +27,16 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
 
 from madr.config import DistributedConfig, StageConfig
 from madr.training.distributed import world_size
 from madr.training.gradcache import chunk_slices, gradcache_step, take_rows
+from madr.training.loop import Optimisation, build_scheduler
 from pipelines.train.objectives import FinetuneBatch, StageModule, num_rows
 
 STATE_FILE = "stage_module.safetensors"
 TRAINER_FILE = "trainer_state.pt"
 DS_DIR, DS_TAG = "deepspeed", "state"
-
-
-def _constant_with_warmup(stage: StageConfig) -> Callable[[int], float]:
-    warm = int(stage.warmup_ratio * stage.steps)
-    return lambda s: min(1.0, s / warm) if warm else 1.0
-
-
-def build_scheduler(optimizer: torch.optim.Optimizer, stage: StageConfig) -> torch.optim.lr_scheduler.LambdaLR:
-    """transformers' linear / cosine warm-up schedules (what `madr.training.loop.train_stage` uses), or constant."""
-    warm = int(stage.warmup_ratio * stage.steps)
-    if stage.lr_schedule == "linear":
-        return get_linear_schedule_with_warmup(optimizer, warm, max(stage.steps, 1))
-    if stage.lr_schedule == "cosine":
-        return get_cosine_schedule_with_warmup(optimizer, warm, max(stage.steps, 1))
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, _constant_with_warmup(stage))
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -164,7 +149,8 @@ class Engine:
 
 
 class DDPEngine(Engine):
-    """torch DistributedDataParallel (a plain module with one process), AdamW, warm-up + decay schedule."""
+    """torch DistributedDataParallel (a plain module with one process), `madr.training.loop.Optimisation` (AdamW,
+    warm-up + decay schedule, clipping at 1)."""
 
     backend = "ddp"
 
@@ -174,9 +160,7 @@ class DDPEngine(Engine):
         if world_size() > 1:
             ids = [device.index] if device.type == "cuda" else None
             self.wrapped = DistributedDataParallel(module, device_ids=ids, find_unused_parameters=True)
-        self.params = trainable(module)
-        self.optimizer = torch.optim.AdamW(self.params, lr=stage.learning_rate, weight_decay=stage.weight_decay)
-        self.scheduler = build_scheduler(self.optimizer, stage)
+        self.optimisation = Optimisation.for_stage(trainable(module), stage)
         self.zero_stage = 0
 
     def call(self, *args: Any) -> Any:
@@ -188,29 +172,25 @@ class DDPEngine(Engine):
             value.backward()
 
     def finish_step(self) -> None:
-        torch.nn.utils.clip_grad_norm_(self.params, 1.0)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimisation.apply()
+        self.optimisation.zero_grad()
 
     @property
     def lr(self) -> float:
-        return float(self.scheduler.get_last_lr()[0])
+        return self.optimisation.lr
 
     def save(self, directory: Path, rank: int) -> None:
         if rank != 0:
             return
         state = {k: v.detach().cpu().clone().contiguous() for k, v in self.module.state_dict().items()}
         save_file(state, str(directory / STATE_FILE))
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()},
-                   directory / TRAINER_FILE)
+        torch.save(self.optimisation.state_dict(), directory / TRAINER_FILE)
 
     def load(self, directory: Path) -> None:
         state = load_file(str(directory / STATE_FILE), device=str(self.device))
         self.module.load_state_dict(state)
-        trainer = torch.load(directory / TRAINER_FILE, map_location=self.device, weights_only=True)
-        self.optimizer.load_state_dict(trainer["optimizer"])
-        self.scheduler.load_state_dict(trainer["scheduler"])
+        self.optimisation.load_state_dict(torch.load(directory / TRAINER_FILE, map_location=self.device,
+                                                     weights_only=True))
 
 
 def deepspeed_config(dist_cfg: DistributedConfig, stage: StageConfig, local_batch: int) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from torch import nn
 from madr.modeling.model import BiEncoder
 from madr.recipes.multitask.schedule import TaskSchedule
 from madr.recipes.multitask.tasks import Task
+from madr.training.loop import Optimisation
 
 Evaluator = Callable[[BiEncoder], Mapping[str, float]]
 
@@ -149,7 +150,7 @@ class MultiTaskTrainer:
         self.loss_weights.update({k: float(v) for k, v in (loss_weights or {}).items()})
         self.evaluators = dict(evaluators or {})
         self._params = self._parameters()
-        self.optimizer, self.lr_scheduler = self._build_optimizer()
+        self.optimisation = self._build_optimisation()
         self.global_step = 0
         self.history: dict[str, list[dict[str, float]]] = {name: [] for name in self.tasks}
         self.eval_history: list[dict[str, Any]] = []
@@ -180,15 +181,17 @@ class MultiTaskTrainer:
                 params.append(p)
         return params
 
-    def _build_optimizer(self) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR]:
+    def _build_optimisation(self) -> Optimisation:
         s = self.optimizer_settings
         if s.learning_rate <= 0 or s.weight_decay < 0 or s.warmup_steps < 0:
             raise ValueError(f"optimizer settings need learning_rate > 0, weight_decay >= 0, warmup_steps >= 0; "
                              f"got {s}")
-        opt = torch.optim.AdamW(self._params, lr=s.learning_rate, weight_decay=s.weight_decay)
         warmup = s.warmup_steps
-        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
-        return opt, sched
+
+        def schedule(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+            return torch.optim.lr_scheduler.LambdaLR(opt, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+
+        return Optimisation(self._params, s.learning_rate, s.weight_decay, schedule, s.max_grad_norm)
 
     # ------------------------------------------------------------------ training
 
@@ -210,12 +213,7 @@ class MultiTaskTrainer:
         loss, parts = task.loss(self.model, batch)
         if not torch.isfinite(loss):
             raise ValueError(f"task {name!r}: non-finite loss {float(loss)} at step {self.global_step}")
-        self.optimizer.zero_grad(set_to_none=True)
-        (loss * self.loss_weights[name]).backward()
-        if self.optimizer_settings.max_grad_norm:
-            torch.nn.utils.clip_grad_norm_(self._params, self.optimizer_settings.max_grad_norm)
-        self.optimizer.step()
-        self.lr_scheduler.step()
+        self.optimisation.step(loss * self.loss_weights[name])
         self.schedule.position += 1  # only once the step is done, so a saved state never skips a batch
         result = StepResult(self.global_step, epoch, name, indices.tolist(), batch.size, float(loss.detach()),
                             dict(parts))
@@ -285,8 +283,8 @@ class MultiTaskTrainer:
         return copy.deepcopy({
             "model": self.model.state_dict(),
             "tasks": {name: t.state_dict() for name, t in self.tasks.items() if isinstance(t, nn.Module)},
-            "optimizer": self.optimizer.state_dict(),
-            "lr_scheduler": self.lr_scheduler.state_dict(),
+            "optimizer": self.optimisation.optimizer.state_dict(),
+            "lr_scheduler": self.optimisation.scheduler.state_dict(),
             "schedule": self.schedule.state_dict(),
             "global_step": self.global_step,
             "history": {name: [dict(h) for h in rows] for name, rows in self.history.items()},
@@ -305,8 +303,8 @@ class MultiTaskTrainer:
         self.model.load_state_dict(state["model"])
         for name, task_state in state.get("tasks", {}).items():
             self.tasks[name].load_state_dict(task_state)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.lr_scheduler.load_state_dict(state["lr_scheduler"])
+        self.optimisation.optimizer.load_state_dict(state["optimizer"])
+        self.optimisation.scheduler.load_state_dict(state["lr_scheduler"])
         self.global_step = int(state["global_step"])
         self.history = {name: [dict(h) for h in rows] for name, rows in state.get("history", {}).items()}
         self.eval_history = list(state.get("eval_history", []))

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers import PreTrainedTokenizerBase, get_linear_schedule_with_warmup
+from transformers import PreTrainedTokenizerBase
 
 from madr.config import BackboneConfig, ModelConfig, StageConfig, load_dataclass
 from madr.data.records import EVIDENCE_SOURCES, EvidenceRecord
@@ -40,7 +40,7 @@ from madr.search.hybrid import EncodedTexts, HybridSearcher, encode_corpus, enco
 from madr.search.params import NORMALISATIONS
 from madr.search.score_fusion import normalise, source_prior_rerank, source_priors_from_validation
 from madr.search.sparse import BM25Index
-from madr.training.loop import FinetuneExample, finetune_batches, train_stage
+from madr.training.loop import FinetuneExample, Optimisation, finetune_batches, run_steps, train_stage
 from madr.training.objectives import LossParts, hybrid_loss
 
 PQA_METRICS = ("map", "r_precision", "mrr@5", "ndcg", "hit@5", "precision@1")
@@ -257,28 +257,21 @@ def representation_loss(q: TowerOutput, p: TowerOutput, n: TowerOutput | None, s
 
 def train_representation(model: BiEncoder, sampler: PQASampler, stage: StageConfig, representation: str = "hybrid",
                          seed: int = 0, on_step: Callable[[int, dict[str, float]], None] | None = None) -> list[dict]:
-    """`stage.steps` AdamW steps on `representation_loss` (the loop of `madr.training.loop.train_stage`: linear
-    warm-up and decay, gradient clipping at 1.0, one hard negative per question); returns the history."""
+    """`stage.steps` steps of `madr.training.loop.Optimisation.for_stage` (AdamW, the stage's warm-up and
+    decay, gradient clipping at 1.0) on `representation_loss`, one hard negative per question; returns the
+    history."""
     torch.manual_seed(seed)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=stage.learning_rate, weight_decay=stage.weight_decay)
-    scheduler = get_linear_schedule_with_warmup(optimizer, int(stage.warmup_ratio * stage.steps), stage.steps)
-    model.train()
-    history = []
-    for step in range(stage.steps):
+
+    def step_fn(step: int) -> LossParts:
         qb, pb, nb, _ = finetune_batches(model, sampler.finetune_batch(stage.batch_size))
         q = model.encode(qb.input_ids, qb.attention_mask, "query")
         p = model.encode(pb.input_ids, pb.attention_mask, "doc")
         n = model.encode(nb.input_ids, nb.attention_mask, "doc") if stage.hard_negatives > 0 else None
-        result = representation_loss(q, p, n, stage, step, representation)
-        optimizer.zero_grad(set_to_none=True)
-        result.total.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        optimizer.step()
-        scheduler.step()
-        history.append({"step": step + 1, **result.parts})
-        if on_step is not None:
-            on_step(step + 1, history[-1])
+        return representation_loss(q, p, n, stage, step, representation)
+
+    model.train()
+    history = run_steps(Optimisation.for_stage(params, stage), stage.steps, step_fn, on_step)
     model.eval()
     return history
 

@@ -91,7 +91,7 @@ def test_click_documents_are_embedded_by_field_attention_and_it_learns(tiny):
     start = build_encoder(cfg, tokenizer, 0).field_attention.state_dict()
     moved = {k: float((v - start[k]).abs().max()) for k, v in trained.field_attention.state_dict().items()}
     assert all(m > 0 for m in moved.values()), f"every attention weight is trained: {moved}"
-    optimised = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    optimised = {id(p) for group in trainer.optimisation.optimizer.param_groups for p in group["params"]}
     assert all(id(p) in optimised for p in trained.field_attention.parameters())
 
 
