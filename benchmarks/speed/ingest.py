@@ -6,7 +6,7 @@ sample of the text (`madr.modeling.tokenization.train_wordpiece_tokenizer`), sav
 by every contender (`SharedEncoder`: `load_tokenizer` once, then the Rust backend).
 
 Contenders (the same reader, validation, quarantine and tokenisation functions, same tokenizer, same rows):
-- `loop`: one process, no Ray: the file's raw line blocks (`--window` lines, `readers._read_part`) go
+- `loop`: one process, no Ray: the file's raw line blocks (`--window` lines, `raw_files.read_part`) go
   through `validate_block` (quarantine written) and `tokenize_table`, one block after the other.
   TOKENIZERS_PARALLELISM=false: one core. The time of each stage is reported.
 - `loop_threads`: the same loop with TOKENIZERS_PARALLELISM=true (the Rust tokenizer's own threads use
@@ -109,8 +109,10 @@ def count_tokens(table) -> int:
 
 def run_loop(data: Path, tokenizer: str, window: int, max_length: int) -> dict:
     """Single process: raw line blocks -> validate_block (+ quarantine) -> tokenize_table, one at a time."""
+    from pipelines.data.file_parts import plan_parts
     from pipelines.data.quarantine import read_summary
-    from pipelines.data.readers import _read_part, plan_parts, validate_block
+    from pipelines.data.raw_files import read_part
+    from pipelines.data.readers import validate_block
     from pipelines.data.sources import SourceOptions
     from pipelines.data.tokenize import SharedEncoder, tokenize_table
 
@@ -126,7 +128,7 @@ def run_loop(data: Path, tokenizer: str, window: int, max_length: int) -> dict:
         rows = tokens = 0
         first = None
         t = time.perf_counter()
-        for raw in _read_part(part, window):
+        for raw in read_part(part, window):
             t1 = time.perf_counter()
             good = validate_block(raw, source="snli", options=SourceOptions(), layouts=layouts, quarantine_dir=qdir,
                                   strict=False, with_origin=False)

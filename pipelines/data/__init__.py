@@ -2,7 +2,8 @@
 schema per task, tokenise it on CPU actors and mix the tasks into one-task batches for training.
 
 Modules: `sources` (one schema per source, one per task), `validation` (reasons, typed field checks),
-`quarantine` (bad rows, counts, summary), `readers` (Ray Data reads with exact row origins),
+`quarantine` (bad rows, counts, summary), `file_parts` (the files of a read and their parts), `raw_files`
+(the Ray Data datasource: raw blocks with exact row origins), `readers` (validated / tokenised reads, ingest),
 `tokenize` (actor-pool tokenisation, length bucketing, padding), `mixing` (TaskSchedule-driven task
 mixing sharded over workers), `vocab_job` (aspect vocabularies with Ray aggregations), `stats` (aspect
 coverage and vocabulary sizes), `cli` (`python -m pipelines.data ...`).

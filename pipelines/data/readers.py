@@ -2,10 +2,10 @@
 
 Pipeline of `read_source` (lazy, streaming):
 
-    plan_parts (driver: list files, read TSV headers, optional byte-range split)
-      -> RawFileDatasource: one read task per file part; the task cuts its part into raw blocks of
-         `rows_per_block` rows with `_file` and `_row` (JSONL/TSV: the raw line bytes; Parquet: the
-         file's columns) and passes each through `IngestBlock` in the same task:
+    plan_parts (driver, `pipelines.data.file_parts`: list files, read TSV headers, optional byte-range split)
+      -> RawFileDatasource (`pipelines.data.raw_files`): one read task per file part; the task cuts its part
+         into raw blocks of `rows_per_block` rows with `_file` and `_row` (JSONL/TSV: the raw line bytes;
+         Parquet: the file's columns) and passes each through `IngestBlock` in the same task:
       -> validate_block: parse + check + normalise; bad rows and per-block counts go to the quarantine
          directory (`pipelines.data.quarantine`); good rows continue in the task schema;
       -> (`read_tokenized` with compute="tasks") tokenize_table with the worker's cached encoder.
@@ -15,42 +15,30 @@ normalised (or as token ids), and there is no separate operator, repartition or 
 reading and tokenising. The read task's output is cut into blocks of about `block_bytes` so the stream
 reaches its consumer in small steps. Parallelism is one task per file part. `split_bytes="auto"` (the
 default of the read functions) splits each large local line file, and each Parquet file with several
-row groups, into about `AUTO_PARTS_PER_CPU` parts per cluster CPU (`auto_split_bytes`); an integer gives
-the part size; None reads every file whole (one task per file).
+row groups, into about `AUTO_PARTS_PER_CPU` parts per cluster CPU (`file_parts.auto_split_bytes`); an
+integer gives the part size; None reads every file whole (one task per file).
 `read_tokenized(..., compute="actors")` instead tokenises in `map_batches` on an actor pool
 (`pipelines.data.tokenize.tokenize_dataset`); `benchmarks.speed.ingest` measures both.
 
-Row numbers stay exact while streaming because a read task reads its part sequentially and counts lines
-itself: JSONL/TSV rows are 1-based line numbers (the TSV header is line 1, as `sed -n Np` counts), Parquet
-rows 0-based indices. A large uncompressed line file can be split into byte ranges (`split_bytes`) so that
-several tasks read it in parallel; the driver then makes one pass over the file counting newlines to
-place each range on a line boundary and know its first line number (a cheap scan, at disk speed).
-Compressed files (.gz, .bz2, .zst) are read whole, by one task each. "auto" splits only local line files:
-on an object store that scan would download the whole file to the driver (give an integer to split one
-anyway, or store large sources as several files).
-
-Paths are local paths, object-store URIs (s3://, gs://, ...; pyarrow filesystems) or directories of them;
-`filesystem=` overrides the inferred filesystem.
+Row numbers stay exact while streaming (`pipelines.data.raw_files`): JSONL/TSV rows are 1-based line
+numbers (the TSV header is line 1), Parquet rows 0-based indices. Paths are local paths, object-store URIs
+(s3://, gs://, ...; pyarrow filesystems) or directories of them; `filesystem=` overrides the inferred one.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
-from functools import partial
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 import ray
 from ray.data import Dataset
-from ray.data.block import BlockMetadata
-from ray.data.datasource import Datasource, ReadTask
 
 from pipelines.data import quarantine
+from pipelines.data.file_parts import SplitBytes, plan_parts
+from pipelines.data.raw_files import ORIGIN_COLUMNS, RawFileDatasource
 from pipelines.data.sources import SourceOptions, get_source
 from pipelines.data.tokenize import (
     TASK_SIDES,
@@ -61,270 +49,8 @@ from pipelines.data.tokenize import (
 )
 from pipelines.data.validation import StrictModeError, validate_rows
 
-_CHUNK = 4 << 20
-_COMPRESSED = (".gz", ".bz2", ".zst", ".lz4")
-_EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".tsv": "tsv", ".txt": "tsv",
-               ".parquet": "parquet"}
-ORIGIN_COLUMNS = ("_file", "_row")
 BLOCK_BYTES = 8 << 20  # output blocks of a read task: small enough to stream, large enough to amortise
 TOKENIZED_BLOCK_BYTES = 1 << 20  # read_tokenized's blocks: a consumer's first batch after ~7k rows, not a whole part
-AUTO_MIN_PART_BYTES = 4 << 20  # "auto" split: no part smaller (per-task start-up cost stays negligible)
-AUTO_MAX_PART_BYTES = 256 << 20  # ... nor larger (a retried task re-reads at most this much)
-AUTO_PARTS_PER_CPU = 4  # parts per CPU: a small last wave of tasks, so cores are not left idle at the end
-SplitBytes = int | str | None
-
-
-@dataclass(frozen=True)
-class FilePart:
-    """A contiguous part of one input file, read by one task.
-
-    `first_row` is the line number (1-based) of the part's first line, or the Parquet row index (0-based)
-    of its first row. `end=None` reads to the end of the file.
-    """
-
-    path: str
-    display: str
-    fmt: str
-    filesystem: Any = field(compare=False)
-    header: tuple[str, ...] = ()
-    skip_header: bool = False
-    start: int = 0
-    end: int | None = None
-    first_row: int = 1
-    row_groups: tuple[int, ...] | None = None
-    size: int = 0
-
-
-def detect_format(path: str) -> str | None:
-    name = path.lower()
-    for ext in _COMPRESSED:
-        name = name.removesuffix(ext)
-    return _EXTENSIONS.get(os.path.splitext(name)[1])
-
-
-def _list_files(path: str, filesystem: pafs.FileSystem | None) -> list[tuple[pafs.FileSystem, str, str]]:
-    """(filesystem, path, display name) of `path` or of the files under it (hidden and _-files skipped)."""
-    fs, resolved = quarantine.resolve(path, filesystem)
-    prefix = path.split("://", 1)[0] + "://" if "://" in path and filesystem is None else ""
-    info = fs.get_file_info(resolved)
-    if info.type == pafs.FileType.NotFound:
-        raise ValueError(f"{path}: no such file or directory")
-    if info.type == pafs.FileType.File:
-        return [(fs, resolved, prefix + resolved)]
-    infos = fs.get_file_info(pafs.FileSelector(resolved, recursive=True))
-    files = sorted(i.path for i in infos if i.type == pafs.FileType.File
-                   and not os.path.basename(i.path).startswith((".", "_")) and detect_format(i.path))
-    if not files:
-        raise ValueError(f"{path}: directory holds no .jsonl/.json/.tsv/.txt/.parquet files")
-    return [(fs, p, prefix + p) for p in files]
-
-
-def _first_line(fs: pafs.FileSystem, path: str) -> str:
-    with fs.open_input_stream(path) as f:
-        data = b""
-        while b"\n" not in data:
-            chunk = f.read(1 << 16)
-            if not chunk:
-                break
-            data += chunk
-    try:
-        return data.split(b"\n", 1)[0].decode("utf-8").removesuffix("\r")
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path}: line 1 (the TSV header) is not valid UTF-8 ({err.reason})") from None
-
-
-def _line_ranges(fs: pafs.FileSystem, path: str, size: int, split_bytes: int) -> list[tuple[int, int, int]]:
-    """(start, end, first line number) of ranges of about `split_bytes`, each starting after a newline."""
-    bounds = [(0, 1)]
-    target, offset, lines = split_bytes, 0, 0
-    with fs.open_input_stream(path, compression=None) as f:
-        while chunk := f.read(_CHUNK):
-            while target < offset + len(chunk):
-                idx = chunk.find(b"\n", max(target - offset, 0))
-                if idx < 0:
-                    break
-                boundary = offset + idx + 1
-                if boundary < size:
-                    bounds.append((boundary, lines + chunk.count(b"\n", 0, idx + 1) + 1))
-                target = boundary + split_bytes - 1
-            lines += chunk.count(b"\n")
-            offset += len(chunk)
-    ends = [b for b, _ in bounds[1:]] + [size]
-    return [(start, end, line) for (start, line), end in zip(bounds, ends, strict=True)]
-
-
-def cluster_cpus() -> int:
-    """CPUs of the running Ray cluster (this machine's when Ray is not started)."""
-    if ray.is_initialized():
-        return max(1, int(ray.cluster_resources().get("CPU", 1)))
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
-def auto_split_bytes(size: int, cpus: int | None = None) -> int | None:
-    """The part size "auto" gives a file of `size` bytes: about AUTO_PARTS_PER_CPU parts per CPU, parts
-    of AUTO_MIN_PART_BYTES..AUTO_MAX_PART_BYTES; None (read whole) when the file is under two minimum parts.
-
-    One task per part is the reader's only parallelism: a single large file read whole keeps one core busy
-    however many the cluster has (benchmarks/RESULTS.md, "Ray Data ingestion throughput")."""
-    if size < 2 * AUTO_MIN_PART_BYTES:
-        return None
-    target = -(-size // (AUTO_PARTS_PER_CPU * (cpus or cluster_cpus())))
-    return min(max(target, AUTO_MIN_PART_BYTES), AUTO_MAX_PART_BYTES)
-
-
-def _part_bytes(split_bytes: SplitBytes, size: int, local: bool, cpus: int) -> int | None:
-    if split_bytes == "auto":
-        return auto_split_bytes(size, cpus) if local else None
-    if isinstance(split_bytes, str) or (split_bytes is not None and split_bytes < 1):
-        raise ValueError(f"split_bytes must be a positive integer, 'auto' or None, got {split_bytes!r}")
-    return split_bytes
-
-
-def plan_parts(source: str, paths: str | Sequence[str], fmt: str | None = None,
-               filesystem: pafs.FileSystem | None = None, split_bytes: SplitBytes = None) -> list[FilePart]:
-    """The file parts to read: every file under `paths`, its format, its TSV header, its byte ranges
-    (`split_bytes`: a part size, "auto" (`auto_split_bytes`) or None: whole files)."""
-    spec = get_source(source)
-    cpus = cluster_cpus() if split_bytes == "auto" else 1
-    paths = [paths] if isinstance(paths, str | os.PathLike) else list(paths)
-    if not paths:
-        raise ValueError(f"{source}: no input paths")
-    parts: list[FilePart] = []
-    for given in paths:
-        for fs, path, display in _list_files(str(given), filesystem):
-            kind = fmt or detect_format(path)
-            if kind is None:
-                raise ValueError(f"{display}: cannot tell the format from the extension; pass fmt")
-            if kind not in spec.formats:
-                raise ValueError(f"{display}: source {source!r} reads {'/'.join(spec.formats)}, not {kind}")
-            size = fs.get_file_info(path).size or 0
-            base = FilePart(path, display, kind, fs, size=size)
-            if kind == "parquet":  # row groups from the footer: cheap on any filesystem
-                parts.extend(_parquet_parts(base, _part_bytes(split_bytes, size, True, cpus)))
-                continue
-            part_bytes = _part_bytes(split_bytes, size, isinstance(fs, pafs.LocalFileSystem), cpus)
-            if kind == "tsv":
-                header = tuple(_first_line(fs, path).split("\t")) if spec.tsv_header else spec.tsv_columns
-                base = replace(base, header=header, skip_header=spec.tsv_header)
-            if part_bytes and size > part_bytes and not path.lower().endswith(_COMPRESSED):
-                for i, (start, end, line) in enumerate(_line_ranges(fs, path, size, part_bytes)):
-                    parts.append(replace(base, start=start, end=end, first_row=line, size=end - start,
-                                         skip_header=base.skip_header and i == 0))
-            else:
-                parts.append(base)
-    return parts
-
-
-def _parquet_parts(base: FilePart, split_bytes: int | None) -> list[FilePart]:
-    try:
-        meta = pq.ParquetFile(base.filesystem.open_input_file(base.path)).metadata
-    except (pa.ArrowInvalid, OSError) as err:
-        raise ValueError(f"{base.display}: not a readable parquet file ({err})") from err
-    if not split_bytes or meta.num_row_groups <= 1:
-        return [replace(base, first_row=0)]
-    parts, groups, first, nbytes, row = [], [], 0, 0, 0
-    for g in range(meta.num_row_groups):
-        groups.append(g)
-        nbytes += meta.row_group(g).total_byte_size
-        row += meta.row_group(g).num_rows
-        if nbytes >= split_bytes or g == meta.num_row_groups - 1:
-            parts.append(replace(base, first_row=first, row_groups=tuple(groups), size=nbytes))
-            groups, first, nbytes = [], row, 0
-    return parts
-
-
-# -- reading (runs in Ray read tasks) -------------------------------------------------------------------
-def _origin(display: str, first_row: int, n: int) -> dict[str, pa.Array]:
-    return {"_file": pa.array([display] * n, pa.string()),
-            "_row": pa.array(np.arange(first_row, first_row + n, dtype=np.int64))}
-
-
-def _read_lines(part: FilePart, rows_per_block: int) -> Iterator[pa.Table]:
-    fs = part.filesystem
-    if part.end is None:
-        stream = fs.open_input_stream(part.path)  # decompresses .gz/.bz2/.zst by extension
-        remaining = None
-    else:
-        stream = fs.open_input_file(part.path)
-        stream.seek(part.start)
-        remaining = part.end - part.start
-    row, carry, pending, skip = part.first_row, b"", [], part.skip_header
-
-    def block(lines: list[bytes]) -> pa.Table:
-        return pa.table({**_origin(part.display, row, len(lines)), "_line": pa.array(lines, pa.binary())})
-
-    with stream:
-        while True:
-            size = _CHUNK if remaining is None else min(_CHUNK, remaining)
-            chunk = stream.read(size) if size > 0 else b""
-            if not chunk:
-                break
-            if remaining is not None:
-                remaining -= len(chunk)
-            lines = (carry + chunk).split(b"\n")
-            carry = lines.pop()
-            pending.extend(lines)
-            if skip and pending:
-                pending.pop(0)
-                row, skip = row + 1, False
-            while len(pending) >= rows_per_block:
-                yield block(pending[:rows_per_block])
-                row += rows_per_block
-                pending = pending[rows_per_block:]
-    if carry:
-        pending.append(carry)  # a last line without a trailing newline
-    if skip and pending:
-        pending.pop(0)
-        row += 1
-    if pending:
-        yield block(pending)
-
-
-def _read_parquet(part: FilePart, rows_per_block: int) -> Iterator[pa.Table]:
-    pf = pq.ParquetFile(part.filesystem.open_input_file(part.path))
-    row = part.first_row
-    for batch in pf.iter_batches(batch_size=rows_per_block, row_groups=part.row_groups):
-        table = pa.Table.from_batches([batch])
-        for name, column in _origin(part.display, row, table.num_rows).items():
-            table = table.append_column(name, column)
-        row += table.num_rows
-        yield table
-
-
-BlockTransform = Callable[[pa.Table], pa.Table]
-
-
-def _read_part(part: FilePart, rows_per_block: int, transform: BlockTransform | None = None) -> Iterator[pa.Table]:
-    reader = _read_parquet if part.fmt == "parquet" else _read_lines
-    for raw in reader(part, rows_per_block):
-        yield raw if transform is None else transform(raw)
-
-
-class RawFileDatasource(Datasource):
-    """One read task per `FilePart`; blocks of raw rows with `_file` and `_row` (their exact origin), or,
-    with `transform`, what it makes of each raw block (run in the read task itself)."""
-
-    def __init__(self, parts: Sequence[FilePart], rows_per_block: int = 10_000,
-                 transform: BlockTransform | None = None) -> None:
-        super().__init__()
-        if rows_per_block < 1:
-            raise ValueError(f"rows_per_block must be >= 1, got {rows_per_block}")
-        self.parts = list(parts)
-        self.rows_per_block = rows_per_block
-        self.transform = transform
-
-    def estimate_inmemory_data_size(self) -> int | None:
-        return sum(p.size for p in self.parts)
-
-    def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
-                       data_context: Any = None) -> list[ReadTask]:
-        return [ReadTask(partial(_read_part, part, self.rows_per_block, self.transform),
-                         BlockMetadata(num_rows=None, size_bytes=part.size, exec_stats=None,
-                                       input_files=[part.display]))
-                for part in self.parts]
-
-    def get_name(self) -> str:
-        return "ReadRawFiles"
 
 
 # -- validation (runs in the tasks fused with the reads) ------------------------------------------------

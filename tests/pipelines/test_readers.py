@@ -12,8 +12,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from madr.data.records import ClickRecord, EvidenceRecord, NLIRecord, ParallelRecord
+from pipelines.data.file_parts import plan_parts
 from pipelines.data.quarantine import read_quarantine, read_summary
-from pipelines.data.readers import ingest, plan_parts, read_source
+from pipelines.data.readers import ingest, read_source
 from pipelines.data.sources import SourceOptions, to_record
 from pipelines.data.validation import BadRow, Fields, StrictModeError
 
@@ -348,20 +349,20 @@ def test_auto_split_plans_parts_per_cpu(tmp_path, monkeypatch):
     filesystem (the scan would download the file) and under two minimum parts."""
     import pyarrow.fs as pafs
 
-    from pipelines.data import readers
+    from pipelines.data import file_parts
     from pipelines.data.cli import split_bytes
 
-    assert readers.auto_split_bytes(10 << 20, cpus=2) == 4 << 20, "at least AUTO_MIN_PART_BYTES"
-    assert readers.auto_split_bytes(1 << 30, cpus=2) == 128 << 20, "1 GiB on 2 CPUs: 8 parts"
-    assert readers.auto_split_bytes(1 << 40, cpus=2) == readers.AUTO_MAX_PART_BYTES
-    assert readers.auto_split_bytes(7 << 20, cpus=64) is None, "under two minimum parts: whole"
-    monkeypatch.setattr(readers, "AUTO_MIN_PART_BYTES", 2_000)
-    monkeypatch.setattr(readers, "cluster_cpus", lambda: 2)
+    assert file_parts.auto_split_bytes(10 << 20, cpus=2) == 4 << 20, "at least AUTO_MIN_PART_BYTES"
+    assert file_parts.auto_split_bytes(1 << 30, cpus=2) == 128 << 20, "1 GiB on 2 CPUs: 8 parts"
+    assert file_parts.auto_split_bytes(1 << 40, cpus=2) == file_parts.AUTO_MAX_PART_BYTES
+    assert file_parts.auto_split_bytes(7 << 20, cpus=64) is None, "under two minimum parts: whole"
+    monkeypatch.setattr(file_parts, "AUTO_MIN_PART_BYTES", 2_000)
+    monkeypatch.setattr(file_parts, "cluster_cpus", lambda: 2)
     lines = [js(sentence1=f"premise {i}", sentence2="h", gold_label="neutral") for i in range(1, 1001)]
     path = write_lines(tmp_path / "big.jsonl", lines)
     size = path.stat().st_size
     parts = plan_parts("snli", str(path), split_bytes="auto")
-    assert len(parts) == 2 * readers.AUTO_PARTS_PER_CPU, [p.size for p in parts]
+    assert len(parts) == 2 * file_parts.AUTO_PARTS_PER_CPU, [p.size for p in parts]
     assert [p.start for p in parts[1:]] == [p.end for p in parts[:-1]] and parts[-1].end == size
     data = path.read_bytes()
     for part in parts:  # each part starts on a line boundary, at the line number it claims
