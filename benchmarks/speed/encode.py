@@ -217,17 +217,17 @@ def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: in
                        max_docs_per_shard=max_docs_per_shard, index_factory="Flat", store_docs=False,
                        rows_per_read=1024, batch_size=128, tokenize_actors=1, tokenize_cpus=0.5,
                        encode_actors=threads, encode_cpus=0.75, torch_threads=1, overwrite=True)
-    from pipelines.encode import job as job_module
+    from pipelines.encode.executors import RayExecutor
 
     arrivals: list[tuple[float, int]] = []  # (time, rows) of every encoded piece the driver sees
-    stream = job_module.RayExecutor.stream
+    stream = RayExecutor.stream
 
     def timed_stream(self, pieces, run):  # instrumentation only: the job's own stream, timestamped
         for batch in stream(self, pieces, run):
             arrivals.append((time.perf_counter(), sum(batch.column("rows").to_pylist())))
             yield batch
 
-    job_module.RayExecutor.stream = timed_stream
+    RayExecutor.stream = timed_stream
     start = time.perf_counter()
     run_encode(cfg, log=lambda _: None)
     seconds = time.perf_counter() - start

@@ -1,0 +1,95 @@
+"""A job's identity and resumption: what must not change between a run and its resumption (``job.json``),
+starting over or resuming in an output directory, and cleaning what a crashed run left behind."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from madr.index.manifest import atomic_write_text
+from pipelines.encode.config import EncodeConfig
+from pipelines.encode.corpus import CorpusPlan
+from pipelines.encode.shards import DOCS_DIR
+from pipelines.encode.stages import PARTS_DIR
+
+JOB_FILE = "job.json"
+
+
+@dataclass
+class ModelInfo:
+    dim: int
+    hybrid: bool
+    hybrid_lambda: float
+    vocab_size: int
+    fingerprint: str
+
+
+def model_info(model_dir: str) -> ModelInfo:
+    """Dimension, kind and a fingerprint (the contents of every file) of a saved model.
+
+    Contents, not sizes: a retrained model has the same file sizes, and its index must not resume from
+    shards the previous weights encoded."""
+    from madr.modeling.model import BiEncoder
+
+    model = BiEncoder.load(model_dir)
+    path = Path(model_dir)
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        h.update(f"{f.relative_to(path)}:".encode())
+        with open(f, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+    return ModelInfo(model.embedding_dim, model.config.has_sparse, model.config.hybrid_lambda,
+                     len(model.tokenizer), h.hexdigest()[:16])
+
+
+def job_identity(cfg: EncodeConfig, plan: CorpusPlan, info: ModelInfo) -> dict[str, Any]:
+    """What must not change between a run and its resumption (performance knobs may)."""
+    keys = ("id_column", "text_columns", "docs_columns", "store_docs", "index_factory", "train_size", "seed",
+            "max_length")
+    ident = {k: getattr(cfg, k) for k in keys}
+    ident.update(model=info.fingerprint, plan=plan.fingerprint(), num_shards=plan.num_shards)
+    ident["hash"] = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
+    return ident
+
+
+def start_or_resume(out: Path, ident: dict[str, Any], overwrite: bool, replace_other_job: bool = False) -> None:
+    """Resume the job in ``out`` when it has the same identity; start over with ``overwrite``, or when it
+    holds another job and ``replace_other_job`` (the pipeline's setting: it owns the directory)."""
+    path = out / JOB_FILE
+    if not overwrite and path.is_file():
+        old = json.loads(path.read_text()).get("identity", {})
+        if old.get("hash") == ident["hash"]:
+            return
+        diff = sorted(k for k in set(old) | set(ident) if old.get(k) != ident.get(k) and k != "hash")
+        if not replace_other_job:
+            raise ValueError(f"{out} holds another encode job (differs in {diff}); use a new output or overwrite")
+        overwrite = True
+    if overwrite:
+        for item in out.iterdir():
+            shutil.rmtree(item) if item.is_dir() else item.unlink()
+    elif any(out.iterdir()):
+        raise ValueError(f"{out} is not empty and holds no encode job ({JOB_FILE}); use a new output or overwrite")
+    atomic_write_text(path, json.dumps({"identity": ident}, indent=1))
+
+
+def job_identity_hash(out: Path) -> str | None:
+    path = out / JOB_FILE
+    return json.loads(path.read_text())["identity"]["hash"] if path.is_file() else None
+
+
+def clean_stale_parts(out: Path, run: str) -> None:
+    """Remove what a crashed run can leave behind: part files of other runs, and temporary files of
+    ``atomic_write`` (``.<name>.<random>.tmp``) that were never renamed."""
+    root = out / PARTS_DIR
+    if root.is_dir():
+        for d in root.iterdir():
+            if d.name != run:
+                shutil.rmtree(d, ignore_errors=True)
+    for folder in (out, out / DOCS_DIR):
+        for tmp in folder.glob(".*.tmp") if folder.is_dir() else []:
+            tmp.unlink(missing_ok=True)
