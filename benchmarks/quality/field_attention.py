@@ -51,7 +51,8 @@ from madr.data.records import MultilingualData
 from madr.data.sources.real_multilingual import load_real_multilingual
 from madr.modeling.heads.field_attention import SCORERS
 from madr.recipes.multitask.config import MultiTaskExperimentConfig
-from madr.recipes.multitask.experiment import build_tokenizer, row_labels
+from madr.recipes.multitask.encoders import build_tokenizer
+from madr.recipes.multitask.experiment import row_labels
 
 CONCAT = "Multi-task, concatenated fields"
 

@@ -65,15 +65,9 @@ from madr.data.records import MultilingualData
 from madr.data.sources.real_multilingual import RealMultilingualConfig, load_real_multilingual
 from madr.modeling.backbone import resolve_backbone_path
 from madr.recipes.multitask.config import MultiTaskExperimentConfig
-from madr.recipes.multitask.experiment import (
-    build_encoder,
-    build_tasks,
-    build_tokenizer,
-    click_pair_scores,
-    distil_query_student,
-    row_labels,
-    student_label,
-)
+from madr.recipes.multitask.encoders import build_encoder, build_tasks, build_tokenizer, distil_query_student
+from madr.recipes.multitask.evaluation import click_pair_scores
+from madr.recipes.multitask.experiment import row_labels, student_label
 from madr.recipes.multitask.trainer import MultiTaskTrainer
 
 QUERY_ROLES = ("query", "hypothesis", "source")  # through the query tower; "ad", "premise", "target": the doc tower
@@ -157,14 +151,14 @@ def e5_reference_embedder(path: str, max_length: int, batch_size: int) -> Embedd
 
 
 def encoder(cfg: MultiTaskExperimentConfig, tokenizer, seed: int, pooling: str):
-    """`madr.recipes.multitask.experiment.build_encoder` with `model.pooling` set to `pooling` (cls / mean)."""
+    """`madr.recipes.multitask.encoders.build_encoder` with `model.pooling` set to `pooling` (cls / mean)."""
     return build_encoder(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, pooling=pooling)),
                          tokenizer, seed)
 
 
 def train_model(cfg: MultiTaskExperimentConfig, tokenizer, data: MultilingualData, names: Sequence[str],
                 seed: int, bench: dict):
-    """`madr.recipes.multitask.experiment.train_encoder` with the pooling choice and the option to freeze the
+    """`madr.recipes.multitask.encoders.train_encoder` with the pooling choice and the option to freeze the
     (250k x 384) word embeddings."""
     model = encoder(cfg, tokenizer, seed, bench["pooling"])
     if bench["freeze_word_embeddings"]:

@@ -13,7 +13,9 @@ import torch
 from benchmarks.common.stats import paired_bootstrap as bootstrap
 from madr.data.records import ClickRecord, MultilingualData
 from madr.metrics import roc_auc
-from madr.recipes.multitask.experiment import bm25_scorer, click_ndcg, doc_text
+from madr.recipes.multitask.baselines import bm25_scorer
+from madr.recipes.multitask.data import doc_text
+from madr.recipes.multitask.evaluation import click_ndcg
 
 Embedder = Callable[[list[str], str], torch.Tensor]  # (texts, role) -> L2-normalised [N, d]
 

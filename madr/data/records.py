@@ -73,7 +73,7 @@ class EvidenceRecord:
 @dataclass
 class MultilingualData:
     """Training records per task and the held-out evaluation sets of the multi-task encoder (paper 004 Sec. III-A):
-    click log, NLI and translation pairs; synthetic (`madr.recipes.multitask.experiment.build_data`) or real
+    click log, NLI and translation pairs; synthetic (`madr.recipes.multitask.data.build_data`) or real
     (`madr.data.sources.real_multilingual.load_real_multilingual`)."""
 
     clicks_train: list[ClickRecord]

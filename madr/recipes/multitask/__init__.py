@@ -7,6 +7,10 @@ and the multilingual multi-task experiment.
 | `tasks` | `ClickTask`, `NLITask`, `TranslationTask` (record type + loss), `SideTokenizer`, `TaskBatch` |
 | `trainer` | `MultiTaskTrainer`: one optimiser, one task per batch, exact resume |
 | `config` | `MultiTaskExperimentConfig`: the experiment YAML (`configs/multitask.yaml`) |
+| `data` | the experiment's synthetic click / NLI / parallel sets with held-out splits, and their text views |
+| `encoders` | the experiment's tokenizer, encoder, tasks, multi-task training and distilled query student |
+| `evaluation` | held-out metrics of an encoder: click NDCG, NLI AUC, cross-lingual top-1 |
+| `baselines` | training-free rows: random, logged ranker, token BM25, minimum edit distance |
 | `experiment` | `run_multitask_experiment`: multi-task vs click-only vs baselines (Table III shape) |
 
 `schedule` needs only numpy (Ray Data mixers import it); the other names load torch and transformers, so

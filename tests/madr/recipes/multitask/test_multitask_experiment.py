@@ -11,20 +11,10 @@ import torch
 
 from madr.data.records import ClickRecord, NLIRecord, ParallelRecord
 from madr.recipes.multitask.config import MultiTaskExperimentConfig, load_multitask_config
-from madr.recipes.multitask.experiment import (
-    UNTRAINED,
-    build_data,
-    build_encoder,
-    build_tokenizer,
-    click_ndcg,
-    encoder_metrics,
-    nli_auc,
-    retrieval_top1,
-    row_labels,
-    run_multitask_experiment,
-    student_label,
-    train_encoder,
-)
+from madr.recipes.multitask.data import build_data
+from madr.recipes.multitask.encoders import build_encoder, build_tokenizer, train_encoder
+from madr.recipes.multitask.evaluation import click_ndcg, encoder_metrics, nli_auc, retrieval_top1
+from madr.recipes.multitask.experiment import UNTRAINED, row_labels, run_multitask_experiment, student_label
 
 # A 2-layer, 64-wide BERT without dropout (dropout slows a from-scratch toy model several-fold) on small data.
 TINY = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128,
@@ -162,7 +152,7 @@ def test_package_re_exports():
 
 def test_encoder_pooling_reaches_the_model_config() -> None:
     from madr.config import from_dict
-    from madr.recipes.multitask.experiment import model_config
+    from madr.recipes.multitask.encoders import model_config
 
     assert model_config(from_dict(MultiTaskExperimentConfig, {"model": {"pooling": "mean"}})).pooling == "mean"
     assert model_config(MultiTaskExperimentConfig()).pooling == "cls"

@@ -10,14 +10,9 @@ import torch.nn.functional as F
 from madr.modeling.heads.field_attention import FieldAttention
 from madr.modeling.model import FIELD_ATTENTION_FILE, BiEncoder
 from madr.recipes.multitask.config import MultiTaskExperimentConfig, load_multitask_config
-from madr.recipes.multitask.experiment import (
-    build_data,
-    build_encoder,
-    build_tasks,
-    build_tokenizer,
-    click_pair_scores,
-    train_encoder,
-)
+from madr.recipes.multitask.data import build_data
+from madr.recipes.multitask.encoders import build_encoder, build_tasks, build_tokenizer, train_encoder
+from madr.recipes.multitask.evaluation import click_pair_scores
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
         "max_position_embeddings": 48, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}

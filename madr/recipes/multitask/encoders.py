@@ -1,0 +1,103 @@
+"""The experiment's encoders (steps 2-4 of `madr.recipes.multitask.experiment`): the tokenizer, the shared
+encoder of every row (same initial weights per seed), its tasks and losses, multi-task training and the
+distilled query student."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from madr.config import ModelConfig
+from madr.data.records import MultilingualData
+from madr.losses import NLICosineLoss, TranslationLoss, TripletLoss
+from madr.modeling.model import BiEncoder
+from madr.modeling.tokenization import load_tokenizer, train_wordpiece_tokenizer
+from madr.recipes.multitask.config import MultiTaskExperimentConfig
+from madr.recipes.multitask.data import DOC_SEP, held_out_query_texts, query_side_texts, training_texts
+from madr.recipes.multitask.tasks import ClickTask, NLITask, SideTokenizer, TranslationTask
+from madr.recipes.multitask.trainer import MultiTaskTrainer
+from madr.training.distill import attach_query_student, distill, make_student, student_teacher_distance
+
+
+def build_tokenizer(cfg: MultiTaskExperimentConfig, data: MultilingualData, out_dir: Path) -> PreTrainedTokenizerBase:
+    """The configured tokenizer, the backbone's own, or a WordPiece trained on the training text."""
+    m = cfg.model
+    if m.tokenizer:
+        return load_tokenizer(m.tokenizer, m.lowercase, m.strip_accents)
+    if m.backbone.name_or_path:
+        from madr.modeling.backbone import resolve_backbone_path
+
+        return load_tokenizer(resolve_backbone_path(m.backbone.name_or_path))
+    return train_wordpiece_tokenizer(training_texts(data, cfg.tasks.click.field_order), m.tokenizer_vocab_size,
+                                     lowercase=m.lowercase, strip_accents=m.strip_accents, limit_alphabet=None,
+                                     out_dir=str(out_dir / "tokenizer"))
+
+
+def model_config(cfg: MultiTaskExperimentConfig) -> ModelConfig:
+    """One shared encoder (BiBERT-style, CLS or mean `pooling`) truncated to `doc_layers`, projected to
+    `projection_dim`."""
+    m = cfg.model
+    backbone = dataclasses.replace(m.backbone, num_layers=m.doc_layers)
+    return ModelConfig(name="bibert", backbone=backbone, shared_towers=True, projection_dim=m.projection_dim,
+                       similarity=m.similarity, max_query_length=m.max_query_length, max_doc_length=m.max_doc_length,
+                       pooling=m.pooling)
+
+
+def build_encoder(cfg: MultiTaskExperimentConfig, tokenizer: PreTrainedTokenizerBase, seed: int) -> BiEncoder:
+    """The encoder of `model_config`, with the click documents' field attention when `tasks.click` asks for it
+    (paper 004 Eq. 8-9; it lives on the model so that it is saved, loaded and used to score with it)."""
+    torch.manual_seed(seed)
+    return BiEncoder(model_config(cfg), tokenizer, field_attention=cfg.tasks.click.field_attention)
+
+
+def build_tasks(cfg: MultiTaskExperimentConfig, model: BiEncoder, data: MultilingualData,
+                names: Sequence[str], seed: int) -> dict[str, tuple[Any, list[Any]]]:
+    """name -> (task, training records) for the tasks in `names`, losses as configured."""
+    tok, t = SideTokenizer.from_model(model), cfg.tasks
+    generator = torch.Generator().manual_seed(seed)
+    triplet = TripletLoss(distance=t.click.distance, margin=t.click.margin, negatives=t.click.negatives,
+                          generator=generator)
+    every = {
+        "click": (ClickTask(tok, loss=triplet, field_order=t.click.field_order, sep=DOC_SEP,
+                            field_attention=model.field_attention), data.clicks_train),
+        "nli": (NLITask(tok, loss=NLICosineLoss(mapping=t.nli.mapping)), data.nli_train),
+        "translation": (TranslationTask(tok, loss=TranslationLoss(t.translation.objective, t.translation.temperature,
+                                                                  t.translation.symmetric),
+                                        source_side="query"), data.parallel_train),
+    }
+    return {name: every[name] for name in names}
+
+
+def train_encoder(cfg: MultiTaskExperimentConfig, tokenizer: PreTrainedTokenizerBase, data: MultilingualData,
+                  names: Sequence[str], seed: int) -> tuple[BiEncoder, MultiTaskTrainer]:
+    """A fresh encoder (weights from `seed`) trained `cfg.steps` steps on the tasks `names`."""
+    model = build_encoder(cfg, tokenizer, seed)
+    schedule = dataclasses.replace(cfg.schedule, seed=seed)
+    if schedule.weights is not None:
+        schedule.weights = {k: v for k, v in schedule.weights.items() if k in names}
+    weights = {k: v for k, v in cfg.tasks.loss_weights.items() if k in names}
+    trainer = MultiTaskTrainer(model, build_tasks(cfg, model, data, names, seed), schedule=schedule,
+                               optimizer=cfg.optimizer, loss_weights=weights)
+    trainer.train(cfg.steps)
+    model.eval()
+    return model, trainer
+
+
+def distil_query_student(cfg: MultiTaskExperimentConfig, teacher: BiEncoder, data: MultilingualData,
+            seed: int) -> tuple[BiEncoder, dict[str, float]]:
+    """The teacher's query tower cut to `student.num_layers` layers and trained on the L2 loss (Sec. V-A)."""
+    s = cfg.student
+    student = make_student(teacher, s.num_layers)
+    held = held_out_query_texts(data)
+    before = student_teacher_distance(teacher, student, held)
+    distill(teacher, student, query_side_texts(data), steps=s.steps, batch_size=s.batch_size, lr=s.learning_rate,
+            seed=seed)
+    student.eval()
+    after = student_teacher_distance(teacher, student, held)
+    return attach_query_student(teacher, student).eval(), {"held_out_l2_before": before, "held_out_l2_after": after,
+                                                            "student_layers": float(s.num_layers)}

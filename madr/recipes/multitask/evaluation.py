@@ -1,0 +1,86 @@
+"""Held-out evaluation of an encoder (step 5 of `madr.recipes.multitask.experiment`): click NDCG of the shown
+documents re-ranked by the model, NLI ROC AUC of the cosine, cross-lingual top-1 retrieval."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from madr.data.records import ClickRecord, MultilingualData, NLIRecord, ParallelRecord
+from madr.metrics import evaluate, roc_auc
+from madr.modeling.model import BiEncoder
+from madr.recipes.multitask.config import MultiTaskExperimentConfig
+from madr.recipes.multitask.data import doc_text
+
+
+def _embed(model: BiEncoder, texts: Sequence[str], side: str, batch_size: int) -> torch.Tensor:
+    """L2-normalised embeddings (cosine is the score of every evaluation here)."""
+    return F.normalize(model.encode_texts(list(texts), side, batch_size), dim=-1)
+
+
+def click_ndcg(scores: np.ndarray, records: Sequence[ClickRecord], ks: Sequence[int]) -> dict[str, float]:
+    """NDCG@k (exp2 gains) of every held-out query's shown documents ranked by `scores` (one per record)."""
+    run: dict[str, dict[str, float]] = {}
+    qrels: dict[str, dict[str, float]] = {}
+    for i, (r, s) in enumerate(zip(records, scores, strict=True)):
+        if r.relevance is None:
+            raise ValueError(f"click record {i} (query {r.query_id!r}, doc {r.doc_id!r}) has no relevance to judge")
+        run.setdefault(r.query_id, {})[r.doc_id] = float(s)
+        qrels.setdefault(r.query_id, {})[r.doc_id] = float(r.relevance)
+    return {f"ndcg@{k}": v for k, v in zip(ks, evaluate(run, qrels, [f"ndcg@{k}" for k in ks]).values(),
+                                           strict=True)}
+
+
+def nli_auc(scores: np.ndarray, records: Sequence[NLIRecord]) -> dict[str, float]:
+    """ROC AUC of entailment vs neutral for English and the other languages, and vs everything else."""
+    labels = np.array([r.label for r in records])
+    english = np.array([r.language == "en" for r in records])
+    ent, neu = labels == "entailment", labels == "neutral"
+    out = {}
+    for name, rows in (("nli_auc_en", english), ("nli_auc_xx", ~english)):
+        keep = rows & (ent | neu)
+        out[name] = roc_auc(scores[keep], ent[keep]) if keep.any() else math.nan
+    out["nli_auc_all3"] = roc_auc(scores, ent)
+    return out
+
+
+def retrieval_top1(scores: np.ndarray, records: Sequence[ParallelRecord], candidates: Sequence[str]) -> dict[str, float]:
+    """Top-1 accuracy per source language and its mean: `scores [N, C]` of sources against `candidates`."""
+    best = scores.argmax(axis=1)
+    hit = np.array([candidates[b] == r.target for b, r in zip(best, records, strict=True)])
+    langs = sorted({r.source_lang for r in records})
+    per = {f"xling_top1_{lang}": float(hit[[r.source_lang == lang for r in records]].mean()) for lang in langs}
+    return {"xling_top1": float(np.mean(list(per.values()))), **per}
+
+
+def click_pair_scores(model: BiEncoder, records: Sequence[ClickRecord], order: Sequence[str],
+                      batch_size: int) -> np.ndarray:
+    """Cosine of each click record's query and document [N]: the document is its `order` fields concatenated,
+    or, for a model with field attention, those fields attended by the query (paper 004 Sec. IV, Eq. 8-9)."""
+    queries = [r.query for r in records]
+    q = _embed(model, queries, "query", batch_size)
+    if model.field_attention is None:
+        d = _embed(model, [doc_text(r, order) for r in records], "doc", batch_size)
+    else:
+        fields = [[r.fields.get(name) or "" for name in order] for r in records]
+        d = F.normalize(model.encode_field_documents(queries, fields, batch_size).embedding, dim=-1)
+    return (q * d).sum(-1).numpy()
+
+
+def encoder_metrics(model: BiEncoder, data: MultilingualData, cfg: MultiTaskExperimentConfig) -> dict[str, float]:
+    """Every held-out metric of an encoder (see the module docstring for which side each text takes)."""
+    bs, order = cfg.eval.batch_size, cfg.tasks.click.field_order
+    clicks = data.clicks_eval
+    out = click_ndcg(click_pair_scores(model, clicks, order, bs), clicks, cfg.eval.ndcg_at)
+    h = _embed(model, [r.hypothesis for r in data.nli_eval], "query", bs)
+    p = _embed(model, [r.premise for r in data.nli_eval], "doc", bs)
+    out.update(nli_auc((h * p).sum(-1).numpy(), data.nli_eval))
+    candidates = list(dict.fromkeys(r.target for r in data.parallel_eval))
+    s = _embed(model, [r.source for r in data.parallel_eval], "query", bs)
+    t = _embed(model, candidates, "doc", bs)
+    out.update(retrieval_top1((s @ t.T).numpy(), data.parallel_eval, candidates))
+    return out
