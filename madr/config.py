@@ -9,16 +9,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import re
 import types
 import typing
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from madr.config_overrides import apply_overrides
 from madr.search.params import SearchParams
 
 MODEL_NAMES = ("bibert", "mpbert", "mtbert", "dssm", "madr", "madral", "mur", "mural", "hybrid")
@@ -389,48 +388,27 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
 
 
 def load_dataclass(cls: type, path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Any:
-    """Dataclass `cls` from a YAML file (defaults when `path` is None) with dotted-key `overrides` applied."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: top level must be a mapping, got {type(data).__name__}")
-    return from_dict(cls, apply_overrides(data, overrides or {}))
+    """Dataclass `cls` from a YAML file (defaults when `path` is None) with dotted-key `overrides` applied
+    (`madr.config_overrides.apply_overrides`)."""
+    data, where = read_config_file(path)
+    return from_dict(cls, apply_overrides(data, overrides or {}), where)
 
 
-def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """`data` with every dotted key of `overrides` set (in place; missing mappings are created)."""
-    for key, value in overrides.items():
-        node = data
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"override {key!r}: {p!r} is not a mapping in the config")
-        node[leaf] = value
-    return data
-
-
-def parse_overrides(pairs: Sequence[str]) -> dict[str, Any]:
-    """`--set key.sub=value` pairs -> {dotted key: value} (values by `parse_value`), for `apply_overrides`."""
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        if "=" not in pair:
-            raise ValueError(f"--set expects key=value, got {pair!r}")
-        key, value = pair.split("=", 1)
-        out[key.strip()] = parse_value(value)
-    return out
-
-
-def parse_value(text: str) -> Any:
-    """A `--set key=value` value: YAML scalars and lists, plus the floats YAML 1.1 reads as strings (5e-4)."""
-    value = yaml.safe_load(text)
-    if isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
-        return float(value)
-    return value
-
-
-_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
+def read_config_file(path: str | Path | None, section: str | None = None) -> tuple[dict[str, Any], str]:
+    """The mapping of a YAML config file ({} when `path` is None) and the dotted prefix its keys are named
+    under in errors. With `section`, a file that has that top-level key gives its mapping (one experiment
+    YAML holds every stage's section); a file without it is read whole (a stage's own YAML holds just its
+    fields)."""
+    if path is None:
+        return {}, ""
+    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    if section is None or section not in data:
+        return data, ""
+    if not isinstance(data[section], dict):
+        raise ValueError(f"{path}: section {section!r} must be a mapping")
+    return data[section], f"{section}."
 
 
 def config_hash(obj: Any) -> str:

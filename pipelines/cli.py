@@ -11,7 +11,8 @@ import argparse
 import logging
 import sys
 
-from madr.config import load_config, parse_overrides
+from madr.config import load_config
+from madr.config_overrides import parse_overrides
 
 
 def _overrides(pairs: list[str]) -> dict[str, object]:

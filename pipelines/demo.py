@@ -21,7 +21,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from madr.config import ExperimentConfig, load_config, parse_overrides
+from madr.config import ExperimentConfig, load_config
+from madr.config_overrides import parse_overrides
 from madr.layout import RunLayout
 
 DEFAULT_CONFIG = "configs/demo.yaml"

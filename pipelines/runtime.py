@@ -1,5 +1,6 @@
 """Where a pipeline process meets Ray: the network settings of ../shared/ENVIRONMENT.md (the shell twin is
-scripts/ray_env.sh) and `init_ray`, shared by every `pipelines` CLI so that no CLI imports another's.
+scripts/ray_env.sh) and `init_ray`, and a job's config from its YAML section with the command line on top
+(`load_stage_config`), shared by every `pipelines` CLI so that no CLI imports another's.
 
 Importing this module imports nothing of Ray: call `apply_ray_env()` before `import ray` / `ray.init`
 (`init_ray` does both).
@@ -12,6 +13,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+
+from madr.config import from_dict, read_config_file
+from madr.config_overrides import apply_overrides
 
 C = TypeVar("C")
 R = TypeVar("R")
@@ -62,3 +66,27 @@ def run_ray_job(load: Callable[[], C], run: Callable[[C], R], num_cpus: int | No
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return None
+
+
+def flag_overrides(flags: dict[str, Any]) -> dict[str, Any]:
+    """Command-line flags -> dotted overrides: a flag left None is skipped (the file's value stays); a
+    mapping flag sets each of its keys that is not None."""
+    dotted: dict[str, Any] = {}
+    for key, value in flags.items():
+        if isinstance(value, dict):
+            dotted.update({f"{key}.{k}": v for k, v in value.items() if v is not None})
+        elif value is not None:
+            dotted[key] = value
+    return dotted
+
+
+def load_stage_config(cls: type[C], path: str | Path | None, flags: dict[str, Any] | None = None,
+                      section: str | None = None) -> C:
+    """Dataclass `cls` from a YAML file (its `section` mapping when the file has one, else the whole file: one
+    experiment YAML holds every stage's section, a stage's own YAML holds just its fields; the loader of
+    `madr.config`), then the command line's `flags` (`flag_overrides`). Errors name the file."""
+    data, where = read_config_file(path, section)
+    try:
+        return from_dict(cls, apply_overrides(data, flag_overrides(flags or {})), where)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path or '<defaults>'}: {e}") from None

@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from madr.config import apply_overrides, parse_overrides
+from madr.config_overrides import apply_overrides, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root
 BENCHMARKS = ROOT / "benchmarks"  # results/ (JSON), plots/ (PNG) and data/ live under it
@@ -19,7 +19,7 @@ PLOTS = BENCHMARKS / "plots"
 
 
 def overrides(sets: Sequence[str]) -> dict[str, Any]:
-    """`--set key.sub=value` pairs -> {dotted key: value} (`madr.config.parse_overrides`); SystemExit on a bad
+    """`--set key.sub=value` pairs -> {dotted key: value} (`madr.config_overrides.parse_overrides`); SystemExit on a bad
     pair."""
     try:
         return parse_overrides(sets)

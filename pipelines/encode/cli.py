@@ -16,7 +16,8 @@ import argparse
 import json
 import sys
 
-from pipelines.encode.config import EncodeConfig, load_yaml_config
+from pipelines.encode.config import EncodeConfig
+from pipelines.runtime import load_stage_config
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +44,7 @@ def load(args: argparse.Namespace) -> EncodeConfig:
                                                "encode_actors", "tokenize_actors", "overwrite")}
     if args.num_shards is not None:
         overrides["max_docs_per_shard"] = None
-    cfg = load_yaml_config(EncodeConfig, args.config, overrides, section="encode")
+    cfg = load_stage_config(EncodeConfig, args.config, overrides, section="encode")
     cfg.check_paths()
     return cfg
 

@@ -1,15 +1,13 @@
-"""Configuration of the encode job (``configs/encode*.yaml``): one dataclass, loaded like ``madr.config``."""
+"""Configuration of the encode job (``configs/encode*.yaml``): one dataclass, loaded by
+``pipelines.runtime.load_stage_config`` (the ``madr.config`` loader with the command line on top)."""
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-from madr.config import IndexConfig, from_dict
+from madr.config import IndexConfig
 
 DEVICES = ("auto", "cpu", "cuda")
 DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -94,28 +92,3 @@ class EncodeConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def load_yaml_config(cls: type, path: str | Path | None, overrides: dict[str, Any] | None = None,
-                     section: str | None = None) -> Any:
-    """Dataclass ``cls`` from a YAML file (its ``section`` mapping when the file has one, else the whole file:
-    one experiment YAML holds every stage's section, a stage's own YAML holds just its fields), then dotted
-    ``overrides`` (values None are skipped, so unset CLI flags keep the file's values)."""
-    data: dict[str, Any] = {}
-    if path is not None:
-        loaded = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{path}: top level must be a mapping, got {type(loaded).__name__}")
-        section = section if section in loaded else None
-        data = loaded[section] if section else loaded
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: section {section!r} must be a mapping")
-    for key, value in (overrides or {}).items():
-        if isinstance(value, dict) and isinstance(data.get(key), dict):
-            data[key] = {**data[key], **{k: v for k, v in value.items() if v is not None}}
-        elif value is not None:
-            data[key] = value
-    try:
-        return from_dict(cls, data, f"{section}." if section else "")
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{path or '<defaults>'}: {e}") from None

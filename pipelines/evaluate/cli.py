@@ -15,9 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipelines.encode.config import load_yaml_config
 from pipelines.evaluate.job import EvaluateConfig, run_evaluate
-from pipelines.runtime import run_ray_job
+from pipelines.runtime import load_stage_config, run_ray_job
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,7 +45,7 @@ def load_config(args: argparse.Namespace) -> EvaluateConfig:
                 raise ValueError(f"--run expects NAME=MANIFEST, got {item!r}")
             runs.append({"name": name, "index": path})
         overrides["runs"] = runs
-    cfg = load_yaml_config(EvaluateConfig, args.config, overrides, section="evaluate")
+    cfg = load_stage_config(EvaluateConfig, args.config, overrides, section="evaluate")
     if not cfg.runs or not cfg.queries or not cfg.qrels:
         raise ValueError("evaluate: need queries, qrels and at least one run (--run NAME=MANIFEST or the YAML)")
     return cfg

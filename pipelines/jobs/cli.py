@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from madr.config import apply_overrides, parse_overrides
+from madr.config_overrides import apply_overrides, parse_overrides
 from pipelines.jobs import deploy as deploy_mod
 from pipelines.jobs import local_cluster, markers, runner, submit
 from pipelines.jobs.stages import STAGES, Stage, StageUnavailable, check_available, load_table, select

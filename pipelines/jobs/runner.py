@@ -20,8 +20,8 @@ from typing import Any
 
 import yaml
 
-from madr.config import apply_overrides as dotted
 from madr.config import config_hash
+from madr.config_overrides import apply_overrides as dotted
 from pipelines.jobs import markers
 from pipelines.jobs.stages import STAGES, Stage, StageConfigs, check_available, load_yaml, stage_keys
 
@@ -38,7 +38,7 @@ def parse_stage_configs(pairs: Sequence[str], table: Mapping[str, Stage] = STAGE
 
 
 def apply_overrides(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of `data` with the dotted-key `overrides` set (`madr.config.apply_overrides`)."""
+    """A copy of `data` with the dotted-key `overrides` set (`madr.config_overrides.apply_overrides`)."""
     return dotted(yaml.safe_load(yaml.safe_dump(data)), dict(overrides))  # deep copy of plain YAML data
 
 

@@ -13,9 +13,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipelines.encode.config import load_yaml_config
 from pipelines.mine.job import MineConfig, run_mine
-from pipelines.runtime import run_ray_job
+from pipelines.runtime import load_stage_config, run_ray_job
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +42,7 @@ def load_config(args: argparse.Namespace) -> MineConfig:
                                                "num_negatives", "seed", "output")}
     if args.index or args.model_dir:
         overrides["run"] = {"index": args.index, "model_dir": args.model_dir}
-    cfg = load_yaml_config(MineConfig, args.config, overrides, section="mine")
+    cfg = load_stage_config(MineConfig, args.config, overrides, section="mine")
     missing = [name for name, value in (("queries", cfg.queries), ("positives", cfg.positives),
                                         ("index", cfg.run.index)) if not value]
     if missing:

@@ -7,16 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from madr.config import (
-    MODEL_NAMES,
-    ExperimentConfig,
-    ModelConfig,
-    apply_overrides,
-    config_hash,
-    load_config,
-    parse_overrides,
-    parse_value,
-)
+from madr.config import MODEL_NAMES, ExperimentConfig, ModelConfig, config_hash, load_config
+from madr.config_overrides import apply_overrides, parse_overrides, parse_value
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = ["demo", "experiment", "train_tiny", "train_gpu"]

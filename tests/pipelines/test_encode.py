@@ -298,22 +298,22 @@ def test_duplicate_and_missing_ids_are_reported(corpus, models, tmp_path):
 
 def test_configs_load_and_local_cli_run(corpus, models, tmp_path):
     from pipelines.encode.cli import main
-    from pipelines.encode.config import load_yaml_config
     from pipelines.evaluate.job import EvaluateConfig
     from pipelines.mine.job import MineConfig
+    from pipelines.runtime import load_stage_config
 
     root = Path(__file__).resolve().parents[2] / "configs"
-    enc = load_yaml_config(EncodeConfig, root / "encode.yaml", section="encode")
+    enc = load_stage_config(EncodeConfig, root / "encode.yaml", section="encode")
     assert enc.index_factory == "IVF1024,Flat" and enc.external_id_column == "product_id"
-    ev = load_yaml_config(EvaluateConfig, root / "encode.yaml", section="evaluate")
+    ev = load_stage_config(EvaluateConfig, root / "encode.yaml", section="evaluate")
     assert ev.runs[0].search.nprobe == 16 and ev.relevance_threshold == 2
-    mine = load_yaml_config(MineConfig, root / "encode.yaml", section="mine")
+    mine = load_stage_config(MineConfig, root / "encode.yaml", section="mine")
     assert (mine.rank_min, mine.rank_max, mine.run.search.nprobe) == (10, 100, 16)
     bare = tmp_path / "mine.yaml"  # a stage's own YAML: its fields at the top level, no section
     bare.write_text("rank_min: 5\n")
-    assert load_yaml_config(MineConfig, bare, section="mine").rank_min == 5
+    assert load_stage_config(MineConfig, bare, section="mine").rank_min == 5
     with pytest.raises(ValueError, match="unknown config key"):
-        load_yaml_config(EncodeConfig, None, {"num_shard": 3})
+        load_stage_config(EncodeConfig, None, {"num_shard": 3})
     _, _, docs = corpus
     out = tmp_path / "cli_index"
     argv = ["--config", str(root / "encode_tiny.yaml"), "--input", str(docs), "--output", str(out),

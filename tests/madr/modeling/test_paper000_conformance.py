@@ -48,10 +48,10 @@ def test_real_sets_keep_their_threshold_explicit():
 
 
 def test_mined_negatives_never_include_a_grade_2_product():
-    from pipelines.encode.config import load_yaml_config
     from pipelines.mine.job import MineConfig
+    from pipelines.runtime import load_stage_config
 
-    mine = load_yaml_config(MineConfig, ROOT / "configs" / "encode.yaml", section="mine")
+    mine = load_stage_config(MineConfig, ROOT / "configs" / "encode.yaml", section="mine")
     assert mine.min_relevance == 2
 
 
