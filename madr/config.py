@@ -62,6 +62,9 @@ class ModelConfig:
     the token states ("mean": what sentence-transformers checkpoints such as all-MiniLM and e5 were trained with).
     `aspect_sides`: the sides whose aspect losses are trained (both in the papers; one side only is the
     MADRAL^-query / MADRAL^-doc ablation of paper 000 Table 6); the model predicts aspects on both.
+    `text_prefixes`: a string put before every text of a side ("query" / "doc") wherever it is tokenised
+    (training, encoding, serving): the e5 checkpoints' convention {"query": "query: ", "doc": "passage: "}
+    (Wang et al. 2022, "Text Embeddings by Weakly-Supervised Contrastive Pre-training"); none by default.
     `sparse_top_k_in_training` (hybrid): False (default) cuts the sparse vector to its `sparse_top_k` largest
     weights at inference only (eval mode: encoding, indexing, search), so in training the contrastive loss
     (paper 002 Eq. 3) and FLOPS (Eq. 4, defined on the Eq. 2 weights, i.e. before the cut) see the full
@@ -92,9 +95,12 @@ class ModelConfig:
     hybrid_lambda: float = 0.5
     pooling: str = "cls"
     aspect_sides: list[str] = field(default_factory=lambda: ["query", "doc"])
+    text_prefixes: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _check_choice("model.name", self.name, MODEL_NAMES)
+        for side in self.text_prefixes:
+            _check_choice("model.text_prefixes", side, ("query", "doc"))
         for key, value in self.paper_defaults.items():
             if getattr(self, key) is None:
                 setattr(self, key, value)
@@ -148,6 +154,11 @@ class ModelConfig:
         if self.uses_granularities:
             return {"similarity": "dot", "shared_towers": True}
         return {"similarity": "cosine", "shared_towers": False}
+
+    def prefixed(self, texts: list[str], side: str) -> list[str]:
+        """`texts` with the side's `text_prefixes` entry in front (unchanged without one)."""
+        prefix = self.text_prefixes.get(side, "")
+        return [prefix + t for t in texts] if prefix else list(texts)
 
     @property
     def pooling_configurable(self) -> bool:

@@ -244,7 +244,8 @@ class BiEncoder(nn.Module):
 
     def tokenize(self, texts: list[str], side: str) -> dict[str, torch.Tensor]:
         max_len = self.config.max_query_length if side == "query" else self.config.max_doc_length
-        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=max_len, return_tensors="pt")
+        enc = self.tokenizer(self.config.prefixed(list(texts), side), padding=True, truncation=True,
+                             max_length=max_len, return_tensors="pt")
         return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
     @torch.no_grad()

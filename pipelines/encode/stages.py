@@ -57,10 +57,12 @@ class TokenizeDocs:
 
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
         self.max_length = int(max_length or cfg.get("max_doc_length", 128))
+        self.prefix = (cfg.get("text_prefixes") or {}).get("doc", "")  # e.g. e5's "passage: "
         self.encode = make_encoder(load_tokenizer(Path(model_dir) / "tokenizer"), self.max_length)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        ids = ragged(self.encode(batch.column("text").to_pylist()))
+        texts = batch.column("text").to_pylist()
+        ids = ragged(self.encode([self.prefix + t for t in texts] if self.prefix else texts))
         lengths = np.diff(ids.offsets.to_numpy())
         out = batch.drop_columns(["text"]).append_column("input_ids", ids)
         return out.take(pa.array(np.argsort(lengths, kind="stable")))

@@ -6,6 +6,7 @@ bounds; repair of torn / damaged shards; duplicate and missing ids reported; the
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -322,3 +323,24 @@ def test_configs_load_and_local_cli_run(corpus, models, tmp_path):
     assert main([*argv[:-1], "--verify"]) == 0
     assert main([*argv[:2], "--input", str(tmp_path / "nope"), "--output", str(out), "--model-dir",
                  models["bibert"], "--local"]) == 1  # a clear error, exit status 1
+
+
+def test_job_applies_the_models_doc_prefix(corpus, tokenizer, tmp_path):
+    """A model with `text_prefixes` (e5's "passage: ") is indexed as the model itself encodes documents, not as
+    the bare text: the job's vectors equal `encode_texts(..., "doc")` and differ from the unprefixed ones."""
+    catalog, table, root = corpus
+    torch.manual_seed(0)
+    cfg = ModelConfig(name="bibert", pooling="mean", backbone=BackboneConfig(tiny=TINY), max_query_length=16,
+                      max_doc_length=48, text_prefixes={"query": "query: ", "doc": "passage: "})
+    model_dir = str(build_model(cfg, tokenizer).save(tmp_path / "model"))
+    run_encode(encode_config(root, tmp_path / "index", model_dir, num_shards=1, index_factory="Flat",
+                             store_docs=False), log=lambda _: None, local=True)
+    from madr.modeling.model import BiEncoder
+
+    model = BiEncoder.load(model_dir).eval()
+    ids, texts = table.column("doc_id").to_numpy()[:40], texts_of(table.slice(0, 40))
+    got = ShardedIndex.open(tmp_path / "index").reconstruct(ids)
+    np.testing.assert_allclose(got, model.encode_texts(texts, "doc").numpy(), atol=1e-5)
+    bare = dataclasses.replace(model.config, text_prefixes={})
+    model.config = bare
+    assert not np.allclose(got, model.encode_texts(texts, "doc").numpy(), atol=1e-3)
