@@ -151,6 +151,56 @@ def hybrid_merge(dense: TopK, sparse: TopK, lam: float, k: int, normalisation: s
     return pad_rows(rows, k)
 
 
+def weighted_fusion(lists: Sequence[TopK], weights: Sequence[float], k: int, normalisation: str = "minmax"
+                    ) -> TopK:
+    """Several retrievers' top lists of the same queries in one ranking (paper 002 Eq. 1 for any number of
+    lists): per query, the union of their candidates; a candidate missing from a list gets that list's
+    minimum score for the query (it ranked at best below the list's last entry); each list's scores are
+    normalised over the candidates (``normalise``; with ``"minmax"`` this equals min-max over the list itself
+    with absent candidates at 0, ranx's ``fuse(norm="min-max", method="wsum")``); the final score is
+    ``sum_i weights[i] * score_i``; top ``k`` by final score, ties by id ascending.
+
+    Returns (scores [Q, k] float32, ids [Q, k] int64), padded with -inf / -1."""
+    if len(lists) != len(weights) or not lists:
+        raise ValueError(f"weighted_fusion: {len(lists)} lists but {len(weights)} weights")
+    if k < 1:
+        raise ValueError(f"weighted_fusion: k must be >= 1, got {k}")
+    if normalisation not in NORMALISATIONS:
+        raise ValueError(f"weighted_fusion: normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
+    checked = [_check_topk(pair, f"list {i}") for i, pair in enumerate(lists)]
+    counts = {s.shape[0] for s, _ in checked}
+    if len(counts) != 1:
+        raise ValueError(f"weighted_fusion: the lists have different query counts {sorted(counts)}")
+    rows = []
+    for q in range(counts.pop()):
+        valid = [_valid(s[q], i[q], f"list {n}", q) for n, (s, i) in enumerate(checked)]
+        cand = np.unique(np.concatenate([i for _, i in valid]))
+        final = np.zeros(cand.size)
+        for w, (s, i) in zip(weights, valid, strict=True):
+            if w:
+                final += w * normalise(_lookup(cand, i, s), normalisation)
+        rows.append(_sorted_topk(final, cand, k))
+    return pad_rows(rows, k)
+
+
+def reciprocal_rank_fusion(lists: Sequence[TopK], k: int, rrf_k: int = 60) -> TopK:
+    """Reciprocal rank fusion (Cormack, Clarke and Buettcher, SIGIR 2009): ``sum_i 1 / (rrf_k + rank_i(d))``
+    over the lists that hold ``d`` (rank from 1, in each list's own order); top ``k``, ties by id ascending."""
+    if not lists or k < 1:
+        raise ValueError(f"reciprocal_rank_fusion: needs >= 1 list and k >= 1, got {len(lists)} lists, k={k}")
+    checked = [_check_topk(pair, f"list {i}") for i, pair in enumerate(lists)]
+    rows = []
+    for q in range(checked[0][0].shape[0]):
+        total: dict[int, float] = {}
+        for n, (s, i) in enumerate(checked):
+            _, ids = _sorted_topk(*_valid(s[q], i[q], f"list {n}", q), s.shape[1])
+            for rank, doc in enumerate(ids.tolist(), start=1):
+                total[doc] = total.get(doc, 0.0) + 1.0 / (rrf_k + rank)
+        cand = np.fromiter(total, dtype=np.int64, count=len(total))
+        rows.append(_sorted_topk(np.fromiter(total.values(), dtype=np.float64, count=len(total)), cand, k))
+    return pad_rows(rows, k)
+
+
 def source_prior_rerank(scores: np.ndarray, sources: Sequence[Sequence[str | None]] | np.ndarray,
                         priors: Mapping[str, float], ids: np.ndarray | None = None,
                         default_prior: float | None = None) -> TopK:

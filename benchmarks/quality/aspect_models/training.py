@@ -25,21 +25,20 @@ from benchmarks.quality.aspect_models.rows import label_of, model_config
 from madr.config import ExperimentConfig, config_hash
 from madr.data.schema import Catalog
 from madr.modeling.model import BiEncoder, build_model
+from madr.training.freezing import freeze_backbone
 from madr.training.loop import CatalogSampler, train_stage
 
 
 def train_row(key: str, cfg: ExperimentConfig, catalog: Catalog, tokenizer, vocab, seed: int,
-              freeze_embeddings: bool) -> tuple[BiEncoder, dict]:
+              freeze_embeddings: bool, freeze_layers: int = 0) -> tuple[BiEncoder, dict]:
     """Build row `key` from the shared start weights with torch seeded by `seed` (word embeddings frozen when
-    `freeze_embeddings`), then pretrain (when `train.pretrain.steps` > 0; never DSSM, as `run_experiment`)
+    `freeze_embeddings`, and the lowest `freeze_layers` layers, `madr.training.freezing`), then pretrain (when `train.pretrain.steps` > 0; never DSSM, as `run_experiment`)
     and fine-tune on the train queries."""
     mcfg = model_config(cfg, key)
     torch.manual_seed(seed)
     model = build_model(mcfg, tokenizer, vocab)
-    if freeze_embeddings:  # 12M of all-MiniLM's 23M weights; a third of the step time on 2 CPU cores
-        for tower in model.towers():
-            if tower.backbone is not None:
-                tower.backbone.get_input_embeddings().weight.requires_grad_(False)
+    # word embeddings: 12M of all-MiniLM's 23M weights, a third of the step time on 2 CPU cores
+    freeze_backbone(model, freeze_embeddings, freeze_layers)
     sampler = CatalogSampler(catalog, "train", seed=seed)
     history = {}
     for kind, stage in (("pretrain", cfg.train.pretrain), ("finetune", cfg.train.finetune)):

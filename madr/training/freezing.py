@@ -1,0 +1,35 @@
+"""Frozen parts of a backbone: a cheaper training step where the pretrained weights are kept as they are."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from madr.modeling.model import BiEncoder
+
+
+def backbone_frozen_parameters(backbone: nn.Module, word_embeddings: bool, layers: int) -> list[nn.Parameter]:
+    """The word-embedding table (`word_embeddings`) and, with `layers` > 0, every embedding parameter and the
+    lowest `layers` transformer layers of a Hugging Face encoder (`.embeddings`, `.encoder.layer`)."""
+    params = [backbone.get_input_embeddings().weight] if word_embeddings else []
+    if layers > 0:
+        blocks = backbone.encoder.layer
+        if layers > len(blocks):
+            raise ValueError(f"cannot freeze {layers} layers of a {len(blocks)}-layer backbone")
+        params += list(backbone.embeddings.parameters())
+        params += [p for block in blocks[:layers] for p in block.parameters()]
+    return params
+
+
+def freeze_backbone(model: BiEncoder, word_embeddings: bool = True, layers: int = 0) -> int:
+    """Stop training the word embeddings and / or the lowest `layers` layers of every tower's backbone; no
+    gradient flows below the first trained layer, so backward skips the frozen ones (about 2/3 of a frozen
+    layer's step cost on CPU). Returns the number of weights frozen (DSSM towers have no backbone: 0)."""
+    frozen = 0
+    for tower in model.towers():
+        if tower.backbone is None:
+            continue
+        for p in backbone_frozen_parameters(tower.backbone, word_embeddings, layers):
+            if p.requires_grad:
+                p.requires_grad_(False)
+                frozen += p.numel()
+    return frozen

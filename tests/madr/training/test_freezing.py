@@ -1,0 +1,54 @@
+"""`freeze_backbone`: the frozen weights get no gradient and do not move in a training step; the others do."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from madr.config import BackboneConfig, ModelConfig
+from madr.modeling.batching import make_batch
+from madr.modeling.model import build_model
+from madr.training.freezing import freeze_backbone
+
+
+def _model(tokenizer, shared: bool):
+    torch.manual_seed(0)
+    cfg = ModelConfig(name="bibert", shared_towers=shared, backbone=BackboneConfig(
+        tiny={"hidden_size": 32, "num_hidden_layers": 3, "num_attention_heads": 2, "intermediate_size": 64,
+              "max_position_embeddings": 64}), max_query_length=16, max_doc_length=16)
+    return build_model(cfg, tokenizer, None)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_frozen_layers_get_no_gradient_and_stay(tokenizer, shared):
+    model = _model(tokenizer, shared)
+    n = freeze_backbone(model, word_embeddings=True, layers=2)
+    bb = model.query_tower.backbone
+    expected = sum(p.numel() for p in bb.embeddings.parameters()) + sum(
+        p.numel() for block in bb.encoder.layer[:2] for p in block.parameters())
+    assert n == expected * len(model.towers())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    q = make_batch(model, ["red nike socks", "white drill"], "query")
+    d = make_batch(model, ["nike socks red", "cordless drill white"], "doc")
+    qv = model.encode(q.input_ids, q.attention_mask, "query").embedding
+    dv = model.encode(d.input_ids, d.attention_mask, "doc").embedding
+    torch.nn.functional.cross_entropy(qv @ dv.T, torch.arange(2)).backward()
+    opt.step()
+    after = model.state_dict()
+    for name, p in model.named_parameters():
+        if ".backbone.embeddings." not in name and ".backbone.encoder." not in name:
+            continue  # heads the loss does not reach (MLM head, pooler)
+        moved = not torch.equal(before[name], after[name])
+        frozen = ".embeddings." in name or any(f".encoder.layer.{i}." in name for i in range(2))
+        assert (p.grad is None) == frozen, name
+        assert not (frozen and moved), name
+
+
+def test_word_embeddings_only_and_too_many_layers(tokenizer):
+    model = _model(tokenizer, True)
+    emb = model.query_tower.backbone.get_input_embeddings().weight
+    assert freeze_backbone(model, word_embeddings=True, layers=0) == emb.numel()
+    assert freeze_backbone(model, word_embeddings=True, layers=0) == 0  # already frozen
+    with pytest.raises(ValueError, match="cannot freeze 4 layers of a 3-layer backbone"):
+        freeze_backbone(model, word_embeddings=False, layers=4)
