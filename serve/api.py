@@ -25,7 +25,7 @@ import numpy as np
 from fastapi import FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from madr.index.manifest import Manifest
 from madr.search.params import SearchParams
@@ -36,6 +36,7 @@ from serve.backend import (
     BackendUnavailable,
     Docs,
     EncodedQuery,
+    check_text,
 )
 from serve.config import ServeSettings
 from serve.filters import check_filters, matches
@@ -45,10 +46,6 @@ TITLE = "madr search"
 
 # ---- request and response models ----------------------------------------------------------------------------
 
-def _not_blank(value: str, what: str) -> str:
-    if not value.strip():
-        raise ValueError(f"{what} is blank (only whitespace)")
-    return value
 
 
 class SearchHit(BaseModel):
@@ -90,7 +87,7 @@ def request_models(s: ServeSettings, filter_fields: list[str], doc_fields: list[
         @field_validator("query")
         @classmethod
         def _query(cls, v: str) -> str:
-            return _not_blank(v, "query")
+            return check_text(v, "query")
 
         @field_validator("filters")
         @classmethod
@@ -116,8 +113,8 @@ def request_models(s: ServeSettings, filter_fields: list[str], doc_fields: list[
 
         @field_validator("query", "doc_text")
         @classmethod
-        def _text(cls, v: str | None) -> str | None:
-            return v if v is None else _not_blank(v, "text")
+        def _text(cls, v: str | None, info: ValidationInfo) -> str | None:
+            return v if v is None else check_text(v, str(info.field_name))
 
         @model_validator(mode="after")
         def _one_doc(self) -> "ExplainRequest":
@@ -135,8 +132,9 @@ def request_models(s: ServeSettings, filter_fields: list[str], doc_fields: list[
         @classmethod
         def _texts(cls, v: list[str]) -> list[str]:
             for i, t in enumerate(v):
-                if not t.strip() or len(t) > s.max_query_chars:
-                    raise ValueError(f"texts[{i}] must be non-blank and at most {s.max_query_chars} characters")
+                if len(t) > s.max_query_chars:
+                    raise ValueError(f"texts[{i}] must be at most {s.max_query_chars} characters")
+                check_text(t, f"texts[{i}]")
             return v
 
     return {"search": SearchRequest, "explain": ExplainRequest, "encode": EncodeRequest}

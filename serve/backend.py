@@ -11,10 +11,11 @@ queries (paper 002 Eq. 1 per shard, unnormalised, merged by score with ties by i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import unicodedata
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 
@@ -49,6 +50,42 @@ class Backend(Protocol):
     async def term_names(self, ids: list[int]) -> list[str]: ...
 
     async def ready(self) -> dict[str, Any]: ...
+
+
+# ---- request texts and batch isolation ----------------------------------------------------------------------
+
+# Unicode categories with nothing to see: controls (NUL, ...), format characters (zero-width space / joiners,
+# BOM, ...) and separators. A text made only of these (and whitespace) is blank.
+_INVISIBLE = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp"})
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def check_text(value: str, what: str) -> str:
+    """`value` when it is valid Unicode with at least one visible character, else ValueError naming `what`.
+
+    Unpaired UTF-16 surrogates (JSON "\\ud800") cannot be encoded as UTF-8 and make the tokenizer raise:
+    refused here, before a text joins a batch, so it cannot fail its batch-mates."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} holds an unpaired UTF-16 surrogate at character {e.start} "
+                         "(not valid Unicode)") from None
+    if all(ch.isspace() or unicodedata.category(ch) in _INVISIBLE for ch in value):
+        raise ValueError(f"{what} is blank (only whitespace, zero-width or control characters)")
+    return value
+
+
+def isolate(fn: Callable[[list[T]], Sequence[R]], items: list[T]) -> list[R | Exception]:
+    """`fn(items)`, one result per item; when the whole batch raises, each item is retried alone so only the
+    items that fail by themselves get their exception (returned in their slot, not raised)."""
+    try:
+        return list(fn(items))
+    except Exception as err:  # noqa: BLE001 - any failure: find the guilty items
+        if len(items) == 1:
+            return [err]
+    return [isolate(fn, [item])[0] for item in items]
 
 
 # ---- model side ---------------------------------------------------------------------------------------------

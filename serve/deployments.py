@@ -5,6 +5,9 @@
   answers `/explain` (both towers) and term names for `/encode`.
 - `ShardSearcher`: one deployment per shard group (`searcher-<g>`), each replica holding its shards in
   memory; `@serve.batch` groups concurrent requests with equal search knobs into one FAISS call.
+
+A batch isolates its members: a text is checked (`check_text`) before it joins a batch, and a batch that
+raises is retried member by member (`isolate`), so a bad request fails alone, never its batch-mates.
 - `RayBackend`: the `serve.backend.Backend` the ingress uses: encode once, fan out to every shard group,
   `merge_topk` (paper 002 Eq. 1 scores, comparable across shards), Ray failures -> `BackendUnavailable`.
 """
@@ -26,8 +29,10 @@ from serve.backend import (
     BackendUnavailable,
     EncodedQuery,
     ShardGroup,
+    check_text,
     encode_texts,
     explain_texts,
+    isolate,
     load_model,
     search_batched,
     term_names,
@@ -46,13 +51,17 @@ class QueryEncoder:
     def __init__(self, model_dir: str, threads: int = 1, max_batch_size: int = 16,
                  batch_wait_timeout_s: float = 0.003) -> None:
         self.model = load_model(model_dir, threads)
-        self.encode.set_max_batch_size(max_batch_size)
-        self.encode.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        self._encode_batch.set_max_batch_size(max_batch_size)
+        self._encode_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
+
+    async def encode(self, text: str) -> EncodedQuery:
+        """One query, encoded in a batch with concurrent ones; a bad text fails only its own request."""
+        return _raise_or_return(await self._encode_batch(check_text(text, "text")))
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.003)
-    async def encode(self, texts: list[str]) -> list[EncodedQuery]:
+    async def _encode_batch(self, texts: list[str]) -> list[EncodedQuery | Exception]:
         # In a thread: the event loop keeps queueing requests for the next batch meanwhile.
-        return await asyncio.to_thread(encode_texts, self.model, texts)
+        return await asyncio.to_thread(isolate, lambda batch: encode_texts(self.model, batch), texts)
 
     def explain(self, query: str, doc_text: str) -> dict[str, Any]:
         return explain_texts(self.model, query, doc_text)
@@ -75,13 +84,17 @@ class ShardSearcher:
 
         faiss.omp_set_num_threads(threads)
         self.group = ShardGroup(manifest_path, shards, mmap=mmap, verify=verify)
-        self.search.set_max_batch_size(max_batch_size)
-        self.search.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        self._search_batch.set_max_batch_size(max_batch_size)
+        self._search_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
+
+    async def search(self, request: tuple[EncodedQuery, SearchParams]) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k of one (query, params), searched in a batch with concurrent ones; failures stay its own."""
+        return _raise_or_return(await self._search_batch(request))
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.001)
-    async def search(self, requests: list[tuple[EncodedQuery, SearchParams]]
-                     ) -> list[tuple[np.ndarray, np.ndarray]]:
-        return await asyncio.to_thread(search_batched, self.group.search, requests)
+    async def _search_batch(self, requests: list[tuple[EncodedQuery, SearchParams]]
+                            ) -> list[tuple[np.ndarray, np.ndarray] | Exception]:
+        return await asyncio.to_thread(isolate, lambda batch: search_batched(self.group.search, batch), requests)
 
     def info(self) -> dict[str, Any]:
         return {"shards": self.group.shard_ids, "ntotal": self.group.ntotal, "replica": replica_actor_name()}
@@ -89,6 +102,13 @@ class ShardSearcher:
     def check_health(self) -> None:
         if not self.group.shards:
             raise RuntimeError("ShardSearcher has no shards loaded")
+
+
+def _raise_or_return(result: Any) -> Any:
+    """A batch member's result, or its exception raised (`isolate` returns them in place)."""
+    if isinstance(result, Exception):
+        raise result
+    return result
 
 
 class RayBackend:

@@ -165,6 +165,12 @@ BAD = [
     ("/encode", {"texts": []}, 422, "at least 1 item"),
     ("/encode", {"texts": ["a"] * 33}, 422, "at most 32 items"),
     ("/encode", {"texts": ["ok", " "]}, 422, "texts[1]"),
+    # issue 24: unpaired surrogates and invisible-only text are 422s naming the field
+    ("/encode", {"texts": ["ok", "\ud800"]}, 422, "texts[1] holds an unpaired UTF-16 surrogate"),
+    ("/encode", {"texts": ["ok", "\u200b\ufeff"]}, 422, "texts[1] is blank"),
+    ("/search", {"query": "\u200b\u200c\u200d"}, 422, "query is blank"),
+    ("/search", {"query": "\x00\x00"}, 422, "query is blank"),
+    ("/explain", {"query": "shoes", "doc_text": "\u2060 \x00"}, 422, "doc_text is blank"),
 ]
 
 
@@ -189,6 +195,44 @@ def test_malformed_json_and_oversized_body(app):
 
     r = requests.post(app["url"] + "/search", data=chunks(), headers=headers, timeout=20)
     assert r.status_code == 413, r.text
+
+
+def test_bad_text_in_a_batch_fails_only_its_own_request(app, served_index):
+    """Issue 24: texts sent straight to the batching QueryEncoder arrive in one batch; the unpaired
+    surrogate used to raise inside the batch and fail every member."""
+    from ray import serve
+
+    encoder = serve.get_deployment_handle("QueryEncoder", app_name=app["app_name"])
+    good = served_index["queries"][:6]
+    for _ in range(3):
+        texts = good[:3] + ["bad \ud800"] + good[3:] + ["\udfff"]
+        responses = [encoder.encode.remote(t) for t in texts]  # submitted together: one batch
+        for t, resp in zip(texts, responses, strict=True):
+            if t in good:
+                assert resp.result(timeout_s=30).dense.shape[0] > 0
+            else:
+                with pytest.raises(Exception, match="unpaired UTF-16 surrogate"):
+                    resp.result(timeout_s=30)
+
+
+def test_bad_requests_under_load_fail_no_good_request(app, served_index):
+    """Issue 24 item 1 over HTTP: good /search requests mixed with bad /encode ones, all concurrent."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def call(i: int) -> tuple[bool, int, str]:
+        if i % 3 == 0:
+            body, path = {"texts": ["ok", "\ud800"]}, "/encode"
+        else:
+            body, path = {"query": served_index["queries"][i % 12], "k": 3}, "/search"
+        r = requests.post(app["url"] + path, json=body, headers={"X-API-Key": KEY}, timeout=30)
+        return path == "/search", r.status_code, r.text
+
+    with ThreadPoolExecutor(16) as pool:
+        results = list(pool.map(call, range(60)))
+    good = [(status, text) for is_good, status, text in results if is_good]
+    bad = [status for is_good, status, _ in results if not is_good]
+    assert all(status == 200 for status, _ in good), [g for g in good if g[0] != 200][:3]
+    assert bad and all(status == 422 for status in bad), bad
 
 
 def test_api_key_is_required_when_set(app):

@@ -54,6 +54,36 @@ def test_min_app_cpus_counts_every_deployment_at_its_smallest_scale():
     assert min_app_cpus(s, num_shards=2) == 1.0 + 2 * 0.5 + 0.1  # no more groups than shards
 
 
+def test_check_text_refuses_surrogates_and_invisible_only_text():
+    from serve.backend import check_text
+
+    assert check_text("white \u200bsocks", "query") == "white \u200bsocks"
+    with pytest.raises(ValueError, match="query holds an unpaired UTF-16 surrogate at character 3"):
+        check_text("abc\ud800", "query")
+    for blank in (" \t", "\u200b\u200c\u200d\u2060", "\x00\x00", "\ufeff\n", "\u3000"):
+        with pytest.raises(ValueError, match="texts\\[2\\] is blank"):
+            check_text(blank, "texts[2]")
+
+
+def test_isolate_fails_only_the_guilty_members():
+    """A batch function that raises when any member is bad: `isolate` retries members alone."""
+    from serve.backend import isolate
+
+    calls = []
+
+    def upper(batch: list[str]) -> list[str]:
+        calls.append(list(batch))
+        if any(t.startswith("bad") for t in batch):
+            raise ValueError(f"cannot encode {batch}")
+        return [t.upper() for t in batch]
+
+    out = isolate(upper, ["a", "bad1", "b", "bad2"])
+    assert out[0] == "A" and out[2] == "B"
+    assert isinstance(out[1], ValueError) and "bad1" in str(out[1]) and "bad2" not in str(out[1])
+    assert isinstance(out[3], ValueError) and "bad2" in str(out[3])
+    assert isolate(upper, ["x", "y"]) == ["X", "Y"] and calls[-1] == ["x", "y"]  # a good batch: one call
+
+
 def test_settings_reject_unknown_keys_and_bad_values(tmp_path):
     with pytest.raises(ValueError, match="unknown config key.*max_kk"):
         settings_from_dict({"max_kk": 3})
@@ -135,3 +165,4 @@ def test_plain_app_without_key_equals_offline(plain, served_index):
         assert_same_ranking([h["score"] for h in hits], [h["id"] for h in hits], ref_scores[qi], ref_ids[qi], q)
     assert requests.get(plain + "/ready", timeout=20).json()["ntotal"] == len(served_index["ids"])
     assert requests.post(plain + "/search", json={"query": ""}, timeout=20).status_code == 422
+
