@@ -8,8 +8,10 @@ Routes: ``POST /search`` (query, k, aspect filters, lambda override -> ids, scor
 and expansion terms of a query and a document), ``POST /encode`` (dense vector + top sparse terms),
 ``GET /healthz`` (the process answers), ``GET /ready`` (model and every shard loaded), ``/openapi.json``,
 ``/docs``. Bad input answers 4xx with a message naming the field: 401 (API key), 404 (unknown doc id),
-413 (body over ``max_body_bytes``), 422 (validation: types, ranges, blank or over-long text, unknown
-filters or fields). A failing backend answers 503, a slow one 504.
+408 (body slower than ``body_timeout_s``), 413 (body over ``max_body_bytes``), 422 (validation: types,
+ranges, blank, invisible-only or over-long text, unpaired surrogates, a body that is not UTF-8 or nests
+too deeply, unknown filters or fields), 431 (headers over ``max_header_bytes``). A failing backend answers
+503, a slow one 504.
 """
 
 # No `from __future__ import annotations`: FastAPI must see the request models built in create_api as
@@ -26,6 +28,7 @@ from fastapi import FastAPI, HTTPException
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from madr.index.manifest import Manifest
 from madr.search.params import SearchParams
@@ -46,6 +49,7 @@ TITLE = "madr search"
 
 # ---- request and response models ----------------------------------------------------------------------------
 
+MAX_DOC_ID = 2**63 - 1  # DocStore ids are int64
 
 
 class SearchHit(BaseModel):
@@ -107,7 +111,7 @@ def request_models(s: ServeSettings, filter_fields: list[str], doc_fields: list[
     class ExplainRequest(BaseModel):
         model_config = ConfigDict(extra="forbid", strict=True)
         query: str = Field(min_length=1, max_length=s.max_query_chars)
-        doc_id: int | None = Field(None, ge=0, description="a document of the index (its DocStore text)")
+        doc_id: int | None = Field(None, ge=0, le=MAX_DOC_ID, description="a document of the index (its DocStore text)")
         doc_text: str | None = Field(None, min_length=1, max_length=8 * s.max_query_chars,
                                      description="or the document text itself")
 
@@ -143,11 +147,13 @@ def request_models(s: ServeSettings, filter_fields: list[str], doc_fields: list[
 # ---- ASGI guard: API key and body size ----------------------------------------------------------------------
 
 class Guard:
-    """Pure ASGI middleware: refuses requests without the API key (401) and bodies over `max_body` (413),
-    by Content-Length before reading and by counting streamed chunks."""
+    """Pure ASGI middleware: refuses requests without the API key (401), headers over `max_header` bytes (431),
+    bodies over `max_body` (413; by Content-Length before reading and by counting streamed chunks) and
+    bodies whose next chunk takes over `body_timeout_s` to arrive (408: a slow client holds no connection)."""
 
-    def __init__(self, app: Any, api_key: str | None, max_body: int) -> None:
-        self.app, self.max_body = app, max_body
+    def __init__(self, app: Any, api_key: str | None, max_body: int, max_header: int = 16384,
+                 body_timeout_s: float = 5.0) -> None:
+        self.app, self.max_body, self.max_header, self.body_timeout_s = app, max_body, max_header, body_timeout_s
         self.key = api_key.encode() if api_key else None
 
     def _authorised(self, headers: dict[bytes, bytes]) -> bool:
@@ -160,23 +166,36 @@ class Guard:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        headers = dict(scope.get("headers") or [])
+        raw = scope.get("headers") or []
+        if sum(len(k) + len(v) for k, v in raw) > self.max_header:
+            return await _send_error(send, 431, f"request headers over {self.max_header} bytes")
+        headers = dict(raw)
         if self.key is not None and not self._authorised(headers):
             return await _send_error(send, 401, "missing or wrong API key (send header X-API-Key)")
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
             return await _send_error(send, 413, f"request body over {self.max_body} bytes")
-        seen = 0
+        await self.app(scope, self._limited(receive), send)
+
+    def _limited(self, receive: Any) -> Any:
+        """`receive` counting body bytes (413) and timing each body chunk (408) until the body is complete."""
+        seen, done = 0, False
 
         async def limited() -> dict:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, done
+            if done:  # after the body: a wait for the disconnect, unbounded
+                return await receive()
+            try:
+                message = await asyncio.wait_for(receive(), self.body_timeout_s)
+            except asyncio.TimeoutError:
+                raise HTTPException(408, f"request body not received within {self.body_timeout_s} s") from None
             seen += len(message.get("body", b""))
+            done = message.get("type") != "http.request" or not message.get("more_body", False)
             if seen > self.max_body:
                 raise HTTPException(413, f"request body over {self.max_body} bytes")
             return message
 
-        await self.app(scope, limited, send)
+        return limited
 
 
 async def _send_error(send: Any, status: int, message: str) -> None:
@@ -193,7 +212,22 @@ def _validation_error(_: Any, exc: RequestValidationError) -> JSONResponse:
     return JSONResponse({"error": summary, "detail": detail}, status_code=422)
 
 
-def _http_error(_: Any, exc: HTTPException) -> JSONResponse:
+def _body_error(exc: StarletteHTTPException) -> str | None:
+    """What is wrong with a body FastAPI could not parse (its 400 names nothing), or None."""
+    cause = exc.__cause__
+    if exc.status_code != 400 or cause is None:
+        return None
+    if isinstance(cause, UnicodeDecodeError):
+        return f"body: not valid UTF-8 (byte {cause.start}: {cause.reason})"
+    if isinstance(cause, RecursionError):
+        return "body: JSON nested too deeply"
+    return f"body: not parseable as JSON ({type(cause).__name__})"
+
+
+def _http_error(_: Any, exc: StarletteHTTPException) -> JSONResponse:
+    message = _body_error(exc)
+    if message is not None:
+        return JSONResponse({"error": message, "detail": message}, status_code=422)
     return JSONResponse({"error": str(exc.detail), "detail": exc.detail}, status_code=exc.status_code,
                         headers=getattr(exc, "headers", None))
 
@@ -267,7 +301,7 @@ class SearchRoutes:
         text, doc_id = req.doc_text, req.doc_id
         if doc_id is not None:
             try:
-                text = self.docs.text(doc_id, self.s.doc_text_field)
+                text = self.docs.text(doc_id, self.docs.text_field(self.s))
             except LookupError as e:
                 raise HTTPException(404, str(e)) from e
             except ValueError as e:
@@ -325,7 +359,7 @@ def create_api(backend: Backend, settings: ServeSettings, docs: Docs) -> FastAPI
     search_model, explain_model, encode_model = models["search"], models["explain"], models["encode"]
     app = FastAPI(title=TITLE, version="1", description=__doc__)
     app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)  # FastAPI's own 400 / 404 / 405 too
 
     @app.post("/search", response_model=SearchResponse)
     async def search(req: search_model) -> dict:  # type: ignore[valid-type]
@@ -339,7 +373,7 @@ def create_api(backend: Backend, settings: ServeSettings, docs: Docs) -> FastAPI
     async def encode(req: encode_model) -> dict:  # type: ignore[valid-type]
         return await routes.encode(req)
 
-    @app.get("/healthz")
+    @app.api_route("/healthz", methods=["GET", "HEAD"])
     async def healthz() -> dict:
         return {"status": "ok"}
 
@@ -347,7 +381,8 @@ def create_api(backend: Backend, settings: ServeSettings, docs: Docs) -> FastAPI
     async def ready() -> JSONResponse:
         return await routes.ready()
 
-    app.add_middleware(Guard, api_key=settings.resolved_api_key(), max_body=settings.max_body_bytes)
+    app.add_middleware(Guard, api_key=settings.resolved_api_key(), max_body=settings.max_body_bytes,
+                       max_header=settings.max_header_bytes, body_timeout_s=settings.body_timeout_s)
     return app
 
 

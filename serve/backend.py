@@ -245,6 +245,9 @@ class BackendBadRequest(ValueError):
     """The index or model refused the request's parameters (their ValueError): HTTP 422."""
 
 
+DEFAULT_TEXT_FIELDS = ("text", "title")  # what `Docs.text_field` looks for when the settings name none
+
+
 class Docs:
     """The manifest's DocStore (display fields and aspect values per document id), or none."""
 
@@ -281,12 +284,20 @@ class Docs:
                 raise ValueError(f"serve settings: filter_fields {unknown} are not DocStore fields "
                                  f"({', '.join(self.fields) or 'no DocStore'})")
             return list(settings.filter_fields)
-        return [f for f in self.fields if f != settings.doc_text_field]
+        return [f for f in self.fields if f != self.text_field(settings)]
 
-    def text(self, doc_id: int, field: str) -> str:
+    def text_field(self, settings: Any) -> str | None:
+        """The field `/explain` reads by doc_id: `settings.doc_text_field`, else the first of DEFAULT_TEXT_FIELDS
+        the DocStore has (None: none)."""
+        if settings.doc_text_field is not None:
+            return str(settings.doc_text_field)
+        return next((f for f in DEFAULT_TEXT_FIELDS if f in self.fields), None)
+
+    def text(self, doc_id: int, field: str | None) -> str:
         """The text of document `doc_id` (LookupError: unknown id; ValueError: no such text field)."""
-        if field not in self.fields:
-            raise ValueError(f"doc_id: the DocStore has no {field!r} text field; send doc_text instead")
+        if field is None or field not in self.fields:
+            name = "text" if field is None else repr(field)
+            raise ValueError(f"doc_id: the DocStore has no {name} field; send doc_text instead")
         doc = self.get([doc_id])[0]
         if doc is None:
             raise LookupError(f"doc_id {doc_id} is not in the DocStore")

@@ -64,10 +64,13 @@ class ServeSettings:
     Search settings: `search` (`madr.search.params.SearchParams`, YAML section `search:`): `candidates`,
     `nprobe`, `ef_search` for every shard (None: the index defaults) and `lam` for requests that do not send
     one (None: the index's `hybrid_lambda`); `k` comes with each request.
-    Validation: `max_query_chars`, `max_k`, `max_encode_texts`, `max_body_bytes` (HTTP 413 above it).
+    Validation: `max_query_chars`, `max_k`, `max_encode_texts`, `max_body_bytes` (HTTP 413 above it),
+    `max_header_bytes` (431), `body_timeout_s` (408 when a body chunk takes longer to arrive).
     Filters (post-filters on DocStore fields, see serve/app.py): `filter_fields` (None: every DocStore
-    column but the id and `doc_text_field`), fetch `k * filter_overfetch` candidates, doubling up to
+    column but the id and the text field), fetch `k * filter_overfetch` candidates, doubling up to
     `max_filter_fetch` until `k` documents match.
+    `/explain` by `doc_id` explains the DocStore's `doc_text_field` (None: the first of `text`, `title` the
+    DocStore has; the encode job writes `title`).
     Auth: the API key is `api_key` or, when that is None, the environment variable `api_key_env` read on the
     ingress replica; empty or unset = no key. Clients send it as `X-API-Key: <key>` or
     `Authorization: Bearer <key>`.
@@ -84,8 +87,10 @@ class ServeSettings:
     max_k: int = 100
     max_encode_texts: int = 32
     max_body_bytes: int = 16384
+    max_header_bytes: int = 16384
+    body_timeout_s: float = 5.0
     filter_fields: list[str] | None = None
-    doc_text_field: str = "text"
+    doc_text_field: str | None = None
     filter_overfetch: int = 10
     max_filter_fetch: int = 1000
     search: SearchParams = field(default_factory=SearchParams)
@@ -106,8 +111,8 @@ class ServeSettings:
     ingress: DeploymentSettings = field(default_factory=lambda: DeploymentSettings(num_cpus=0.5))
 
     def __post_init__(self) -> None:
-        positive = ("max_query_chars", "max_k", "max_encode_texts", "max_body_bytes", "filter_overfetch",
-                    "max_filter_fetch", "shard_groups", "torch_threads", "faiss_threads",
+        positive = ("max_query_chars", "max_k", "max_encode_texts", "max_body_bytes", "max_header_bytes",
+                    "filter_overfetch", "max_filter_fetch", "shard_groups", "torch_threads", "faiss_threads",
                     "encoder_max_batch_size", "searcher_max_batch_size", "port")
         for name in positive:
             if int(getattr(self, name)) < 1:
@@ -115,6 +120,8 @@ class ServeSettings:
         if self.max_filter_fetch < self.max_k:
             raise ValueError(f"serve settings: max_filter_fetch ({self.max_filter_fetch}) must be >= max_k "
                              f"({self.max_k})")
+        if self.body_timeout_s <= 0:
+            raise ValueError(f"serve settings: body_timeout_s must be > 0, got {self.body_timeout_s}")
         if self.request_timeout_s <= 0:
             raise ValueError(f"serve settings: request_timeout_s must be > 0, got {self.request_timeout_s}")
 

@@ -17,6 +17,8 @@ import pyarrow.parquet as pq
 
 ID_COLUMN = "doc_id"
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
 
 class DocStore:
     """In-memory id -> row look-up over a Parquet table with a unique int ``doc_id`` column."""
@@ -57,7 +59,9 @@ class DocStore:
         return int(self._ids.size)
 
     def rows_of(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Table rows of ``ids`` (-1 where the id is unknown or padding)."""
+        """Table rows of ``ids`` (-1 where the id is unknown or padding, or outside int64)."""
+        if not isinstance(ids, np.ndarray):
+            ids = [i if _INT64_MIN <= i <= _INT64_MAX else -1 for i in (int(i) for i in ids)]
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
         if self._ids.size == 0:
             return np.full(ids.shape, -1, np.int64)

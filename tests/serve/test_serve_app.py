@@ -165,12 +165,14 @@ BAD = [
     ("/encode", {"texts": []}, 422, "at least 1 item"),
     ("/encode", {"texts": ["a"] * 33}, 422, "at most 32 items"),
     ("/encode", {"texts": ["ok", " "]}, 422, "texts[1]"),
-    # issue 24: unpaired surrogates and invisible-only text are 422s naming the field
+    # issue 24: unpaired surrogates, invisible-only text and int64 overflow are 422s naming the field
     ("/encode", {"texts": ["ok", "\ud800"]}, 422, "texts[1] holds an unpaired UTF-16 surrogate"),
     ("/encode", {"texts": ["ok", "\u200b\ufeff"]}, 422, "texts[1] is blank"),
     ("/search", {"query": "\u200b\u200c\u200d"}, 422, "query is blank"),
     ("/search", {"query": "\x00\x00"}, 422, "query is blank"),
     ("/explain", {"query": "shoes", "doc_text": "\u2060 \x00"}, 422, "doc_text is blank"),
+    ("/explain", {"query": "shoes", "doc_id": 2**63}, 422, "doc_id"),
+    ("/explain", {"query": "shoes", "doc_id": 2**64 + 5}, 422, "doc_id"),
 ]
 
 
@@ -195,6 +197,19 @@ def test_malformed_json_and_oversized_body(app):
 
     r = requests.post(app["url"] + "/search", data=chunks(), headers=headers, timeout=20)
     assert r.status_code == 413, r.text
+
+
+def test_undecodable_or_deeply_nested_body_is_422_naming_the_problem(app):
+    headers = {"X-API-Key": KEY, "Content-Type": "application/json"}
+    r = requests.post(app["url"] + "/search", data=b'{"query": "sh\xffoes"}', headers=headers, timeout=20)
+    assert r.status_code == 422 and "not valid UTF-8" in r.json()["error"], r.text
+    r = requests.post(app["url"] + "/search", data=b"[" * 2000 + b"]" * 2000, headers=headers, timeout=20)
+    assert r.status_code == 422 and "nested too deeply" in r.json()["error"], r.text
+
+
+def test_head_healthz_answers_200(app):
+    r = requests.head(app["url"] + "/healthz", headers={"X-API-Key": KEY}, timeout=20)
+    assert r.status_code == 200, r.status_code
 
 
 def test_bad_text_in_a_batch_fails_only_its_own_request(app, served_index):

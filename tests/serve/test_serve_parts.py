@@ -4,6 +4,7 @@ equal to one-by-one search."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from pathlib import Path
@@ -84,6 +85,27 @@ def test_isolate_fails_only_the_guilty_members():
     assert isolate(upper, ["x", "y"]) == ["X", "Y"] and calls[-1] == ["x", "y"]  # a good batch: one call
 
 
+def test_explain_text_field_defaults_to_what_the_docstore_has():
+    """Issue 24: the encode job's DocStore has `title`, not `text`; `/explain` by doc_id used to look for
+    `text` unless the settings named the field."""
+    import pyarrow as pa
+
+    from madr.index.docstore import DocStore
+    from serve.backend import Docs
+
+    store = DocStore(pa.table({"doc_id": pa.array([7, 9], pa.int64()), "title": ["red socks", "blue hat"],
+                               "brand": ["a", "b"]}))
+    docs = Docs(store, ["title", "brand"], None)
+    settings = ServeSettings()
+    assert docs.text(9, docs.text_field(settings)) == "blue hat"
+    assert docs.filter_fields(settings) == ["brand"]
+    assert docs.text_field(ServeSettings(doc_text_field="brand")) == "brand"
+    bare = Docs(DocStore(pa.table({"doc_id": pa.array([1], pa.int64()), "brand": ["a"]})), ["brand"], None)
+    with pytest.raises(ValueError, match="has no text field; send doc_text"):
+        bare.text(1, bare.text_field(settings))
+    assert store.get([2**63, 2**70, 7])[:2] == [None, None], "ids outside int64 are unknown, not an error"
+
+
 def test_settings_reject_unknown_keys_and_bad_values(tmp_path):
     with pytest.raises(ValueError, match="unknown config key.*max_kk"):
         settings_from_dict({"max_kk": 3})
@@ -138,7 +160,7 @@ def plain(served_index):
     from serve.api import plain_app
 
     settings = ServeSettings(manifest_path=str(served_index["manifest"]), api_key_env="MADR_TEST_UNSET_KEY",
-                             port=free_port())
+                             port=free_port(), body_timeout_s=1.0, max_header_bytes=4096)
     server = uvicorn.Server(uvicorn.Config(plain_app(settings), host="127.0.0.1", port=settings.port,
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
@@ -166,3 +188,23 @@ def test_plain_app_without_key_equals_offline(plain, served_index):
     assert requests.get(plain + "/ready", timeout=20).json()["ntotal"] == len(served_index["ids"])
     assert requests.post(plain + "/search", json={"query": ""}, timeout=20).status_code == 422
 
+
+def test_plain_app_head_healthz_and_huge_doc_id(plain):
+    assert requests.head(plain + "/healthz", timeout=20).status_code == 200
+    r = requests.post(plain + "/explain", json={"query": "socks", "doc_id": 2**63}, timeout=20)
+    assert r.status_code == 422 and "doc_id" in r.json()["error"], r.text
+
+
+def test_plain_app_caps_headers_and_times_out_slow_bodies(plain):
+    """Issue 24: a slow client held a connection 12 s; headers had no size cap."""
+    r = requests.get(plain + "/healthz", headers={"X-Padding": "p" * 5000}, timeout=20)
+    assert r.status_code == 431 and "4096 bytes" in r.json()["error"], r.text
+    host, port = plain.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"POST /search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 200\r\n\r\n{\"query\": ")  # and then nothing
+        start = time.monotonic()
+        reply = sock.recv(4096)
+        waited = time.monotonic() - start
+    assert reply.startswith(b"HTTP/1.1 408") and b"not received within 1.0 s" in reply, reply[:200]
+    assert waited < 5, f"the slow body held the connection {waited:.1f} s"
