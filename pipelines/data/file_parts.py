@@ -31,6 +31,7 @@ from pipelines.data import quarantine
 from pipelines.data.sources import get_source
 
 CHUNK_BYTES = 4 << 20  # bytes read from a line file at a time (scan for ranges, read tasks)
+BOM, BOM_TEXT = b"\xef\xbb\xbf", "\ufeff"  # a UTF-8 byte order mark: skipped at the start of a file
 _COMPRESSED = (".gz", ".bz2", ".zst", ".lz4")
 _EXTENSIONS = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".tsv": "tsv", ".txt": "tsv",
                ".parquet": "parquet"}
@@ -94,7 +95,7 @@ def _first_line(fs: pafs.FileSystem, path: str) -> str:
                 break
             data += chunk
     try:
-        return data.split(b"\n", 1)[0].decode("utf-8").removesuffix("\r")
+        return data.split(b"\n", 1)[0].decode("utf-8").removeprefix(BOM_TEXT).removesuffix("\r")
     except UnicodeDecodeError as err:
         raise ValueError(f"{path}: line 1 (the TSV header) is not valid UTF-8 ({err.reason})") from None
 

@@ -4,7 +4,9 @@ Each validated block writes, under the quarantine directory (a local path or an 
 
 - `rows/<key>.parquet`: its bad rows (only when it has some): source, file, row, line_format, reason,
   field, detail, raw (the raw line or row as text, truncated);
-- `counts/<key>.json`: {file, first_row, rows, good, skipped: {reason: n}, quarantined: {reason: n}}.
+- `counts/<key>.json`: {file, first_row, rows, good, skipped: {reason: n}, quarantined: {reason: n}};
+- `hashes/<key>.parquet`: a 64-bit hash of each good (normalised) row, from which `read_summary` counts
+  duplicate rows (kept, not quarantined: a repeated pair may be deliberate, but it is reported).
 
 `key` = hash of the file + the block's first row: blocks hold disjoint rows, so keys never collide within
 a run, and a retried task that gets the same block overwrites its own files instead of counting twice
@@ -18,10 +20,11 @@ import hashlib
 import json
 import os
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -29,7 +32,7 @@ import pyarrow.parquet as pq
 QUARANTINE_SCHEMA = pa.schema([("source", pa.string()), ("file", pa.string()), ("row", pa.int64()),
                                ("line_format", pa.bool_()), ("reason", pa.string()), ("field", pa.string()),
                                ("detail", pa.string()), ("raw", pa.string())])
-ROWS_DIR, COUNTS_DIR, SUMMARY_FILE = "rows", "counts", "summary.json"
+ROWS_DIR, COUNTS_DIR, HASHES_DIR, SUMMARY_FILE = "rows", "counts", "hashes", "summary.json"
 
 
 def resolve(uri: str, filesystem: pafs.FileSystem | None = None) -> tuple[pafs.FileSystem, str]:
@@ -45,10 +48,21 @@ def block_key(file: str, first_row: int) -> str:
     return f"{hashlib.sha1(file.encode('utf-8')).hexdigest()[:16]}-{first_row:012d}"
 
 
+def row_hashes(rows: Sequence[dict[str, Any]]) -> np.ndarray:
+    """A 64-bit hash of each row's content (key order ignored): equal rows, equal hashes."""
+    digests = [hashlib.blake2b(json.dumps(r, sort_keys=True, default=str).encode("utf-8"), digest_size=8).digest()
+               for r in rows]
+    return np.frombuffer(b"".join(digests), dtype=np.uint64).copy()
+
+
 def write_block(directory: str, key: str, counts: dict[str, Any], bad: list[dict[str, Any]],
-                filesystem: pafs.FileSystem | None = None) -> None:
-    """Write one block's counts (always) and bad rows (when any)."""
+                filesystem: pafs.FileSystem | None = None, hashes: np.ndarray | None = None) -> None:
+    """Write one block's counts (always), bad rows (when any) and good-row hashes (when given)."""
     fs, base = resolve(directory, filesystem)
+    if hashes is not None and len(hashes):
+        fs.create_dir(f"{base}/{HASHES_DIR}", recursive=True)
+        pq.write_table(pa.table({"hash": pa.array(hashes, pa.uint64())}), f"{base}/{HASHES_DIR}/{key}.parquet",
+                       filesystem=fs)
     fs.create_dir(f"{base}/{COUNTS_DIR}", recursive=True)
     with fs.open_output_stream(f"{base}/{COUNTS_DIR}/{key}.json") as out:
         out.write(json.dumps(counts).encode("utf-8"))
@@ -76,6 +90,7 @@ class IngestSummary:
     skipped: Counter = field(default_factory=Counter)
     quarantined: Counter = field(default_factory=Counter)
     files: dict[str, dict[str, int]] = field(default_factory=dict)
+    duplicates: int = 0  # good rows equal to an earlier good row (kept)
 
     @property
     def num_skipped(self) -> int:
@@ -103,12 +118,13 @@ class IngestSummary:
 
     def to_dict(self) -> dict[str, Any]:
         return {"source": self.source, "rows": self.rows, "good": self.good, "skipped": dict(self.skipped),
-                "quarantined": dict(self.quarantined), "balanced": self.balanced, "files": self.files}
+                "quarantined": dict(self.quarantined), "duplicates": self.duplicates, "balanced": self.balanced,
+                "files": self.files}
 
     def format(self) -> str:
         """A short text report."""
         lines = [f"{self.source or 'ingest'}: {self.rows} rows read, {self.good} good, {self.num_skipped} "
-                 f"skipped, {self.num_quarantined} quarantined"
+                 f"skipped, {self.num_quarantined} quarantined, {self.duplicates} duplicate good rows"
                  + ("" if self.balanced else "  [COUNTS DO NOT ADD UP]")]
         lines += [f"  skipped     {reason:<16} {n}" for reason, n in sorted(self.skipped.items())]
         lines += [f"  quarantined {reason:<16} {n}" for reason, n in sorted(self.quarantined.items())]
@@ -132,7 +148,17 @@ def read_summary(directory: str, source: str = "", filesystem: pafs.FileSystem |
     for path in _files_under(fs, f"{base}/{COUNTS_DIR}", ".json"):
         with fs.open_input_stream(path) as f:
             summary.add(json.loads(f.read().decode("utf-8")))
+    summary.duplicates = count_duplicates(fs, f"{base}/{HASHES_DIR}")
     return summary
+
+
+def count_duplicates(fs: pafs.FileSystem, directory: str) -> int:
+    """Good rows whose hash repeats an earlier one, over every block (8 bytes of memory per good row)."""
+    paths = _files_under(fs, directory, ".parquet")
+    if not paths:
+        return 0
+    hashes = np.concatenate([pq.read_table(p, filesystem=fs).column("hash").to_numpy() for p in paths])
+    return int(hashes.size - np.unique(hashes).size)
 
 
 def write_summary(directory: str, summary: IngestSummary, filesystem: pafs.FileSystem | None = None) -> None:

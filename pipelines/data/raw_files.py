@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 from ray.data.block import BlockMetadata
 from ray.data.datasource import Datasource, ReadTask
 
-from pipelines.data.file_parts import CHUNK_BYTES, FilePart
+from pipelines.data.file_parts import BOM, CHUNK_BYTES, FilePart
 
 ORIGIN_COLUMNS = ("_file", "_row")
 
@@ -40,6 +40,7 @@ def _read_lines(part: FilePart, rows_per_block: int) -> Iterator[pa.Table]:
         stream.seek(part.start)
         remaining = part.end - part.start
     row, carry, pending, skip = part.first_row, b"", [], part.skip_header
+    at_file_start = part.start == 0
 
     def block(lines: list[bytes]) -> pa.Table:
         return pa.table({**_origin(part.display, row, len(lines)), "_line": pa.array(lines, pa.binary())})
@@ -52,6 +53,8 @@ def _read_lines(part: FilePart, rows_per_block: int) -> Iterator[pa.Table]:
                 break
             if remaining is not None:
                 remaining -= len(chunk)
+            if at_file_start:  # editors on Windows write a BOM: it is not part of the first row
+                chunk, at_file_start = chunk.removeprefix(BOM), False
             lines = (carry + chunk).split(b"\n")
             carry = lines.pop()
             pending.extend(lines)

@@ -83,7 +83,7 @@ def validate_block(block: pa.Table, *, source: str, options: SourceOptions, layo
             counts = {"file": file, "first_row": int(file_rows[0]), "rows": result.rows, "good": len(result.good),
                       "skipped": dict(result.skipped), "quarantined": dict(result.quarantined)}
             quarantine.write_block(quarantine_dir, quarantine.block_key(file, int(file_rows[0])), counts,
-                                   result.bad, quarantine_filesystem)
+                                   result.bad, quarantine_filesystem, hashes=quarantine.row_hashes(result.good))
     table = pa.Table.from_pylist(good, schema=spec.schema)
     if with_origin:
         table = table.append_column("_file", pa.array(good_files, pa.string()))
@@ -214,7 +214,8 @@ def ingest(source: str, paths: str | Sequence[str], output: str, *, quarantine_d
            workers: int | None = None) -> quarantine.IngestSummary:
     """Read, validate and normalise `paths`, write the good rows as Parquet under `output` and the bad ones
     under `quarantine_dir` (default `<output>.quarantine`), and return the summary (also written there as
-    summary.json). Strict mode raises StrictModeError naming the first bad row's file, row and field.
+    summary.json). Strict mode raises StrictModeError naming the first bad row's file, row and field; a file
+    of which every row was quarantined raises NoGoodRowsError naming it (after the summary is written).
     With a `tokenizer`, the rows written are tokenised in the same pass (`read_tokenized`)."""
     qdir = quarantine_dir or output.rstrip("/") + ".quarantine"
     quarantine.clear(qdir, filesystem)
@@ -235,4 +236,20 @@ def ingest(source: str, paths: str | Sequence[str], output: str, *, quarantine_d
         raise
     summary = quarantine.read_summary(qdir, source, filesystem)
     quarantine.write_summary(qdir, summary, filesystem)
+    check_files_have_good_rows(summary, qdir)
     return summary
+
+
+class NoGoodRowsError(ValueError):
+    """An input file of which every row was quarantined: a wrong source, layout or encoding, not bad luck."""
+
+
+def check_files_have_good_rows(summary: quarantine.IngestSummary, quarantine_dir: str) -> None:
+    """Raise NoGoodRowsError naming each file whose rows were all quarantined (none good)."""
+    failed = {name: c for name, c in summary.files.items() if c["quarantined"] and not c["good"]}
+    if not failed:
+        return
+    reasons = ", ".join(f"{r} {n}" for r, n in summary.quarantined.most_common(3))
+    files = "; ".join(f"{name}: all {c['quarantined']} rows quarantined" for name, c in sorted(failed.items()))
+    raise NoGoodRowsError(f"{summary.source}: no good row in {files} (reasons: {reasons}); is it the right "
+                          f"source and layout? quarantined rows and summary.json are in {quarantine_dir}")

@@ -14,7 +14,7 @@ import pytest
 from madr.data.records import ClickRecord, EvidenceRecord, NLIRecord, ParallelRecord
 from pipelines.data.file_parts import plan_parts
 from pipelines.data.quarantine import read_quarantine, read_summary
-from pipelines.data.readers import ingest, read_source
+from pipelines.data.readers import NoGoodRowsError, ingest, read_source
 from pipelines.data.sources import SourceOptions, to_record
 from pipelines.data.validation import BadRow, Fields, StrictModeError
 
@@ -394,6 +394,28 @@ def test_strict_mode_names_file_row_and_field(ray_data, tmp_path):
     assert (summary.rows, summary.good, summary.balanced) == (2, 2, True), summary.to_dict()
     written = pq.read_table(tmp_path / "clean_out")
     assert written.num_rows == 2 and written.schema.names == ["premise", "hypothesis", "label", "language"]
+
+
+def test_bom_is_skipped_duplicates_counted_and_an_all_bad_file_fails_loudly(ray_data, tmp_path):
+    """Issue 24: a UTF-8 BOM made a JSONL file's first row bad_json and stuck to a TSV's first header (every
+    row then failed missing_field while the summary said "balanced"); duplicate rows passed unflagged."""
+    bom = b"\xef\xbb\xbf"
+    jsonl = write_lines(tmp_path / "bom.jsonl", [bom + SNLI_LINES[0].encode(), SNLI_LINES[1], SNLI_LINES[0],
+                                                 SNLI_LINES[1], SNLI_LINES[0]])
+    summary = ingest("snli", str(jsonl), str(tmp_path / "out_jsonl"))
+    assert (summary.rows, summary.good, summary.num_quarantined) == (5, 5, 0), summary.to_dict()
+    assert summary.duplicates == 3 and "3 duplicate good rows" in summary.format(), summary.to_dict()
+    tsv = write_lines(tmp_path / "bom.txt", [bom + SNLI_TSV_HEADER.encode(),
+                                             snli_tsv("entailment", "A man sleeps.", "A person rests."),
+                                             snli_tsv("neutral", "A man sleeps.", "He dreams.")])
+    summary = ingest("snli", str(tsv), str(tmp_path / "out_tsv"))
+    assert (summary.rows, summary.good, summary.num_quarantined, summary.duplicates) == (2, 2, 0, 0), \
+        summary.to_dict()
+    wrong = write_lines(tmp_path / "wrong_layout.jsonl", [js(question="a", answer="b", rating=3)] * 3)
+    with pytest.raises(NoGoodRowsError, match=r"wrong_layout\.jsonl: all 3 rows quarantined.*missing_field 3"):
+        ingest("snli", [str(jsonl), str(wrong)], str(tmp_path / "out_wrong"))
+    written = json.loads((tmp_path / "out_wrong.quarantine" / "summary.json").read_text())
+    assert written["files"][str(wrong)]["quarantined"] == 3 and written["duplicates"] == 3, written
 
 
 def test_plan_errors_are_clear(tmp_path):
