@@ -353,7 +353,9 @@ def _jsonable(value: Any) -> Any:
 
 
 def create_api(backend: Backend, settings: ServeSettings, docs: Docs) -> FastAPI:
-    """The FastAPI app over `backend`; wrapped in `Guard` (API key + body size)."""
+    """The FastAPI app over `backend`; wrapped in `Guard` (API key + body size). Refuses (ValueError) to build an
+    open API on a non-loopback host unless the settings say `public` (`ServeSettings.check_exposure`)."""
+    settings.check_exposure()
     routes = SearchRoutes(backend, settings, docs)
     models = request_models(settings, docs.filter_fields(settings), docs.fields)
     search_model, explain_model, encode_model = models["search"], models["explain"], models["encode"]

@@ -80,6 +80,7 @@ def run_local(settings: ServeSettings, name: str = APP_NAME, route_prefix: str =
     """Start Serve's HTTP proxy on `settings.host:port` (127.0.0.1 unless told otherwise) on the connected
     Ray cluster and deploy the app; returns the ingress handle once every replica is up. Warns when the
     cluster has fewer CPUs than the replicas ask for (Serve would wait for them without saying why)."""
+    settings.check_exposure()  # before any replica starts: an open API beyond loopback is refused
     need = min_app_cpus(settings, len(Manifest.load(settings.require_manifest()).shards))
     have = ray.cluster_resources().get("CPU", 0.0)
     if need > have:

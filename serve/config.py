@@ -7,6 +7,7 @@ Serve config never silently falls back to a default. Paths are resolved on the r
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,7 +74,9 @@ class ServeSettings:
     DocStore has; the encode job writes `title`).
     Auth: the API key is `api_key` or, when that is None, the environment variable `api_key_env` read on the
     ingress replica; empty or unset = no key. Clients send it as `X-API-Key: <key>` or
-    `Authorization: Bearer <key>`.
+    `Authorization: Bearer <key>`. Fail closed: an app whose `host` is not a loopback address refuses to start
+    without a key unless `public` is true (an open API on purpose). `host` is where `run_local` and the plain
+    server bind; in a Serve YAML set it to the `http_options.host` the proxy binds.
     Logging (`run_local` only; the Serve YAML has its own `logging_config`): `log_level`, `access_log`.
     """
 
@@ -83,6 +86,7 @@ class ServeSettings:
     port: int = 8000
     api_key: str | None = None
     api_key_env: str = DEFAULT_API_KEY_ENV
+    public: bool = False
     max_query_chars: int = 512
     max_k: int = 100
     max_encode_texts: int = 32
@@ -130,6 +134,14 @@ class ServeSettings:
         key = self.api_key if self.api_key is not None else os.environ.get(self.api_key_env, "")
         return key or None
 
+    def check_exposure(self) -> None:
+        """ValueError when the API would listen beyond loopback without a key and `public` is not set."""
+        if self.public or is_loopback(self.host) or self.resolved_api_key() is not None:
+            return
+        raise ValueError(f"serve settings: host {self.host!r} is not loopback and no API key is set (api_key, or "
+                         f"the environment variable {self.api_key_env}); refusing to serve an open API. Set the "
+                         "key, bind 127.0.0.1, or set public: true to serve without a key on purpose")
+
     def require_manifest(self) -> Path:
         if not self.manifest_path:
             raise ValueError("serve settings: manifest_path is required (a madr.index manifest JSON)")
@@ -139,6 +151,16 @@ class ServeSettings:
         if not path.is_file():
             raise ValueError(f"serve settings: manifest_path {str(path)!r} does not exist")
         return path
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` (an address or `localhost`) only accepts connections from this machine."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
 
 
 def settings_from_dict(data: dict[str, Any] | None) -> ServeSettings:

@@ -32,7 +32,8 @@ def load_serve_config(path: str, args: Mapping[str, Any] | None = None, absolute
 
     absolute_paths: relative path-like args (`*_path`, `*_dir`, `*_file`) resolved against `root`, for a
     cluster on this machine whose replicas do not run in this directory. port: the HTTP port instead of
-    the file's `http_options.port`.
+    the file's `http_options.port`. Each app's `host` arg is set to `http_options.host`, so an app served
+    beyond loopback refuses to start without an API key (unless its args say `public: true`).
     """
     cfg = load_yaml(path)
     if port is not None:
@@ -53,6 +54,9 @@ def load_serve_config(path: str, args: Mapping[str, Any] | None = None, absolute
                 if (key.endswith(PATH_ARG_SUFFIXES) and isinstance(value, str) and value
                         and "://" not in value and not Path(value).is_absolute()):
                     app_args[key] = str(base / value)
+        proxy_host = (cfg.get("http_options") or {}).get("host")
+        if proxy_host:  # the app's fail-closed check (ServeSettings.check_exposure) sees where the proxy binds
+            app_args["host"] = proxy_host
         app["args"] = app_args
     validate_serve_config(cfg, path)
     return cfg

@@ -125,6 +125,36 @@ def test_api_key_from_environment(monkeypatch):
     assert ServeSettings(api_key_env="MY_KEY").resolved_api_key() is None
 
 
+def test_an_open_api_beyond_loopback_is_refused_unless_public(monkeypatch):
+    """Issue 24: fail closed. A missing key secret must not silently mean an open API on 0.0.0.0."""
+    from serve.config import is_loopback
+
+    monkeypatch.delenv("MADR_TEST_UNSET_KEY", raising=False)
+    assert all(is_loopback(h) for h in ("127.0.0.1", "127.8.0.1", "::1", "localhost"))
+    assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.1.2.3", "search.internal"))
+    open_api = ServeSettings(host="0.0.0.0", api_key_env="MADR_TEST_UNSET_KEY")
+    with pytest.raises(ValueError, match="host '0.0.0.0' is not loopback and no API key.*public: true"):
+        open_api.check_exposure()
+    ServeSettings(host="0.0.0.0", api_key_env="MADR_TEST_UNSET_KEY", public=True).check_exposure()
+    ServeSettings(host="0.0.0.0", api_key="k").check_exposure()
+    ServeSettings(api_key_env="MADR_TEST_UNSET_KEY").check_exposure()  # loopback: a key is optional
+    monkeypatch.setenv("MADR_TEST_UNSET_KEY", "from-env")
+    open_api.check_exposure()
+
+
+def test_deploy_tells_the_app_where_the_proxy_binds(tmp_path):
+    """`serve deploy` configs: the app's host follows http_options.host, so its fail-closed check applies."""
+    from pipelines.jobs.deploy import load_serve_config
+
+    raw = yaml.safe_load((REPO / "serve" / "serve_config.yaml").read_text())
+    raw["http_options"]["host"] = "0.0.0.0"
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(raw))
+    cfg = load_serve_config(str(tmp_path / "s.yaml"))
+    settings = settings_from_dict({**cfg["applications"][0]["args"], "api_key_env": "MADR_TEST_UNSET_KEY"})
+    with pytest.raises(ValueError, match="not loopback"):
+        settings.check_exposure()
+
+
 def test_serve_config_yaml_is_valid_and_binds_loopback():
     from ray.serve.schema import ServeDeploySchema
 
