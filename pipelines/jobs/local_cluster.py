@@ -79,8 +79,8 @@ def start(num_cpus: int | None = None, num_gpus: int | None = None, temp_dir: st
     temp = Path(temp_dir or tempfile.mkdtemp(prefix="madr-ray-"))
     temp.mkdir(parents=True, exist_ok=True)
     token_file = temp / "auth_token"
-    token_file.write_text(secrets.token_hex(24))
-    token_file.chmod(0o600)
+    token_file.unlink(missing_ok=True)  # a fresh token per start (a reused --temp-dir keeps the old file)
+    write_secret(token_file, secrets.token_hex(24))
     gcs, dash = free_port(), free_port()
     cmd = [_ray_bin(), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
            "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--include-dashboard", "true",
@@ -103,6 +103,14 @@ def start(num_cpus: int | None = None, num_gpus: int | None = None, temp_dir: st
         stop(cluster)
         raise
     return cluster
+
+
+def write_secret(path: str | Path, text: str) -> None:
+    """Create `path` holding `text`, readable by its owner only from the first byte (never chmod after writing:
+    another user could open it in between); refuses a file that already exists (it may be someone else's)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
 
 
 def cluster_env(token_file: str) -> dict[str, str]:

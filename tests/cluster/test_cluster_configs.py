@@ -263,3 +263,117 @@ def test_runtime_env_file():
     assert env["env_vars"]["RAY_USAGE_STATS_ENABLED"] == "0"
     assert all(isinstance(v, str) for v in env["env_vars"].values())
     assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in env["env_vars"]  # it would break multi-node clusters
+
+
+# ---------------------------------------------------------------- security (issue 24)
+
+TOKEN_ENV = "RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$HOME/.madr/ray_auth_token"
+KUBERAY = {"raycluster.yaml": ("RayCluster", ("spec",)), "rayjob.yaml": ("RayJob", ("spec", "rayClusterSpec")),
+           "rayservice.yaml": ("RayService", ("spec", "rayClusterConfig"))}
+
+
+def _cluster_spec(name: str) -> dict[str, Any]:
+    kind, path = KUBERAY[name]
+    spec = _manifest(name, kind)
+    for key in path:
+        spec = spec[key]
+    return spec
+
+
+def _containers(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    groups = [spec["headGroupSpec"], *spec["workerGroupSpecs"]]
+    return [c for g in groups for c in g["template"]["spec"]["containers"]]
+
+
+@pytest.mark.parametrize("name", LAUNCHER)
+def test_launcher_starts_ray_with_token_auth_from_a_mounted_secret(name):
+    """Every `ray start` runs with token auth; the token comes from outside the repository (file_mounts of
+    ~/.madr/ray_auth_token, made by cluster/make_token.sh), so `ray up` fails rather than start an open cluster."""
+    cfg = load(name)
+    starts = [c for key in ("head_start_ray_commands", "worker_start_ray_commands") for c in cfg[key]
+              if "ray start" in c]
+    assert len(starts) == 2 and all(TOKEN_ENV in c for c in starts), starts
+    assert cfg["file_mounts"]["~/.madr/ray_auth_token"] == "~/.madr/ray_auth_token"
+    assert "auth_token" not in " ".join(cfg["rsync_exclude"]), "the token is outside the checkout: nothing to exclude"
+
+
+def test_make_token_creates_a_private_token_once(tmp_path):
+    import os
+    import stat
+    import subprocess
+
+    token = tmp_path / "sub" / "ray_auth_token"
+    env = {**os.environ, "MADR_RAY_TOKEN_FILE": str(token)}
+    run = subprocess.run(["bash", str(CLUSTER / "make_token.sh")], env=env, capture_output=True, text=True,
+                         check=True)
+    assert run.stdout.strip() == str(token)
+    first = token.read_text().strip()
+    assert len(first) == 64 and stat.S_IMODE(token.stat().st_mode) == 0o600
+    subprocess.run(["bash", str(CLUSTER / "make_token.sh")], env=env, capture_output=True, check=True)
+    assert token.read_text().strip() == first, "a second run keeps the cluster's token"
+
+
+@pytest.mark.parametrize("name", sorted(KUBERAY))
+def test_kuberay_clusters_use_generated_token_auth(name):
+    spec = _cluster_spec(name)
+    assert spec.get("authOptions", {}).get("mode") == "token", f"{name}: no token auth"
+    for c in _containers(spec):  # the operator makes and mounts the secret: no token in the manifest
+        for e in c.get("env", []):
+            assert not (e["name"].startswith("RAY_AUTH") and "value" in e), f"{name}: literal {e['name']}"
+    assert "networkpolicy.yaml" in (CLUSTER / "kuberay" / name).read_text(), f"{name}: header names the policy"
+
+
+def test_kuberay_network_policy_keeps_the_dashboard_to_ray_pods_and_the_operator():
+    doc = load("kuberay/networkpolicy.yaml")
+    assert doc["apiVersion"] == "networking.k8s.io/v1" and doc["kind"] == "NetworkPolicy"
+    ray_pods = {"app.kubernetes.io/created-by": "kuberay-operator"}
+    spec = doc["spec"]
+    assert spec["podSelector"]["matchLabels"] == ray_pods and spec["policyTypes"] == ["Ingress"]
+    for rule in spec["ingress"]:
+        peers = rule["from"]
+        only_ray = all(p.get("podSelector", {}).get("matchLabels") == ray_pods and "namespaceSelector" not in p
+                       for p in peers)
+        if only_ray:
+            continue
+        ports = {p["port"] for p in rule.get("ports", [])}
+        assert ports, f"a rule open on every port to {peers}"
+        operator = all(p.get("podSelector", {}).get("matchLabels") == {"app.kubernetes.io/name": "kuberay-operator"}
+                       for p in peers)
+        assert ports <= ({8265, 52365} if operator else {8000}), (peers, ports)
+
+
+def test_rayservice_requires_the_api_key_and_fails_closed(monkeypatch):
+    from serve.config import settings_from_dict
+
+    spec = _cluster_spec("rayservice.yaml")
+    for c in _containers(spec):
+        (key,) = [e for e in c["env"] if e["name"] == "MADR_API_KEY"]
+        ref = key["valueFrom"]["secretKeyRef"]
+        assert ref["optional"] is False and ref["name"] == "madr-api-key", ref
+    (app,) = yaml.safe_load(_manifest("rayservice.yaml", "RayService")["spec"]["serveConfigV2"])["applications"]
+    assert app["args"]["host"] == "0.0.0.0" and app["args"]["public"] is False
+    settings = settings_from_dict(app["args"])
+    monkeypatch.delenv("MADR_API_KEY", raising=False)
+    with pytest.raises(ValueError, match="not loopback and no API key"):
+        settings.check_exposure()
+    monkeypatch.setenv("MADR_API_KEY", "k" * 32)
+    settings.check_exposure()
+
+
+def test_local_cluster_token_file_is_private_from_creation(tmp_path):
+    """`python -m pipelines.jobs up` writes its token with os.open(..., 0o600): never world-readable, not even
+    between the write and a chmod (under umask 0 the old write_text + chmod left a 0o666 window)."""
+    import os
+    import stat
+
+    from pipelines.jobs.local_cluster import write_secret
+
+    old = os.umask(0)
+    try:
+        write_secret(tmp_path / "auth_token", "s3cret")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "auth_token").stat().st_mode) == 0o600
+    assert (tmp_path / "auth_token").read_text() == "s3cret"
+    with pytest.raises(FileExistsError):  # never writes into a file someone else made
+        write_secret(tmp_path / "auth_token", "other")
