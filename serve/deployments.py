@@ -5,11 +5,11 @@
   answers `/explain` (both towers) and term names for `/encode`.
 - `ShardSearcher`: one deployment per shard group (`searcher-<g>`), each replica holding its shards in
   memory; `@serve.batch` groups concurrent requests with equal search knobs into one FAISS call.
+- `RayBackend`: the `serve.backend.Backend` the ingress uses: encode once, fan out to every shard group,
+  `merge_topk` (paper 002 Eq. 1 scores, comparable across shards), Ray failures -> `BackendUnavailable`.
 
 A batch isolates its members: a text is checked (`check_text`) before it joins a batch, and a batch that
 raises is retried member by member (`isolate`), so a bad request fails alone, never its batch-mates.
-- `RayBackend`: the `serve.backend.Backend` the ingress uses: encode once, fan out to every shard group,
-  `merge_topk` (paper 002 Eq. 1 scores, comparable across shards), Ray failures -> `BackendUnavailable`.
 """
 
 from __future__ import annotations
