@@ -45,17 +45,10 @@ from madr.data.sources.hetpqa import HetPQAConfig, load_hetpqa
 from madr.metrics import evaluate
 from madr.modeling.backbone import resolve_backbone_path
 from madr.modeling.tokenization import load_tokenizer
-from madr.recipes.pqa.recipe import (
-    PQA_METRICS,
-    PQAConfig,
-    SplitScores,
-    pqa_model,
-    score_split,
-    source_aware_scores,
-    train_pqa,
-    tune_lambda,
-    tune_source_aware,
-)
+from madr.recipes.pqa.config import PQAConfig
+from madr.recipes.pqa.evaluation import PQA_METRICS, source_aware_scores, tune_lambda, tune_source_aware
+from madr.recipes.pqa.scoring import SplitScores, score_split
+from madr.recipes.pqa.train import pqa_model, train_pqa
 
 HEADERS = ("MAP", "R-Prec", "MRR@5", "NDCG", "Hit Rate@5", "P@1")
 PAPER = {  # paper 002 Table 3 (hetPQA test, 2,583 questions, ~112 candidates each, BERT-base)

@@ -2,7 +2,7 @@
 
 Data: `madr.data.synthetic.pqa.generate_pqa` (questions about product attributes, 6-15 candidate evidences
 from six sources; exact model numbers and paraphrases both matter; CQA / reviews are unreliable), split
-by question into train / dev / test. Models (`madr.recipes.pqa.recipe`), all the same architecture (hybrid head: SPLADE
+by question into train / dev / test. Models (`madr.recipes.pqa`), all the same architecture (hybrid head: SPLADE
 term weights from the MLM head + the CLS vector, one shared tower), trained on the train questions with
 in-batch + one hard negative from the question's own candidates:
 
@@ -44,16 +44,10 @@ from benchmarks.common.stats import format_mean_std
 from madr.data.synthetic.pqa import generate_pqa
 from madr.modeling.backbone import resolve_backbone_path
 from madr.modeling.tokenization import load_tokenizer, train_wordpiece_tokenizer
-from madr.recipes.pqa.recipe import (
-    PQA_METRICS,
-    PQAConfig,
-    PQAReport,
-    evaluate_pqa,
-    group_questions,
-    load_pqa_config,
-    pqa_model,
-    train_pqa,
-)
+from madr.recipes.pqa.config import PQAConfig, load_pqa_config
+from madr.recipes.pqa.data import group_questions
+from madr.recipes.pqa.evaluation import PQA_METRICS, PQAReport, evaluate_pqa
+from madr.recipes.pqa.train import pqa_model, train_pqa
 
 HEADERS = ("MAP", "R-Prec", "MRR@5", "NDCG", "Hit Rate@5", "P@1")
 

@@ -2,9 +2,9 @@
 
 Reads `../shared/data/product_qa/hetpqa_evidence_ranking_dev.parquet` (qid, ASIN, qa_pair_id, question,
 candidate, label "0"/"1", source in {OSP, bullet, Desc, attribute, CQA, review}, confidence) into the record
-type `madr.recipes.pqa.recipe` trains and evaluates on. Only the public dev split of hetPQA was obtainable, so it is split
+type `madr.recipes.pqa` trains and evaluates on. Only the public dev split of hetPQA was obtainable, so it is split
 here BY QUESTION into train / dev (= validation) / test with a fixed seed; questions with the same text
-(after lower-casing) always land in the same split. Split names are those `madr.recipes.pqa.recipe` expects.
+(after lower-casing) always land in the same split. Split names are those `madr.recipes.pqa` expects.
 
 Label corrections: paper 002 published `hybridpqa_evidence_ranking_test_set_correction.csv` (qid,
 pos_to_neg_cids, neg_to_pos_cids; candidate ids joined by "|") for the hetPQA TEST split. `apply_corrections`

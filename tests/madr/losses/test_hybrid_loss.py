@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from madr.config import ModelConfig, StageConfig
 from madr.losses import HybridLoss, InBatchSoftmaxLoss
 from madr.modeling.model import build_model
-from madr.recipes.pqa.recipe import representation_loss
+from madr.recipes.pqa.train import representation_loss
 from madr.training.distributed import GatheredInBatchSoftmaxLoss
 from madr.training.loop import CatalogSampler, finetune_batches
 from madr.training.objectives import finetune_loss

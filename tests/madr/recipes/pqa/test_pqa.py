@@ -15,22 +15,18 @@ from madr.data.records import EvidenceRecord
 from madr.data.synthetic.pqa import generate_pqa
 from madr.metrics import evaluate
 from madr.modeling.tokenization import train_wordpiece_tokenizer
-from madr.recipes.pqa.recipe import (
+from madr.recipes.pqa.config import load_pqa_config
+from madr.recipes.pqa.data import PQASampler, group_questions
+from madr.recipes.pqa.evaluation import (
     LAMBDA_GRID,
-    PQASampler,
-    SplitScores,
-    build_pqa_model,
     evaluate_pqa,
-    group_questions,
     lambda_sweep,
-    load_pqa_config,
-    representation_loss,
-    score_split,
     source_aware_scores,
-    train_pqa,
     tune_lambda,
     tune_source_aware,
 )
+from madr.recipes.pqa.scoring import SplitScores, score_split
+from madr.recipes.pqa.train import build_pqa_model, representation_loss, train_pqa
 from madr.training.loop import finetune_batches
 
 ROOT = Path(__file__).resolve().parents[4]
