@@ -24,7 +24,6 @@ MODEL_NAMES = ("bibert", "mpbert", "mtbert", "dssm", "madr", "madral", "mur", "m
 FUSIONS = ("weighted_sum", "presence", "cls_gating")
 GROUPINGS = ("single", "granularity", "aspect")
 LR_SCHEDULES = ("linear", "cosine", "constant")
-BACKENDS = ("auto", "ddp", "deepspeed")
 
 
 @dataclass
@@ -254,59 +253,6 @@ class EvalConfig:
 
 
 @dataclass
-class DistributedConfig:
-    """How `python -m pipelines.train` runs a stage on Ray Train (ignored by the in-process loop).
-
-    backend: "ddp" (torch DDP: gloo on CPU, nccl on GPU), "deepspeed" (ZeRO `zero_stage`, bf16 when
-    `bf16` and `use_gpu`; on CPU it runs over gloo with torch's AdamW), or "auto" (deepspeed with GPUs,
-    ddp without). `num_workers` data-parallel workers of `cpus_per_worker` CPUs (+1 GPU each with
-    `use_gpu`); a stage's `batch_size` is the global micro-batch, split evenly over the workers.
-    gather_negatives: in-batch negatives are every worker's documents (`madr.training.distributed`), not the local ones.
-    storage_path / run_name: where Ray Train keeps checkpoints (default `<output_dir>/ray_results`,
-    `<name>-<stage>`); re-running with the same pair resumes from the latest checkpoint. keep_last: the
-    checkpoints kept; max_failures: worker-group restarts before the job fails (-1: unlimited).
-    shuffle_buffer: rows of the per-worker local shuffle buffer (seeded per epoch, so resumable).
-    runtime_env: Ray runtime env of the job (env_vars, pip, working_dir, ...), e.g. for `ray job submit`.
-    fail_at_step / fail_rank: failure drill: that worker SIGKILLs itself once after reporting that step.
-    """
-
-    backend: str = "auto"
-    num_workers: int = 2
-    use_gpu: bool = False
-    cpus_per_worker: float = 1.0
-    zero_stage: int = 2
-    bf16: bool = True
-    gather_negatives: bool = True
-    storage_path: str | None = None
-    run_name: str | None = None
-    keep_last: int = 2
-    max_failures: int = 1
-    shuffle_buffer: int = 256
-    torch_threads: int | None = None
-    runtime_env: dict[str, Any] = field(default_factory=dict)
-    fail_at_step: int | None = None
-    fail_rank: int = 1
-
-    def __post_init__(self) -> None:
-        _check_choice("distributed.backend", self.backend, BACKENDS)
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"distributed.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
-        if self.num_workers < 1 or self.cpus_per_worker <= 0 or self.keep_last < 1:
-            raise ValueError(f"distributed: need num_workers >= 1, cpus_per_worker > 0 and keep_last >= 1, got "
-                             f"{self.num_workers}, {self.cpus_per_worker}, {self.keep_last}")
-        if not 0 <= self.fail_rank < self.num_workers:
-            raise ValueError(f"distributed.fail_rank={self.fail_rank} is not a worker rank "
-                             f"(num_workers={self.num_workers})")
-
-    @property
-    def resolved_backend(self) -> str:
-        """"auto" -> "deepspeed" with GPUs, "ddp" on CPU."""
-        if self.backend == "auto":
-            return "deepspeed" if self.use_gpu else "ddp"
-        return self.backend
-
-
-@dataclass
 class IndexConfig:
     """The index the pipeline's encode stage builds from the fine-tuned model (see `madr.layout`).
 
@@ -330,9 +276,12 @@ class IndexConfig:
 class ExperimentConfig:
     """One experiment end to end. `search` (`madr.search.params.SearchParams`) is how evaluation, mining and
     serving search the index (each stage sets its own `k`). `encode`, `evaluate` and `serve` are optional
-    overrides of the settings the pipeline derives for those stages (`pipelines/jobs/experiment.py`); each is checked by its stage
-    (`pipelines.encode.config.EncodeConfig`, `pipelines.evaluate.job.EvaluateConfig`,
-    `serve.config.ServeSettings`), so a typo there is an error naming the key."""
+    overrides of the settings the pipeline derives for those stages (`pipelines/jobs/experiment.py`); each is
+    checked by its stage (`pipelines.encode.config.EncodeConfig`, `pipelines.evaluate.job.EvaluateConfig`,
+    `serve.config.ServeSettings`), so a typo there is an error naming the key. `distributed` is how
+    `python -m pipelines.train` runs a stage on Ray Train (workers, backend, checkpoints, runtime env): Ray-only
+    settings, so the library keeps the YAML section as a mapping and `pipelines.train.config.DistributedConfig`
+    owns (and checks) its keys; the in-process loop never reads it."""
 
     name: str = "demo"
     output_dir: str = "runs/demo"
@@ -340,7 +289,7 @@ class ExperimentConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
-    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    distributed: dict[str, Any] = field(default_factory=dict)
     index: IndexConfig = field(default_factory=IndexConfig)
     search: SearchParams = field(default_factory=SearchParams)
     encode: dict[str, Any] = field(default_factory=dict)

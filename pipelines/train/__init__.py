@@ -2,6 +2,7 @@
 
 | module | holds |
 |---|---|
+| `config` | `DistributedConfig`: the experiment's `distributed:` section (workers, backend, storage, runtime env) |
 | `objectives` | `StageModule`: model + stage losses in one module (DDP / DeepSpeed wrap it); Ray-free |
 | `engine` | `DDPEngine` / `DeepSpeedEngine`: accumulation, GradCache, clipping, warm-up + decay, save/load |
 | `examples` | a stage's training rows from a catalog, as Parquet; batch decoding in the worker |

@@ -28,10 +28,11 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from madr.config import DistributedConfig, StageConfig
+from madr.config import StageConfig
 from madr.training.distributed import world_size
 from madr.training.gradcache import chunk_slices, gradcache_step, take_rows
 from madr.training.loop import Optimisation, build_scheduler
+from pipelines.train.config import DistributedConfig
 from pipelines.train.objectives import FinetuneBatch, StageModule, num_rows
 
 STATE_FILE = "stage_module.safetensors"

@@ -31,6 +31,7 @@ from madr.config import ExperimentConfig, config_hash
 from madr.modeling.model import build_model
 from madr.recipes.aspects.experiment import catalog_dir as catalog_dir_of
 from madr.recipes.aspects.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies
+from pipelines.train.config import distributed_config
 from pipelines.train.examples import ROWS, write_examples
 from pipelines.train.loop import MODEL_DIR, JobSpec, train_loop_per_worker
 from pipelines.train.metrics import MetricsLogger, plot_curves, read_history
@@ -61,8 +62,9 @@ def _absolute(cfg: ExperimentConfig) -> ExperimentConfig:
     cfg.output_dir = str(Path(cfg.output_dir).resolve())
     if cfg.data.catalog_dir:
         cfg.data.catalog_dir = str(Path(cfg.data.catalog_dir).resolve())
-    if cfg.distributed.storage_path and "://" not in cfg.distributed.storage_path:
-        cfg.distributed.storage_path = str(Path(cfg.distributed.storage_path).resolve())
+    storage = cfg.distributed.get("storage_path")
+    if storage and "://" not in storage:
+        cfg.distributed["storage_path"] = str(Path(storage).resolve())
     return cfg
 
 
@@ -88,6 +90,7 @@ def prepare_stage(cfg: ExperimentConfig, kind: str) -> JobSpec:
     """Everything the workers read, under `<output_dir>/<kind>` (see the module docstring, step 1)."""
     if kind not in KINDS:
         raise ValueError(f"--stage must be one of {', '.join(KINDS)}, got {kind!r}")
+    distributed_config(cfg)  # a bad `distributed:` section fails here, before any work
     stage = getattr(cfg.train, kind)
     if stage.steps < 1:
         raise ValueError(f"train.{kind}.steps is {stage.steps}: nothing to train")
@@ -116,7 +119,7 @@ def _ray_init(cfg: ExperimentConfig, address: str | None) -> None:
 
     if ray.is_initialized():
         return
-    env = cfg.distributed.runtime_env or None
+    env = distributed_config(cfg).runtime_env or None
     if env and os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR"):
         # inside `ray job submit`: the job's runtime env and the config's are combined (config wins a key)
         os.environ.setdefault("RAY_OVERRIDE_JOB_RUNTIME_ENV", "1")
@@ -140,7 +143,7 @@ def build_trainer(cfg: ExperimentConfig, spec: JobSpec) -> Any:
 
     from pipelines.train.data import read_examples, train_data_config
 
-    d = cfg.distributed
+    d = distributed_config(cfg)
     out = stage_dir(cfg, spec.kind)
     storage = d.storage_path or str(Path(cfg.output_dir) / "ray_results")
     resources = {"CPU": d.cpus_per_worker, **({"GPU": 1} if d.use_gpu else {})}
@@ -186,6 +189,6 @@ def run_stage(cfg: ExperimentConfig, kind: str, address: str | None = None) -> S
 
 def submit_command(config_path: str, kind: str, cfg: ExperimentConfig) -> str:
     """A `ray job submit` command line for this stage, with the config's runtime env (working dir = here)."""
-    env = {"working_dir": ".", **cfg.distributed.runtime_env}
+    env = {"working_dir": ".", **distributed_config(cfg).runtime_env}
     return (f"RAY_AUTH_MODE=token ray job submit --runtime-env-json '{json.dumps(env)}' -- "
             f"python -m pipelines.train --config {config_path} --stage {kind}")

@@ -36,6 +36,7 @@ from madr.recipes.aspects.evaluation import aspect_accuracy, evaluate_model
 from madr.training.distill import attach_query_student, make_student, student_teacher_distance
 from madr.training.distributed import mean_over_ranks
 from madr.training.objectives import pretrain_loss
+from pipelines.train.config import distributed_config
 from pipelines.train.data import Position, RowStream
 from pipelines.train.engine import Engine, make_engine
 from pipelines.train.examples import decode_batch, holdout_products
@@ -117,7 +118,7 @@ class Validator:
 def build_module(spec: JobSpec, cfg: ExperimentConfig, stage: StageConfig) -> tuple[StageModule, BiEncoder,
                                                                                       BiEncoder | None]:
     """(stage module, the bi-encoder that tokenises batches, the distillation teacher or None)."""
-    gather = cfg.distributed.gather_negatives
+    gather = distributed_config(cfg).gather_negatives
     if spec.kind == "distill":
         teacher = BiEncoder.load(spec.teacher)
         student = make_student(teacher, num_layers=cfg.train.distill.student_layers)
@@ -168,7 +169,7 @@ def restore(engine: Engine) -> Position | None:
 
 def maybe_fail(spec: JobSpec, cfg: ExperimentConfig, rank: int, step: int) -> None:
     """Failure drill: `distributed.fail_rank` SIGKILLs itself once, after reporting `fail_at_step`."""
-    d = cfg.distributed
+    d = distributed_config(cfg)
     if d.fail_at_step != step or rank != d.fail_rank or not spec.drill_flag:
         return
     flag = Path(spec.drill_flag)
@@ -190,7 +191,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
     spec = JobSpec(**config)
     cfg: ExperimentConfig = from_dict(ExperimentConfig, spec.experiment)
     stage: StageConfig = getattr(cfg.train, spec.kind)
-    d = cfg.distributed
+    d = distributed_config(cfg)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     torch.set_num_threads(d.torch_threads or max(1, int(d.cpus_per_worker)))

@@ -191,7 +191,24 @@ def test_run_name_follows_the_stage_config():
     cfg = load_config("configs/train_tiny.yaml")
     name = default_run_name(cfg, "finetune")
     assert name.startswith("train_tiny-finetune-") and default_run_name(cfg, "finetune") == name
-    cfg.distributed.num_workers = 1  # scaling knobs are not part of what was trained
+    cfg.distributed["num_workers"] = 1  # scaling knobs are not part of what was trained
     assert default_run_name(cfg, "finetune") == name
     cfg.train.finetune.learning_rate *= 2
     assert default_run_name(cfg, "finetune") != name
+
+
+def test_distributed_section_is_checked_by_the_train_job():
+    """`distributed:` is Ray-only, so madr.config carries it as a mapping and pipelines.train.config checks it:
+    defaults for missing keys, unknown keys and bad values are errors naming their dotted path."""
+    from madr.config import load_config
+    from pipelines.train.config import DistributedConfig, distributed_config
+
+    assert distributed_config(load_config(None)) == DistributedConfig()
+    d = distributed_config(load_config("configs/train_tiny.yaml", {"distributed.backend": "deepspeed"}))
+    assert d.backend == d.resolved_backend == "deepspeed" and isinstance(d, DistributedConfig)
+    with pytest.raises(ValueError, match=r"distributed\.num_workerz"):
+        distributed_config(load_config(None, {"distributed.num_workerz": 2}))
+    with pytest.raises(ValueError, match="distributed.backend"):
+        distributed_config(load_config(None, {"distributed.backend": "horovod"}))
+    with pytest.raises(ValueError, match="distributed.fail_rank"):
+        distributed_config(load_config(None, {"distributed.num_workers": 1, "distributed.fail_rank": 1}))

@@ -26,7 +26,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from madr.config import DistributedConfig
 from madr.losses import InBatchSoftmaxLoss
 from madr.training.distributed import GatheredInBatchSoftmaxLoss, gather_with_grad, world_size
 
@@ -122,6 +121,7 @@ def _one_step_each_backend(rank: int, world: int, out: Path, setup: dict) -> dic
     """One optimiser step: DDP plain backprop vs DeepSpeed ZeRO-2 with GradCache chunks of 3 rows."""
     from madr.modeling.model import BiEncoder
     from madr.training.gradcache import take_rows
+    from pipelines.train.config import DistributedConfig
     from pipelines.train.engine import DDPEngine, DeepSpeedEngine
     from pipelines.train.objectives import StageModule
 
