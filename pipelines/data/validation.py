@@ -15,7 +15,7 @@ import json
 import math
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,19 +138,28 @@ class Fields:
             raise BadRow("empty_text", name, "empty id")
         return value
 
-    def integer(self, names: Sequence[str], required: bool = False, minimum: int | None = None,
-                default: int | None = None) -> int | None:
-        """An integer field (an integral float is accepted; text only in TSV)."""
+    def _numeric(self, names: Sequence[str], required: bool, parse: Callable[[str], Any],
+                 kind: str) -> tuple[str, Any]:
+        """(name, value) of a numeric field before its type checks: a TSV cell's text parsed by `parse`;
+        value MISSING when the field is absent (or an empty TSV cell) and not `required`."""
         name, value = self.find(names)
         if value is MISSING or (value == "" and not self.typed):
             if required:
                 raise self._missing(names) if value is MISSING else BadRow("empty_text", name, "empty cell")
-            return default
+            return name, MISSING
         if isinstance(value, str) and not self.typed:
             try:
-                value = int(value.strip())
+                value = parse(value.strip())
             except ValueError:
-                raise BadRow("wrong_type", name, f"expected an integer, got {_short(value)}") from None
+                raise BadRow("wrong_type", name, f"expected {kind}, got {_short(value)}") from None
+        return name, value
+
+    def integer(self, names: Sequence[str], required: bool = False, minimum: int | None = None,
+                default: int | None = None) -> int | None:
+        """An integer field (an integral float is accepted; text only in TSV)."""
+        name, value = self._numeric(names, required, int, "an integer")
+        if value is MISSING:
+            return default
         if isinstance(value, float) and math.isfinite(value) and value.is_integer():
             value = int(value)
         if isinstance(value, bool) or not isinstance(value, int):
@@ -161,16 +170,9 @@ class Fields:
 
     def number(self, names: Sequence[str], required: bool = False) -> float | None:
         """A finite real number (text only in TSV)."""
-        name, value = self.find(names)
-        if value is MISSING or (value == "" and not self.typed):
-            if required:
-                raise self._missing(names) if value is MISSING else BadRow("empty_text", name, "empty cell")
+        name, value = self._numeric(names, required, float, "a number")
+        if value is MISSING:
             return None
-        if isinstance(value, str) and not self.typed:
-            try:
-                value = float(value.strip())
-            except ValueError:
-                raise BadRow("wrong_type", name, f"expected a number, got {_short(value)}") from None
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise BadRow("wrong_type", name, f"expected a number, got {type(value).__name__} {_short(value)}")
         if not math.isfinite(value):
