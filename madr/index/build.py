@@ -33,6 +33,7 @@ from madr.index.manifest import (
     sha256_file,
     shard_stem,
 )
+from madr.search.protocol import document_ids
 from madr.search.sparse import InvertedIndex, SparseBatch
 
 DEFAULT_TRAIN_SIZE = 100_000
@@ -127,20 +128,6 @@ def _as_vectors(x: np.ndarray, dim: int, what: str) -> np.ndarray:
     return x
 
 
-def check_ids(ids: np.ndarray, n: int, what: str = "ids") -> np.ndarray:
-    """``n`` unique non-negative int64 ids (ValueError naming the first duplicate or bad id)."""
-    arr = np.asarray(ids)
-    if arr.shape != (n,) or (arr.size and arr.dtype.kind not in "iu"):
-        raise ValueError(f"{what}: expected {n} integer ids, got shape {arr.shape} dtype {arr.dtype}")
-    arr = arr.astype(np.int64)
-    if arr.size and arr.min() < 0:
-        raise ValueError(f"{what}: ids must be >= 0 (-1 marks padding), got {int(arr.min())}")
-    uniq, counts = np.unique(arr, return_counts=True)
-    if uniq.size != arr.size:
-        raise ValueError(f"{what}: duplicate id {int(uniq[counts > 1][0])} ({int((counts > 1).sum())} ids repeated)")
-    return arr
-
-
 def shard_index(trained: faiss.Index, dense: np.ndarray, ids: np.ndarray) -> faiss.Index:
     """A copy of ``trained`` holding ``dense`` under global ``ids`` (IDMap2 unless the index is IVF)."""
     index = faiss.clone_index(trained)
@@ -164,7 +151,7 @@ def write_shard(out_dir: str | Path, shard: int, trained: faiss.Index, dense: np
     shard complete)."""
     out = Path(out_dir)
     dense = _as_vectors(dense, trained.d, f"shard {shard} vectors")
-    ids = check_ids(ids, dense.shape[0], f"shard {shard} ids")
+    ids = document_ids(ids, dense.shape[0], f"shard {shard} ids", unique=True)
     if sparse is not None and len(sparse) != ids.size:
         raise ValueError(f"shard {shard}: {len(sparse)} sparse rows for {ids.size} documents")
     order = np.argsort(ids, kind="stable")
@@ -262,7 +249,7 @@ def build_index(dense: np.ndarray, ids: np.ndarray, out_dir: str | Path, num_sha
     dense = np.ascontiguousarray(dense, dtype=np.float32)
     if dense.ndim != 2 or dense.shape[0] == 0:
         raise ValueError(f"build_index: dense must be a non-empty [N, d] matrix, got shape {dense.shape}")
-    ids = check_ids(ids, dense.shape[0])
+    ids = document_ids(ids, dense.shape[0], unique=True)
     if not 1 <= num_shards <= dense.shape[0]:
         raise ValueError(f"build_index: num_shards must be in [1, {dense.shape[0]}], got {num_shards}")
     if sparse is not None and hybrid_lambda is None:

@@ -36,7 +36,7 @@ import torch
 
 from madr.modeling.model import BiEncoder
 from madr.search.params import SearchParams, resolve
-from madr.search.protocol import PAD_ID, TopK
+from madr.search.protocol import PAD_ID, TopK, document_ids
 from madr.search.score_fusion import hybrid_merge, union_candidates
 from madr.search.sharded import faiss_params
 from madr.search.sparse import InvertedIndex, SparseBatch
@@ -75,15 +75,8 @@ class EncodedCorpus(EncodedTexts):
 
 
 def _check_ids(ids: np.ndarray | list[int] | None, n: int) -> np.ndarray:
-    arr = np.arange(n, dtype=np.int64) if ids is None else np.asarray(ids)
-    if arr.shape != (n,) or (arr.size and arr.dtype.kind not in "iu"):
-        raise ValueError(f"ids must be {n} integers, got shape {arr.shape} dtype {arr.dtype}")
-    arr = arr.astype(np.int64)
-    if arr.size and arr.min() < 0:
-        raise ValueError(f"ids must be >= 0 (-1 marks padding), got {int(arr.min())}")
-    if np.unique(arr).size != arr.size:
-        raise ValueError("ids must be unique")
-    return arr
+    """``ids`` (default 0..n-1) as ``n`` unique non-negative int64 ids."""
+    return document_ids(np.arange(n, dtype=np.int64) if ids is None else ids, n, unique=True)
 
 
 def _require_hybrid(model: BiEncoder) -> None:

@@ -31,6 +31,23 @@ class Searcher(Protocol):
     def search(self, queries: Any, params: SearchParams | None = None, **overrides: Any) -> TopK: ...
 
 
+def document_ids(ids: Sequence[int] | np.ndarray, n: int, what: str = "ids", unique: bool = False) -> np.ndarray:
+    """``ids`` as ``n`` non-negative int64 document ids (``PAD_ID`` marks padding in results, so no id is
+    negative); with ``unique``, no id twice. A ValueError names ``what`` and the first bad id."""
+    arr = np.asarray(ids)
+    if arr.shape != (n,) or (arr.size and arr.dtype.kind not in "iu"):
+        raise ValueError(f"{what}: expected {n} integer ids, got shape {arr.shape} dtype {arr.dtype}")
+    arr = arr.astype(np.int64)
+    if arr.size and arr.min() < 0:
+        raise ValueError(f"{what}: ids must be >= 0 ({PAD_ID} marks padding), got {int(arr.min())}")
+    if unique:
+        uniq, counts = np.unique(arr, return_counts=True)
+        if uniq.size != arr.size:
+            raise ValueError(f"{what}: duplicate id {int(uniq[counts > 1][0])} ({int((counts > 1).sum())} ids "
+                             f"repeated; ids must be unique)")
+    return arr
+
+
 def pad_rows(rows: Sequence[tuple[np.ndarray, np.ndarray]], k: int) -> TopK:
     """Per-query (scores, ids) of length <= k -> ([Q, k] float32 padded -inf, [Q, k] int64 padded -1)."""
     scores = np.full((len(rows), k), -np.inf, dtype=np.float32)

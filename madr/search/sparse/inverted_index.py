@@ -25,7 +25,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from madr.search.params import SearchParams, resolve
-from madr.search.protocol import PAD_ID, TopK, pad_rows
+from madr.search.protocol import PAD_ID, TopK, document_ids, pad_rows
 from madr.search.sparse.vectors import SparseBatch
 
 _FORMAT = "madr.sparse.InvertedIndex/1"
@@ -33,15 +33,10 @@ AUTO_BATCH_ENTRIES = 4_000_000  # default query batch: about this many (query, d
 
 
 def _as_ids(ids: Sequence[int] | np.ndarray | None, n: int, start: int) -> np.ndarray:
+    """``ids`` as ``n`` non-negative int64 document ids; None: ``start, start + 1, ...``."""
     if ids is None:
         return np.arange(start, start + n, dtype=np.int64)
-    arr = np.asarray(ids)
-    if arr.shape != (n,) or (arr.size and arr.dtype.kind not in "iu"):
-        raise ValueError(f"ids: expected {n} integer ids, got shape {arr.shape} dtype {arr.dtype}")
-    arr = arr.astype(np.int64)
-    if arr.size and arr.min() < 0:
-        raise ValueError(f"ids: document ids must be >= 0 ({PAD_ID} marks padding), got {arr.min()}")
-    return arr
+    return document_ids(ids, n)
 
 
 def top_k_row(scores: np.ndarray, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
