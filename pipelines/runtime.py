@@ -8,6 +8,7 @@ Importing this module imports nothing of Ray: call `apply_ray_env()` before `imp
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable
@@ -54,6 +55,15 @@ def init_ray(num_cpus: int | None = None) -> Any:
             ray.init(num_cpus=num_cpus, include_dashboard=False)
     ray.data.DataContext.get_current().enable_progress_bars = True
     return ray
+
+
+def job_parser(prog: str, doc: str | None, config_class: str, section: str) -> argparse.ArgumentParser:
+    """The start of a job CLI's parser: its module docstring as the help, `--config` (the job's own YAML or an
+    experiment YAML with a `section:` for it) and `--num-cpus` (a local Ray's CPUs)."""
+    p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=None, help=f"YAML with the {config_class} fields (optionally under '{section}:')")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs of a local Ray (default: all)")
+    return p
 
 
 def run_ray_job(load: Callable[[], C], run: Callable[[C], R], num_cpus: int | None = None) -> tuple[C, R] | None:

@@ -17,13 +17,11 @@ import json
 import sys
 
 from pipelines.encode.config import EncodeConfig
-from pipelines.runtime import load_stage_config
+from pipelines.runtime import job_parser, load_stage_config
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pipelines.encode", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=None, help="YAML with the EncodeConfig fields (optionally under 'encode:')")
+    p = job_parser("python -m pipelines.encode", __doc__, "EncodeConfig", "encode")
     p.add_argument("--input", nargs="+", default=None, help="corpus files / directories / URIs")
     p.add_argument("--output", default=None)
     p.add_argument("--model-dir", dest="model_dir", default=None)
@@ -35,7 +33,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true", default=None, help="start over in a non-empty output")
     p.add_argument("--local", action="store_true", help="run in this process without Ray")
     p.add_argument("--verify", action="store_true", help="verify an existing index against the input")
-    p.add_argument("--num-cpus", type=int, default=None, help="CPUs of a local Ray (default: all)")
     return p
 
 

@@ -16,13 +16,11 @@ import sys
 from pathlib import Path
 
 from pipelines.evaluate.job import EvaluateConfig, run_evaluate
-from pipelines.runtime import load_stage_config, run_ray_job
+from pipelines.runtime import job_parser, load_stage_config, run_ray_job
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pipelines.evaluate", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=None, help="YAML with the EvaluateConfig fields (optionally under 'evaluate:')")
+    p = job_parser("python -m pipelines.evaluate", __doc__, "EvaluateConfig", "evaluate")
     p.add_argument("--queries", default=None)
     p.add_argument("--qrels", default=None)
     p.add_argument("--run", action="append", default=None, metavar="NAME=MANIFEST")
@@ -30,7 +28,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default=None)
     p.add_argument("--k", type=int, default=None)
     p.add_argument("--metrics", nargs="+", default=None)
-    p.add_argument("--num-cpus", type=int, default=None)
     return p
 
 

@@ -14,13 +14,11 @@ import argparse
 import sys
 
 from pipelines.mine.job import MineConfig, run_mine
-from pipelines.runtime import load_stage_config, run_ray_job
+from pipelines.runtime import job_parser, load_stage_config, run_ray_job
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m pipelines.mine", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=None, help="YAML with the MineConfig fields (optionally under 'mine:')")
+    p = job_parser("python -m pipelines.mine", __doc__, "MineConfig", "mine")
     p.add_argument("--queries", default=None)
     p.add_argument("--positives", default=None)
     p.add_argument("--index", default=None, help="index manifest (or its directory)")
@@ -31,7 +29,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-negatives", dest="num_negatives", type=int, default=None)
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--output", default=None)
-    p.add_argument("--num-cpus", type=int, default=None)
     return p
 
 
