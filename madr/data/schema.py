@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -106,6 +107,16 @@ def _is_string_list(t: pa.DataType) -> bool:
 
 
 _TYPE_CHECKS = {"string": _is_string, "integer": pa.types.is_integer, "list<string>": _is_string_list}
+
+
+def _write_rows(path: Path, rows: Sequence[Any], columns: dict[str, pa.DataType],
+                aspect_names: Sequence[str] = ()) -> None:
+    """One parquet file of `rows`: a column per attribute named in `columns` (with its type), then a
+    list<string> column per aspect of the rows' `aspects` (empty where a row has none)."""
+    data = {name: pa.array([getattr(r, name) for r in rows], dtype) for name, dtype in columns.items()}
+    data.update({a: pa.array([list(r.aspects.get(a, [])) for r in rows], pa.list_(pa.string()))
+                 for a in aspect_names})
+    pq.write_table(pa.table(data), path)
 
 
 def _read_columns(
@@ -228,49 +239,13 @@ class Catalog:
         self.validate()
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        str_list = pa.list_(pa.string())
-        aspect_cols = {
-            a: pa.array([list(p.aspects.get(a, [])) for p in self.products], str_list)
-            for a in self.aspect_names
-        }
-        pq.write_table(
-            pa.table(
-                {
-                    "product_id": pa.array([p.product_id for p in self.products], pa.string()),
-                    "title": pa.array([p.title for p in self.products], pa.string()),
-                    "description": pa.array([p.description for p in self.products], pa.string()),
-                    **aspect_cols,
-                }
-            ),
-            out / PRODUCTS_FILE,
-        )
-        q_aspects = {
-            a: pa.array([list(q.aspects.get(a, [])) for q in self.queries], str_list)
-            for a in self.aspect_names
-        }
-        pq.write_table(
-            pa.table(
-                {
-                    "query_id": pa.array([q.query_id for q in self.queries], pa.string()),
-                    "text": pa.array([q.text for q in self.queries], pa.string()),
-                    "split": pa.array([q.split for q in self.queries], pa.string()),
-                    "language": pa.array([q.language for q in self.queries], pa.string()),
-                    **q_aspects,
-                }
-            ),
-            out / QUERIES_FILE,
-        )
-        pq.write_table(
-            pa.table(
-                {
-                    "query_id": pa.array([j.query_id for j in self.judgments], pa.string()),
-                    "product_id": pa.array([j.product_id for j in self.judgments], pa.string()),
-                    "relevance": pa.array([j.relevance for j in self.judgments], pa.int8()),
-                    "esci": pa.array([j.esci for j in self.judgments], pa.string()),
-                }
-            ),
-            out / JUDGMENTS_FILE,
-        )
+        text = pa.string()
+        _write_rows(out / PRODUCTS_FILE, self.products, {"product_id": text, "title": text, "description": text},
+                    self.aspect_names)
+        _write_rows(out / QUERIES_FILE, self.queries, {"query_id": text, "text": text, "split": text,
+                                                       "language": text}, self.aspect_names)
+        _write_rows(out / JUDGMENTS_FILE, self.judgments, {"query_id": text, "product_id": text,
+                                                           "relevance": pa.int8(), "esci": text})
         return out
 
     @classmethod
