@@ -1,10 +1,11 @@
-"""Where the benchmarks read and write, and the one way a quality benchmark reads its YAML config with
-`--set key=value` overrides (a bad override is a clean exit naming it, not a traceback)."""
+"""Where the benchmarks read and write, the one way a quality benchmark reads its YAML config with
+`--set key=value` overrides (a bad override is a clean exit naming it, not a traceback), its command-line
+options, and its loop over training seeds (`over_seeds`)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,22 @@ def local_backbone(name: str | None) -> str | None:
     if name and not name.startswith("pypi:") and not Path(name).is_absolute() and (ROOT / name).exists():
         return str(ROOT / name)
     return name
+
+
+def over_seeds(seeds: Sequence[int], run_seed: Callable[[int], tuple[Any, ...]],
+               test_rows: Callable[[tuple[Any, ...]], Mapping[str, Mapping[str, float]]],
+               metric: str = "mrr@5") -> list[list[Any]]:
+    """`run_seed(seed)` for every seed, printing each seed's test `metric` per row (`test_rows(result)`: row ->
+    metrics) as it finishes; the results transposed: one list per item of `run_seed`'s tuple, in seed order."""
+    columns: list[list[Any]] = []
+    for seed in seeds:
+        result = run_seed(seed)
+        columns = columns or [[] for _ in result]
+        for column, value in zip(columns, result, strict=True):
+            column.append(value)
+        print(f"seed {seed} test {metric.upper()}: " + ", ".join(
+            f"{k} {v[metric]:.3f}" for k, v in test_rows(result).items()), flush=True)
+    return columns
 
 
 def add_run_args(parser: argparse.ArgumentParser, config: Path, tag: str, seeds: list[int] | None = None) -> None:

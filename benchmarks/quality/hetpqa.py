@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common.config import PLOTS, RESULTS, ROOT, add_run_args, read_config, repo_path
+from benchmarks.common.config import PLOTS, RESULTS, ROOT, add_run_args, over_seeds, read_config, repo_path
 from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.stats import format_mean_std, mean_std, paired_tests
@@ -231,14 +231,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     zs_rows, zs_chosen = zero_shot(cfg, records, tokenizer, timings)
     print("zero-shot test MRR@5: " + ", ".join(f"{k} {v['mrr@5']:.3f}" for k, v in means(zs_rows).items()), flush=True)
-    ft_rows, ft_chosen, finals = [], [], []
-    for seed in cfg.seeds:
-        rows, chosen, fin = fine_tuned(cfg, records, tokenizer, seed, timings)
-        ft_rows.append(rows)
-        ft_chosen.append(chosen)
-        finals.append(fin)
-        print(f"seed {seed} test MRR@5: " + ", ".join(f"{k} {v['mrr@5']:.3f}" for k, v in means(rows).items()),
-              flush=True)
+    ft_rows, ft_chosen, finals = over_seeds(cfg.seeds, lambda seed: fine_tuned(cfg, records, tokenizer, seed, timings),
+                                            lambda result: means(result[0]))
     timings["total_s"] = time.perf_counter() - start
 
     info = machine_info()

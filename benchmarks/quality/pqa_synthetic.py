@@ -37,7 +37,7 @@ import numpy as np
 import torch
 import transformers
 
-from benchmarks.common.config import PLOTS, RESULTS, ROOT, overrides
+from benchmarks.common.config import PLOTS, RESULTS, ROOT, over_seeds, overrides
 from benchmarks.common.machine import load_average, machine_info, run_command, versions
 from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.stats import format_mean_std
@@ -170,13 +170,8 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = prepare_tokenizer(cfg, records)
     timings["tokenizer_s"] = time.perf_counter() - t
 
-    reports, untrained, finals = [], [], []
-    for seed in cfg.seeds:
-        rep, unt, fin = run_seed(cfg, records, tokenizer, seed, timings)
-        reports.append(rep)
-        untrained.append(unt)
-        finals.append(fin)
-        print(f"seed {seed}: test MRR@5 " + ", ".join(f"{k} {v['mrr@5']:.3f}" for k, v in rep.rows.items()), flush=True)
+    reports, untrained, finals = over_seeds(cfg.seeds, lambda seed: run_seed(cfg, records, tokenizer, seed, timings),
+                                            lambda result: result[0].rows)
     timings["total_s"] = time.perf_counter() - start
 
     info = machine_info(faiss=versions("faiss")["faiss"])
