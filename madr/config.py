@@ -361,14 +361,31 @@ def read_config_file(path: str | Path | None, section: str | None = None) -> tup
     fields)."""
     if path is None:
         return {}, ""
-    data = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    data = read_mapping(path)
     if section is None or section not in data:
         return data, ""
     if not isinstance(data[section], dict):
         raise ValueError(f"{path}: section {section!r} must be a mapping")
     return data[section], f"{section}."
+
+
+def read_mapping(path: str | Path, fmt: str = "yaml") -> dict[str, Any]:
+    """The top-level mapping of a YAML (`fmt` "yaml"; an empty file is {}) or JSON ("json") file. A missing
+    file is a FileNotFoundError, text that does not parse or a top level that is not a mapping a ValueError;
+    each names the file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path} does not exist") from None
+    try:
+        data = json.loads(text) if fmt == "json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise ValueError(f"{path}: not valid {fmt.upper()}: {err}") from None
+    if data is None and fmt == "yaml":
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    return data
 
 
 def config_hash(obj: Any) -> str:

@@ -9,8 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from madr.config import read_mapping
 from madr.config_overrides import apply_overrides, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root
@@ -30,7 +29,7 @@ def overrides(sets: Sequence[str]) -> dict[str, Any]:
 
 def read_config(path: str | Path, sets: Sequence[str]) -> dict[str, Any]:
     """The YAML mapping at `path` with the `--set` overrides applied (SystemExit on a bad override)."""
-    data = yaml.safe_load(Path(path).read_text()) or {}
+    data = read_mapping(path)
     try:
         return apply_overrides(data, parse_overrides(sets))
     except ValueError as err:

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from madr.config import read_mapping
+
 FORMAT = "madr.index/1"
 MANIFEST_FILE = "manifest.json"
 _CHUNK = 1 << 22
@@ -199,15 +201,12 @@ class Manifest:
 
 
 def _read_json(path: str | Path) -> dict[str, Any]:
+    """The JSON object at `path` (`madr.config.read_mapping`); a missing file is a ValueError, as is every
+    other unusable index input."""
     try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such file") from None
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON (line {e.lineno}: {e.msg})") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: top level must be a JSON object")
-    return data
+        return read_mapping(path, "json")
+    except FileNotFoundError as err:
+        raise ValueError(str(err)) from None
 
 
 def _from_dict(cls: type, data: dict[str, Any], where: str) -> Any:

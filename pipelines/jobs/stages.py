@@ -14,9 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from madr.config import config_hash
+from madr.config import config_hash, read_mapping
 
 
 @dataclass(frozen=True)
@@ -146,18 +144,8 @@ def select(names: Sequence[str] | None, table: Mapping[str, Stage] = STAGES) -> 
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
-    """The parsed config file (a mapping), with the file named in errors."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise FileNotFoundError(f"config file {path} does not exist") from None
-    except yaml.YAMLError as err:
-        raise ValueError(f"{path}: not valid YAML: {err}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: top level must be a mapping, got {type(data).__name__}")
-    return data
+    """The parsed config file (a mapping; `madr.config.read_mapping`), with the file named in errors."""
+    return read_mapping(path)
 
 
 def stage_keys(stages: Sequence[Stage], configs: Mapping[str, dict[str, Any]],

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from madr.config import MODEL_NAMES, ExperimentConfig, ModelConfig, config_hash, load_config
+from madr.config import MODEL_NAMES, ExperimentConfig, ModelConfig, config_hash, load_config, read_mapping
 from madr.config_overrides import apply_overrides, parse_overrides, parse_value
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +38,24 @@ def test_unknown_keys_and_bad_values_name_their_path(tmp_path):
         load_config(None, {"index.num_shards": 0})
     with pytest.raises(ValueError, match="'model' is not a mapping"):
         apply_overrides({"model": 3}, {"model.name": "x"})
+
+
+def test_read_mapping_names_the_file_in_every_error(tmp_path):
+    """The one reader of YAML / JSON mappings (experiment and stage configs, the stage table, index manifests)."""
+    (tmp_path / "empty.yaml").write_text("")
+    (tmp_path / "ok.json").write_text('{"a": 1}')
+    assert read_mapping(tmp_path / "empty.yaml") == {} and read_mapping(tmp_path / "ok.json", "json") == {"a": 1}
+    with pytest.raises(FileNotFoundError, match="absent.yaml does not exist"):
+        read_mapping(tmp_path / "absent.yaml")
+    (tmp_path / "bad.yaml").write_text("a: [1\n")
+    with pytest.raises(ValueError, match="bad.yaml: not valid YAML"):
+        read_mapping(tmp_path / "bad.yaml")
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(ValueError, match="bad.json: not valid JSON"):
+        read_mapping(tmp_path / "bad.json", "json")
+    (tmp_path / "list.yaml").write_text("- 1\n")
+    with pytest.raises(ValueError, match="list.yaml: top level must be a mapping, got list"):
+        load_config(tmp_path / "list.yaml")
 
 
 def test_overrides_and_their_values():
