@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from madr.index.lexical import merge_statistics, save_term_counts
 from madr.index.manifest import (
     MANIFEST_FILE,
     Manifest,
@@ -143,8 +144,10 @@ def shard_index(trained: faiss.Index, dense: np.ndarray, ids: np.ndarray) -> fai
 
 
 def write_shard(out_dir: str | Path, shard: int, trained: faiss.Index, dense: np.ndarray, ids: np.ndarray,
-                sparse: SparseBatch | None = None, extra_files: Sequence[str] = ()) -> ShardInfo:
-    """Write shard ``shard`` (rows sorted by id) atomically: index, ids, sparse part, then its record.
+                sparse: SparseBatch | None = None, extra_files: Sequence[str] = (),
+                lexical: SparseBatch | None = None) -> ShardInfo:
+    """Write shard ``shard`` (rows sorted by id) atomically: index, ids, sparse part, lexical part (``lexical``:
+    the raw word-piece term frequencies of the same rows, ``madr.index.lexical``), then its record.
 
     ``extra_files`` (paths relative to ``out_dir``, already written, e.g. the shard's display rows) get
     their checksums recorded too. Returns the record (also saved as ``shard-NNNNN.json``, which marks the
@@ -154,20 +157,25 @@ def write_shard(out_dir: str | Path, shard: int, trained: faiss.Index, dense: np
     ids = document_ids(ids, dense.shape[0], f"shard {shard} ids", unique=True)
     if sparse is not None and len(sparse) != ids.size:
         raise ValueError(f"shard {shard}: {len(sparse)} sparse rows for {ids.size} documents")
+    if lexical is not None and len(lexical) != ids.size:
+        raise ValueError(f"shard {shard}: {len(lexical)} lexical rows for {ids.size} documents")
     order = np.argsort(ids, kind="stable")
     dense, ids = dense[order], ids[order]
     stem = shard_stem(shard)
     files = {"dense": f"{stem}.faiss", "ids": f"{stem}.ids.npy",
-             "sparse": f"{stem}.sparse.npz" if sparse is not None else None}
+             "sparse": f"{stem}.sparse.npz" if sparse is not None else None,
+             "lexical": f"{stem}.lexical.npz" if lexical is not None else None}
     index = shard_index(trained, dense, ids)
     atomic_write(out / files["dense"], lambda tmp: faiss.write_index(index, tmp))
     atomic_save_npy(out / files["ids"], ids)
     if sparse is not None:
         inv = InvertedIndex.build(sparse.select(order), ids)
         atomic_write(out / files["sparse"], lambda tmp: _save_npz(inv, tmp))
+    if lexical is not None:
+        save_term_counts(out / files["lexical"], lexical.select(order))
     info = ShardInfo(shard=shard, dense_path=files["dense"], sparse_path=files["sparse"], ids_path=files["ids"],
                      count=int(ids.size), min_id=int(ids[0]) if ids.size else -1,
-                     max_id=int(ids[-1]) if ids.size else -1)
+                     max_id=int(ids[-1]) if ids.size else -1, lexical_path=files["lexical"])
     info.sha256 = {rel: sha256_file(out / rel) for rel in [*info.files(), *extra_files]}
     info.save(out / f"{stem}.json")
     return info
@@ -204,17 +212,27 @@ def write_docs(out_dir: str | Path, docs: pa.Table) -> str:
 def assemble_manifest(out_dir: str | Path, shards: Sequence[ShardInfo], dim: int, index_factory: str,
                       hybrid_lambda: float | None = None, sparse_vocab_size: int | None = None,
                       model_dir: str | None = None, config_hash: str | None = None,
-                      docs_path: str | None = None) -> Path:
-    """Write ``manifest.json`` over complete shards (ids unique across shards, or a ValueError)."""
+                      docs_path: str | None = None, lexical_vocab_size: int | None = None,
+                      fusion_lambda: float = 0.5) -> Path:
+    """Write ``manifest.json`` over complete shards (ids unique across shards, or a ValueError). With
+    ``lexical_vocab_size`` (shards with a lexical part) the collection's BM25 statistics are merged from the
+    shards' files first (``madr.index.lexical.merge_statistics``) and recorded with ``fusion_lambda``."""
     shards = sorted(shards, key=lambda s: s.shard)
     report = id_report(out_dir, shards)
     if report["duplicates"]:
         raise ValueError(f"{out_dir}: {len(report['duplicates'])} ids occur in more than one shard row, "
                          f"e.g. {report['duplicates'][:5]}")
+    lexical = None
+    if lexical_vocab_size is not None:
+        missing = [s.shard for s in shards if not s.lexical_path]
+        if missing:
+            raise ValueError(f"{out_dir}: shards {missing} have no lexical part")
+        lexical = merge_statistics(out_dir, [s.lexical_path for s in shards], lexical_vocab_size,
+                                   fusion_lambda).to_dict()
     manifest = Manifest(dim=int(dim), index_factory=index_factory, num_docs=sum(s.count for s in shards),
                         shards=list(shards), model_dir=model_dir, config_hash=config_hash,
                         hybrid_lambda=hybrid_lambda,
-                        sparse_vocab_size=sparse_vocab_size, docs_path=docs_path)
+                        sparse_vocab_size=sparse_vocab_size, docs_path=docs_path, lexical=lexical)
     return manifest.save(Path(out_dir) / MANIFEST_FILE)
 
 
@@ -240,8 +258,11 @@ def id_report(out_dir: str | Path, shards: Sequence[ShardInfo],
 def build_index(dense: np.ndarray, ids: np.ndarray, out_dir: str | Path, num_shards: int,
                 index_factory: str = "Flat", sparse: SparseBatch | None = None, hybrid_lambda: float | None = None,
                 model_dir: str | None = None, config_hash: str | None = None, docs: pa.Table | None = None,
-                train_size: int | None = None, seed: int = 0) -> Path:
-    """Build a sharded index in-process; returns the manifest path.
+                train_size: int | None = None, seed: int = 0, lexical: SparseBatch | None = None,
+                fusion_lambda: float = 0.5) -> Path:
+    """Build a sharded index in-process; returns the manifest path. ``lexical``: the documents' raw word-piece
+    term frequencies (``madr.index.lexical.term_counts``), for BM25 fused with the dense scores at
+    ``fusion_lambda`` by default.
 
     Rows are sorted by id and cut into ``num_shards`` contiguous id ranges (sizes differ by at most one).
     The quantiser is trained once on ``train_size`` rows sampled with ``seed`` (default: all rows up to
@@ -261,10 +282,12 @@ def build_index(dense: np.ndarray, ids: np.ndarray, out_dir: str | Path, num_sha
     infos = []
     for s, rows in enumerate(np.array_split(order, num_shards)):
         part = sparse.select(rows) if sparse is not None else None
-        infos.append(write_shard(out, s, trained, dense[rows], ids[rows], part))
+        lex = lexical.select(rows) if lexical is not None else None
+        infos.append(write_shard(out, s, trained, dense[rows], ids[rows], part, lexical=lex))
     docs_path = write_docs(out, docs) if docs is not None else None
     return assemble_manifest(out, infos, dense.shape[1], index_factory, hybrid_lambda,
-                             sparse.vocab_size if sparse is not None else None, model_dir, config_hash, docs_path)
+                             sparse.vocab_size if sparse is not None else None, model_dir, config_hash, docs_path,
+                             lexical.vocab_size if lexical is not None else None, fusion_lambda)
 
 
 def sample_rows(x: np.ndarray, size: int | None, seed: int = 0) -> np.ndarray:

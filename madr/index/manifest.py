@@ -6,10 +6,14 @@ An index directory holds, per shard ``s`` (``shard-{s:05d}`` below):
   (``add_with_ids``; Flat / HNSW wrapped in ``IndexIDMap2``, IVF indexes carry the ids themselves);
 - ``shard-{s:05d}.ids.npy``: the shard's global ids in row order (ascending);
 - ``shard-{s:05d}.sparse.npz``: hybrid models only, the sparse ``InvertedIndex`` of the same documents;
+- ``shard-{s:05d}.lexical.npz``: indexes with a lexical part only, the raw word-piece term frequencies of the
+  same documents (``madr.index.lexical``; BM25 weights are computed from them when the shard is opened);
 - ``shard-{s:05d}.json``: the shard's ``ShardInfo``, written last: a shard is complete when this record
   exists and the checksums of its files match (the encode job's resume test);
 
-and ``manifest.json`` (this module's ``Manifest``), written once all shards are complete. Paths inside
+and ``manifest.json`` (this module's ``Manifest``), written once all shards are complete (with a lexical
+part: also ``lexical.df.npy``, the collection's document frequencies, named with its checksum in the
+manifest's ``lexical`` record, ``madr.index.lexical.LexicalInfo``). Paths inside
 records are relative to the directory that holds them, so an index directory can be moved or copied.
 Every file is written to a temporary name and renamed (POSIX rename is atomic), so a crash never leaves a
 half-written file under a final name.
@@ -93,9 +97,10 @@ class ShardInfo:
     min_id: int
     max_id: int
     sha256: dict[str, str] = field(default_factory=dict)
+    lexical_path: str | None = None
 
     def files(self) -> list[str]:
-        return [p for p in (self.dense_path, self.sparse_path, self.ids_path) if p is not None]
+        return [p for p in (self.dense_path, self.sparse_path, self.ids_path, self.lexical_path) if p is not None]
 
     def verify(self, base: str | Path) -> None:
         """Raise a ValueError naming the file whose sha256 differs from the record (or that is missing);
@@ -132,7 +137,8 @@ class ShardInfo:
 class Manifest:
     """A sharded index (see the module docstring). ``hybrid_lambda``: the lam of paper 002 Eq. 1 the index
     was built with (the model's ``hybrid_lambda`` unless the encode job set another), the lam of a hybrid
-    search whose ``madr.search.params.SearchParams.lam`` is None; None = a dense-only index."""
+    search whose ``madr.search.params.SearchParams.lam`` is None; None = a dense-only index. ``lexical``:
+    the BM25 part's record (``madr.index.lexical.LexicalInfo.to_dict``), None without one."""
 
     dim: int
     index_factory: str
@@ -144,6 +150,7 @@ class Manifest:
     hybrid_lambda: float | None = None
     sparse_vocab_size: int | None = None
     docs_path: str | None = None
+    lexical: dict[str, Any] | None = None
     created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     format: str = FORMAT
 
@@ -160,10 +167,25 @@ class Manifest:
         total = sum(s.count for s in self.shards)
         if total != self.num_docs:
             raise ValueError(f"manifest: num_docs is {self.num_docs} but the shards hold {total}")
+        if self.lexical is not None:
+            from madr.index.lexical import LexicalInfo
+
+            info = LexicalInfo.from_dict(self.lexical)
+            if info.num_docs != self.num_docs:
+                raise ValueError(f"manifest: lexical.num_docs is {info.num_docs} but the index holds {self.num_docs}")
 
     @property
     def has_sparse(self) -> bool:
         return bool(self.shards) and all(s.sparse_path is not None for s in self.shards)
+
+    @property
+    def has_lexical(self) -> bool:
+        return self.lexical is not None and bool(self.shards) and all(s.lexical_path for s in self.shards)
+
+    @property
+    def search_mode(self) -> str:
+        """What a search of this index fuses: ``dense``, ``hybrid`` (SPLADE, paper 002 Eq. 1) or ``dense+bm25``."""
+        return "dense+bm25" if self.has_lexical else "hybrid" if self.has_sparse else "dense"
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -198,6 +220,10 @@ class Manifest:
         """Checksums of every shard file (ValueError naming the first bad file)."""
         for s in self.shards:
             s.verify(base)
+        if self.lexical is not None:
+            from madr.index.lexical import LexicalInfo
+
+            LexicalInfo.from_dict(self.lexical).verify(base)
 
 
 def _read_json(path: str | Path) -> dict[str, Any]:

@@ -59,7 +59,7 @@ class ExactSearcher:
     def _lam(self, params: SearchParams, sparse: SparseBatch | None) -> float:
         lam = params.lam if params.lam is not None else self.hybrid_lambda
         lam = 1.0 if lam is None else lam
-        if params.normalisation != "none":
+        if params.normalisation_or("none") != "none":
             raise ValueError("ExactSearcher: only normalisation 'none' (scores over the whole corpus)")
         if lam < 1.0 and (self.sparse is None or sparse is None):
             raise ValueError(f"search: lam={lam} needs sparse document and query vectors")

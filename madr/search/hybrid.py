@@ -251,7 +251,7 @@ class HybridSearcher:
                 raise AssertionError("hybrid_merge built another candidate set than the searcher")
             return d_exact[q, : ids.size], s_exact[q, : ids.size]
 
-        return hybrid_merge(dense, sparse, lam, p.k, p.normalisation, rescore=rescore)
+        return hybrid_merge(dense, sparse, lam, p.k, p.normalisation_or("none"), rescore=rescore)
 
     def search(self, queries: list[str], params: SearchParams | None = None, *, mode: str = "hybrid",
                **overrides) -> TopK:

@@ -4,12 +4,15 @@
 to it and ignores the others (an exact or sparse searcher has no ``nprobe``):
 
 - ``k``: results per query;
-- ``candidates``: hybrid search (paper 002 Eq. 1) only, how many documents the dense and the sparse
-  retriever each nominate per query before the union is re-scored exactly (None: ``max(k, 100)``);
-- ``lam``: the hybrid interpolation weight of paper 002 Eq. 1, ``s = lam * dense + (1 - lam) * sparse``
-  (None: the index's own ``hybrid_lambda``, recorded when it was built; 1 = dense only, 0 = sparse only);
+- ``candidates``: hybrid and fused search only, how many documents the dense and the sparse (or BM25)
+  retriever each nominate per query before they are combined (None: ``max(k, 100)``);
+- ``lam``: the interpolation weight, ``s = lam * dense + (1 - lam) * sparse`` (paper 002 Eq. 1) or
+  ``lam * dense + (1 - lam) * bm25`` for an index with a BM25 part (None: the index's own ``hybrid_lambda``
+  or ``fusion_lambda``, recorded when it was built; 1 = dense only, 0 = sparse / BM25 only);
 - ``normalisation``: per-query normalisation of both parts before interpolating (``madr.search.score_fusion``;
-  sharded indexes support only ``"none"``, which keeps a score independent of the shard a document is in);
+  None: the searcher's default, ``"none"`` for dense and hybrid search, ``"minmax"`` for dense + BM25
+  fusion; sharded SPLADE-hybrid search supports only ``"none"``, which keeps a score independent of the
+  shard a document is in);
 - ``nprobe``: IVF indexes, inverted lists probed (None: the index's own);
 - ``ef_search``: HNSW indexes, the search beam (None: the index's own).
 
@@ -36,7 +39,7 @@ class SearchParams:
     k: int = 10
     candidates: int | None = None
     lam: float | None = None
-    normalisation: str = "none"
+    normalisation: str | None = None
     nprobe: int | None = None
     ef_search: int | None = None
 
@@ -52,14 +55,18 @@ class SearchParams:
             if isinstance(self.lam, bool | str) or not _is_unit(self.lam):
                 raise ValueError(f"search.lam must be in [0, 1] or null, got {self.lam!r}")
             object.__setattr__(self, "lam", float(self.lam))
-        if self.normalisation not in NORMALISATIONS:
-            raise ValueError(f"search.normalisation must be one of {', '.join(NORMALISATIONS)}, "
+        if self.normalisation is not None and self.normalisation not in NORMALISATIONS:
+            raise ValueError(f"search.normalisation must be one of {', '.join(NORMALISATIONS)} or null, "
                              f"got {self.normalisation!r}")
 
     @property
     def num_candidates(self) -> int:
         """Documents each retriever nominates in hybrid search: ``candidates``, else ``max(k, 100)``."""
         return max(self.k, DEFAULT_CANDIDATES) if self.candidates is None else self.candidates
+
+    def normalisation_or(self, default: str) -> str:
+        """``normalisation``, or the searcher's ``default`` when it is None."""
+        return default if self.normalisation is None else self.normalisation
 
     def replace(self, **changes: Any) -> SearchParams:
         """A copy with ``changes`` applied (checked like the constructor; unknown names are a TypeError)."""

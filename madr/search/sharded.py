@@ -13,6 +13,18 @@ shard a document lives in; ``merge_topk`` then keeps the best ``k`` over all sha
 ``candidates`` >= the shard size the result equals the unsharded ``HybridSearcher`` (exhaustive candidates)
 and brute-force search (``madr.search.exact``).
 
+Dense + BM25 fusion (issue 26; indexes whose manifest has a ``lexical`` part, ``madr.index.lexical``):
+``search(dense, params, lexical=term_counts)``. Every shard nominates its dense top-``candidates`` and its BM25
+top-``candidates`` (BM25 weights computed with the collection's statistics, so BM25 scores are comparable
+across shards); each list is merged over all shards to the global top-``candidates``, and the two are fused
+per query by ``madr.search.score_fusion.weighted_fusion([dense, bm25], [lam, 1 - lam], k, normalisation)``:
+normalised over the union of both lists (``"minmax"`` unless the params say otherwise), a document missing
+from one list taking that list's minimum. ``lam`` None takes the manifest's ``fusion_lambda``. The fused
+result equals exact dense top-``candidates`` over all documents plus ``BM25Index().fit`` over all documents'
+word pieces, fused the same way (Flat shards); the lists are merged before fusing, so the normalisation sees
+the same candidates however the index is sharded (``fuse_candidates``, also what the Serve app runs after
+fanning out to its shard groups).
+
 Results follow ``madr.search.protocol``: [Q, k] float32 scores and int64 global ids, padded with -inf / -1,
 ties broken by id ascending. Writing an index (shards, manifest, checksums) is ``madr.index``.
 """
@@ -26,13 +38,16 @@ import faiss
 import numpy as np
 
 from madr.index.build import hnsw_of, ivf_of
+from madr.index.lexical import LexicalInfo, bm25_shard_index
 from madr.index.manifest import MANIFEST_FILE, Manifest, ShardInfo
 from madr.search.params import SearchParams, resolve
 from madr.search.protocol import PAD_ID, TopK, merge_topk
-from madr.search.score_fusion import hybrid_merge, union_candidates
+from madr.search.score_fusion import hybrid_merge, union_candidates, weighted_fusion
 from madr.search.sparse import InvertedIndex, SparseBatch
 
-__all__ = ["Shard", "ShardedIndex", "faiss_params", "load_shard"]
+__all__ = ["Shard", "ShardedIndex", "faiss_params", "fuse_candidates", "load_shard"]
+
+FUSED_NORMALISATION = "minmax"  # dense + BM25 fusion's default (SearchParams.normalisation None)
 
 
 def _manifest_path(path: str | Path) -> Path:
@@ -67,17 +82,31 @@ def _read_index(path: Path, mmap: bool) -> faiss.Index:
         raise ValueError(f"{path}: not a readable FAISS index ({str(e).strip()[:200]})") from None
 
 
+def fuse_candidates(dense: list[TopK], bm25: list[TopK], lam: float, params: SearchParams) -> TopK:
+    """Dense + BM25 fusion of per-shard (or per-shard-group) candidate lists: each kind merged to the global
+    top ``params.num_candidates``, then ``weighted_fusion([dense, bm25], [lam, 1 - lam], params.k)`` with
+    ``params.normalisation`` (default min-max)."""
+    n = params.num_candidates
+    return weighted_fusion([merge_topk(dense, n), merge_topk(bm25, n)], [lam, 1.0 - lam], params.k,
+                           params.normalisation_or(FUSED_NORMALISATION))
+
+
 class Shard:
-    """One shard: a FAISS index over global ids, its id array and, for hybrid indexes, an inverted index."""
+    """One shard: a FAISS index over global ids, its id array and, for hybrid indexes, an inverted index;
+    for indexes with a lexical part, the BM25 inverted index of the same documents."""
 
     def __init__(self, index: faiss.Index, ids: np.ndarray, sparse: InvertedIndex | None = None,
-                 hybrid_lambda: float | None = None, shard: int = 0) -> None:
+                 hybrid_lambda: float | None = None, shard: int = 0, lexical: InvertedIndex | None = None,
+                 fusion_lambda: float | None = None) -> None:
         if index.ntotal != ids.size:
             raise ValueError(f"shard {shard}: the FAISS index holds {index.ntotal} vectors but {ids.size} ids")
         if sparse is not None and len(sparse) != ids.size:
             raise ValueError(f"shard {shard}: the sparse index holds {len(sparse)} documents but {ids.size} ids")
+        if lexical is not None and len(lexical) != ids.size:
+            raise ValueError(f"shard {shard}: the BM25 index holds {len(lexical)} documents but {ids.size} ids")
         self.index, self.ids, self.sparse, self.shard = index, ids, sparse, shard
         self.hybrid_lambda = hybrid_lambda  # the manifest's: the lam of a search that does not set one
+        self.lexical, self.fusion_lambda = lexical, fusion_lambda
         self._lock = threading.Lock()
         self._direct_map = False
 
@@ -128,17 +157,46 @@ class Shard:
         valid = ids >= 0
         return np.where(valid, scores, -np.inf).astype(np.float32), np.where(valid, ids, PAD_ID)
 
-    def search(self, dense: np.ndarray, params: SearchParams | None = None, *, sparse: SparseBatch | None = None,
-               **overrides) -> TopK:
-        """Top ``params.k`` of this shard per query (module docstring): ([Q, k] float32, [Q, k] int64), padded.
-
-        ``params.lam`` None takes the manifest's ``hybrid_lambda``; dense-only when that is None or 1.
-        ``params.candidates`` (hybrid only, default max(k, 100)) is how many documents each retriever nominates."""
-        p = resolve(params, overrides)
+    def _check_dense(self, dense: np.ndarray) -> np.ndarray:
         dense = np.ascontiguousarray(dense, dtype=np.float32)
         if dense.ndim != 2 or dense.shape[1] != self.dim:
             raise ValueError(f"search: dense queries must be [Q, {self.dim}], got shape {dense.shape}")
-        if p.normalisation != "none":
+        return dense
+
+    def fusion_lam(self, params: SearchParams) -> float:
+        """The lam of a dense + BM25 search: the params', else the manifest's ``fusion_lambda``."""
+        if self.lexical is None:
+            raise ValueError("search: lexical query terms were given but the index has no lexical (BM25) part; "
+                             "build it with lexical: bm25")
+        return float(self.fusion_lambda if params.lam is None else params.lam)
+
+    def candidates(self, dense: np.ndarray, lexical: SparseBatch, params: SearchParams | None = None,
+                   **overrides) -> tuple[TopK, TopK]:
+        """This shard's dense and BM25 top ``params.num_candidates`` (each [Q, c], padded): what
+        ``fuse_candidates`` fuses once every shard's lists are in."""
+        p = resolve(params, overrides)
+        dense = self._check_dense(dense)
+        self.fusion_lam(p)
+        if len(lexical) != dense.shape[0]:
+            raise ValueError(f"search: {dense.shape[0]} dense but {len(lexical)} lexical query vectors")
+        n = p.num_candidates
+        d_top = self._dense_topk(dense, n, faiss_params(self.index, p))
+        b_top = self.lexical.search(lexical, k=n)
+        return d_top, b_top
+
+    def search(self, dense: np.ndarray, params: SearchParams | None = None, *, sparse: SparseBatch | None = None,
+               lexical: SparseBatch | None = None, **overrides) -> TopK:
+        """Top ``params.k`` of this shard per query (module docstring): ([Q, k] float32, [Q, k] int64), padded.
+
+        ``params.lam`` None takes the manifest's ``hybrid_lambda``; dense-only when that is None or 1.
+        ``params.candidates`` (hybrid only, default max(k, 100)) is how many documents each retriever nominates.
+        ``lexical`` (query word-piece counts, indexes with a BM25 part): dense + BM25 fusion over this shard."""
+        p = resolve(params, overrides)
+        if lexical is not None:
+            d_top, b_top = self.candidates(dense, lexical, p)
+            return fuse_candidates([d_top], [b_top], self.fusion_lam(p), p)
+        dense = self._check_dense(dense)
+        if p.normalisation_or("none") != "none":
             raise ValueError(f"search: a sharded index interpolates unnormalised scores (a score must not depend on "
                              f"the shard), got normalisation {p.normalisation!r}")
         lam = self._resolve_lam(sparse, p)
@@ -178,7 +236,8 @@ def load_shard(manifest_path: str | Path, shard: int, mmap: bool = False, verify
     return _open_shard(path.parent, manifest.shards[shard], manifest, mmap, verify)
 
 
-def _open_shard(base: Path, info: ShardInfo, manifest: Manifest, mmap: bool, verify: bool) -> Shard:
+def _open_shard(base: Path, info: ShardInfo, manifest: Manifest, mmap: bool, verify: bool,
+                idf: np.ndarray | None = None) -> Shard:
     if verify:
         info.verify(base)
     index = _read_index(base / info.dense_path, mmap)
@@ -186,7 +245,15 @@ def _open_shard(base: Path, info: ShardInfo, manifest: Manifest, mmap: bool, ver
         raise ValueError(f"{base / info.dense_path}: dimension {index.d}, manifest says {manifest.dim}")
     ids = np.load(base / info.ids_path, mmap_mode="r" if mmap else None, allow_pickle=False)
     sparse = InvertedIndex.load(base / info.sparse_path) if info.sparse_path else None
-    return Shard(index, ids, sparse, manifest.hybrid_lambda, info.shard)
+    lexical, lam = None, None
+    if manifest.lexical is not None and info.lexical_path:
+        lex = LexicalInfo.from_dict(manifest.lexical)
+        if idf is None:
+            if verify:
+                lex.verify(base)
+            idf = lex.idf_values(base)
+        lexical, lam = bm25_shard_index(base / info.lexical_path, np.asarray(ids), lex, idf), lex.fusion_lambda
+    return Shard(index, ids, sparse, manifest.hybrid_lambda, info.shard, lexical, lam)
 
 
 class ShardedIndex:
@@ -200,7 +267,14 @@ class ShardedIndex:
         """Open every shard of ``manifest_path`` (a manifest file or its directory)."""
         path = _manifest_path(manifest_path)
         manifest = Manifest.load(path)
-        shards = [_open_shard(path.parent, info, manifest, mmap, verify) for info in manifest.shards]
+        idf = None
+        if manifest.lexical is not None:
+            lex = LexicalInfo.from_dict(manifest.lexical)
+            if verify:
+                lex.verify(path.parent)
+            idf = lex.idf_values(path.parent)
+        shards = [_open_shard(path.parent, info, manifest, mmap, verify, idf)
+                  for info in manifest.shards]
         return cls(manifest, shards, path.parent)
 
     @property
@@ -224,6 +298,29 @@ class ShardedIndex:
         """The lam of paper 002 Eq. 1 the index was built with (its manifest's): a search's default."""
         return self.manifest.hybrid_lambda
 
+    @property
+    def has_lexical(self) -> bool:
+        """The index has a BM25 part (``madr.index.lexical``): searches with ``lexical=`` fuse dense + BM25."""
+        return bool(self.shards) and all(s.lexical is not None for s in self.shards)
+
+    @property
+    def fusion_lambda(self) -> float | None:
+        """The lam of dense + BM25 fusion recorded at build time (None without a lexical part)."""
+        return self.shards[0].fusion_lambda if self.has_lexical else None
+
+    @property
+    def search_mode(self) -> str:
+        """``dense``, ``hybrid`` (SPLADE, paper 002 Eq. 1) or ``dense+bm25``."""
+        return self.manifest.search_mode
+
+    def query_terms(self, tokenizer, texts: list[str]) -> SparseBatch | None:
+        """BM25 query vectors (word-piece counts of the raw ``texts``) when the index has a lexical part."""
+        if not self.has_lexical:
+            return None
+        from madr.index.lexical import query_term_counts
+
+        return query_term_counts(tokenizer, texts, self.shards[0].lexical.vocab_size)
+
     def reconstruct(self, ids: np.ndarray) -> np.ndarray:
         """Dense vectors of global ``ids`` (found through the shards' id ranges)."""
         ids = np.asarray(ids, dtype=np.int64).reshape(-1)
@@ -242,9 +339,13 @@ class ShardedIndex:
         return out
 
     def search(self, dense: np.ndarray, params: SearchParams | None = None, *, sparse: SparseBatch | None = None,
-               **overrides) -> TopK:
-        """``Shard.search`` on every shard, merged to the global top ``params.k``."""
+               lexical: SparseBatch | None = None, **overrides) -> TopK:
+        """``Shard.search`` on every shard, merged to the global top ``params.k``; with ``lexical`` (query
+        word-piece counts, ``query_terms``) dense + BM25 fusion over all shards (module docstring)."""
         if not self.shards:
             raise ValueError("search: the index has no shards")
         p = resolve(params, overrides)
+        if lexical is not None:
+            parts = [s.candidates(dense, lexical, p) for s in self.shards]
+            return fuse_candidates([d for d, _ in parts], [b for _, b in parts], self.shards[0].fusion_lam(p), p)
         return merge_topk([s.search(dense, p, sparse=sparse) for s in self.shards], p.k)

@@ -40,6 +40,31 @@ def _check_tokens(tokens: object, what: str) -> None:
                          f"{type(tokens).__name__}; tokenise the text first")
 
 
+def bm25_idf(df: np.ndarray, n_docs: int, kind: str = "lucene", epsilon: float = 0.25) -> np.ndarray:
+    """idf of every term from its document frequency ``df`` [V] over ``n_docs`` documents (module docstring;
+    ``"okapi"``: negative values -> ``epsilon`` * the mean idf over the given terms)."""
+    df = np.asarray(df, dtype=np.float64)
+    if kind == "lucene":
+        return np.log1p((n_docs - df + 0.5) / (df + 0.5))
+    idf = np.log((n_docs - df + 0.5) / (df + 0.5))
+    return np.where(idf < 0, epsilon * idf.mean(), idf) if idf.size else idf
+
+
+def bm25_weights(tf: sp.csr_array, doc_len: np.ndarray, idf: np.ndarray, avgdl: float, k1: float = 0.9,
+                 b: float = 0.4) -> sp.csr_array:
+    """Raw term frequencies [N, V] (CSR) -> BM25 document weights ``w(t, d)`` of the module docstring, with
+    corpus statistics given from outside (``idf`` [V], ``avgdl``): a shard of a larger collection weighted
+    with the collection's statistics scores as the collection would (``madr.index.lexical``)."""
+    tf = sp.csr_array(tf, dtype=np.float64, copy=True)
+    doc_len = np.asarray(doc_len, dtype=np.float64)
+    if doc_len.shape != (tf.shape[0],):
+        raise ValueError(f"bm25_weights: doc_len must be [{tf.shape[0]}], got shape {doc_len.shape}")
+    norm = k1 * (1.0 - b + b * doc_len / avgdl) if avgdl > 0 else np.full(doc_len.shape, k1)  # per doc
+    row_of = np.repeat(np.arange(tf.shape[0]), np.diff(tf.indptr))
+    tf.data = np.asarray(idf, dtype=np.float64)[tf.indices] * tf.data * (k1 + 1.0) / (tf.data + norm[row_of])
+    return tf
+
+
 class BM25Index:
     """BM25 weights in an ``InvertedIndex``; build with ``fit(documents, ids)``, query with ``search``."""
 
@@ -72,11 +97,6 @@ class BM25Index:
                                np.array(cols, np.int64))), shape=(len(documents), max(len(self.vocabulary), 1)))
         return counts.tocsr()  # sums duplicate (doc, term) pairs into term frequencies
 
-    def _idf(self, df: np.ndarray, n_docs: int) -> np.ndarray:
-        if self.idf_kind == "lucene":
-            return np.log1p((n_docs - df + 0.5) / (df + 0.5))
-        idf = np.log((n_docs - df + 0.5) / (df + 0.5))
-        return np.where(idf < 0, self.epsilon * idf.mean(), idf) if idf.size else idf
 
     def fit(self, documents: Sequence[Tokens], ids: Sequence[int] | np.ndarray | None = None) -> BM25Index:
         """Index tokenised ``documents`` (``ids``: global ids, default 0..N-1). Returns ``self``."""
@@ -89,12 +109,10 @@ class BM25Index:
         n_docs = tf.shape[0]
         doc_len = np.array([len(d) for d in documents], dtype=np.float64)
         self.avgdl = float(doc_len.mean())
-        self.idf = self._idf(np.bincount(tf.indices, minlength=tf.shape[1]).astype(np.float64), n_docs)
-        norm = self.k1 * (1.0 - self.b + self.b * doc_len / self.avgdl)  # per doc
-        row_of = np.repeat(np.arange(n_docs), np.diff(tf.indptr))
-        weights = self.idf[tf.indices] * tf.data * (self.k1 + 1.0) / (tf.data + norm[row_of])
-        tf.data = weights
-        self.index = InvertedIndex.build(SparseBatch.from_scipy(tf), ids)
+        df = np.bincount(tf.indices, minlength=tf.shape[1]).astype(np.float64)
+        self.idf = bm25_idf(df, n_docs, self.idf_kind, self.epsilon)
+        weights = bm25_weights(tf, doc_len, self.idf, self.avgdl, self.k1, self.b)
+        self.index = InvertedIndex.build(SparseBatch.from_scipy(weights), ids)
         return self
 
     def encode_queries(self, queries: Sequence[Tokens]) -> SparseBatch:

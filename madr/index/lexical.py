@@ -1,0 +1,199 @@
+"""The lexical part of a sharded index: BM25 over the model tokenizer's word pieces, sharded like the FAISS shards.
+
+A dense model fused with BM25 on word pieces (per-query min-max over the union of both top lists,
+``madr.search.score_fusion.weighted_fusion``) is the strong afternoon baseline of product search (issue 26).
+BM25 weights depend on corpus statistics (document frequencies, N, the average document length), which a
+shard written on its own does not know. So each shard stores only what is local to it, and the weights are
+computed when a shard is opened, with the collection's statistics:
+
+- ``shard-NNNNN.lexical.npz`` (``save_term_counts``): the raw term frequencies of the shard's documents,
+  rows in the shard's id order (CSR over the tokenizer's vocabulary), plus the shard's document
+  frequencies and token count (so merging the statistics reads no posting data);
+- ``lexical.df.npy``: the collection's document frequencies [V], the sum of the shards' (``merge_statistics``);
+- the manifest's ``lexical`` record (``LexicalInfo``): kind ``bm25``, ``k1`` / ``b`` / ``idf`` (Anserini's
+  0.9 / 0.4 / lucene), N, the token count (avgdl = tokens / N), the df file and its checksum, and the
+  ``fusion_lambda`` of searches that set no ``lam``.
+
+A document's terms are the word pieces of its raw text (``word_pieces``: no special tokens, no truncation,
+no model ``text_prefixes``), its length their number; a query's are its word-piece counts
+(``query_term_counts``, Lucene's per-occurrence query weighting). ``bm25_shard_index`` then builds the
+shard's ``InvertedIndex`` of ``madr.search.sparse.bm25.bm25_weights``, so a shard scores every document as
+``BM25Index().fit`` over the whole collection would, and scores are comparable across shards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from madr.index.manifest import atomic_save_npy, atomic_write, sha256_file
+from madr.search.sparse import InvertedIndex, SparseBatch
+from madr.search.sparse.bm25 import bm25_idf, bm25_weights
+
+LEXICAL_KINDS = ("bm25",)
+DF_FILE = "lexical.df.npy"
+_FORMAT = "madr.index.lexical/1"
+
+
+def check_lexical(kind: str | None, where: str = "lexical") -> str | None:
+    """``kind`` when it is None or one of ``LEXICAL_KINDS`` (ValueError naming ``where`` otherwise)."""
+    if kind is not None and kind not in LEXICAL_KINDS:
+        raise ValueError(f"{where}: {kind!r} is not one of {', '.join(LEXICAL_KINDS)} (or null)")
+    return kind
+
+
+# ---- terms --------------------------------------------------------------------------------------------------
+
+def word_pieces(tokenizer: Any, texts: Sequence[str]) -> list[list[int]]:
+    """Word-piece ids of each raw text: no special tokens, no truncation (what BM25 indexes and queries)."""
+    if isinstance(texts, str):
+        raise ValueError("word_pieces: texts must be a list of strings, got one string")
+    if not texts:
+        return []
+    return list(tokenizer(list(texts), add_special_tokens=False, truncation=False, return_attention_mask=False,
+                          return_token_type_ids=False, verbose=False)["input_ids"])
+
+
+def term_counts(rows: Sequence[Sequence[int]], vocab_size: int) -> SparseBatch:
+    """Per row the count of each term id: [N, vocab_size] term frequencies (a row of no terms stays empty)."""
+    lens = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+    cols = np.fromiter((t for r in rows for t in r), dtype=np.int64, count=int(lens.sum()))
+    if cols.size and (cols.min() < 0 or cols.max() >= vocab_size):
+        raise ValueError(f"term_counts: term ids must lie in [0, {vocab_size}), got {cols.min()}..{cols.max()}")
+    counts = sp.coo_array((np.ones(cols.size, np.float32), (np.repeat(np.arange(len(rows)), lens), cols)),
+                          shape=(len(rows), vocab_size))
+    return SparseBatch.from_scipy(counts)  # sums duplicates: term frequencies
+
+
+def query_term_counts(tokenizer: Any, texts: Sequence[str], vocab_size: int | None = None) -> SparseBatch:
+    """BM25 query vectors of raw query texts: word-piece counts over the tokenizer's vocabulary."""
+    return term_counts(word_pieces(tokenizer, texts), vocab_size or len(tokenizer))
+
+
+# ---- a shard's term frequencies -------------------------------------------------------------------------------
+
+def save_term_counts(path: str | Path, tf: SparseBatch) -> Path:
+    """Write a shard's raw term frequencies, document frequencies and token count atomically (plain arrays)."""
+    df = np.bincount(tf.indices, minlength=tf.vocab_size).astype(np.int64)
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:  # a file object keeps numpy from appending ".npz"
+            np.savez(f, format=np.array(_FORMAT), indptr=tf.indptr, indices=tf.indices, values=tf.values,
+                     vocab_size=np.array(tf.vocab_size, np.int64), df=df,
+                     num_tokens=np.array(int(tf.values.astype(np.int64).sum()), np.int64))
+
+    return atomic_write(path, write)
+
+
+def _open(path: Path, fields: set[str]) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as f:
+        if "format" not in f.files or str(f["format"]) != _FORMAT:
+            raise ValueError(f"{path}: not a lexical shard file (format {_FORMAT!r})")
+        missing = fields - set(f.files)
+        if missing:
+            raise ValueError(f"{path}: missing fields {sorted(missing)}")
+        return {name: f[name] for name in fields}
+
+
+def load_term_counts(path: str | Path) -> SparseBatch:
+    a = _open(Path(path), {"indptr", "indices", "values", "vocab_size"})
+    return SparseBatch(a["indptr"], a["indices"], a["values"], int(a["vocab_size"]))
+
+
+def shard_statistics(path: str | Path) -> tuple[np.ndarray, int, int]:
+    """(document frequencies [V], documents, tokens) of one shard's file (reads no posting data)."""
+    a = _open(Path(path), {"df", "num_tokens", "indptr"})
+    return a["df"], int(a["indptr"].size - 1), int(a["num_tokens"])
+
+
+# ---- the collection's statistics ------------------------------------------------------------------------------
+
+@dataclass
+class LexicalInfo:
+    """The manifest's ``lexical`` record (module docstring)."""
+
+    vocab_size: int
+    num_docs: int
+    num_tokens: int
+    df_path: str
+    df_sha256: str
+    fusion_lambda: float = 0.5
+    kind: str = "bm25"
+    k1: float = 0.9
+    b: float = 0.4
+    idf: str = "lucene"
+
+    def __post_init__(self) -> None:
+        check_lexical(self.kind, "manifest lexical.kind")
+        if not 0.0 <= self.fusion_lambda <= 1.0:
+            raise ValueError(f"manifest lexical.fusion_lambda must be in [0, 1], got {self.fusion_lambda}")
+        if self.idf != "lucene":
+            raise ValueError(f"manifest lexical.idf: only 'lucene' is supported, got {self.idf!r}")
+
+    @property
+    def avgdl(self) -> float:
+        return self.num_tokens / self.num_docs if self.num_docs else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "manifest lexical") -> LexicalInfo:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {unknown}")
+        try:
+            return cls(**data)
+        except TypeError as e:
+            raise ValueError(f"{where}: {e}") from None
+
+    def verify(self, base: str | Path) -> None:
+        path = Path(base) / self.df_path
+        if not path.is_file():
+            raise ValueError(f"lexical: file {path} is missing")
+        if sha256_file(path) != self.df_sha256:
+            raise ValueError(f"lexical: checksum mismatch for {path} (corrupted or replaced file)")
+
+    def idf_values(self, base: str | Path) -> np.ndarray:
+        """idf [V] of every term from the collection's document frequencies."""
+        df = np.load(Path(base) / self.df_path, allow_pickle=False)
+        if df.shape != (self.vocab_size,):
+            raise ValueError(f"lexical: {self.df_path} has shape {df.shape}, expected ({self.vocab_size},)")
+        return bm25_idf(df.astype(np.float64), self.num_docs, self.idf)
+
+
+def merge_statistics(base: str | Path, shard_files: Sequence[str], vocab_size: int,
+                     fusion_lambda: float = 0.5, k1: float = 0.9, b: float = 0.4) -> LexicalInfo:
+    """Sum the shards' document frequencies, documents and tokens; write ``lexical.df.npy``; the record."""
+    base = Path(base)
+    df, docs, tokens = np.zeros(vocab_size, np.int64), 0, 0
+    for rel in shard_files:
+        d, n, t = shard_statistics(base / rel)
+        if d.shape != (vocab_size,):
+            raise ValueError(f"{base / rel}: vocabulary of {d.size} terms, the index has {vocab_size}")
+        df += d
+        docs += n
+        tokens += t
+    atomic_save_npy(base / DF_FILE, df)
+    return LexicalInfo(vocab_size=int(vocab_size), num_docs=docs, num_tokens=tokens, df_path=DF_FILE,
+                       df_sha256=sha256_file(base / DF_FILE), fusion_lambda=float(fusion_lambda), k1=k1, b=b)
+
+
+def bm25_shard_index(path: str | Path, ids: np.ndarray, info: LexicalInfo, idf: np.ndarray) -> InvertedIndex:
+    """A shard's BM25 ``InvertedIndex`` (global ``ids``, the shard's rows) weighted with the collection's
+    statistics ``info`` / ``idf`` (``LexicalInfo.idf_values``)."""
+    tf = load_term_counts(path)
+    if len(tf) != ids.size or tf.vocab_size != info.vocab_size:
+        raise ValueError(f"{path}: {len(tf)} documents over {tf.vocab_size} terms, the shard has {ids.size} ids "
+                         f"and the index {info.vocab_size} terms")
+    csr = tf.to_scipy()
+    doc_len = np.asarray(csr.sum(axis=1)).reshape(-1)
+    weights = bm25_weights(csr, doc_len, idf, info.avgdl, info.k1, info.b)
+    return InvertedIndex.build(SparseBatch.from_scipy(weights), ids)
