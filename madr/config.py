@@ -257,7 +257,10 @@ class IndexConfig:
     """The index the pipeline's encode stage builds from the fine-tuned model (see `madr.layout`).
 
     `index_factory` is a FAISS factory string ("Flat", "IVF256,Flat", "OPQ16,IVF256,PQ16", "HNSW32").
-    `num_shards` and `index_factory` are also the defaults of the encode job's own config
+    `lexical: bm25` adds BM25 over the model tokenizer's word pieces (`madr.index.lexical`), fused with the
+    dense scores at search time with weight `fusion_lambda` (`lam * dense + (1 - lam) * bm25`, per-query
+    min-max; recorded in the manifest, a search's `lam` overrides it). `num_shards`, `index_factory`,
+    `lexical` and `fusion_lambda` are also the defaults of the encode job's own config
     (`pipelines.encode.config.EncodeConfig`). How the index is searched (nprobe, ef_search, ...) is the
     experiment's `search:` section.
     """
@@ -265,9 +268,15 @@ class IndexConfig:
     num_shards: int = 2
     index_factory: str = "Flat"
     model_stage: str = "finetune"  # whose export is indexed: pretrain | finetune
+    lexical: str | None = None  # bm25: a BM25 part over word pieces, fused with the dense scores
+    fusion_lambda: float = 0.5  # dense weight of that fusion (searches that set no lam)
 
     def __post_init__(self) -> None:
         _check_choice("index.model_stage", self.model_stage, ("pretrain", "finetune"))
+        if self.lexical is not None:
+            _check_choice("index.lexical", self.lexical, ("bm25",))
+        if not 0.0 <= self.fusion_lambda <= 1.0:
+            raise ValueError(f"index.fusion_lambda must be in [0, 1], got {self.fusion_lambda}")
         if self.num_shards < 1:
             raise ValueError(f"index.num_shards must be >= 1, got {self.num_shards}")
 

@@ -10,6 +10,7 @@ from typing import Any
 from madr.config import IndexConfig
 
 DEVICES = ("auto", "cpu", "cuda")
+LEXICAL_KINDS = ("bm25",)  # madr.index.lexical.LEXICAL_KINDS (not imported: keeps this module light)
 DTYPES = ("auto", "float32", "float16", "bfloat16")
 
 
@@ -23,7 +24,10 @@ class EncodeConfig:
     columns) go to the index's ``docs`` table for display; ``external_id_column`` (e.g. a product id
     string) is kept there too, for qrels that name documents by it. ``num_shards`` and ``index_factory``
     default to the experiment's (``madr.config.IndexConfig``); ``hybrid_lambda`` is recorded in the
-    manifest as the lam of searches that do not set one (None: the model's ``hybrid_lambda``).
+    manifest as the lam of searches that do not set one (None: the model's ``hybrid_lambda``). ``lexical:
+    bm25`` (default: the experiment's ``index.lexical``) also writes a BM25 part over the word pieces of the
+    raw text (``madr.index.lexical``; dense models only), fused at search time with dense weight
+    ``fusion_lambda`` (recorded in the manifest).
     """
 
     input: list[str] = field(default_factory=list)
@@ -42,6 +46,8 @@ class EncodeConfig:
     train_size: int = 100_000
     seed: int = 0
     hybrid_lambda: float | None = None  # recorded in the manifest; None: the model's hybrid_lambda
+    lexical: str | None = field(default_factory=lambda: IndexConfig().lexical)  # bm25: BM25 over word pieces
+    fusion_lambda: float = field(default_factory=lambda: IndexConfig().fusion_lambda)  # dense weight, recorded
     # encoding
     max_length: int | None = None  # default: the model's max_doc_length
     batch_size: int = 128  # rows per forward pass (cut from a length-sorted piece)
@@ -75,6 +81,10 @@ class EncodeConfig:
                 raise ValueError(f"encode.{name} must be >= 1, got {value}")
         if not self.text_columns:
             raise ValueError("encode.text_columns is empty")
+        if self.lexical is not None and self.lexical not in LEXICAL_KINDS:
+            raise ValueError(f"encode.lexical: {self.lexical!r} is not one of {', '.join(LEXICAL_KINDS)} (or null)")
+        if not 0.0 <= self.fusion_lambda <= 1.0:
+            raise ValueError(f"encode.fusion_lambda must be in [0, 1], got {self.fusion_lambda}")
 
     def check_paths(self) -> None:
         missing = [name for name in ("output", "model_dir") if not getattr(self, name)]

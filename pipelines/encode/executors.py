@@ -45,7 +45,8 @@ def _encoded_dataset(pieces: list[Piece], cfg: EncodeConfig, gpu: bool, run: str
     # batch_size=None: one piece = one block = one batch through every stage, so the forward batches (cut
     # from the length-sorted piece) and hence the vectors do not depend on scheduling: a re-run is identical.
     ds = ray.data.read_datasource(_datasource(pieces, cfg), override_num_blocks=len(pieces), num_cpus=cfg.io_cpus)
-    ds = ds.map_batches(TokenizeDocs, fn_constructor_kwargs={"model_dir": cfg.model_dir, "max_length": cfg.max_length},
+    ds = ds.map_batches(TokenizeDocs, fn_constructor_kwargs={"model_dir": cfg.model_dir, "max_length": cfg.max_length,
+                                                             "lexical": cfg.lexical is not None},
                         batch_size=None, batch_format="pyarrow", num_cpus=cfg.tokenize_cpus,
                         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=cfg.tokenize_actors))
     threads = cfg.torch_threads or max(1, int(np.ceil(cfg.encode_cpus)))
@@ -94,7 +95,7 @@ class LocalExecutor:
         import torch
 
         threads = torch.get_num_threads()
-        tok = TokenizeDocs(self.cfg.model_dir, self.cfg.max_length)
+        tok = TokenizeDocs(self.cfg.model_dir, self.cfg.max_length, self.cfg.lexical is not None)
         enc = EncodeDocs(self.cfg.model_dir, self.cfg.batch_size, self.cfg.device, self.cfg.dtype,
                          self.cfg.torch_threads or max(1, int(np.ceil(self.cfg.encode_cpus))), self.cfg.output, run)
         try:

@@ -18,12 +18,15 @@ Flow (``run_encode``):
 4. Stream the pieces of the pending shards (``pipelines.encode.executors``): read tasks -> ``TokenizeDocs``
    actors -> ``EncodeDocs`` actors (GPU when present), which write Parquet parts per shard. The driver
    only sees (shard, rows) counts; when a shard has all its rows, a ``finalize_shard`` task
-   (``pipelines.encode.shards``) builds its FAISS index, sparse index and display rows from the parts and
-   writes them atomically. Memory is bounded by the stream's buffers plus one shard per finalising task,
+   (``pipelines.encode.shards``) builds its FAISS index, sparse index, BM25 term frequencies (``lexical:
+   bm25``) and display rows from the parts and writes them atomically. Memory is bounded by the stream's buffers plus one shard per finalising task,
    whatever the corpus size.
 5. Exactly-once: every shard must receive exactly its planned row count (rows re-written by a retried
    task are recognised by their input position), ids must be unique within and across shards; the
-   manifest is written only then, with ``report.json`` (counts, duplicates).
+   manifest is written only then, with ``report.json`` (counts, duplicates). With ``lexical: bm25`` the
+   collection's BM25 statistics (document frequencies, N, tokens) are summed from the complete shards'
+   files at that point (``madr.index.lexical.merge_statistics``), so shards written by a crashed run and by
+   its resumption count exactly once.
 """
 
 from __future__ import annotations
@@ -124,7 +127,8 @@ class _Finalizer:
             shard = self.ready.pop(0)
             self.futures[shard] = self.ex.submit(finalize_shard, self.cfg.output, self.run, shard,
                                                  self.plan.shard_rows[shard], self.cfg.index_factory, self.info.dim,
-                                                 self.trained, self.info.vocab_size, self.cfg.store_docs)
+                                                 self.trained, self.info.vocab_size, self.cfg.store_docs,
+                                                 self.cfg.lexical is not None)
 
     def collect(self, block: bool) -> None:
         pending = {f: s for s, f in self.futures.items() if s not in self.infos}
@@ -165,6 +169,8 @@ def run_encode(cfg: EncodeConfig, fail_after_shards: int | None = None, log: Cal
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
     info = model_info(cfg.model_dir)
+    if cfg.lexical is not None and info.hybrid:
+        raise ValueError("encode.lexical: a hybrid model has its own sparse part; BM25 fusion is for dense models")
     plan = plan_corpus(cfg.input, cfg.num_shards, cfg.max_docs_per_shard, cfg.rows_per_read, cfg.format)
     start_or_resume(out, job_identity(cfg, plan, info), cfg.overwrite, cfg.replace_other_job)
     done = {s: i for s in range(plan.num_shards) if (i := completed_shard(out, s)) is not None}
@@ -202,7 +208,8 @@ def _finish(cfg: EncodeConfig, plan: CorpusPlan, info: ModelInfo, out: Path, don
     lam = (cfg.hybrid_lambda if cfg.hybrid_lambda is not None else info.hybrid_lambda) if info.hybrid else None
     path = assemble_manifest(out, shards, info.dim, cfg.index_factory, lam, info.vocab_size if info.hybrid else None,
                              str(Path(cfg.model_dir).resolve()), job_identity_hash(out),
-                             DOCS_DIR if cfg.store_docs else None)
+                             DOCS_DIR if cfg.store_docs else None,
+                             info.vocab_size if cfg.lexical is not None else None, cfg.fusion_lambda)
     return EncodeResult(path, plan.num_rows, sorted(pending), sorted(set(done) - set(pending)),
                         time.perf_counter() - start, report)
 

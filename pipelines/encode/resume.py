@@ -52,6 +52,8 @@ def job_identity(cfg: EncodeConfig, plan: CorpusPlan, info: ModelInfo) -> dict[s
     keys = ("id_column", "text_columns", "docs_columns", "store_docs", "index_factory", "train_size", "seed",
             "max_length")
     ident = {k: getattr(cfg, k) for k in keys}
+    if cfg.lexical is not None:  # only when set: jobs written before the option keep their identity
+        ident["lexical"] = cfg.lexical
     ident.update(model=info.fingerprint, plan=plan.fingerprint(), num_shards=plan.num_shards)
     ident["hash"] = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
     return ident

@@ -1,6 +1,6 @@
 """The job's Ray tasks that build index files from the encoders' part files: the quantiser
 (``train_from_parts``, on a deterministic sample of every shard) and each shard (``finalize_shard``: FAISS
-index, sparse index, display rows, written atomically)."""
+index, sparse index, BM25 term frequencies, display rows, written atomically)."""
 
 from __future__ import annotations
 
@@ -36,8 +36,19 @@ def _shard_arrays(table: pa.Table, dim: int, vocab_size: int):
     return ids, dense, sparse
 
 
+def _term_counts(table: pa.Table, vocab_size: int):
+    """The raw word-piece term frequencies of the ``lexical_ids`` column (rows in table order)."""
+    from madr.index.lexical import term_counts
+
+    col = table.column("lexical_ids").combine_chunks()
+    offsets = col.offsets.to_numpy().astype(np.int64)
+    values = col.flatten().to_numpy()
+    return term_counts([values[offsets[i]:offsets[i + 1]] for i in range(len(col))], vocab_size)
+
+
 def finalize_shard(out_dir: str, run: str, shard: int, expected: int, index_factory: str, dim: int,
-                   trained_path: str | None, vocab_size: int, store_docs: bool) -> dict[str, Any]:
+                   trained_path: str | None, vocab_size: int, store_docs: bool,
+                   lexical: bool = False) -> dict[str, Any]:
     """Build and write one shard from its part files (a Ray task); returns its ``ShardInfo`` as a dict."""
     import faiss
 
@@ -65,7 +76,8 @@ def finalize_shard(out_dir: str, run: str, shard: int, expected: int, index_fact
         atomic_write(Path(out_dir) / rel, lambda tmp: pq.write_table(docs, tmp))
         extra.append(rel)
     trained = faiss.read_index(trained_path) if trained_path else new_index(index_factory, dim)
-    info = write_shard(out_dir, shard, trained, dense, ids, sparse, extra)
+    lex = _term_counts(table, vocab_size) if lexical else None
+    info = write_shard(out_dir, shard, trained, dense, ids, sparse, extra, lexical=lex)
     shutil.rmtree(src, ignore_errors=True)
     return info.to_dict()
 

@@ -1,7 +1,9 @@
 """The per-batch stages of the encode job, each a ``map_batches`` callable over Arrow tables.
 
 - ``TokenizeDocs`` (CPU actor): ``text`` -> ``input_ids`` (ragged list<int32>, special tokens, truncated,
-  unpadded), rows sorted by length within the window (length bucketing, so forward batches pad little).
+  unpadded), rows sorted by length within the window (length bucketing, so forward batches pad little);
+  with ``lexical`` also ``lexical_ids``, the word pieces of the raw text (no model prefix, no special tokens,
+  no truncation: ``madr.index.lexical.word_pieces``), which travel to the part files for the BM25 part.
 - ``EncodeDocs`` (GPU or CPU actor): the model is loaded once per actor; each window is cut, in length
   order, into forward batches of ``batch_size`` rows, padded per batch and run under autocast
   (bf16 / fp16 on GPUs); out come ``dense`` (fixed-size list<float32>) and, for hybrid models,
@@ -48,7 +50,7 @@ def resolve_dtype(dtype: str, device: str):
 class TokenizeDocs:
     """``map_batches`` actor: the model's tokenizer, loaded once (``pipelines.data.tokenize.make_encoder``)."""
 
-    def __init__(self, model_dir: str, max_length: int | None = None) -> None:
+    def __init__(self, model_dir: str, max_length: int | None = None, lexical: bool = False) -> None:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one actor per core share
         import json
 
@@ -58,13 +60,19 @@ class TokenizeDocs:
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
         self.max_length = int(max_length or cfg.get("max_doc_length", 128))
         self.prefix = (cfg.get("text_prefixes") or {}).get("doc", "")  # e.g. e5's "passage: "
-        self.encode = make_encoder(load_tokenizer(Path(model_dir) / "tokenizer"), self.max_length)
+        self.tokenizer = load_tokenizer(Path(model_dir) / "tokenizer")
+        self.encode = make_encoder(self.tokenizer, self.max_length)
+        self.lexical = lexical
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         texts = batch.column("text").to_pylist()
         ids = ragged(self.encode([self.prefix + t for t in texts] if self.prefix else texts))
         lengths = np.diff(ids.offsets.to_numpy())
         out = batch.drop_columns(["text"]).append_column("input_ids", ids)
+        if self.lexical:  # BM25 indexes the raw text: no prefix, no special tokens, no truncation
+            from madr.index.lexical import word_pieces
+
+            out = out.append_column("lexical_ids", ragged(word_pieces(self.tokenizer, texts)))
         return out.take(pa.array(np.argsort(lengths, kind="stable")))
 
 

@@ -344,3 +344,74 @@ def test_job_applies_the_models_doc_prefix(corpus, tokenizer, tmp_path):
     bare = dataclasses.replace(model.config, text_prefixes={})
     model.config = bare
     assert not np.allclose(got, model.encode_texts(texts, "doc").numpy(), atol=1e-3)
+
+
+def _fused_reference(model, tokenizer, texts: list[str], ids: np.ndarray, queries: list[str], lam: float, k: int,
+                     n_cand: int):
+    """In process, unsharded: exact dense top-c over every document, ``BM25Index().fit`` over the raw texts'
+    word pieces (strings, not the job's ids) top-c, fused by ``weighted_fusion`` with min-max."""
+    from madr.search.exact import ExactSearcher
+    from madr.search.score_fusion import weighted_fusion
+    from madr.search.sparse import BM25Index
+
+    d_docs, _ = encode_documents(model, texts)
+    q_dense, _ = encode_queries(model, queries)
+    dense = ExactSearcher(d_docs, ids).search(q_dense, k=n_cand)
+    bm25 = BM25Index().fit([tokenizer.tokenize(t) for t in texts], ids).search(
+        [tokenizer.tokenize(q) for q in queries], k=n_cand)
+    return weighted_fusion([dense, bm25], [lam, 1 - lam], k, normalisation="minmax"), dense, bm25
+
+
+@pytest.mark.ray
+def test_lexical_bm25_job_crash_resume_and_fused_search(ray_local, corpus, tokenizer, tmp_path_factory):
+    """``lexical: bm25`` on 2 shards with a mean-pooled BiBERT that has e5-style text prefixes: a crash on Ray
+    after one shard, then the in-process resume, gives the files (shards and the manifest's BM25 statistics)
+    of an uninterrupted run; ``ShardedIndex`` fused search equals the unsharded in-process reference on ids and
+    scores (the prefixes are not indexed by BM25); lam = 1 / 0 give the dense / BM25 rankings."""
+    catalog, table, root = corpus
+    base = tmp_path_factory.mktemp("lexical")
+    torch.manual_seed(0)
+    mcfg = ModelConfig(name="bibert", pooling="mean", backbone=BackboneConfig(tiny=TINY), max_query_length=16,
+                       max_doc_length=48, text_prefixes={"query": "query: ", "doc": "passage: "})
+    model_dir = str(build_model(mcfg, tokenizer).save(base / "model"))
+    out, ref = base / "ray", base / "local"
+    cfg = encode_config(root, out, model_dir, num_shards=2, lexical="bm25", fusion_lambda=0.6, store_docs=False)
+    with pytest.raises(InjectedFailure):
+        run_encode(cfg, fail_after_shards=1, log=lambda _: None)
+    assert len(list(out.glob("shard-*.lexical.npz"))) == 1 and not (out / "manifest.json").exists()
+    result = run_encode(cfg, log=lambda _: None, local=True)
+    assert len(result.shards_written) == 1 and len(result.shards_skipped) == 1 and verify_index(cfg)["ok"]
+    run_encode(encode_config(root, ref, model_dir, num_shards=2, lexical="bm25", fusion_lambda=0.6,
+                             store_docs=False), log=lambda _: None, local=True)
+    m, m_ref = Manifest.load(out), Manifest.load(ref)
+    assert [s.sha256 for s in m.shards] == [s.sha256 for s in m_ref.shards]
+    assert all(s.lexical_path in s.sha256 for s in m.shards)
+    lex = dict(m.lexical)
+    assert lex == m_ref.lexical and lex["num_docs"] == N_DOCS and lex["fusion_lambda"] == 0.6
+    assert m.search_mode == "dense+bm25" and m.hybrid_lambda is None
+    with pytest.raises(ValueError, match="holds another encode job"):  # lexical is part of the job's identity
+        run_encode(encode_config(root, out, model_dir, num_shards=2, store_docs=False), log=lambda _: None,
+                   local=True)
+
+    from madr.modeling.model import BiEncoder
+
+    model = BiEncoder.load(model_dir).eval()
+    index = ShardedIndex.open(out)
+    ids, texts = table.column("doc_id").to_numpy(), texts_of(table)
+    queries = [q.text for q in catalog.queries[:20]]
+    assert sum(len(tokenizer.tokenize(t)) for t in texts) == lex["num_tokens"]
+    q_dense, _ = encode_queries(model, queries)
+    q_terms = index.query_terms(model.tokenizer, queries)
+    (exp_s, exp_i), dense_ref, bm25_ref = _fused_reference(model, tokenizer, texts, ids, queries, 0.6, 10, 50)
+    got_s, got_i = index.search(q_dense, k=10, candidates=50, lexical=q_terms)  # lam: the manifest's 0.6
+    _agree(got_i, got_s, exp_i, exp_s, tol=1e-5)
+    # lam = 1: the dense ranking (its top-k lie above the dense list's last score); lam = 0: BM25's
+    got_i1 = index.search(q_dense, k=10, candidates=50, lexical=q_terms, lam=1.0)[1]
+    np.testing.assert_array_equal(got_i1, dense_ref[1][:, :10])
+    got_i0 = index.search(q_dense, k=10, candidates=50, lexical=q_terms, lam=0.0)[1]
+    for q in range(len(queries)):
+        live = bm25_ref[0][q][np.isfinite(bm25_ref[0][q])]
+        above = int((live[:10] > live.min()).sum()) if live.size else 0
+        assert got_i0[q, :above].tolist() == bm25_ref[1][q, :above].tolist(), f"query {q}"
+    # a prefix-indexed BM25 would differ: "passage" is no word of the corpus, so the statistics say so
+    assert lex["num_tokens"] < sum(len(tokenizer.tokenize("passage: " + t)) for t in texts)
