@@ -6,7 +6,8 @@
 Routes: ``POST /search`` (query, k, aspect filters, lambda override -> ids, scores, DocStore fields),
 ``POST /explain`` (paper 000 Table 8 aspect predictions / presence / fusion weights and paper 002 matched
 and expansion terms of a query and a document), ``POST /encode`` (dense vector + top sparse terms),
-``GET /healthz`` (the process answers), ``GET /ready`` (model and every shard loaded), ``/openapi.json``,
+``GET /healthz`` (the process answers; ``search_mode``: dense, hybrid or dense+bm25), ``GET /ready`` (model and
+every shard loaded), ``/openapi.json``,
 ``/docs``. Bad input answers 4xx with a message naming the field: 401 (API key), 404 (unknown doc id),
 408 (body slower than ``body_timeout_s``), 413 (body over ``max_body_bytes``), 422 (validation: types,
 ranges, blank, invisible-only or over-long text, unpaired surrogates, a body that is not UTF-8 or nests
@@ -67,7 +68,7 @@ class FilterReport(BaseModel):
 class SearchResponse(BaseModel):
     query: str
     k: int
-    lam: float | None = Field(description="hybrid lambda used (None: the index default / dense-only)")
+    lam: float | None = Field(description="lambda sent (None: the index default: hybrid_lambda, fusion_lambda, or dense-only)")
     results: list[SearchHit]
     filter: FilterReport | None = None
     took_ms: float = Field(description="time in the API, from the parsed request to the response")
@@ -84,7 +85,7 @@ def request_models(s: ServeSettings, filter_fields: list[str], doc_fields: list[
         filters: dict[str, str | list[str]] | None = Field(
             None, description=f"aspect filters on document fields ({', '.join(filter_fields) or 'none'}): "
                               "a value or list of values per field; AND across fields, OR within one")
-        lam: float | None = Field(None, ge=0.0, le=1.0, description="hybrid lambda (paper 002 Eq. 1) override")
+        lam: float | None = Field(None, ge=0.0, le=1.0, description="dense weight override: hybrid (paper 002 Eq. 1) or dense + BM25 fusion")
         include_docs: bool = Field(True, description="attach DocStore fields to each result")
         fields: list[str] | None = Field(None, description="DocStore fields to return (default: all)")
 
@@ -239,7 +240,9 @@ class SearchRoutes:
 
     def __init__(self, backend: Backend, settings: ServeSettings, docs: Docs) -> None:
         self.backend, self.s, self.docs = backend, settings, docs
-        self.has_sparse = Manifest.load(settings.require_manifest()).has_sparse
+        manifest = Manifest.load(settings.require_manifest())
+        self.has_sparse = manifest.has_sparse or manifest.has_lexical  # a lam applies
+        self.search_mode = manifest.search_mode
 
     async def _call(self, awaitable: Any) -> Any:
         try:
@@ -258,10 +261,10 @@ class SearchRoutes:
     async def search(self, req: Any) -> dict[str, Any]:
         start = time.perf_counter()
         if req.lam is not None and req.lam != 1.0 and not self.has_sparse:
-            raise HTTPException(422, "lam: the index is dense-only (no sparse shards); a hybrid lambda does not apply")
+            raise HTTPException(422, "lam: the index is dense-only (no sparse or BM25 part); a lambda does not apply")
         query: EncodedQuery = await self._call(self.backend.encode(req.query))
         encoded = time.perf_counter()
-        if req.lam is not None and req.lam != 1.0 and query.sparse is None:
+        if req.lam is not None and req.lam != 1.0 and query.sparse is None and query.lexical is None:
             raise HTTPException(422, "lam: the model is dense-only; a hybrid lambda does not apply")
         if req.filters:
             hits, report = await self._filtered(query, req)
@@ -329,7 +332,8 @@ class SearchRoutes:
             info = await asyncio.wait_for(self.backend.ready(), self.s.request_timeout_s)
         except Exception as e:  # noqa: BLE001 - any failure means not ready; say which
             return JSONResponse({"ready": False, "error": f"{type(e).__name__}: {e}"}, status_code=503)
-        return JSONResponse({"ready": True, "docstore": self.docs.path is not None, **info})
+        return JSONResponse({"ready": True, "docstore": self.docs.path is not None, "search_mode": self.search_mode,
+                             **info})
 
 
 def _hits(scores: np.ndarray, ids: np.ndarray, docs: list | None) -> list[dict]:
@@ -377,7 +381,7 @@ def create_api(backend: Backend, settings: ServeSettings, docs: Docs) -> FastAPI
 
     @app.api_route("/healthz", methods=["GET", "HEAD"])
     async def healthz() -> dict:
-        return {"status": "ok"}
+        return {"status": "ok", "search_mode": routes.search_mode}
 
     @app.get("/ready")
     async def ready() -> JSONResponse:

@@ -22,7 +22,7 @@ from ray.serve import Application
 
 from madr.index.manifest import Manifest
 from serve.api import create_api
-from serve.backend import Docs, resolve_model_dir, shard_groups
+from serve.backend import Docs, lexical_vocab, resolve_model_dir, shard_groups
 from serve.config import ServeSettings, settings_from_dict
 from serve.deployments import QueryEncoder, RayBackend, ShardSearcher
 
@@ -38,7 +38,9 @@ class SearchIngress:
 
     def __init__(self, encoder: Any, searchers: list[Any], settings: dict[str, Any]) -> None:
         self.settings = settings_from_dict(settings)
-        self.backend = RayBackend(encoder, searchers)
+        manifest = Manifest.load(self.settings.require_manifest())
+        lam = manifest.lexical["fusion_lambda"] if manifest.has_lexical else None
+        self.backend = RayBackend(encoder, searchers, lam, manifest.search_mode)
         self.docs = Docs.open(self.settings.require_manifest())
 
     def __serve_build_asgi_app__(self) -> Any:
@@ -60,7 +62,8 @@ def build_app(args: dict[str, Any] | ServeSettings | None = None) -> Application
     s = _absolute(s)
     manifest = Manifest.load(s.manifest_path)
     encoder = QueryEncoder.options(name="QueryEncoder", **s.encoder.options()).bind(
-        s.model_dir, s.torch_threads, s.encoder_max_batch_size, s.encoder_batch_wait_timeout_s)
+        s.model_dir, s.torch_threads, s.encoder_max_batch_size, s.encoder_batch_wait_timeout_s,
+        lexical_vocab(manifest))
     searchers = [
         ShardSearcher.options(name=f"searcher-{g}", **s.searcher.options()).bind(
             s.manifest_path, group, s.mmap, s.verify, s.faiss_threads, s.searcher_max_batch_size,

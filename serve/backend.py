@@ -6,6 +6,11 @@ baseline) and `RayBackend` in `serve/deployments.py` (Ray Serve handles to a bat
 `ShardSearcher` per shard group). Both encode with `madr.index` `encode_queries` and search with
 `madr.search.sharded` `Shard.search` + `merge_topk` under one `madr.search.params.SearchParams`, so the HTTP results equal an offline `ShardedIndex.search` of the same
 queries (paper 002 Eq. 1 per shard, unnormalised, merged by score with ties by id).
+
+An index with a lexical (BM25) part (`madr.index.lexical`, manifest `search_mode` "dense+bm25") is searched by
+dense + BM25 fusion: the encoder also counts the raw query's word pieces (`EncodedQuery.lexical`), every shard
+group returns its dense and BM25 top-`candidates` (`ShardGroup.candidates`), and the backend fuses the lists
+of all groups with `madr.search.sharded.fuse_candidates`, as `ShardedIndex.search(..., lexical=...)` does.
 """
 
 from __future__ import annotations
@@ -34,10 +39,12 @@ if TYPE_CHECKING:
 
 @dataclass
 class EncodedQuery:
-    """One encoded query: dense [d] float32 and its sparse row (None for dense-only models)."""
+    """One encoded query: dense [d] float32, its sparse row (None for dense-only models) and, for indexes with
+    a BM25 part, its word-piece counts (one row; None otherwise)."""
 
     dense: np.ndarray
     sparse: SparseBatch | None
+    lexical: SparseBatch | None = None
 
 
 class Backend(Protocol):
@@ -111,16 +118,28 @@ def load_model(model_dir: str | Path, threads: int = 1) -> BiEncoder:
     return BiEncoder.load(model_dir).eval()
 
 
-def encode_texts(model: BiEncoder, texts: list[str]) -> list[EncodedQuery]:
-    """Query-tower dense (+ sparse for hybrid models) vectors of `texts`, one `EncodedQuery` each."""
+def encode_texts(model: BiEncoder, texts: list[str], lexical_vocab: int | None = None) -> list[EncodedQuery]:
+    """Query-tower dense (+ sparse for hybrid models) vectors of `texts`, one `EncodedQuery` each; with
+    `lexical_vocab` (the index's BM25 vocabulary size) also the raw texts' word-piece counts."""
     from madr.index.encode import encode_queries
 
     dense, sparse = encode_queries(model, list(texts))
+    terms = None
+    if lexical_vocab is not None:
+        from madr.index.lexical import query_term_counts
+
+        terms = query_term_counts(model.tokenizer, list(texts), lexical_vocab)
     rows = []
     for i in range(len(texts)):
         rows.append(EncodedQuery(np.ascontiguousarray(dense[i], dtype=np.float32),
-                                 None if sparse is None else sparse.select([i])))
+                                 None if sparse is None else sparse.select([i]),
+                                 None if terms is None else terms.select([i])))
     return rows
+
+
+def lexical_vocab(manifest: Manifest) -> int | None:
+    """The BM25 vocabulary size of an index with a lexical part (what the encoder counts query terms over)."""
+    return int(manifest.lexical["vocab_size"]) if manifest.has_lexical else None
 
 
 def stack(queries: Sequence[EncodedQuery]) -> tuple[np.ndarray, SparseBatch | None]:
@@ -129,6 +148,13 @@ def stack(queries: Sequence[EncodedQuery]) -> tuple[np.ndarray, SparseBatch | No
     if any(q.sparse is None for q in queries):
         return dense, None
     return dense, SparseBatch.concat([q.sparse for q in queries])
+
+
+def stack_lexical(queries: Sequence[EncodedQuery]) -> SparseBatch | None:
+    """The Q word-piece count rows as one batch (None when the queries have none)."""
+    if any(q.lexical is None for q in queries):
+        return None
+    return SparseBatch.concat([q.lexical for q in queries])
 
 
 def explain_texts(model: BiEncoder, query: str, doc_text: str) -> dict[str, Any]:
@@ -170,25 +196,47 @@ class ShardGroup:
         parts = [s.search(dense, params, sparse=sparse) for s in self.shards]
         return parts[0] if len(parts) == 1 else merge_topk(parts, params.k)
 
+    def candidates(self, dense: np.ndarray, params: SearchParams | None = None, *, sparse: SparseBatch | None = None,
+                   lexical: SparseBatch | None = None, **overrides: Any
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Dense + BM25 fusion's share of these shards: (dense scores, dense ids, BM25 scores, BM25 ids), each
+        [Q, candidates], merged over the group's shards (`Shard.candidates`); `fuse_candidates` fuses the
+        groups' lists. `sparse` is ignored (fusion indexes are built from dense models)."""
+        params = resolve(params, overrides)
+        if lexical is None:
+            raise ValueError("candidates: needs the queries' word-piece counts (lexical=)")
+        parts = [s.candidates(dense, lexical, params) for s in self.shards]
+        n = params.num_candidates
+        d = merge_topk([p[0] for p in parts], n)
+        b = merge_topk([p[1] for p in parts], n)
+        return d[0], d[1], b[0], b[1]
+
+    @property
+    def fusion_lambda(self) -> float | None:
+        return self.shards[0].fusion_lambda
+
     @property
     def ntotal(self) -> int:
         return int(sum(s.ntotal for s in self.shards))
 
 
 def search_batched(search: Any, requests: Sequence[tuple[EncodedQuery, SearchParams]]
-                   ) -> list[tuple[np.ndarray, np.ndarray]]:
+                   ) -> list[tuple[np.ndarray, ...]]:
     """Answer many (query, params) requests with one index call per distinct params; rows in input order.
 
-    `search(dense [Q, d], params, sparse=sparse | None) -> (scores [Q, k], ids [Q, k])`."""
+    `search(dense [Q, d], params, sparse=sparse | None[, lexical=counts]) -> arrays [Q, ...]` (`(scores, ids)`,
+    or `ShardGroup.candidates`' four); each request gets its row of every array."""
     results: list[Any] = [None] * len(requests)
-    by_params: dict[tuple[SearchParams, bool], list[int]] = {}
+    by_params: dict[tuple[SearchParams, bool, bool], list[int]] = {}
     for i, (query, params) in enumerate(requests):
-        by_params.setdefault((params, query.sparse is None), []).append(i)
-    for (params, _), rows in by_params.items():
-        dense, sparse = stack([requests[i][0] for i in rows])
-        scores, ids = search(dense, params, sparse=sparse)
+        by_params.setdefault((params, query.sparse is None, query.lexical is None), []).append(i)
+    for (params, _, no_lexical), rows in by_params.items():
+        queries = [requests[i][0] for i in rows]
+        dense, sparse = stack(queries)
+        extra = {} if no_lexical else {"lexical": stack_lexical(queries)}
+        out = search(dense, params, sparse=sparse, **extra)
         for j, i in enumerate(rows):
-            results[i] = (scores[j], ids[j])
+            results[i] = tuple(a[j] for a in out)
     return results
 
 
@@ -205,16 +253,18 @@ class LocalBackend:
         faiss.omp_set_num_threads(threads)
         self.model = load_model(resolve_model_dir(manifest_path, model_dir), threads)
         self.index = ShardedIndex.open(manifest_path, mmap=mmap, verify=verify)
+        self.lexical_vocab = lexical_vocab(self.index.manifest)
         self._lock = asyncio.Lock()
 
     async def encode(self, text: str) -> EncodedQuery:
         async with self._lock:  # torch modules are not re-entrant across threads
-            return (await asyncio.to_thread(encode_texts, self.model, [text]))[0]
+            return (await asyncio.to_thread(encode_texts, self.model, [text], self.lexical_vocab))[0]
 
     async def search(self, query: EncodedQuery, params: SearchParams) -> tuple[np.ndarray, np.ndarray]:
         dense, sparse = stack([query])
         try:
-            scores, ids = await asyncio.to_thread(self.index.search, dense, params, sparse=sparse)
+            scores, ids = await asyncio.to_thread(self.index.search, dense, params, sparse=sparse,
+                                                  lexical=stack_lexical([query]))
         except ValueError as e:
             raise BackendBadRequest(str(e)) from e
         return scores[0], ids[0]
@@ -228,7 +278,8 @@ class LocalBackend:
 
     async def ready(self) -> dict[str, Any]:
         return {"model": self.model.config.name, "dim": int(self.model.embedding_dim),
-                "num_shards": self.index.num_shards, "ntotal": int(self.index.ntotal)}
+                "num_shards": self.index.num_shards, "ntotal": int(self.index.ntotal),
+                "search_mode": self.index.search_mode}
 
 
 # ---- errors and documents -----------------------------------------------------------------------------------

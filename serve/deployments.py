@@ -7,6 +7,8 @@
   memory; `@serve.batch` groups concurrent requests with equal search knobs into one FAISS call.
 - `RayBackend`: the `serve.backend.Backend` the ingress uses: encode once, fan out to every shard group,
   `merge_topk` (paper 002 Eq. 1 scores, comparable across shards), Ray failures -> `BackendUnavailable`.
+  For an index with a BM25 part the groups return their dense and BM25 candidate lists
+  (`ShardSearcher.candidates`) and the backend fuses them (`madr.search.sharded.fuse_candidates`).
 
 A batch isolates its members: a text is checked (`check_text`) before it joins a batch, and a batch that
 raises is retried member by member (`isolate`), so a bad request fails alone, never its batch-mates.
@@ -24,6 +26,7 @@ from ray import serve
 
 from madr.search.params import SearchParams
 from madr.search.protocol import merge_topk
+from madr.search.sharded import fuse_candidates
 from serve.backend import (
     BackendBadRequest,
     BackendUnavailable,
@@ -49,8 +52,9 @@ class QueryEncoder:
     """The query tower with dynamic batching (module docstring)."""
 
     def __init__(self, model_dir: str, threads: int = 1, max_batch_size: int = 16,
-                 batch_wait_timeout_s: float = 0.003) -> None:
+                 batch_wait_timeout_s: float = 0.003, lexical_vocab: int | None = None) -> None:
         self.model = load_model(model_dir, threads)
+        self.lexical_vocab = lexical_vocab  # an index with a BM25 part: also count the queries' word pieces
         self._encode_batch.set_max_batch_size(max_batch_size)
         self._encode_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
@@ -61,7 +65,8 @@ class QueryEncoder:
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.003)
     async def _encode_batch(self, texts: list[str]) -> list[EncodedQuery | Exception]:
         # In a thread: the event loop keeps queueing requests for the next batch meanwhile.
-        return await asyncio.to_thread(isolate, lambda batch: encode_texts(self.model, batch), texts)
+        return await asyncio.to_thread(isolate, lambda batch: encode_texts(self.model, batch, self.lexical_vocab),
+                                       texts)
 
     def explain(self, query: str, doc_text: str) -> dict[str, Any]:
         return explain_texts(self.model, query, doc_text)
@@ -84,17 +89,29 @@ class ShardSearcher:
 
         faiss.omp_set_num_threads(threads)
         self.group = ShardGroup(manifest_path, shards, mmap=mmap, verify=verify)
-        self._search_batch.set_max_batch_size(max_batch_size)
-        self._search_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        for batched in (self._search_batch, self._candidates_batch):
+            batched.set_max_batch_size(max_batch_size)
+            batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
     async def search(self, request: tuple[EncodedQuery, SearchParams]) -> tuple[np.ndarray, np.ndarray]:
         """Top-k of one (query, params), searched in a batch with concurrent ones; failures stay its own."""
         return _raise_or_return(await self._search_batch(request))
 
+    async def candidates(self, request: tuple[EncodedQuery, SearchParams]
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Dense + BM25 fusion: this group's dense and BM25 candidate lists for one request (batched)."""
+        return _raise_or_return(await self._candidates_batch(request))
+
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.001)
     async def _search_batch(self, requests: list[tuple[EncodedQuery, SearchParams]]
                             ) -> list[tuple[np.ndarray, np.ndarray] | Exception]:
         return await asyncio.to_thread(isolate, lambda batch: search_batched(self.group.search, batch), requests)
+
+    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.001)
+    async def _candidates_batch(self, requests: list[tuple[EncodedQuery, SearchParams]]
+                                ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | Exception]:
+        return await asyncio.to_thread(isolate, lambda batch: search_batched(self.group.candidates, batch),
+                                       requests)
 
     def info(self) -> dict[str, Any]:
         return {"shards": self.group.shard_ids, "ntotal": self.group.ntotal, "replica": replica_actor_name()}
@@ -114,8 +131,10 @@ def _raise_or_return(result: Any) -> Any:
 class RayBackend:
     """`Backend` over deployment handles: one encoder, one handle per shard group."""
 
-    def __init__(self, encoder: Any, searchers: Sequence[Any]) -> None:
+    def __init__(self, encoder: Any, searchers: Sequence[Any], fusion_lambda: float | None = None,
+                 search_mode: str = "dense") -> None:
         self.encoder, self.searchers = encoder, list(searchers)
+        self.fusion_lambda, self.search_mode = fusion_lambda, search_mode  # the manifest's
 
     @staticmethod
     async def _await(response: Any) -> Any:
@@ -132,10 +151,25 @@ class RayBackend:
         return await self._await(self.encoder.encode.remote(text))
 
     async def search(self, query: EncodedQuery, params: SearchParams) -> tuple[np.ndarray, np.ndarray]:
+        if query.lexical is not None:
+            return await self._fused(query, params)
         parts = await asyncio.gather(*[self._await(h.search.remote((query, params))) for h in self.searchers])
         if len(parts) == 1:
             return parts[0]
         scores, ids = merge_topk([(s[None, :], i[None, :]) for s, i in parts], params.k)
+        return scores[0], ids[0]
+
+    async def _fused(self, query: EncodedQuery, params: SearchParams) -> tuple[np.ndarray, np.ndarray]:
+        """Dense + BM25: every group's candidate lists, fused once over all of them (as ShardedIndex.search)."""
+        parts = await asyncio.gather(*[self._await(h.candidates.remote((query, params))) for h in self.searchers])
+        lam = self.fusion_lambda if params.lam is None else params.lam
+        if lam is None:
+            raise BackendBadRequest("the index records no fusion_lambda; send lam")
+        try:
+            scores, ids = fuse_candidates([(ds[None], di[None]) for ds, di, _, _ in parts],
+                                          [(bs[None], bi[None]) for _, _, bs, bi in parts], float(lam), params)
+        except ValueError as e:
+            raise BackendBadRequest(str(e)) from e
         return scores[0], ids[0]
 
     async def explain(self, query: str, doc_text: str) -> dict[str, Any]:
@@ -148,4 +182,5 @@ class RayBackend:
         enc = await self._await(self.encoder.info.remote())
         groups = await asyncio.gather(*[self._await(h.info.remote()) for h in self.searchers])
         return {"model": enc["model"], "dim": enc["dim"], "num_shards": sum(len(g["shards"]) for g in groups),
-                "ntotal": sum(g["ntotal"] for g in groups), "shard_groups": [g["shards"] for g in groups]}
+                "ntotal": sum(g["ntotal"] for g in groups), "shard_groups": [g["shards"] for g in groups],
+                "search_mode": self.search_mode}

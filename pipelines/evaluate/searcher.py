@@ -3,7 +3,8 @@
 ``SearchQueries`` loads the model and opens the ``ShardedIndex`` once per actor (memory-mapped where the
 index type allows it, so several actors on one node share the page cache), encodes a batch of query
 texts (``madr.index.encode_queries``) and searches all shards (``madr.search.sharded``): dense, or hybrid
-(paper 002 Eq. 1) when the index has sparse shards and the model is hybrid. ``DocKeys`` maps index ids to the display key that
+(paper 002 Eq. 1) when the index has sparse shards and the model is hybrid, or dense + BM25 fusion when the
+index has a lexical part (``madr.index.lexical``). ``DocKeys`` maps index ids to the display key that
 qrels use (e.g. a product id) through the index's docs table.
 """
 
@@ -75,6 +76,8 @@ def search_texts(model: Any, index: Any, texts: list[str], k: int, spec: SearchS
     from madr.index import encode_queries
 
     dense, sparse = encode_queries(model, texts)
+    if getattr(index, "has_lexical", False):  # dense + BM25 fusion (madr.index.lexical)
+        return index.search(dense, spec.search.replace(k=k), lexical=index.query_terms(model.tokenizer, texts))
     return index.search(dense, search_params(spec, k, sparse is not None and index.has_sparse),
                         sparse=sparse if index.has_sparse else None)
 

@@ -135,9 +135,10 @@ def test_encode_returns_dense_and_sparse_terms(app, served_index):
 
 def test_health_ready_openapi(app, served_index):
     c = app["client"]
-    assert c.health() == {"status": "ok"}
+    assert c.health() == {"status": "ok", "search_mode": "hybrid"}  # the index's mode: SPLADE hybrid
     ready = c.ready()
     assert ready["ready"] and ready["ntotal"] == len(served_index["ids"]) and ready["num_shards"] == 3
+    assert ready["search_mode"] == "hybrid"
     assert ready["shard_groups"] == [[0, 1], [2]]
     schema = c._request("GET", "/openapi.json")
     assert {"/search", "/explain", "/encode", "/healthz", "/ready"} <= set(schema["paths"])

@@ -1,0 +1,132 @@
+"""Serving an index with a BM25 part (dense + BM25 fusion, issue 26): the encode job (in process, `lexical: bm25`,
+2 shards) indexes the session catalog with a mean-pooled BiBERT that has e5-style prefixes; the Ray Serve app
+(2 shard groups, over real HTTP on 127.0.0.1) and the plain FastAPI app answer `/search` with the fused results
+of the in-process reference (exact dense top-100 + `BM25Index().fit` over the raw texts' word pieces,
+`weighted_fusion` min-max at the manifest's lam, or the request's); `/healthz` and `/ready` say the mode."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import requests
+import torch
+from serve_helpers import TINY, assert_same_ranking, docs_table, free_port
+
+from madr.config import BackboneConfig, ModelConfig
+from serve.config import DeploymentSettings, ServeSettings
+
+K, N_CAND, LAM = 10, 100, 0.4
+
+
+@pytest.fixture(scope="module")
+def lexical_index(catalog, tokenizer, tmp_path_factory) -> dict:
+    from madr.modeling.model import BiEncoder, build_model
+    from pipelines.encode.config import EncodeConfig
+    from pipelines.encode.job import run_encode
+
+    root = tmp_path_factory.mktemp("served_lexical")
+    torch.manual_seed(0)
+    cfg = ModelConfig(name="bibert", pooling="mean", backbone=BackboneConfig(tiny=TINY), max_query_length=24,
+                      max_doc_length=48, text_prefixes={"query": "query: ", "doc": "passage: "})
+    build_model(cfg, tokenizer).save(root / "model")
+    ids = np.arange(len(catalog.products), dtype=np.int64) * 3 + 5
+    docs = docs_table(catalog, ids)
+    (root / "corpus").mkdir()
+    pq.write_table(docs.select(["doc_id", "text", "title", "brand"]), root / "corpus" / "docs.parquet")
+    run_encode(EncodeConfig(input=[str(root / "corpus")], output=str(root / "index"), model_dir=str(root / "model"),
+                            text_columns=["text"], display_columns=["title", "brand"], num_shards=2,
+                            rows_per_read=100, lexical="bm25", fusion_lambda=LAM), log=lambda _: None, local=True)
+    return {"model": BiEncoder.load(root / "model").eval(), "manifest": root / "index" / "manifest.json",
+            "ids": ids, "texts": docs.column("text").to_pylist(), "queries": [q.text for q in catalog.queries[:5]]}
+
+
+def reference(idx: dict, queries: list[str], lam: float, k: int = K):
+    """Unsharded, in process: exact dense top-100 over all documents + BM25 over the raw texts, fused."""
+    from madr.index.encode import encode_documents, encode_queries
+    from madr.search.exact import ExactSearcher
+    from madr.search.score_fusion import weighted_fusion
+    from madr.search.sparse import BM25Index
+
+    tok = idx["model"].tokenizer
+    dense = ExactSearcher(encode_documents(idx["model"], idx["texts"])[0], idx["ids"]).search(
+        encode_queries(idx["model"], queries)[0], k=N_CAND)
+    bm25 = BM25Index().fit([tok.tokenize(t) for t in idx["texts"]], idx["ids"]).search(
+        [tok.tokenize(q) for q in queries], k=N_CAND)
+    return weighted_fusion([dense, bm25], [lam, 1 - lam], k, normalisation="minmax")
+
+
+def _check(base: str, idx: dict, headers: dict | None = None) -> None:
+    queries = idx["queries"]
+    ref_s, ref_i = reference(idx, queries, LAM)
+    for qi, q in enumerate(queries):
+        r = requests.post(base + "/search", json={"query": q, "k": K}, headers=headers, timeout=30)
+        assert r.status_code == 200, r.text
+        hits = r.json()["results"]
+        assert_same_ranking([h["score"] for h in hits], [h["id"] for h in hits], ref_s[qi], ref_i[qi], q)
+    ref_s, ref_i = reference(idx, queries[:1], 0.0)
+    r = requests.post(base + "/search", json={"query": queries[0], "k": K, "lam": 0.0}, headers=headers, timeout=30)
+    hits = r.json()["results"]
+    assert_same_ranking([h["score"] for h in hits], [h["id"] for h in hits], ref_s[0], ref_i[0], "lam=0")
+    assert requests.get(base + "/healthz", headers=headers, timeout=10).json()["search_mode"] == "dense+bm25"
+    ready = requests.get(base + "/ready", headers=headers, timeout=30).json()
+    assert ready["search_mode"] == "dense+bm25" and ready["ntotal"] == len(idx["ids"])
+
+
+def test_offline_sharded_index_equals_the_reference(lexical_index):
+    from madr.index.encode import encode_queries
+    from madr.search.sharded import ShardedIndex
+
+    index = ShardedIndex.open(lexical_index["manifest"])
+    q = lexical_index["queries"]
+    got = index.search(encode_queries(lexical_index["model"], q)[0], k=K,
+                       lexical=index.query_terms(lexical_index["model"].tokenizer, q))
+    ref = reference(lexical_index, q, LAM)
+    np.testing.assert_array_equal(got[1], ref[1])
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-5)
+
+
+def test_plain_app_serves_the_fused_results(lexical_index):
+    import uvicorn
+
+    from serve.api import plain_app
+
+    settings = ServeSettings(manifest_path=str(lexical_index["manifest"]), api_key_env="MADR_TEST_UNSET_KEY",
+                             port=free_port(), doc_text_field="title")
+    server = uvicorn.Server(uvicorn.Config(plain_app(settings), host="127.0.0.1", port=settings.port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        _check(f"http://127.0.0.1:{settings.port}", lexical_index)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+@pytest.mark.ray
+def test_ray_serve_app_serves_the_fused_results(ray_local, lexical_index):
+    from ray import serve
+
+    from serve.app import run_local, url
+    from serve.client import MadrClient
+
+    small = {"num_cpus": 0.2, "max_ongoing_requests": 16}
+    settings = ServeSettings(manifest_path=str(lexical_index["manifest"]), port=free_port(), shard_groups=2,
+                             doc_text_field="title", request_timeout_s=30, api_key_env="MADR_TEST_UNSET_KEY",
+                             encoder=DeploymentSettings(**small), searcher=DeploymentSettings(**small),
+                             ingress=DeploymentSettings(**small))
+    run_local(settings, name="madr_lexical")
+    try:
+        client = MadrClient(url(settings))
+        client.wait_ready(timeout=90)
+        client.close()
+        _check(url(settings), lexical_index)
+    finally:
+        serve.shutdown()
