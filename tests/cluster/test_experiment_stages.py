@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from madr.config import from_dict, load_config
@@ -73,6 +74,12 @@ def test_experiment_and_stages_agree_on_shards_and_search_settings(tmp_path):
     assert (enc.num_shards, enc.index_factory) == (cfg.index.num_shards, cfg.index.index_factory)
     default = load_config(None, {"output_dir": str(tmp_path / "default")})
     assert from_dict(EncodeConfig, experiment.encode_settings(default)).num_shards == EncodeConfig().num_shards
+    assert (EncodeConfig().lexical, EncodeConfig().fusion_lambda) == (IndexConfig().lexical, IndexConfig().fusion_lambda)
+    lex = load_config(None, {"output_dir": str(tmp_path / "lex"), "index.lexical": "bm25", "index.fusion_lambda": 0.3})
+    enc_lex = from_dict(EncodeConfig, experiment.encode_settings(lex))
+    assert (enc_lex.lexical, enc_lex.fusion_lambda) == ("bm25", 0.3)
+    with pytest.raises(ValueError, match="index.lexical"):
+        load_config(None, {"index.lexical": "tfidf"})
     ev = from_dict(EvaluateConfig, experiment.evaluate_settings(cfg)).runs[0].search
     mine = from_dict(MineConfig, experiment.mine_settings(cfg)).run.search
     serve = settings_from_dict(experiment.serve_args(cfg)).search
