@@ -2,7 +2,8 @@
 2 shards) indexes the session catalog with a mean-pooled BiBERT that has e5-style prefixes; the Ray Serve app
 (2 shard groups, over real HTTP on 127.0.0.1) and the plain FastAPI app answer `/search` with the fused results
 of the in-process reference (exact dense top-100 + `BM25Index().fit` over the raw texts' word pieces,
-`weighted_fusion` min-max at the manifest's lam, or the request's); `/healthz` and `/ready` say the mode."""
+`weighted_fusion` min-max at the manifest's lam, or the request's), as do `ShardedIndex` and the evaluation
+jobs' `search_texts`; `/healthz` and `/ready` say the mode."""
 
 from __future__ import annotations
 
@@ -87,6 +88,12 @@ def test_offline_sharded_index_equals_the_reference(lexical_index):
     ref = reference(lexical_index, q, LAM)
     np.testing.assert_array_equal(got[1], ref[1])
     np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-5)
+    # the evaluation / mining jobs' searcher fuses the same way
+    from pipelines.evaluate.searcher import SearchSpec, search_texts
+
+    spec = SearchSpec(index=str(lexical_index["manifest"]))
+    got = search_texts(lexical_index["model"], index, q, K, spec)
+    np.testing.assert_array_equal(got[1], ref[1])
 
 
 def test_plain_app_serves_the_fused_results(lexical_index):
