@@ -15,7 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from madr.config import from_dict, read_config_file
+from madr.config import from_dict
+from madr.config_files import read_config_file
 from madr.config_overrides import apply_overrides
 
 C = TypeVar("C")

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from madr.config import read_mapping
+from madr.config_files import read_mapping
 from madr.config_overrides import apply_overrides, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root

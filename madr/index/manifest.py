@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from madr.config import read_mapping
+from madr.config_files import read_mapping
 
 FORMAT = "madr.index/1"
 MANIFEST_FILE = "manifest.json"

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from madr.config import config_hash, read_mapping
+from madr.config import config_hash
+from madr.config_files import read_mapping
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from madr.config import MODEL_NAMES, ExperimentConfig, ModelConfig, config_hash, load_config, read_mapping
+from madr.config import MODEL_NAMES, ExperimentConfig, ModelConfig, config_hash, load_config
+from madr.config_files import read_mapping
 from madr.config_overrides import apply_overrides, parse_overrides, parse_value
 
 ROOT = Path(__file__).resolve().parents[2]
