@@ -107,3 +107,14 @@ def test_query_terms_and_errors(built, tokenizer, tmp_path):
     df.write_bytes(bytes(blob))
     with pytest.raises(ValueError, match=r"checksum mismatch for .*lexical\.df\.npy"):
         ShardedIndex.open(lex_dir)
+
+
+def test_word_pieces_are_case_insensitive_with_a_cased_tokenizer(tmp_path):
+    """A cased tokenizer (e5's is) gives "Angle" and "angle" different pieces; the lexical part lower-cases
+    first, as a Lucene analyzer does, so a query matches a title whatever their case."""
+    from madr.modeling.tokenization import train_wordpiece_tokenizer
+
+    cased = train_wordpiece_tokenizer(["Angle bracket", "angle Bracket", "steel angle"] * 5, vocab_size=200,
+                                      lowercase=False, out_dir=str(tmp_path / "cased"))
+    assert cased.tokenize("Angle") != cased.tokenize("angle")
+    assert word_pieces(cased, ["Angle Bracket"]) == word_pieces(cased, ["angle bracket"])
