@@ -1,0 +1,180 @@
+"""Top lists of the product-search fusion benchmark (`benchmarks.quality.homedepot_hybrid`): each retriever's
+top-k over a split's corpus plus its scores of the split's judged products, computed once and cached as .npz
+under the output dir (keyed by a fingerprint of everything they depend on), then fused and scored.
+
+A `Lists` holds one retriever on one split: `topk` = (scores [Q, k], corpus rows [Q, k]) in the
+`madr.search.protocol.TopK` layout, `judged` = [Q, J] scores of each query's judged products (qrels order,
+NaN padding). Fusion of lists (`fuse`) goes through `madr.search.score_fusion` (what the served hybrid uses);
+on the judged products it min-max normalises each retriever over the query's judged products.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from benchmarks.quality.aspect_models.data import EvalSet, token_lengths
+from benchmarks.quality.aspect_models.evaluation import encode, per_query_metrics
+from madr.config import ExperimentConfig
+from madr.modeling.model import BiEncoder
+from madr.search.score_fusion import normalise, reciprocal_rank_fusion, weighted_fusion
+from madr.search.sparse.bm25 import BM25Index
+
+
+@dataclass
+class Lists:
+    """One retriever's answers on one split (module docstring)."""
+
+    scores: np.ndarray  # [Q, k] float32, -inf padded
+    ids: np.ndarray  # [Q, k] int64 corpus rows of the split's EvalSet, -1 padded
+    judged: np.ndarray  # [Q, J] float64 scores of the judged products, NaN padded
+
+    @property
+    def topk(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.scores, self.ids
+
+
+def judged_matrix(ev: EvalSet) -> np.ndarray:
+    """[Q, J] corpus rows of each query's judged products, -1 padded."""
+    out = np.full((len(ev.judged), max(len(j) for j in ev.judged)), -1, dtype=np.int64)
+    for i, j in enumerate(ev.judged):
+        out[i, :len(j)] = j
+    return out
+
+
+def dense_lists(q: torch.Tensor, d: torch.Tensor, ev: EvalSet, k: int, chunk: int = 256) -> Lists:
+    """Exact inner-product top-k of query vectors `q` over the split's corpus vectors `d`, and the judged."""
+    scores, ids = [], []
+    jm = judged_matrix(ev)
+    judged = np.full(jm.shape, np.nan)
+    for s in range(0, len(q), chunk):
+        sim = q[s:s + chunk] @ d.T
+        top_s, top_i = torch.topk(sim, min(k, d.shape[0]), dim=1)
+        scores.append(top_s.numpy())
+        ids.append(top_i.numpy())
+        rows = torch.from_numpy(np.maximum(jm[s:s + chunk], 0))
+        got = torch.gather(sim, 1, rows).double().numpy()
+        judged[s:s + chunk] = np.where(jm[s:s + chunk] >= 0, got, np.nan)
+    return Lists(np.concatenate(scores).astype(np.float32), np.concatenate(ids).astype(np.int64), judged)
+
+
+def bm25_lists(tokenize: Callable[[str], list[str]], ev: EvalSet, k: int) -> Lists:
+    """BM25 (`madr.search.sparse.BM25Index`, Anserini k1 / b) over the word pieces of the split's corpus."""
+    index = BM25Index().fit([tokenize(t) for t in ev.doc_texts])
+    qs = [tokenize(t) for t in ev.query_texts]
+    scores, ids = index.search(qs, k=k)
+    jm = judged_matrix(ev)
+    js = np.nan_to_num(index.index.score(index.encode_queries(qs), jm), neginf=0.0)
+    return Lists(np.asarray(scores, np.float32), np.asarray(ids, np.int64), np.where(jm >= 0, js, np.nan))
+
+
+def encode_split_vectors(model: BiEncoder, texts: list[str], side: str, bs: int, desc: str) -> torch.Tensor:
+    """Search vectors of `texts` (length-sorted batches; L2-normalised for cosine models)."""
+    max_len = model.config.max_query_length if side == "query" else model.config.max_doc_length
+    lengths = token_lengths(model.tokenizer, model.config.prefixed(texts, side), max_len)
+    return encode(model, texts, lengths, side, bs, desc)[0]
+
+
+def model_lists(model: BiEncoder, splits: dict[str, EvalSet], k: int, bs: int, label: str) -> dict[str, Lists]:
+    """Dense lists of `model` on every split; products shared by the splits' corpora are encoded once."""
+    texts = sorted({t for ev in splits.values() for t in ev.doc_texts})
+    row = {t: i for i, t in enumerate(texts)}
+    docs = encode_split_vectors(model, texts, "doc", bs, f"{label}: corpus")
+    out = {}
+    for name, ev in splits.items():
+        q = encode_split_vectors(model, ev.query_texts, "query", bs, f"{label}: {name} queries")
+        d = docs[torch.tensor([row[t] for t in ev.doc_texts])]
+        out[name] = dense_lists(q, d, ev, k)
+    return out
+
+
+def fingerprint(parts: dict) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def corpus_key(splits: dict[str, EvalSet]) -> str:
+    """What the lists depend on in the data: each split's queries and corpus."""
+    return fingerprint({n: [ev.query_ids, ev.product_ids] for n, ev in splits.items()})
+
+
+def cached_lists(path: Path, key: str, compute: Callable[[], dict[str, Lists]]) -> tuple[dict[str, Lists], float]:
+    """`compute()` once per `key`: kept in `path` (.npz) and reused while the key matches. Returns (lists,
+    seconds spent computing, 0 when kept)."""
+    if path.is_file():
+        with np.load(path, allow_pickle=False) as z:
+            if str(z["key"]) == key:
+                names = json.loads(str(z["splits"]))
+                return {n: Lists(z[f"{n}_scores"], z[f"{n}_ids"], z[f"{n}_judged"]) for n in names}, 0.0
+    t0 = time.perf_counter()
+    lists = compute()
+    arrays = {f"{n}_{f}": getattr(v, f) for n, v in lists.items() for f in ("scores", "ids", "judged")}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    np.savez(tmp, key=key, splits=json.dumps(list(lists)), **arrays)
+    tmp.replace(path)
+    return lists, time.perf_counter() - t0
+
+
+# ---- fusion and scoring -------------------------------------------------------------------------------------
+
+
+def fuse(parts: Sequence[Lists], weights: Sequence[float], k: int) -> Lists:
+    """Weighted sum of per-query min-max normalised scores over the union of the top lists
+    (`madr.search.score_fusion.weighted_fusion`), and over each query's judged products."""
+    scores, ids = weighted_fusion([p.topk for p in parts], weights, k, normalisation="minmax")
+    judged = np.zeros(parts[0].judged.shape)
+    for w, p in zip(weights, parts, strict=True):
+        judged += w * np.nan_to_num(normalise(np.where(np.isnan(p.judged), -np.inf, p.judged), "minmax"),
+                                    neginf=0.0)
+    return Lists(scores, ids, np.where(np.isnan(parts[0].judged), np.nan, judged))
+
+
+def rrf(parts: Sequence[Lists], k: int, rrf_k: int = 60) -> Lists:
+    """Reciprocal rank fusion of the top lists; on the judged products, of their ranks among the judged."""
+    scores, ids = reciprocal_rank_fusion([p.topk for p in parts], k, rrf_k)
+    judged = np.zeros(parts[0].judged.shape)
+    for p in parts:
+        key = np.where(np.isnan(p.judged), -np.inf, p.judged)
+        ranks = np.argsort(np.argsort(-key, axis=1, kind="stable"), axis=1) + 1
+        judged += 1.0 / (rrf_k + ranks)
+    return Lists(scores, ids, np.where(np.isnan(parts[0].judged), np.nan, judged))
+
+
+def metrics_of(lists: Lists, ev: EvalSet, cfg: ExperimentConfig) -> dict[str, dict[str, float]]:
+    """{metric: {query id: value}}: retrieval metrics over the top list, re-ranking ones over the judged."""
+    run = {qid: {ev.product_ids[i]: float(s) for s, i in zip(srow, irow, strict=True) if i >= 0}
+           for qid, srow, irow in zip(ev.query_ids, lists.scores, lists.ids, strict=True)}
+    rerank = {qid: {ev.product_ids[i]: float(s) for i, s in zip(j, lists.judged[qi, :len(j)], strict=True)}
+              for qi, (qid, j) in enumerate(zip(ev.query_ids, ev.judged, strict=True))}
+    return per_query_metrics(run, rerank, ev, cfg)
+
+
+def weight_grid(n: int, step: float) -> list[tuple[float, ...]]:
+    """Every weight vector of `n` non-negative multiples of `step` that sum to 1."""
+    units = round(1 / step)
+
+    def split(left: int, parts: int) -> list[tuple[int, ...]]:
+        if parts == 1:
+            return [(left,)]
+        return [(i, *rest) for i in range(left + 1) for rest in split(left - i, parts - 1)]
+
+    return [tuple(u / units for u in w) for w in split(units, n)]
+
+
+def tune_weights(parts: Sequence[Lists], ev: EvalSet, cfg: ExperimentConfig, metric: str, step: float,
+                 k: int) -> tuple[tuple[float, ...], dict[tuple[float, ...], float]]:
+    """The fusion weights (grid of `weight_grid`) with the best mean `metric` on `ev` (the dev split); ties go
+    to the first in grid order. Returns (weights, {weights: mean metric})."""
+    seen = {}
+    for w in weight_grid(len(parts), step):
+        per_q = metrics_of(fuse(parts, w, k), ev, cfg)[metric]
+        seen[w] = float(np.mean(list(per_q.values())))
+    best = max(seen, key=lambda w: seen[w])
+    return best, seen

