@@ -3,7 +3,8 @@ on word pieces, untrained all-MiniLM-L6-v2 and multilingual-e5-small, and their 
 rows alone and fused with BM25, in ONE run over one corpus.
 
 Data: the Home Depot catalog and 70/10/20 split by search term of `benchmarks.quality.homedepot`
-(`configs/real/homedepot_hybrid.yaml`, `homedepot:`). Test: the test terms with a product of relevance >=
+(`configs/real/homedepot_hybrid.yaml`, `homedepot:`); without a `homedepot:` section, the catalog of `data:`
+(a user's `data.catalog_dir`: products / queries / judgments Parquet with train / dev / test queries). Test: the test terms with a product of relevance >=
 `eval.relevance_threshold` over `bench.corpus_size` products (their judged products + a seeded sample; the
 same corpus as `benchmarks.quality.homedepot --set bench.corpus_size=12000`). Dev, for choosing fusion weights
 only: the dev terms over `bench.dev_corpus_size` products built the same way.
@@ -81,11 +82,12 @@ BENCH_DEFAULTS: dict[str, Any] = {
     "freeze_layers": 0, "save_models": []}
 
 
-def load(path: Path, sets: list[str]) -> tuple[dict, ExperimentConfig, dict]:
-    """(`homedepot:` arguments, the experiment config of the trained rows, `bench:` over BENCH_DEFAULTS)."""
+def load(path: Path, sets: list[str]) -> tuple[dict | None, ExperimentConfig, dict]:
+    """(`homedepot:` arguments or None, the experiment config of the trained rows, `bench:` over BENCH_DEFAULTS)."""
     data = read_config(path, sets)
-    home = data.pop("homedepot")
-    home["path"] = repo_path(home["path"])
+    home = data.pop("homedepot", None)  # None: the catalog of `data:` (a user's `data.catalog_dir`)
+    if home is not None:
+        home["path"] = repo_path(home["path"])
     bench = {**BENCH_DEFAULTS, **(data.pop("bench", {}) or {})}
     unknown = set(bench) - set(BENCH_DEFAULTS)
     if unknown:
