@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from madr.index.lexical import merge_statistics, save_term_counts
+from madr.index.lexical import TOKENIZER_DIR, merge_statistics, save_term_counts, save_tokenizer
 from madr.index.manifest import (
     MANIFEST_FILE,
     Manifest,
@@ -213,10 +214,12 @@ def assemble_manifest(out_dir: str | Path, shards: Sequence[ShardInfo], dim: int
                       hybrid_lambda: float | None = None, sparse_vocab_size: int | None = None,
                       model_dir: str | None = None, config_hash: str | None = None,
                       docs_path: str | None = None, lexical_vocab_size: int | None = None,
-                      fusion_lambda: float = 0.5) -> Path:
+                      fusion_lambda: float = 0.5, lexical_tokenizer: str | None = None) -> Path:
     """Write ``manifest.json`` over complete shards (ids unique across shards, or a ValueError). With
     ``lexical_vocab_size`` (shards with a lexical part) the collection's BM25 statistics are merged from the
-    shards' files first (``madr.index.lexical.merge_statistics``) and recorded with ``fusion_lambda``."""
+    shards' files first (``madr.index.lexical.merge_statistics``) and recorded with ``fusion_lambda``, and with
+    ``lexical_tokenizer`` (a directory under ``out_dir`` holding the lexical part's own tokenizer) its files'
+    checksums."""
     shards = sorted(shards, key=lambda s: s.shard)
     report = id_report(out_dir, shards)
     if report["duplicates"]:
@@ -228,7 +231,7 @@ def assemble_manifest(out_dir: str | Path, shards: Sequence[ShardInfo], dim: int
         if missing:
             raise ValueError(f"{out_dir}: shards {missing} have no lexical part")
         lexical = merge_statistics(out_dir, [s.lexical_path for s in shards], lexical_vocab_size,
-                                   fusion_lambda).to_dict()
+                                   fusion_lambda, tokenizer_path=lexical_tokenizer).to_dict()
     manifest = Manifest(dim=int(dim), index_factory=index_factory, num_docs=sum(s.count for s in shards),
                         shards=list(shards), model_dir=model_dir, config_hash=config_hash,
                         hybrid_lambda=hybrid_lambda,
@@ -259,10 +262,11 @@ def build_index(dense: np.ndarray, ids: np.ndarray, out_dir: str | Path, num_sha
                 index_factory: str = "Flat", sparse: SparseBatch | None = None, hybrid_lambda: float | None = None,
                 model_dir: str | None = None, config_hash: str | None = None, docs: pa.Table | None = None,
                 train_size: int | None = None, seed: int = 0, lexical: SparseBatch | None = None,
-                fusion_lambda: float = 0.5) -> Path:
+                fusion_lambda: float = 0.5, lexical_tokenizer: Any | None = None) -> Path:
     """Build a sharded index in-process; returns the manifest path. ``lexical``: the documents' raw word-piece
     term frequencies (``madr.index.lexical.term_counts``), for BM25 fused with the dense scores at
-    ``fusion_lambda`` by default.
+    ``fusion_lambda`` by default; ``lexical_tokenizer``: the tokenizer they were counted with when it is not
+    the model's (saved into the index, ``madr.index.lexical.TOKENIZER_DIR``; queries are then split by it).
 
     Rows are sorted by id and cut into ``num_shards`` contiguous id ranges (sizes differ by at most one).
     The quantiser is trained once on ``train_size`` rows sampled with ``seed`` (default: all rows up to
@@ -275,6 +279,9 @@ def build_index(dense: np.ndarray, ids: np.ndarray, out_dir: str | Path, num_sha
         raise ValueError(f"build_index: num_shards must be in [1, {dense.shape[0]}], got {num_shards}")
     if sparse is not None and hybrid_lambda is None:
         hybrid_lambda = 0.5
+    if lexical_tokenizer is not None and (lexical is None or len(lexical_tokenizer) != lexical.vocab_size):
+        raise ValueError("build_index: lexical_tokenizer needs lexical term counts over its vocabulary "
+                         f"({len(lexical_tokenizer)} pieces)")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     trained = train_index(index_factory, dense.shape[1], sample_rows(dense, train_size, seed), seed)
@@ -285,9 +292,12 @@ def build_index(dense: np.ndarray, ids: np.ndarray, out_dir: str | Path, num_sha
         lex = lexical.select(rows) if lexical is not None else None
         infos.append(write_shard(out, s, trained, dense[rows], ids[rows], part, lexical=lex))
     docs_path = write_docs(out, docs) if docs is not None else None
+    if lexical_tokenizer is not None:
+        save_tokenizer(lexical_tokenizer, out / TOKENIZER_DIR)
     return assemble_manifest(out, infos, dense.shape[1], index_factory, hybrid_lambda,
                              sparse.vocab_size if sparse is not None else None, model_dir, config_hash, docs_path,
-                             lexical.vocab_size if lexical is not None else None, fusion_lambda)
+                             lexical.vocab_size if lexical is not None else None, fusion_lambda,
+                             TOKENIZER_DIR if lexical_tokenizer is not None else None)
 
 
 def sample_rows(x: np.ndarray, size: int | None, seed: int = 0) -> np.ndarray:

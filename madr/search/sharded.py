@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import threading
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
@@ -261,6 +262,7 @@ class ShardedIndex:
 
     def __init__(self, manifest: Manifest, shards: list[Shard], base: Path | None = None) -> None:
         self.manifest, self.shards, self.base = manifest, shards, base
+        self._lexical_tokenizer: Any = None
 
     @classmethod
     def open(cls, manifest_path: str | Path, mmap: bool = False, verify: bool = True) -> ShardedIndex:
@@ -313,13 +315,23 @@ class ShardedIndex:
         """``dense``, ``hybrid`` (SPLADE, paper 002 Eq. 1) or ``dense+bm25``."""
         return self.manifest.search_mode
 
+    @property
+    def lexical_tokenizer(self) -> Any | None:
+        """The lexical part's own tokenizer (``madr.index.lexical.TOKENIZER_DIR``, loaded once from the index
+        directory), or None: its queries are split by the model's tokenizer."""
+        if self._lexical_tokenizer is None and self.has_lexical and self.base is not None:
+            self._lexical_tokenizer = LexicalInfo.from_dict(self.manifest.lexical).tokenizer(self.base)
+        return self._lexical_tokenizer
+
     def query_terms(self, tokenizer, texts: list[str]) -> SparseBatch | None:
-        """BM25 query vectors (word-piece counts of the raw ``texts``) when the index has a lexical part."""
+        """BM25 query vectors (word-piece counts of the raw ``texts``) when the index has a lexical part: split
+        by the index's own lexical tokenizer when it has one, else by ``tokenizer`` (the model's)."""
         if not self.has_lexical:
             return None
         from madr.index.lexical import query_term_counts
 
-        return query_term_counts(tokenizer, texts, self.shards[0].lexical.vocab_size)
+        own = self.lexical_tokenizer
+        return query_term_counts(tokenizer if own is None else own, texts, self.shards[0].lexical.vocab_size)
 
     def reconstruct(self, ids: np.ndarray) -> np.ndarray:
         """Dense vectors of global ``ids`` (found through the shards' id ranges)."""

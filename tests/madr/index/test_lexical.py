@@ -118,3 +118,45 @@ def test_word_pieces_are_case_insensitive_with_a_cased_tokenizer(tmp_path):
                                       lowercase=False, out_dir=str(tmp_path / "cased"))
     assert cased.tokenize("Angle") != cased.tokenize("angle")
     assert word_pieces(cased, ["Angle Bracket"]) == word_pieces(cased, ["angle bracket"])
+
+
+def test_an_index_with_its_own_lexical_tokenizer(built, tokenizer, tmp_path):
+    """``build_index(..., lexical_tokenizer=tok)``: the tokenizer (another vocabulary than the model's) is saved
+    in the index with its files' checksums; ``query_terms`` splits queries by it whatever tokenizer it is given,
+    so fused search equals the reference over its pieces; a damaged tokenizer file is named."""
+    from madr.index.lexical import TOKENIZER_DIR
+    from madr.modeling.tokenization import train_wordpiece_tokenizer
+
+    texts, ids = built["texts"], built["ids"]
+    own = train_wordpiece_tokenizer(texts, vocab_size=200, out_dir=str(tmp_path / "own"))
+    assert len(own) != len(tokenizer) and own.tokenize(texts[0]) != tokenizer.tokenize(texts[0])
+    tf = term_counts(word_pieces(own, texts), len(own))
+    with pytest.raises(ValueError, match="lexical_tokenizer needs"):
+        build_index(built["dense"], ids, tmp_path / "bad", num_shards=2, lexical=tf, lexical_tokenizer=tokenizer)
+    path = build_index(built["dense"], ids, tmp_path / "idx", num_shards=3, lexical=tf, fusion_lambda=0.3,
+                       lexical_tokenizer=own)
+    info = LexicalInfo.from_dict(Manifest.load(path).lexical)
+    assert info.vocab_size == len(own) and info.tokenizer_path == TOKENIZER_DIR
+    files = sorted(p.name for p in (path.parent / TOKENIZER_DIR).iterdir())
+    assert files and sorted(info.tokenizer_sha256) == files
+    index = ShardedIndex.open(path)
+    assert len(index.lexical_tokenizer) == len(own)
+    lex = index.query_terms(tokenizer, built["queries"])  # the model's tokenizer is passed, the index's is used
+    assert lex.vocab_size == len(own)
+    bm25 = BM25Index().fit([own.tokenize(t.lower()) for t in texts], ids)
+    ref = weighted_fusion([ExactSearcher(built["dense"], ids).search(built["q_dense"], k=N_CAND),
+                           bm25.search([own.tokenize(q.lower()) for q in built["queries"]], k=N_CAND)],
+                          [0.3, 0.7], 10, normalisation="minmax")
+    got = index.search(built["q_dense"], k=10, candidates=N_CAND, lexical=lex)
+    np.testing.assert_array_equal(got[1], ref[1])
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-6)
+    assert not np.array_equal(got[1], reference(built, 0.3, 10)[0][1])  # the model's pieces rank otherwise
+    # an index over the model's pieces records no tokenizer (its manifest is as before the option)
+    assert "tokenizer_path" not in Manifest.load(built["path"]).lexical
+    assert ShardedIndex.open(built["path"]).lexical_tokenizer is None
+    damaged = path.parent / TOKENIZER_DIR / files[0]
+    damaged.write_bytes(damaged.read_bytes() + b" ")
+    with pytest.raises(ValueError, match=f"checksum mismatch for tokenizer file .*{files[0]}"):
+        Manifest.load(path).verify(path.parent)
+    with pytest.raises(ValueError, match=f"checksum mismatch for tokenizer file .*{files[0]}"):
+        ShardedIndex.open(path)
