@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,13 @@ def _datasource(pieces: list[Piece], cfg: EncodeConfig):
     return PieceDatasource()
 
 
+def lexical_tokenizer_dir(cfg: EncodeConfig) -> str | None:
+    """Where the job saved the lexical part's own tokenizer (``cfg.lexical_tokenizer``; None: the model's)."""
+    from madr.index.lexical import TOKENIZER_DIR
+
+    return str(Path(cfg.output).resolve() / TOKENIZER_DIR) if cfg.lexical is not None and cfg.lexical_tokenizer else None
+
+
 def _encoded_dataset(pieces: list[Piece], cfg: EncodeConfig, gpu: bool, run: str | None = None):
     """read -> tokenise (CPU actors) -> encode (GPU/CPU actors); with ``run`` the encoders write part files
     and the dataset carries only (shard, rows)."""
@@ -46,7 +54,8 @@ def _encoded_dataset(pieces: list[Piece], cfg: EncodeConfig, gpu: bool, run: str
     # from the length-sorted piece) and hence the vectors do not depend on scheduling: a re-run is identical.
     ds = ray.data.read_datasource(_datasource(pieces, cfg), override_num_blocks=len(pieces), num_cpus=cfg.io_cpus)
     ds = ds.map_batches(TokenizeDocs, fn_constructor_kwargs={"model_dir": cfg.model_dir, "max_length": cfg.max_length,
-                                                             "lexical": cfg.lexical is not None},
+                                                             "lexical": cfg.lexical is not None,
+                                                             "lexical_tokenizer": lexical_tokenizer_dir(cfg)},
                         batch_size=None, batch_format="pyarrow", num_cpus=cfg.tokenize_cpus,
                         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=cfg.tokenize_actors))
     threads = cfg.torch_threads or max(1, int(np.ceil(cfg.encode_cpus)))
@@ -95,7 +104,8 @@ class LocalExecutor:
         import torch
 
         threads = torch.get_num_threads()
-        tok = TokenizeDocs(self.cfg.model_dir, self.cfg.max_length, self.cfg.lexical is not None)
+        tok = TokenizeDocs(self.cfg.model_dir, self.cfg.max_length, self.cfg.lexical is not None,
+                           lexical_tokenizer_dir(self.cfg))
         enc = EncodeDocs(self.cfg.model_dir, self.cfg.batch_size, self.cfg.device, self.cfg.dtype,
                          self.cfg.torch_threads or max(1, int(np.ceil(self.cfg.encode_cpus))), self.cfg.output, run)
         try:

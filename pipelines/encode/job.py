@@ -26,7 +26,10 @@ Flow (``run_encode``):
    manifest is written only then, with ``report.json`` (counts, duplicates). With ``lexical: bm25`` the
    collection's BM25 statistics (document frequencies, N, tokens) are summed from the complete shards'
    files at that point (``madr.index.lexical.merge_statistics``), so shards written by a crashed run and by
-   its resumption count exactly once.
+   its resumption count exactly once. With ``lexical_tokenizer`` the BM25 pieces are that tokenizer's, not
+   the model's: it is saved into the index first (``lexical_tokenizer/``, ``madr.index.lexical.save_tokenizer``;
+   its fingerprint is part of the job's identity), the tokenise actors load it from there, and the manifest's
+   ``lexical`` record names its files with their checksums, so queries are split by the same tokenizer.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from typing import Any
 import numpy as np
 
 from madr.index.build import TRAINED_FILE, assemble_manifest, completed_shard, id_report
+from madr.index.lexical import TOKENIZER_DIR, load_lexical_tokenizer, save_tokenizer
 from madr.index.manifest import MANIFEST_FILE, ShardInfo, atomic_write_text
 from pipelines.encode.config import EncodeConfig
 from pipelines.encode.corpus import CorpusPlan, Piece, plan_corpus, read_piece
@@ -52,6 +56,7 @@ from pipelines.encode.resume import (
     clean_stale_parts,
     job_identity,
     job_identity_hash,
+    lexical_tokenizer_fingerprint,
     model_info,
     start_or_resume,
 )
@@ -88,8 +93,9 @@ class _Finalizer:
 
     def __init__(self, cfg: EncodeConfig, plan: CorpusPlan, run: str, info: ModelInfo, trained: str | None,
                  sample: list[Piece] | None, fail_after: int | None, executor: Any,
-                 log: Callable[[str], None]) -> None:
+                 log: Callable[[str], None], lexical_vocab: int | None = None) -> None:
         self.cfg, self.plan, self.run, self.info, self.trained, self.log = cfg, plan, run, info, trained, log
+        self.lexical_vocab = lexical_vocab
         self.ex = executor
         self.sample = {p.index for p in sample} if sample else set()
         self.per_shard = -(-cfg.train_size // plan.num_shards)
@@ -128,7 +134,7 @@ class _Finalizer:
             self.futures[shard] = self.ex.submit(finalize_shard, self.cfg.output, self.run, shard,
                                                  self.plan.shard_rows[shard], self.cfg.index_factory, self.info.dim,
                                                  self.trained, self.info.vocab_size, self.cfg.store_docs,
-                                                 self.cfg.lexical is not None)
+                                                 self.cfg.lexical is not None, self.lexical_vocab)
 
     def collect(self, block: bool) -> None:
         pending = {f: s for s, f in self.futures.items() if s not in self.infos}
@@ -172,7 +178,15 @@ def run_encode(cfg: EncodeConfig, fail_after_shards: int | None = None, log: Cal
     if cfg.lexical is not None and info.hybrid:
         raise ValueError("encode.lexical: a hybrid model has its own sparse part; BM25 fusion is for dense models")
     plan = plan_corpus(cfg.input, cfg.num_shards, cfg.max_docs_per_shard, cfg.rows_per_read, cfg.format)
-    start_or_resume(out, job_identity(cfg, plan, info), cfg.overwrite, cfg.replace_other_job)
+    lex_tok = load_lexical_tokenizer(cfg.lexical_tokenizer) if cfg.lexical is not None and cfg.lexical_tokenizer \
+        else None
+    ident = job_identity(cfg, plan, info, None if lex_tok is None else lexical_tokenizer_fingerprint(lex_tok))
+    start_or_resume(out, ident, cfg.overwrite, cfg.replace_other_job)
+    lex_vocab = None
+    if cfg.lexical is not None:
+        lex_vocab = info.vocab_size if lex_tok is None else len(lex_tok)
+        if lex_tok is not None:  # the documents' (tokenise actors) and the queries' tokenizer
+            save_tokenizer(lex_tok, out / TOKENIZER_DIR)
     done = {s: i for s in range(plan.num_shards) if (i := completed_shard(out, s)) is not None}
     pending = [s for s in range(plan.num_shards) if s not in done]
     log(f"{plan.num_rows} docs in {len(plan.files)} files -> {plan.num_shards} shards "
@@ -187,17 +201,17 @@ def run_encode(cfg: EncodeConfig, fail_after_shards: int | None = None, log: Cal
                                  f"with it; re-run with overwrite to rebuild the index")
             sample = sample_pieces(plan, -(-cfg.train_size // plan.num_shards))
         executor = LocalExecutor(cfg) if local else RayExecutor(cfg)
-        fin = _Finalizer(cfg, plan, run, info, trained, sample, fail_after_shards, executor, log)
+        fin = _Finalizer(cfg, plan, run, info, trained, sample, fail_after_shards, executor, log, lex_vocab)
         _stream(plan, pending, fin, log)
         done.update(fin.infos)
         if fail_after_shards is not None:
             raise InjectedFailure(f"injected failure after {len(fin.infos)} shards: {sorted(fin.infos)}")
     shutil.rmtree(out / PARTS_DIR, ignore_errors=True)
-    return _finish(cfg, plan, info, out, done, pending, start)
+    return _finish(cfg, plan, info, out, done, pending, start, lex_vocab)
 
 
 def _finish(cfg: EncodeConfig, plan: CorpusPlan, info: ModelInfo, out: Path, done: dict[int, ShardInfo],
-            pending: list[int], start: float) -> EncodeResult:
+            pending: list[int], start: float, lexical_vocab: int | None = None) -> EncodeResult:
     shards = [done[s] for s in range(plan.num_shards)]
     bad = {s.shard: (s.count, plan.shard_rows[s.shard]) for s in shards if s.count != plan.shard_rows[s.shard]}
     if bad:
@@ -209,7 +223,8 @@ def _finish(cfg: EncodeConfig, plan: CorpusPlan, info: ModelInfo, out: Path, don
     path = assemble_manifest(out, shards, info.dim, cfg.index_factory, lam, info.vocab_size if info.hybrid else None,
                              str(Path(cfg.model_dir).resolve()), job_identity_hash(out),
                              DOCS_DIR if cfg.store_docs else None,
-                             info.vocab_size if cfg.lexical is not None else None, cfg.fusion_lambda)
+                             lexical_vocab, cfg.fusion_lambda,
+                             TOKENIZER_DIR if lexical_vocab is not None and cfg.lexical_tokenizer else None)
     return EncodeResult(path, plan.num_rows, sorted(pending), sorted(set(done) - set(pending)),
                         time.perf_counter() - start, report)
 

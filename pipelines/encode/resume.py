@@ -47,13 +47,28 @@ def model_info(model_dir: str) -> ModelInfo:
                      len(model.tokenizer), h.hexdigest()[:16])
 
 
-def job_identity(cfg: EncodeConfig, plan: CorpusPlan, info: ModelInfo) -> dict[str, Any]:
-    """What must not change between a run and its resumption (performance knobs may)."""
+def lexical_tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A fingerprint of the files ``save_pretrained`` writes for ``tokenizer`` (what the job saves in the index)."""
+    import tempfile
+
+    from madr.index.lexical import save_tokenizer
+
+    with tempfile.TemporaryDirectory(prefix="madr_lextok_") as tmp:
+        files = save_tokenizer(tokenizer, Path(tmp) / "tok")
+    return hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def job_identity(cfg: EncodeConfig, plan: CorpusPlan, info: ModelInfo,
+                 lexical_tokenizer: str | None = None) -> dict[str, Any]:
+    """What must not change between a run and its resumption (performance knobs may); ``lexical_tokenizer``:
+    the fingerprint of the lexical part's own tokenizer (``lexical_tokenizer_fingerprint``)."""
     keys = ("id_column", "text_columns", "docs_columns", "store_docs", "index_factory", "train_size", "seed",
             "max_length")
     ident = {k: getattr(cfg, k) for k in keys}
     if cfg.lexical is not None:  # only when set: jobs written before the option keep their identity
         ident["lexical"] = cfg.lexical
+    if lexical_tokenizer is not None:  # likewise: only for indexes with a tokenizer of their own
+        ident["lexical_tokenizer"] = lexical_tokenizer
     ident.update(model=info.fingerprint, plan=plan.fingerprint(), num_shards=plan.num_shards)
     ident["hash"] = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
     return ident
@@ -95,3 +110,5 @@ def clean_stale_parts(out: Path, run: str) -> None:
     for folder in (out, out / DOCS_DIR):
         for tmp in folder.glob(".*.tmp") if folder.is_dir() else []:
             tmp.unlink(missing_ok=True)
+        for tmp in folder.glob(".*.tmpdir") if folder.is_dir() else []:  # madr.index.lexical.save_tokenizer's
+            shutil.rmtree(tmp, ignore_errors=True)

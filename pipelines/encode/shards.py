@@ -48,8 +48,9 @@ def _term_counts(table: pa.Table, vocab_size: int):
 
 def finalize_shard(out_dir: str, run: str, shard: int, expected: int, index_factory: str, dim: int,
                    trained_path: str | None, vocab_size: int, store_docs: bool,
-                   lexical: bool = False) -> dict[str, Any]:
-    """Build and write one shard from its part files (a Ray task); returns its ``ShardInfo`` as a dict."""
+                   lexical: bool = False, lexical_vocab_size: int | None = None) -> dict[str, Any]:
+    """Build and write one shard from its part files (a Ray task); returns its ``ShardInfo`` as a dict.
+    ``lexical_vocab_size``: the vocabulary of the BM25 pieces (default ``vocab_size``, the model's)."""
     import faiss
 
     src = parts_dir(out_dir, run, shard)
@@ -76,7 +77,7 @@ def finalize_shard(out_dir: str, run: str, shard: int, expected: int, index_fact
         atomic_write(Path(out_dir) / rel, lambda tmp: pq.write_table(docs, tmp))
         extra.append(rel)
     trained = faiss.read_index(trained_path) if trained_path else new_index(index_factory, dim)
-    lex = _term_counts(table, vocab_size) if lexical else None
+    lex = _term_counts(table, lexical_vocab_size or vocab_size) if lexical else None
     info = write_shard(out_dir, shard, trained, dense, ids, sparse, extra, lexical=lex)
     shutil.rmtree(src, ignore_errors=True)
     return info.to_dict()

@@ -3,7 +3,8 @@
 - ``TokenizeDocs`` (CPU actor): ``text`` -> ``input_ids`` (ragged list<int32>, special tokens, truncated,
   unpadded), rows sorted by length within the window (length bucketing, so forward batches pad little);
   with ``lexical`` also ``lexical_ids``, the word pieces of the raw text (no model prefix, no special tokens,
-  no truncation: ``madr.index.lexical.word_pieces``), which travel to the part files for the BM25 part.
+  no truncation: ``madr.index.lexical.word_pieces``), which travel to the part files for the BM25 part; they
+  are the pieces of ``lexical_tokenizer`` (the tokenizer the job saved in the index) when given, else the model's.
 - ``EncodeDocs`` (GPU or CPU actor): the model is loaded once per actor; each window is cut, in length
   order, into forward batches of ``batch_size`` rows, padded per batch and run under autocast
   (bf16 / fp16 on GPUs); out come ``dense`` (fixed-size list<float32>) and, for hybrid models,
@@ -48,9 +49,11 @@ def resolve_dtype(dtype: str, device: str):
 
 
 class TokenizeDocs:
-    """``map_batches`` actor: the model's tokenizer, loaded once (``pipelines.data.tokenize.make_encoder``)."""
+    """``map_batches`` actor: the model's tokenizer, loaded once (``pipelines.data.tokenize.make_encoder``), and
+    with ``lexical`` the tokenizer of the BM25 pieces (``lexical_tokenizer``, a directory; None: the model's)."""
 
-    def __init__(self, model_dir: str, max_length: int | None = None, lexical: bool = False) -> None:
+    def __init__(self, model_dir: str, max_length: int | None = None, lexical: bool = False,
+                 lexical_tokenizer: str | None = None) -> None:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one actor per core share
         import json
 
@@ -63,6 +66,7 @@ class TokenizeDocs:
         self.tokenizer = load_tokenizer(Path(model_dir) / "tokenizer")
         self.encode = make_encoder(self.tokenizer, self.max_length)
         self.lexical = lexical
+        self.lexical_tokenizer = load_tokenizer(lexical_tokenizer) if lexical and lexical_tokenizer else self.tokenizer
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         texts = batch.column("text").to_pylist()
@@ -72,7 +76,7 @@ class TokenizeDocs:
         if self.lexical:  # BM25 indexes the raw text: no prefix, no special tokens, no truncation
             from madr.index.lexical import word_pieces
 
-            out = out.append_column("lexical_ids", ragged(word_pieces(self.tokenizer, texts)))
+            out = out.append_column("lexical_ids", ragged(word_pieces(self.lexical_tokenizer, texts)))
         return out.take(pa.array(np.argsort(lengths, kind="stable")))
 
 

@@ -348,8 +348,9 @@ def test_job_applies_the_models_doc_prefix(corpus, tokenizer, tmp_path):
 
 def _fused_reference(model, tokenizer, texts: list[str], ids: np.ndarray, queries: list[str], lam: float, k: int,
                      n_cand: int):
-    """In process, unsharded: exact dense top-c over every document, ``BM25Index().fit`` over the raw texts'
-    word pieces (strings, not the job's ids) top-c, fused by ``weighted_fusion`` with min-max."""
+    """In process, unsharded: exact dense top-c over every document, ``BM25Index().fit`` over the lower-cased raw
+    texts' word pieces of ``tokenizer`` (strings, not the job's ids) top-c, fused by ``weighted_fusion`` with
+    min-max."""
     from madr.search.exact import ExactSearcher
     from madr.search.score_fusion import weighted_fusion
     from madr.search.sparse import BM25Index
@@ -357,8 +358,8 @@ def _fused_reference(model, tokenizer, texts: list[str], ids: np.ndarray, querie
     d_docs, _ = encode_documents(model, texts)
     q_dense, _ = encode_queries(model, queries)
     dense = ExactSearcher(d_docs, ids).search(q_dense, k=n_cand)
-    bm25 = BM25Index().fit([tokenizer.tokenize(t) for t in texts], ids).search(
-        [tokenizer.tokenize(q) for q in queries], k=n_cand)
+    bm25 = BM25Index().fit([tokenizer.tokenize(t.lower()) for t in texts], ids).search(
+        [tokenizer.tokenize(q.lower()) for q in queries], k=n_cand)
     return weighted_fusion([dense, bm25], [lam, 1 - lam], k, normalisation="minmax"), dense, bm25
 
 
@@ -415,3 +416,69 @@ def test_lexical_bm25_job_crash_resume_and_fused_search(ray_local, corpus, token
         assert got_i0[q, :above].tolist() == bm25_ref[1][q, :above].tolist(), f"query {q}"
     # a prefix-indexed BM25 would differ: "passage" is no word of the corpus, so the statistics say so
     assert lex["num_tokens"] < sum(len(tokenizer.tokenize("passage: " + t)) for t in texts)
+
+
+@pytest.mark.ray
+def test_lexical_job_with_its_own_tokenizer(ray_local, corpus, tokenizer, tmp_path_factory):
+    """``lexical_tokenizer``: BM25 over the pieces of another tokenizer than the model's (a WordPiece of another
+    vocabulary, given as a path). A crash on Ray after one shard and the in-process resume give the files of an
+    uninterrupted run; the tokenizer is saved in the index, its files checksummed in the manifest's lexical
+    record (a damaged one is named by verify, and a re-run repairs it); the lexical vocabulary is the
+    tokenizer's; fused search (queries split by the index's tokenizer, whichever one the caller passes) equals
+    the in-process reference over its pieces and differs from the one over the model's."""
+    from madr.index.lexical import TOKENIZER_DIR
+    from madr.modeling.model import BiEncoder
+    from madr.modeling.tokenization import train_wordpiece_tokenizer
+    from pipelines.evaluate.searcher import SearchSpec, search_texts
+
+    catalog, table, root = corpus
+    base = tmp_path_factory.mktemp("lexical_own")
+    ids, texts = table.column("doc_id").to_numpy(), texts_of(table)
+    own = train_wordpiece_tokenizer(texts, vocab_size=300, out_dir=str(base / "own_tok"))
+    assert len(own) != len(tokenizer)
+    torch.manual_seed(0)
+    mcfg = ModelConfig(name="bibert", pooling="mean", backbone=BackboneConfig(tiny=TINY), max_query_length=16,
+                       max_doc_length=48, text_prefixes={"query": "query: ", "doc": "passage: "})
+    model_dir = str(build_model(mcfg, tokenizer).save(base / "model"))
+    out, ref = base / "ray", base / "local"
+    kw = {"num_shards": 2, "lexical": "bm25", "fusion_lambda": 0.6, "store_docs": False}
+    cfg = encode_config(root, out, model_dir, lexical_tokenizer=str(base / "own_tok"), **kw)
+    with pytest.raises(InjectedFailure):
+        run_encode(cfg, fail_after_shards=1, log=lambda _: None)
+    assert len(list(out.glob("shard-*.lexical.npz"))) == 1 and (out / TOKENIZER_DIR).is_dir()
+    result = run_encode(cfg, log=lambda _: None, local=True)
+    assert len(result.shards_written) == 1 and verify_index(cfg)["ok"]
+    run_encode(encode_config(root, ref, model_dir, lexical_tokenizer=str(base / "own_tok"), **kw),
+               log=lambda _: None, local=True)
+    m, m_ref = Manifest.load(out), Manifest.load(ref)
+    assert [s.sha256 for s in m.shards] == [s.sha256 for s in m_ref.shards] and m.lexical == m_ref.lexical
+    lex = m.lexical
+    files = sorted(p.name for p in (out / TOKENIZER_DIR).iterdir())
+    assert lex["tokenizer_path"] == TOKENIZER_DIR and sorted(lex["tokenizer_sha256"]) == files
+    assert lex["vocab_size"] == len(own) and lex["num_docs"] == N_DOCS
+    assert lex["num_tokens"] == sum(len(own.tokenize(t.lower())) for t in texts)
+    assert lex["num_tokens"] != sum(len(tokenizer.tokenize(t.lower())) for t in texts)
+    with pytest.raises(ValueError, match="holds another encode job"):  # the tokenizer is part of the identity
+        run_encode(encode_config(root, out, model_dir, **kw), log=lambda _: None, local=True)
+
+    model = BiEncoder.load(model_dir).eval()
+    index = ShardedIndex.open(out)
+    queries = [q.text for q in catalog.queries[:20]]
+    q_dense, _ = encode_queries(model, queries)
+    q_terms = index.query_terms(model.tokenizer, queries)  # the index's tokenizer splits them
+    assert q_terms.vocab_size == len(own)
+    (exp_s, exp_i), _, _ = _fused_reference(model, own, texts, ids, queries, 0.6, 10, 50)
+    got_s, got_i = index.search(q_dense, k=10, candidates=50, lexical=q_terms)
+    _agree(got_i, got_s, exp_i, exp_s, tol=1e-5)
+    assert not np.array_equal(got_i, _fused_reference(model, tokenizer, texts, ids, queries, 0.6, 10, 50)[0][1])
+    got = search_texts(model, index, queries, 10, SearchSpec(index=str(out)))  # the evaluation jobs' searcher
+    np.testing.assert_array_equal(got[1], index.search(q_dense, k=10, lexical=q_terms)[1])
+
+    damaged = out / TOKENIZER_DIR / "tokenizer.json"
+    damaged.write_bytes(damaged.read_bytes().replace(b"[UNK]", b"[UNX]", 1))
+    with pytest.raises(ValueError, match=r"checksum mismatch for tokenizer file .*lexical_tokenizer/tokenizer\.json"):
+        verify_index(cfg)
+    with pytest.raises(ValueError, match="tokenizer file"):
+        ShardedIndex.open(out)
+    again = run_encode(cfg, log=lambda _: None, local=True)  # a re-run saves the tokenizer again
+    assert again.shards_written == [] and verify_index(cfg)["ok"] and Manifest.load(out).lexical == lex
