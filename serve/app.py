@@ -22,7 +22,7 @@ from ray.serve import Application
 
 from madr.index.manifest import Manifest
 from serve.api import create_api
-from serve.backend import Docs, lexical_vocab, resolve_model_dir, shard_groups
+from serve.backend import Docs, lexical_tokenizer_dir, lexical_vocab, resolve_model_dir, shard_groups
 from serve.config import ServeSettings, settings_from_dict
 from serve.deployments import QueryEncoder, RayBackend, ShardSearcher
 
@@ -63,7 +63,7 @@ def build_app(args: dict[str, Any] | ServeSettings | None = None) -> Application
     manifest = Manifest.load(s.manifest_path)
     encoder = QueryEncoder.options(name="QueryEncoder", **s.encoder.options()).bind(
         s.model_dir, s.torch_threads, s.encoder_max_batch_size, s.encoder_batch_wait_timeout_s,
-        lexical_vocab(manifest))
+        lexical_vocab(manifest), lexical_tokenizer_dir(s.manifest_path))
     searchers = [
         ShardSearcher.options(name=f"searcher-{g}", **s.searcher.options()).bind(
             s.manifest_path, group, s.mmap, s.verify, s.faiss_threads, s.searcher_max_batch_size,

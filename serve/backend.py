@@ -8,7 +8,8 @@ baseline) and `RayBackend` in `serve/deployments.py` (Ray Serve handles to a bat
 queries (paper 002 Eq. 1 per shard, unnormalised, merged by score with ties by id).
 
 An index with a lexical (BM25) part (`madr.index.lexical`, manifest `search_mode` "dense+bm25") is searched by
-dense + BM25 fusion: the encoder also counts the raw query's word pieces (`EncodedQuery.lexical`), every shard
+dense + BM25 fusion: the encoder also counts the raw query's word pieces (`EncodedQuery.lexical`; those of the
+index's own lexical tokenizer when the manifest names one, `lexical_tokenizer_dir`, else the model's), every shard
 group returns its dense and BM25 top-`candidates` (`ShardGroup.candidates`), and the backend fuses the lists
 of all groups with `madr.search.sharded.fuse_candidates`, as `ShardedIndex.search(..., lexical=...)` does.
 """
@@ -118,9 +119,11 @@ def load_model(model_dir: str | Path, threads: int = 1) -> BiEncoder:
     return BiEncoder.load(model_dir).eval()
 
 
-def encode_texts(model: BiEncoder, texts: list[str], lexical_vocab: int | None = None) -> list[EncodedQuery]:
+def encode_texts(model: BiEncoder, texts: list[str], lexical_vocab: int | None = None,
+                 lexical_tokenizer: Any | None = None) -> list[EncodedQuery]:
     """Query-tower dense (+ sparse for hybrid models) vectors of `texts`, one `EncodedQuery` each; with
-    `lexical_vocab` (the index's BM25 vocabulary size) also the raw texts' word-piece counts."""
+    `lexical_vocab` (the index's BM25 vocabulary size) also the raw texts' word-piece counts, split by
+    `lexical_tokenizer` (the index's own, `lexical_tokenizer_dir`) or, when None, the model's tokenizer."""
     from madr.index.encode import encode_queries
 
     dense, sparse = encode_queries(model, list(texts))
@@ -128,7 +131,8 @@ def encode_texts(model: BiEncoder, texts: list[str], lexical_vocab: int | None =
     if lexical_vocab is not None:
         from madr.index.lexical import query_term_counts
 
-        terms = query_term_counts(model.tokenizer, list(texts), lexical_vocab)
+        tok = model.tokenizer if lexical_tokenizer is None else lexical_tokenizer
+        terms = query_term_counts(tok, list(texts), lexical_vocab)
     rows = []
     for i in range(len(texts)):
         rows.append(EncodedQuery(np.ascontiguousarray(dense[i], dtype=np.float32),
@@ -140,6 +144,32 @@ def encode_texts(model: BiEncoder, texts: list[str], lexical_vocab: int | None =
 def lexical_vocab(manifest: Manifest) -> int | None:
     """The BM25 vocabulary size of an index with a lexical part (what the encoder counts query terms over)."""
     return int(manifest.lexical["vocab_size"]) if manifest.has_lexical else None
+
+
+def lexical_tokenizer_dir(manifest_path: str | Path) -> str | None:
+    """The directory of the index's own lexical tokenizer (`madr.index.lexical.TOKENIZER_DIR`), None when its
+    queries are split by the model's tokenizer (or it has no lexical part)."""
+    from madr.index.lexical import LexicalInfo
+
+    manifest_path = Path(manifest_path)
+    manifest = Manifest.load(manifest_path)
+    if not manifest.has_lexical:
+        return None
+    base = manifest_path if manifest_path.is_dir() else manifest_path.parent
+    path = LexicalInfo.from_dict(manifest.lexical).tokenizer_dir(base)
+    return None if path is None else str(path)
+
+
+def load_lexical_tokenizer(path: str | None, vocab_size: int | None) -> Any | None:
+    """The tokenizer saved at `path` (`lexical_tokenizer_dir`), checked against the index's BM25 vocabulary."""
+    if path is None:
+        return None
+    from madr.modeling.tokenization import load_tokenizer
+
+    tok = load_tokenizer(path)
+    if vocab_size is not None and len(tok) != vocab_size:
+        raise ValueError(f"lexical tokenizer {path}: {len(tok)} pieces, the index's BM25 part has {vocab_size}")
+    return tok
 
 
 def stack(queries: Sequence[EncodedQuery]) -> tuple[np.ndarray, SparseBatch | None]:
@@ -254,11 +284,13 @@ class LocalBackend:
         self.model = load_model(resolve_model_dir(manifest_path, model_dir), threads)
         self.index = ShardedIndex.open(manifest_path, mmap=mmap, verify=verify)
         self.lexical_vocab = lexical_vocab(self.index.manifest)
+        self.lexical_tokenizer = self.index.lexical_tokenizer  # None: the model's splits the queries
         self._lock = asyncio.Lock()
 
     async def encode(self, text: str) -> EncodedQuery:
         async with self._lock:  # torch modules are not re-entrant across threads
-            return (await asyncio.to_thread(encode_texts, self.model, [text], self.lexical_vocab))[0]
+            return (await asyncio.to_thread(encode_texts, self.model, [text], self.lexical_vocab,
+                                            self.lexical_tokenizer))[0]
 
     async def search(self, query: EncodedQuery, params: SearchParams) -> tuple[np.ndarray, np.ndarray]:
         dense, sparse = stack([query])

@@ -36,6 +36,7 @@ from serve.backend import (
     encode_texts,
     explain_texts,
     isolate,
+    load_lexical_tokenizer,
     load_model,
     search_batched,
     term_names,
@@ -52,9 +53,12 @@ class QueryEncoder:
     """The query tower with dynamic batching (module docstring)."""
 
     def __init__(self, model_dir: str, threads: int = 1, max_batch_size: int = 16,
-                 batch_wait_timeout_s: float = 0.003, lexical_vocab: int | None = None) -> None:
+                 batch_wait_timeout_s: float = 0.003, lexical_vocab: int | None = None,
+                 lexical_tokenizer: str | None = None) -> None:
         self.model = load_model(model_dir, threads)
         self.lexical_vocab = lexical_vocab  # an index with a BM25 part: also count the queries' word pieces
+        # ... split by the index's own lexical tokenizer (a directory of the index) when it has one
+        self.lexical_tokenizer = load_lexical_tokenizer(lexical_tokenizer, lexical_vocab)
         self._encode_batch.set_max_batch_size(max_batch_size)
         self._encode_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
@@ -65,7 +69,8 @@ class QueryEncoder:
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.003)
     async def _encode_batch(self, texts: list[str]) -> list[EncodedQuery | Exception]:
         # In a thread: the event loop keeps queueing requests for the next batch meanwhile.
-        return await asyncio.to_thread(isolate, lambda batch: encode_texts(self.model, batch, self.lexical_vocab),
+        return await asyncio.to_thread(isolate, lambda batch: encode_texts(self.model, batch, self.lexical_vocab,
+                                                                              self.lexical_tokenizer),
                                        texts)
 
     def explain(self, query: str, doc_text: str) -> dict[str, Any]:

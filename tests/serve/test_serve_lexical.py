@@ -3,7 +3,9 @@
 (2 shard groups, over real HTTP on 127.0.0.1) and the plain FastAPI app answer `/search` with the fused results
 of the in-process reference (exact dense top-100 + `BM25Index().fit` over the raw texts' word pieces,
 `weighted_fusion` min-max at the manifest's lam, or the request's), as do `ShardedIndex` and the evaluation
-jobs' `search_texts`; `/healthz` and `/ready` say the mode."""
+jobs' `search_texts`; `/healthz` and `/ready` say the mode. An index built with its own `lexical_tokenizer`
+(a WordPiece of another vocabulary than the model's) is served the same way, its queries split by that tokenizer
+(loaded from the index directory by the plain app's `LocalBackend` and the Serve app's `QueryEncoder`)."""
 
 from __future__ import annotations
 
@@ -23,13 +25,12 @@ from serve.config import DeploymentSettings, ServeSettings
 K, N_CAND, LAM = 10, 100, 0.4
 
 
-@pytest.fixture(scope="module")
-def lexical_index(catalog, tokenizer, tmp_path_factory) -> dict:
+def _build(catalog, tokenizer, root, own_tokenizer: bool = False) -> dict:
     from madr.modeling.model import BiEncoder, build_model
+    from madr.modeling.tokenization import train_wordpiece_tokenizer
     from pipelines.encode.config import EncodeConfig
     from pipelines.encode.job import run_encode
 
-    root = tmp_path_factory.mktemp("served_lexical")
     torch.manual_seed(0)
     cfg = ModelConfig(name="bibert", pooling="mean", backbone=BackboneConfig(tiny=TINY), max_query_length=24,
                       max_doc_length=48, text_prefixes={"query": "query: ", "doc": "passage: "})
@@ -38,25 +39,45 @@ def lexical_index(catalog, tokenizer, tmp_path_factory) -> dict:
     docs = docs_table(catalog, ids)
     (root / "corpus").mkdir()
     pq.write_table(docs.select(["doc_id", "text", "title", "brand"]), root / "corpus" / "docs.parquet")
+    texts = docs.column("text").to_pylist()
+    own = train_wordpiece_tokenizer(texts, vocab_size=250, out_dir=str(root / "own_tok")) if own_tokenizer else None
     run_encode(EncodeConfig(input=[str(root / "corpus")], output=str(root / "index"), model_dir=str(root / "model"),
                             text_columns=["text"], display_columns=["title", "brand"], num_shards=2,
-                            rows_per_read=100, lexical="bm25", fusion_lambda=LAM), log=lambda _: None, local=True)
-    return {"model": BiEncoder.load(root / "model").eval(), "manifest": root / "index" / "manifest.json",
-            "ids": ids, "texts": docs.column("text").to_pylist(), "queries": [q.text for q in catalog.queries[:5]]}
+                            rows_per_read=100, lexical="bm25", fusion_lambda=LAM,
+                            lexical_tokenizer=str(root / "own_tok") if own_tokenizer else None),
+               log=lambda _: None, local=True)
+    model = BiEncoder.load(root / "model").eval()
+    return {"model": model, "manifest": root / "index" / "manifest.json", "ids": ids, "texts": texts,
+            "queries": [q.text for q in catalog.queries[:5]],
+            "lexical_tokenizer": model.tokenizer if own is None else own}
+
+
+@pytest.fixture(scope="module")
+def lexical_index(catalog, tokenizer, tmp_path_factory) -> dict:
+    return _build(catalog, tokenizer, tmp_path_factory.mktemp("served_lexical"))
+
+
+@pytest.fixture(scope="module")
+def own_lexical_index(catalog, tokenizer, tmp_path_factory) -> dict:
+    """The same with `lexical_tokenizer`: BM25 over a WordPiece of 250 pieces (the model's has more)."""
+    idx = _build(catalog, tokenizer, tmp_path_factory.mktemp("served_own_lexical"), own_tokenizer=True)
+    assert len(idx["lexical_tokenizer"]) != len(idx["model"].tokenizer)
+    return idx
 
 
 def reference(idx: dict, queries: list[str], lam: float, k: int = K):
-    """Unsharded, in process: exact dense top-100 over all documents + BM25 over the raw texts, fused."""
+    """Unsharded, in process: exact dense top-100 over all documents + BM25 over the lower-cased raw texts'
+    pieces of the index's lexical tokenizer, fused."""
     from madr.index.encode import encode_documents, encode_queries
     from madr.search.exact import ExactSearcher
     from madr.search.score_fusion import weighted_fusion
     from madr.search.sparse import BM25Index
 
-    tok = idx["model"].tokenizer
+    tok = idx["lexical_tokenizer"]
     dense = ExactSearcher(encode_documents(idx["model"], idx["texts"])[0], idx["ids"]).search(
         encode_queries(idx["model"], queries)[0], k=N_CAND)
-    bm25 = BM25Index().fit([tok.tokenize(t) for t in idx["texts"]], idx["ids"]).search(
-        [tok.tokenize(q) for q in queries], k=N_CAND)
+    bm25 = BM25Index().fit([tok.tokenize(t.lower()) for t in idx["texts"]], idx["ids"]).search(
+        [tok.tokenize(q.lower()) for q in queries], k=N_CAND)
     return weighted_fusion([dense, bm25], [lam, 1 - lam], k, normalisation="minmax")
 
 
@@ -77,10 +98,12 @@ def _check(base: str, idx: dict, headers: dict | None = None) -> None:
     assert ready["search_mode"] == "dense+bm25" and ready["ntotal"] == len(idx["ids"])
 
 
-def test_offline_sharded_index_equals_the_reference(lexical_index):
+@pytest.mark.parametrize("which", ["lexical_index", "own_lexical_index"])
+def test_offline_sharded_index_equals_the_reference(which, request):
     from madr.index.encode import encode_queries
     from madr.search.sharded import ShardedIndex
 
+    lexical_index = request.getfixturevalue(which)
     index = ShardedIndex.open(lexical_index["manifest"])
     q = lexical_index["queries"]
     got = index.search(encode_queries(lexical_index["model"], q)[0], k=K,
@@ -88,6 +111,9 @@ def test_offline_sharded_index_equals_the_reference(lexical_index):
     ref = reference(lexical_index, q, LAM)
     np.testing.assert_array_equal(got[1], ref[1])
     np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-5)
+    if which == "own_lexical_index":  # the model's pieces would fuse otherwise: the index's tokenizer is used
+        model_pieces = dict(lexical_index, lexical_tokenizer=lexical_index["model"].tokenizer)
+        assert not np.allclose(got[0], reference(model_pieces, q, LAM)[0], rtol=1e-5, atol=1e-5)
     # the evaluation / mining jobs' searcher fuses the same way
     from pipelines.evaluate.searcher import SearchSpec, search_texts
 
@@ -96,11 +122,13 @@ def test_offline_sharded_index_equals_the_reference(lexical_index):
     np.testing.assert_array_equal(got[1], ref[1])
 
 
-def test_plain_app_serves_the_fused_results(lexical_index):
+@pytest.mark.parametrize("which", ["lexical_index", "own_lexical_index"])
+def test_plain_app_serves_the_fused_results(which, request):
     import uvicorn
 
     from serve.api import plain_app
 
+    lexical_index = request.getfixturevalue(which)
     settings = ServeSettings(manifest_path=str(lexical_index["manifest"]), api_key_env="MADR_TEST_UNSET_KEY",
                              port=free_port(), doc_text_field="title")
     server = uvicorn.Server(uvicorn.Config(plain_app(settings), host="127.0.0.1", port=settings.port,
@@ -118,12 +146,14 @@ def test_plain_app_serves_the_fused_results(lexical_index):
 
 
 @pytest.mark.ray
-def test_ray_serve_app_serves_the_fused_results(ray_local, lexical_index):
+@pytest.mark.parametrize("which", ["lexical_index", "own_lexical_index"])
+def test_ray_serve_app_serves_the_fused_results(ray_local, which, request):
     from ray import serve
 
     from serve.app import run_local, url
     from serve.client import MadrClient
 
+    lexical_index = request.getfixturevalue(which)
     small = {"num_cpus": 0.2, "max_ongoing_requests": 16}
     settings = ServeSettings(manifest_path=str(lexical_index["manifest"]), port=free_port(), shard_groups=2,
                              doc_text_field="title", request_timeout_s=30, api_key_env="MADR_TEST_UNSET_KEY",
