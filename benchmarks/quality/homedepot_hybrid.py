@@ -180,7 +180,7 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
     cfg, b, info = run.cfg, run.bench, {}
     for row in b["trained"]:
         key, label = f"{row}@{seed}", trained_rows(cfg)[row][0]
-        settings = {k: v for k, v in cfg.to_dict().items() if k not in ("name", "output_dir", "eval")}
+        settings = {k: v for k, v in cfg.to_dict().items() if k in ("train", "data")}  # what training reads
 
         def compute(row: str = row, label: str = label):
             t0 = time.perf_counter()

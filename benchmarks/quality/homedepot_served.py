@@ -33,10 +33,10 @@ from madr.metrics import evaluate
 from madr.search.params import SearchParams
 
 
-def served_row_weight(results: dict, seed: int, row: str) -> float:
-    """The dense weight of "BM25 (model pieces) + <row>" chosen on dev in the benchmark's run."""
-    fused = results["training"][str(seed)][f"bm25_model+{row}"]
-    return float(fused["weights"][1])
+def served_row_weight(results: dict, seed: int, row: str, lexical: str) -> float:
+    """The dense weight of "<lexical BM25 row> + <row>" chosen on dev in the benchmark's run."""
+    fused = results["training"][str(seed)][f"{lexical}+{row}"]
+    return float(fused["weights"][-1])
 
 
 def write_corpus(ev: EvalSet, path: Path) -> Path:
@@ -55,11 +55,12 @@ def retrieval_metrics(scores: np.ndarray, ids: np.ndarray, ev: EvalSet, cfg) -> 
     return {m: float(np.mean(list(v.values()))) for m, v in per_q.items()}
 
 
-def in_script_metrics(lists_dir: Path, row: str, seed: int, lam: float, ev: EvalSet, cfg, k: int) -> dict:
-    """The benchmark's row, recomputed from its cached lists: BM25 on the model's pieces and the trained row's
-    dense lists, fused with the same weights."""
+def in_script_metrics(lists_dir: Path, lexical: str, row: str, seed: int, lam: float, ev: EvalSet, cfg, k: int
+                      ) -> dict:
+    """The benchmark's row, recomputed from its cached lists: the `lexical` BM25 row's and the trained row's
+    lists, fused with the same weights."""
     parts = []
-    for name in ("bm25_model", f"{row}@{seed}"):
+    for name in (lexical, f"{row}@{seed}"):
         with np.load(lists_dir / f"{name}.npz", allow_pickle=False) as z:
             parts.append(Lists(z["test_scores"], z["test_ids"], z["test_judged"]))
     fused = fuse(parts, [1.0 - lam, lam], k)
@@ -73,6 +74,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--results", default=str(RESULTS / "real_homedepot_hybrid.json"))
     p.add_argument("--row", default="bibert", help="the trained row whose saved model is served")
     p.add_argument("--ray", action="store_true", help="run the encode job on a local Ray cluster")
+    p.add_argument("--lexical-tokenizer", default=None, metavar="TOKENIZER",
+                   help="the index's BM25 tokenizer (index.lexical_tokenizer; default: the model's own, the "
+                        "benchmark's bm25_model row); bench.lexical_tokenizer matches its bm25 row")
     p.add_argument("--out-dir", default=str(BENCHMARKS))
     args = p.parse_args(argv)
     from pipelines.encode.config import EncodeConfig
@@ -83,8 +87,9 @@ def main(argv: list[str] | None = None) -> dict:
     seed, k = args.seeds[0], int(cfg.eval.top_k)
     ev = EvalSet.of(catalog_for(home, cfg), "test", cfg.eval.relevance_threshold, bench["corpus_size"])
     results = json.loads(Path(args.results).read_text())
-    lam = served_row_weight(results, seed, args.row)
-    where = Path(cfg.output_dir) / f"served-seed{seed}"
+    lexical = "bm25_model" if args.lexical_tokenizer is None else "bm25"
+    lam = served_row_weight(results, seed, args.row, lexical)
+    where = Path(cfg.output_dir) / f"served-seed{seed}-{lexical}"
     model_dir = Path(cfg.output_dir) / f"seed{seed}" / args.row / "model"
     if args.ray:
         from pipelines.runtime import init_ray
@@ -93,7 +98,8 @@ def main(argv: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     job = EncodeConfig(input=[str(write_corpus(ev, where / "corpus" / "titles.parquet"))], output=str(where / "index"),
                        model_dir=str(model_dir), text_columns=["title"], external_id_column="product_id",
-                       num_shards=2, index_factory="Flat", lexical="bm25", fusion_lambda=lam, store_docs=True)
+                       num_shards=2, index_factory="Flat", lexical="bm25", fusion_lambda=lam, store_docs=True,
+                       lexical_tokenizer=args.lexical_tokenizer)
     run_encode(job, local=not args.ray)
     encode_s = time.perf_counter() - t0
     from madr.modeling.model import BiEncoder
@@ -104,11 +110,12 @@ def main(argv: list[str] | None = None) -> dict:
     scores, ids = search_texts(model, index, ev.query_texts, k, SearchSpec(search=SearchParams(k=k, candidates=k)))
     search_s = time.perf_counter() - t1
     served = retrieval_metrics(scores, ids, ev, cfg)
-    in_script = in_script_metrics(Path(cfg.output_dir) / "lists", args.row, seed, lam, ev, cfg, k)
+    in_script = in_script_metrics(Path(cfg.output_dir) / "lists", lexical, args.row, seed, lam, ev, cfg, k)
     table = ["| path | " + " | ".join(served) + " |", "|---" * (len(served) + 1) + "|",
              "| benchmark (in script) | " + " | ".join(f"{in_script[m]:.4f}" for m in served) + " |",
              "| encode job -> ShardedIndex fused search | " + " | ".join(f"{served[m]:.4f}" for m in served) + " |"]
-    text = (f"# served configuration, seed {seed}: {model_dir}, lam {lam:g} (dense), {len(ev.product_ids)} docs, "
+    text = (f"# served configuration, seed {seed}: {model_dir}, BM25 on {args.lexical_tokenizer or 'the model'}'s "
+            f"pieces, lam {lam:g} (dense), {len(ev.product_ids)} docs, "
             f"{len(ev.query_ids)} test queries; encode job {encode_s:.0f} s ({'Ray' if args.ray else 'in process'}), "
             f"search {search_s:.1f} s\n" + "\n".join(table))
     print(text, flush=True)
