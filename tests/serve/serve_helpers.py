@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import pyarrow as pa
@@ -16,6 +20,28 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextmanager
+def running_plain_app(settings) -> Iterator[str]:
+    """`serve.api.plain_app(settings)` on uvicorn in a daemon thread at 127.0.0.1:`settings.port`; yields its
+    base URL once started (30 s at most) and stops it on exit."""
+    import uvicorn
+
+    from serve.api import plain_app
+
+    server = uvicorn.Server(uvicorn.Config(plain_app(settings), host="127.0.0.1", port=settings.port,
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{settings.port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 def docs_table(catalog, ids: np.ndarray) -> pa.Table:

@@ -9,15 +9,12 @@ jobs' `search_texts`; `/healthz` and `/ready` say the mode. An index built with 
 
 from __future__ import annotations
 
-import threading
-import time
-
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import requests
 import torch
-from serve_helpers import TINY, assert_same_ranking, docs_table, free_port
+from serve_helpers import TINY, assert_same_ranking, docs_table, free_port, running_plain_app
 
 from madr.config import BackboneConfig, ModelConfig
 from serve.config import DeploymentSettings, ServeSettings
@@ -124,25 +121,11 @@ def test_offline_sharded_index_equals_the_reference(which, request):
 
 @pytest.mark.parametrize("which", ["lexical_index", "own_lexical_index"])
 def test_plain_app_serves_the_fused_results(which, request):
-    import uvicorn
-
-    from serve.api import plain_app
-
     lexical_index = request.getfixturevalue(which)
     settings = ServeSettings(manifest_path=str(lexical_index["manifest"]), api_key_env="MADR_TEST_UNSET_KEY",
                              port=free_port(), doc_text_field="title")
-    server = uvicorn.Server(uvicorn.Config(plain_app(settings), host="127.0.0.1", port=settings.port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    try:
-        _check(f"http://127.0.0.1:{settings.port}", lexical_index)
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with running_plain_app(settings) as url:
+        _check(url, lexical_index)
 
 
 @pytest.mark.ray

@@ -5,7 +5,6 @@ equal to one-by-one search."""
 from __future__ import annotations
 
 import socket
-import threading
 import time
 from pathlib import Path
 
@@ -13,7 +12,7 @@ import numpy as np
 import pytest
 import requests
 import yaml
-from serve_helpers import assert_same_ranking, free_port
+from serve_helpers import assert_same_ranking, free_port, running_plain_app
 
 from madr.search.params import SearchParams
 from serve.backend import shard_groups
@@ -185,22 +184,10 @@ def test_batched_search_equals_one_by_one(served_index):
 
 @pytest.fixture(scope="module")
 def plain(served_index):
-    import uvicorn
-
-    from serve.api import plain_app
-
     settings = ServeSettings(manifest_path=str(served_index["manifest"]), api_key_env="MADR_TEST_UNSET_KEY",
                              port=free_port(), body_timeout_s=1.0, max_header_bytes=4096)
-    server = uvicorn.Server(uvicorn.Config(plain_app(settings), host="127.0.0.1", port=settings.port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{settings.port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with running_plain_app(settings) as url:
+        yield url
 
 
 def test_plain_app_without_key_equals_offline(plain, served_index):
