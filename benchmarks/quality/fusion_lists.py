@@ -2,7 +2,8 @@
 top-k over a split's corpus plus its scores of the split's judged products, computed once and cached as .npz
 under the output dir (keyed by a fingerprint of everything they depend on), then fused and scored.
 
-A `Lists` holds one retriever on one split: `topk` = (scores [Q, k], corpus rows [Q, k]) in the
+A `Lists` (`benchmarks.quality.aspect_models.evaluation`, with `dense_lists` / `bm25_lists`) holds one retriever on
+one split: `topk` = (scores [Q, k], corpus rows [Q, k]) in the
 `madr.search.protocol.TopK` layout, `judged` = [Q, J] scores of each query's judged products (qrels order,
 NaN padding). Fusion of lists (`fuse`) goes through `madr.search.score_fusion` (what the served hybrid uses);
 on the judged products it min-max normalises each retriever over the query's judged products.
@@ -14,65 +15,22 @@ import hashlib
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from benchmarks.quality.aspect_models.data import EvalSet, token_lengths
-from benchmarks.quality.aspect_models.evaluation import encode, per_query_metrics
+from benchmarks.quality.aspect_models.evaluation import (
+    Lists,
+    dense_lists,
+    encode,
+    per_query_metrics,
+    run_dicts,
+)
 from madr.config import ExperimentConfig
 from madr.modeling.model import BiEncoder
 from madr.search.score_fusion import normalise, reciprocal_rank_fusion, weighted_fusion
-from madr.search.sparse.bm25 import BM25Index
-
-
-@dataclass
-class Lists:
-    """One retriever's answers on one split (module docstring)."""
-
-    scores: np.ndarray  # [Q, k] float32, -inf padded
-    ids: np.ndarray  # [Q, k] int64 corpus rows of the split's EvalSet, -1 padded
-    judged: np.ndarray  # [Q, J] float64 scores of the judged products, NaN padded
-
-    @property
-    def topk(self) -> tuple[np.ndarray, np.ndarray]:
-        return self.scores, self.ids
-
-
-def judged_matrix(ev: EvalSet) -> np.ndarray:
-    """[Q, J] corpus rows of each query's judged products, -1 padded."""
-    out = np.full((len(ev.judged), max(len(j) for j in ev.judged)), -1, dtype=np.int64)
-    for i, j in enumerate(ev.judged):
-        out[i, :len(j)] = j
-    return out
-
-
-def dense_lists(q: torch.Tensor, d: torch.Tensor, ev: EvalSet, k: int, chunk: int = 256) -> Lists:
-    """Exact inner-product top-k of query vectors `q` over the split's corpus vectors `d`, and the judged."""
-    scores, ids = [], []
-    jm = judged_matrix(ev)
-    judged = np.full(jm.shape, np.nan)
-    for s in range(0, len(q), chunk):
-        sim = q[s:s + chunk] @ d.T
-        top_s, top_i = torch.topk(sim, min(k, d.shape[0]), dim=1)
-        scores.append(top_s.numpy())
-        ids.append(top_i.numpy())
-        rows = torch.from_numpy(np.maximum(jm[s:s + chunk], 0))
-        got = torch.gather(sim, 1, rows).double().numpy()
-        judged[s:s + chunk] = np.where(jm[s:s + chunk] >= 0, got, np.nan)
-    return Lists(np.concatenate(scores).astype(np.float32), np.concatenate(ids).astype(np.int64), judged)
-
-
-def bm25_lists(tokenize: Callable[[str], list[str]], ev: EvalSet, k: int) -> Lists:
-    """BM25 (`madr.search.sparse.BM25Index`, Anserini k1 / b) over the word pieces of the split's corpus."""
-    index = BM25Index().fit([tokenize(t) for t in ev.doc_texts])
-    qs = [tokenize(t) for t in ev.query_texts]
-    scores, ids = index.search(qs, k=k)
-    jm = judged_matrix(ev)
-    js = np.nan_to_num(index.index.score(index.encode_queries(qs), jm), neginf=0.0)
-    return Lists(np.asarray(scores, np.float32), np.asarray(ids, np.int64), np.where(jm >= 0, js, np.nan))
 
 
 def encode_split_vectors(model: BiEncoder, texts: list[str], side: str, bs: int, desc: str) -> torch.Tensor:
@@ -149,11 +107,7 @@ def rrf(parts: Sequence[Lists], k: int, rrf_k: int = 60) -> Lists:
 
 def metrics_of(lists: Lists, ev: EvalSet, cfg: ExperimentConfig) -> dict[str, dict[str, float]]:
     """{metric: {query id: value}}: retrieval metrics over the top list, re-ranking ones over the judged."""
-    run = {qid: {ev.product_ids[i]: float(s) for s, i in zip(srow, irow, strict=True) if i >= 0}
-           for qid, srow, irow in zip(ev.query_ids, lists.scores, lists.ids, strict=True)}
-    rerank = {qid: {ev.product_ids[i]: float(s) for i, s in zip(j, lists.judged[qi, :len(j)], strict=True)}
-              for qi, (qid, j) in enumerate(zip(ev.query_ids, ev.judged, strict=True))}
-    return per_query_metrics(run, rerank, ev, cfg)
+    return per_query_metrics(*run_dicts(lists, ev), ev, cfg)
 
 
 def weight_grid(n: int, step: float) -> list[tuple[float, ...]]:

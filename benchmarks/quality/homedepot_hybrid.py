@@ -54,13 +54,11 @@ from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args, local_backb
 from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.quality.aspect_models.data import EvalSet, catalog_for
-from benchmarks.quality.aspect_models.evaluation import means, search_depth
+from benchmarks.quality.aspect_models.evaluation import Lists, bm25_lists, means, search_depth
 from benchmarks.quality.aspect_models.report import header, relative_table, significance, value_table
 from benchmarks.quality.aspect_models.rows import model_config, trained_rows
 from benchmarks.quality.aspect_models.training import train_row
 from benchmarks.quality.fusion_lists import (
-    Lists,
-    bm25_lists,
     cached_lists,
     corpus_key,
     fingerprint,

@@ -27,7 +27,8 @@ import pyarrow.parquet as pq
 from benchmarks.common.config import BENCHMARKS, RESULTS, ROOT, add_run_args
 from benchmarks.common.machine import machine_info, run_command
 from benchmarks.quality.aspect_models.data import EvalSet, catalog_for
-from benchmarks.quality.fusion_lists import Lists, fuse
+from benchmarks.quality.aspect_models.evaluation import Lists, judged_matrix, run_dicts
+from benchmarks.quality.fusion_lists import fuse
 from benchmarks.quality.homedepot_hybrid import load
 from madr.metrics import evaluate
 from madr.search.params import SearchParams
@@ -48,8 +49,7 @@ def write_corpus(ev: EvalSet, path: Path) -> Path:
 
 
 def retrieval_metrics(scores: np.ndarray, ids: np.ndarray, ev: EvalSet, cfg) -> dict[str, float]:
-    run = {qid: {ev.product_ids[i]: float(s) for s, i in zip(srow, irow, strict=True) if i >= 0}
-           for qid, srow, irow in zip(ev.query_ids, scores, ids, strict=True)}
+    run = run_dicts(Lists(scores, ids, np.full(judged_matrix(ev).shape, np.nan)), ev)[0]
     per_q = evaluate(run, ev.qrels, cfg.eval.retrieval_metrics, relevance_threshold=cfg.eval.relevance_threshold,
                      gains=cfg.eval.gains, per_query=True)
     return {m: float(np.mean(list(v.values()))) for m, v in per_q.items()}

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from benchmarks.quality.aspect_models.data import EvalSet
-from benchmarks.quality.fusion_lists import Lists, cached_lists, fuse, rrf, tune_weights, weight_grid
+from benchmarks.quality.aspect_models.evaluation import Lists
+from benchmarks.quality.fusion_lists import cached_lists, fuse, rrf, tune_weights, weight_grid
 from madr.config import ExperimentConfig
 
 

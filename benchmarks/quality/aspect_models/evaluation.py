@@ -5,6 +5,8 @@ aspect Accuracy@1."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -39,36 +41,70 @@ def encode(model: BiEncoder, texts: list[str], lengths: np.ndarray, side: str, b
     return emb, preds
 
 
-def dense_runs(q: torch.Tensor, d: torch.Tensor, ev: EvalSet, k: int, chunk: int = 256) -> tuple[dict, dict]:
-    """(top-k run over the whole corpus, judged-products run) from query / document vectors."""
-    run, rerank = {}, {}
+@dataclass
+class Lists:
+    """One retriever's answers on one split (module docstring)."""
+
+    scores: np.ndarray  # [Q, k] float32, -inf padded
+    ids: np.ndarray  # [Q, k] int64 corpus rows of the split's EvalSet, -1 padded
+    judged: np.ndarray  # [Q, J] float64 scores of the judged products, NaN padded
+
+    @property
+    def topk(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.scores, self.ids
+
+
+def judged_matrix(ev: EvalSet) -> np.ndarray:
+    """[Q, J] corpus rows of each query's judged products, -1 padded."""
+    out = np.full((len(ev.judged), max(len(j) for j in ev.judged)), -1, dtype=np.int64)
+    for i, j in enumerate(ev.judged):
+        out[i, :len(j)] = j
+    return out
+
+
+def dense_lists(q: torch.Tensor, d: torch.Tensor, ev: EvalSet, k: int, chunk: int = 256) -> Lists:
+    """Exact inner-product top-k of query vectors `q` over the split's corpus vectors `d`, and the judged."""
+    scores, ids = [], []
+    jm = judged_matrix(ev)
+    judged = np.full(jm.shape, np.nan)
     for s in range(0, len(q), chunk):
         sim = q[s:s + chunk] @ d.T
         top_s, top_i = torch.topk(sim, min(k, d.shape[0]), dim=1)
-        for r in range(sim.shape[0]):
-            qi = s + r
-            qid = ev.query_ids[qi]
-            run[qid] = dict(zip([ev.product_ids[i] for i in top_i[r].tolist()], top_s[r].tolist(), strict=True))
-            judged = ev.judged[qi]
-            rerank[qid] = dict(zip([ev.product_ids[i] for i in judged], sim[r, judged].tolist(), strict=True))
+        scores.append(top_s.numpy())
+        ids.append(top_i.numpy())
+        rows = torch.from_numpy(np.maximum(jm[s:s + chunk], 0))
+        got = torch.gather(sim, 1, rows).double().numpy()
+        judged[s:s + chunk] = np.where(jm[s:s + chunk] >= 0, got, np.nan)
+    return Lists(np.concatenate(scores).astype(np.float32), np.concatenate(ids).astype(np.int64), judged)
+
+
+def bm25_lists(tokenize: Callable[[str], list[str]], ev: EvalSet, k: int) -> Lists:
+    """BM25 (`madr.search.sparse.BM25Index`, Anserini k1 / b) over the word pieces of the split's corpus."""
+    index = BM25Index().fit([tokenize(t) for t in ev.doc_texts])
+    qs = [tokenize(t) for t in ev.query_texts]
+    scores, ids = index.search(qs, k=k)
+    jm = judged_matrix(ev)
+    js = np.nan_to_num(index.index.score(index.encode_queries(qs), jm), neginf=0.0)
+    return Lists(np.asarray(scores, np.float32), np.asarray(ids, np.int64), np.where(jm >= 0, js, np.nan))
+
+
+def run_dicts(lists: Lists, ev: EvalSet) -> tuple[dict, dict]:
+    """(top-k run over the corpus, judged-products run) of `lists` as {query id: {product id: score}}."""
+    run = {qid: {ev.product_ids[i]: float(s) for s, i in zip(srow, irow, strict=True) if i >= 0}
+           for qid, srow, irow in zip(ev.query_ids, lists.scores, lists.ids, strict=True)}
+    rerank = {qid: {ev.product_ids[i]: float(s) for i, s in zip(j, lists.judged[qi, :len(j)], strict=True)}
+              for qi, (qid, j) in enumerate(zip(ev.query_ids, ev.judged, strict=True))}
     return run, rerank
+
+
+def dense_runs(q: torch.Tensor, d: torch.Tensor, ev: EvalSet, k: int) -> tuple[dict, dict]:
+    """(top-k run over the whole corpus, judged-products run) from query / document vectors."""
+    return run_dicts(dense_lists(q, d, ev, k), ev)
 
 
 def bm25_runs(tokenizer, ev: EvalSet, k: int) -> tuple[dict, dict]:
     """BM25 over the word pieces of the corpus: top-k run and the judged-products run."""
-    index = BM25Index().fit([tokenizer.tokenize(t) for t in ev.doc_texts])
-    qs = [tokenizer.tokenize(t) for t in ev.query_texts]
-    scores, ids = index.search(qs, k=k)
-    run = {qid: {ev.product_ids[i]: float(s) for s, i in zip(srow, irow, strict=True) if i >= 0}
-           for qid, srow, irow in zip(ev.query_ids, scores, ids, strict=True)}
-    width = max(len(j) for j in ev.judged)
-    judged = np.full((len(qs), width), -1, dtype=np.int64)
-    for i, j in enumerate(ev.judged):
-        judged[i, :len(j)] = j
-    js = np.nan_to_num(index.index.score(index.encode_queries(qs), judged), neginf=0.0)
-    rerank = {qid: dict(zip([ev.product_ids[i] for i in j], js[qi, :len(j)].tolist(), strict=True))
-              for qi, (qid, j) in enumerate(zip(ev.query_ids, ev.judged, strict=True))}
-    return run, rerank
+    return run_dicts(bm25_lists(tokenizer.tokenize, ev, k), ev)
 
 
 def per_query_metrics(run: dict, rerank: dict, ev: EvalSet, cfg: ExperimentConfig) -> dict[str, dict[str, float]]:
