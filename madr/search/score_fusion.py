@@ -57,20 +57,31 @@ def normalise(scores: np.ndarray, method: str = "none") -> np.ndarray:
 
 
 def _check_topk(pair: TopK, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """`pair` as float64 scores / int64 ids; `name` ("<function>: <list>") prefixes the errors."""
     scores, ids = np.asarray(pair[0], dtype=np.float64), np.asarray(pair[1], dtype=np.int64)
     if scores.ndim != 2 or scores.shape != ids.shape:
-        raise ValueError(f"hybrid_merge: {name} scores and ids must both be [Q, k], got {scores.shape} "
-                         f"and {ids.shape}")
+        raise ValueError(f"{name} scores and ids must both be [Q, k], got {scores.shape} and {ids.shape}")
     if np.isnan(scores).any():
-        raise ValueError(f"hybrid_merge: {name} scores contain NaN")
+        raise ValueError(f"{name} scores contain NaN")
     return scores, ids
+
+
+def _check_lists(lists: Sequence[TopK], fn: str) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
+    """`_check_topk` of each of several lists of the same queries, and their query count."""
+    if not lists:
+        raise ValueError(f"{fn}: no lists")
+    checked = [_check_topk(pair, f"{fn}: list {i}") for i, pair in enumerate(lists)]
+    counts = {s.shape[0] for s, _ in checked}
+    if len(counts) != 1:
+        raise ValueError(f"{fn}: the lists have different query counts {sorted(counts)}")
+    return checked, counts.pop()
 
 
 def _valid(scores: np.ndarray, ids: np.ndarray, name: str, q: int) -> tuple[np.ndarray, np.ndarray]:
     keep = (ids != PAD_ID) & np.isfinite(scores)
     s, i = scores[keep], ids[keep]
     if np.unique(i).size != i.size:
-        raise ValueError(f"hybrid_merge: {name} list of query {q} repeats a document id")
+        raise ValueError(f"{name} list of query {q} repeats a document id")
     return s, i
 
 
@@ -133,14 +144,14 @@ def hybrid_merge(dense: TopK, sparse: TopK, lam: float, k: int, normalisation: s
         raise ValueError(f"hybrid_merge: k must be >= 1, got {k}")
     if normalisation not in NORMALISATIONS:
         raise ValueError(f"hybrid_merge: normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
-    d_scores, d_ids = _check_topk(dense, "dense")
-    s_scores, s_ids = _check_topk(sparse, "sparse")
+    d_scores, d_ids = _check_topk(dense, "hybrid_merge: dense")
+    s_scores, s_ids = _check_topk(sparse, "hybrid_merge: sparse")
     if d_scores.shape[0] != s_scores.shape[0]:
         raise ValueError(f"hybrid_merge: dense has {d_scores.shape[0]} queries, sparse {s_scores.shape[0]}")
     rows = []
     for q in range(d_scores.shape[0]):
-        ds, di = _valid(d_scores[q], d_ids[q], "dense", q)
-        ss, si = _valid(s_scores[q], s_ids[q], "sparse", q)
+        ds, di = _valid(d_scores[q], d_ids[q], "hybrid_merge: dense", q)
+        ss, si = _valid(s_scores[q], s_ids[q], "hybrid_merge: sparse", q)
         cand = np.union1d(di, si)
         if rescore is not None and cand.size:
             d, s = _rescored(rescore, q, cand)
@@ -161,19 +172,16 @@ def weighted_fusion(lists: Sequence[TopK], weights: Sequence[float], k: int, nor
     ``sum_i weights[i] * score_i``; top ``k`` by final score, ties by id ascending.
 
     Returns (scores [Q, k] float32, ids [Q, k] int64), padded with -inf / -1."""
-    if len(lists) != len(weights) or not lists:
+    if len(lists) != len(weights):
         raise ValueError(f"weighted_fusion: {len(lists)} lists but {len(weights)} weights")
     if k < 1:
         raise ValueError(f"weighted_fusion: k must be >= 1, got {k}")
     if normalisation not in NORMALISATIONS:
         raise ValueError(f"weighted_fusion: normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
-    checked = [_check_topk(pair, f"list {i}") for i, pair in enumerate(lists)]
-    counts = {s.shape[0] for s, _ in checked}
-    if len(counts) != 1:
-        raise ValueError(f"weighted_fusion: the lists have different query counts {sorted(counts)}")
+    checked, n_queries = _check_lists(lists, "weighted_fusion")
     rows = []
-    for q in range(counts.pop()):
-        valid = [_valid(s[q], i[q], f"list {n}", q) for n, (s, i) in enumerate(checked)]
+    for q in range(n_queries):
+        valid = [_valid(s[q], i[q], f"weighted_fusion: list {n}", q) for n, (s, i) in enumerate(checked)]
         cand = np.unique(np.concatenate([i for _, i in valid]))
         final = np.zeros(cand.size)
         for w, (s, i) in zip(weights, valid, strict=True):
@@ -186,14 +194,14 @@ def weighted_fusion(lists: Sequence[TopK], weights: Sequence[float], k: int, nor
 def reciprocal_rank_fusion(lists: Sequence[TopK], k: int, rrf_k: int = 60) -> TopK:
     """Reciprocal rank fusion (Cormack, Clarke and Buettcher, SIGIR 2009): ``sum_i 1 / (rrf_k + rank_i(d))``
     over the lists that hold ``d`` (rank from 1, in each list's own order); top ``k``, ties by id ascending."""
-    if not lists or k < 1:
-        raise ValueError(f"reciprocal_rank_fusion: needs >= 1 list and k >= 1, got {len(lists)} lists, k={k}")
-    checked = [_check_topk(pair, f"list {i}") for i, pair in enumerate(lists)]
+    if k < 1:
+        raise ValueError(f"reciprocal_rank_fusion: k must be >= 1, got {k}")
+    checked, n_queries = _check_lists(lists, "reciprocal_rank_fusion")
     rows = []
-    for q in range(checked[0][0].shape[0]):
+    for q in range(n_queries):
         total: dict[int, float] = {}
         for n, (s, i) in enumerate(checked):
-            _, ids = _sorted_topk(*_valid(s[q], i[q], f"list {n}", q), s.shape[1])
+            _, ids = _sorted_topk(*_valid(s[q], i[q], f"reciprocal_rank_fusion: list {n}", q), s.shape[1])
             for rank, doc in enumerate(ids.tolist(), start=1):
                 total[doc] = total.get(doc, 0.0) + 1.0 / (rrf_k + rank)
         cand = np.fromiter(total, dtype=np.int64, count=len(total))

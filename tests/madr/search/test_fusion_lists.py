@@ -78,3 +78,14 @@ def test_by_hand_missing_candidate_and_ties():
 def test_rejects_mismatched_weights():
     with pytest.raises(ValueError, match="2 lists but 1 weights"):
         weighted_fusion(_lists(0, n_lists=2), [1.0], k=3)
+
+
+def test_errors_name_the_function_and_the_list():
+    a, b = _lists(0, n_lists=2)
+    with pytest.raises(ValueError, match="reciprocal_rank_fusion: the lists have different query counts"):
+        reciprocal_rank_fusion([a, (b[0][:2], b[1][:2])], k=3)
+    repeated = (np.array([[1.0, 0.5]], np.float32), np.array([[7, 7]]))
+    with pytest.raises(ValueError, match="weighted_fusion: list 1 list of query 0 repeats a document id"):
+        weighted_fusion([(a[0][:1], a[1][:1]), repeated], [0.5, 0.5], k=3)
+    with pytest.raises(ValueError, match="hybrid_merge: sparse list of query 0 repeats a document id"):
+        hybrid_merge((a[0][:1], a[1][:1]), repeated, lam=0.5, k=3)
