@@ -225,8 +225,8 @@ def publish(run: Run, seeds: list[int], fusions: dict, training: dict, tag: str,
     metrics = list(cfg.eval.retrieval_metrics) + list(cfg.eval.rerank_metrics)
     per_q, mean, std = seed_rows(run, seeds)
     labels = {k.split("@")[0]: v for k, v in run.labels.items()}
-    order = sorted(mean, key=lambda k: ("@" in run.labels.get(k, "@"), -mean[k][b["tune_metric"]]))
     seeded = {k for k in mean if k.split("+")[-1] in b["trained"]}
+    order = sorted(mean, key=lambda k: (k in seeded, -mean[k][b["tune_metric"]]))  # references first
     tests = significance(per_q, b["target"], int(b["draws"])) if b["target"] in per_q else {}
     info = machine_info(load_average=load_average())
     text = [f"# Home Depot test: {sizes['test_queries']} queries, corpus {sizes['test_corpus']} products (dev: "
