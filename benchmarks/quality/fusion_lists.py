@@ -27,8 +27,10 @@ from benchmarks.quality.aspect_models.evaluation import (
     encode,
     per_query_metrics,
     run_dicts,
+    top_run,
 )
 from madr.config import ExperimentConfig
+from madr.metrics import evaluate
 from madr.modeling.model import BiEncoder
 from madr.search.score_fusion import normalise, reciprocal_rank_fusion, weighted_fusion
 
@@ -122,13 +124,21 @@ def weight_grid(n: int, step: float) -> list[tuple[float, ...]]:
     return [tuple(u / units for u in w) for w in split(units, n)]
 
 
+def retrieval_means(scores: np.ndarray, ids: np.ndarray, ev: EvalSet, cfg: ExperimentConfig,
+                    metrics: Sequence[str]) -> dict[str, float]:
+    """Mean over the queries of each retrieval metric of top lists (no re-ranking metrics: no judged scores)."""
+    per_q = evaluate(top_run(scores, ids, ev), ev.qrels, list(metrics),
+                     relevance_threshold=cfg.eval.relevance_threshold, gains=cfg.eval.gains, per_query=True)
+    return {m: float(np.mean(list(v.values()))) for m, v in per_q.items()}
+
+
 def tune_weights(parts: Sequence[Lists], ev: EvalSet, cfg: ExperimentConfig, metric: str, step: float,
                  k: int) -> tuple[tuple[float, ...], dict[tuple[float, ...], float]]:
-    """The fusion weights (grid of `weight_grid`) with the best mean `metric` on `ev` (the dev split); ties go
-    to the first in grid order. Returns (weights, {weights: mean metric})."""
+    """The fusion weights (grid of `weight_grid`) with the best mean retrieval `metric` on `ev` (the dev
+    split); ties go to the first in grid order. Returns (weights, {weights: mean metric})."""
     seen = {}
     for w in weight_grid(len(parts), step):
-        per_q = metrics_of(fuse(parts, w, k), ev, cfg)[metric]
-        seen[w] = float(np.mean(list(per_q.values())))
+        scores, ids = weighted_fusion([p.topk for p in parts], w, k, normalisation="minmax")
+        seen[w] = retrieval_means(scores, ids, ev, cfg, [metric])[metric]
     best = max(seen, key=lambda w: seen[w])
     return best, seen

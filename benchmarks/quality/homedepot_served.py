@@ -27,10 +27,9 @@ import pyarrow.parquet as pq
 from benchmarks.common.config import BENCHMARKS, RESULTS, ROOT, add_run_args
 from benchmarks.common.machine import machine_info, run_command
 from benchmarks.quality.aspect_models.data import EvalSet, catalog_for
-from benchmarks.quality.aspect_models.evaluation import Lists, judged_matrix, run_dicts
-from benchmarks.quality.fusion_lists import fuse
+from benchmarks.quality.aspect_models.evaluation import Lists
+from benchmarks.quality.fusion_lists import fuse, retrieval_means
 from benchmarks.quality.homedepot_hybrid import load
-from madr.metrics import evaluate
 from madr.search.params import SearchParams
 
 
@@ -48,13 +47,6 @@ def write_corpus(ev: EvalSet, path: Path) -> Path:
     return path
 
 
-def retrieval_metrics(scores: np.ndarray, ids: np.ndarray, ev: EvalSet, cfg) -> dict[str, float]:
-    run = run_dicts(Lists(scores, ids, np.full(judged_matrix(ev).shape, np.nan)), ev)[0]
-    per_q = evaluate(run, ev.qrels, cfg.eval.retrieval_metrics, relevance_threshold=cfg.eval.relevance_threshold,
-                     gains=cfg.eval.gains, per_query=True)
-    return {m: float(np.mean(list(v.values()))) for m, v in per_q.items()}
-
-
 def in_script_metrics(lists_dir: Path, lexical: str, row: str, seed: int, lam: float, ev: EvalSet, cfg, k: int
                       ) -> dict:
     """The benchmark's row, recomputed from its cached lists: the `lexical` BM25 row's and the trained row's
@@ -64,7 +56,7 @@ def in_script_metrics(lists_dir: Path, lexical: str, row: str, seed: int, lam: f
         with np.load(lists_dir / f"{name}.npz", allow_pickle=False) as z:
             parts.append(Lists(z["test_scores"], z["test_ids"], z["test_judged"]))
     fused = fuse(parts, [1.0 - lam, lam], k)
-    return retrieval_metrics(fused.scores, fused.ids, ev, cfg)
+    return retrieval_means(fused.scores, fused.ids, ev, cfg, cfg.eval.retrieval_metrics)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -109,7 +101,7 @@ def main(argv: list[str] | None = None) -> dict:
     t1 = time.perf_counter()
     scores, ids = search_texts(model, index, ev.query_texts, k, SearchSpec(search=SearchParams(k=k, candidates=k)))
     search_s = time.perf_counter() - t1
-    served = retrieval_metrics(scores, ids, ev, cfg)
+    served = retrieval_means(scores, ids, ev, cfg, cfg.eval.retrieval_metrics)
     in_script = in_script_metrics(Path(cfg.output_dir) / "lists", lexical, args.row, seed, lam, ev, cfg, k)
     table = ["| path | " + " | ".join(served) + " |", "|---" * (len(served) + 1) + "|",
              "| benchmark (in script) | " + " | ".join(f"{in_script[m]:.4f}" for m in served) + " |",

@@ -88,10 +88,15 @@ def bm25_lists(tokenize: Callable[[str], list[str]], ev: EvalSet, k: int) -> Lis
     return Lists(np.asarray(scores, np.float32), np.asarray(ids, np.int64), np.where(jm >= 0, js, np.nan))
 
 
+def top_run(scores: np.ndarray, ids: np.ndarray, ev: EvalSet) -> dict[str, dict[str, float]]:
+    """Top lists ([Q, k] scores and corpus rows, -1 padded) as {query id: {product id: score}}."""
+    return {qid: {ev.product_ids[i]: float(s) for s, i in zip(srow, irow, strict=True) if i >= 0}
+            for qid, srow, irow in zip(ev.query_ids, scores, ids, strict=True)}
+
+
 def run_dicts(lists: Lists, ev: EvalSet) -> tuple[dict, dict]:
     """(top-k run over the corpus, judged-products run) of `lists` as {query id: {product id: score}}."""
-    run = {qid: {ev.product_ids[i]: float(s) for s, i in zip(srow, irow, strict=True) if i >= 0}
-           for qid, srow, irow in zip(ev.query_ids, lists.scores, lists.ids, strict=True)}
+    run = top_run(lists.scores, lists.ids, ev)
     rerank = {qid: {ev.product_ids[i]: float(s) for i, s in zip(j, lists.judged[qi, :len(j)], strict=True)}
               for qi, (qid, j) in enumerate(zip(ev.query_ids, ev.judged, strict=True))}
     return run, rerank
