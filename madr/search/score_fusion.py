@@ -66,6 +66,17 @@ def _check_topk(pair: TopK, name: str) -> tuple[np.ndarray, np.ndarray]:
     return scores, ids
 
 
+def _check_k(k: int, fn: str) -> None:
+    """Every fusion keeps ``k >= 1`` documents per query; `fn` (the calling function) prefixes the error."""
+    if k < 1:
+        raise ValueError(f"{fn}: k must be >= 1, got {k}")
+
+
+def _check_normalisation(normalisation: str, fn: str) -> None:
+    if normalisation not in NORMALISATIONS:
+        raise ValueError(f"{fn}: normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
+
+
 def _check_lists(lists: Sequence[TopK], fn: str) -> tuple[list[tuple[np.ndarray, np.ndarray]], int]:
     """`_check_topk` of each of several lists of the same queries, and their query count."""
     if not lists:
@@ -140,10 +151,8 @@ def hybrid_merge(dense: TopK, sparse: TopK, lam: float, k: int, normalisation: s
     """
     if not 0.0 <= lam <= 1.0:
         raise ValueError(f"hybrid_merge: lam must be in [0, 1], got {lam}")
-    if k < 1:
-        raise ValueError(f"hybrid_merge: k must be >= 1, got {k}")
-    if normalisation not in NORMALISATIONS:
-        raise ValueError(f"hybrid_merge: normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
+    _check_k(k, "hybrid_merge")
+    _check_normalisation(normalisation, "hybrid_merge")
     d_scores, d_ids = _check_topk(dense, "hybrid_merge: dense")
     s_scores, s_ids = _check_topk(sparse, "hybrid_merge: sparse")
     if d_scores.shape[0] != s_scores.shape[0]:
@@ -174,10 +183,8 @@ def weighted_fusion(lists: Sequence[TopK], weights: Sequence[float], k: int, nor
     Returns (scores [Q, k] float32, ids [Q, k] int64), padded with -inf / -1."""
     if len(lists) != len(weights):
         raise ValueError(f"weighted_fusion: {len(lists)} lists but {len(weights)} weights")
-    if k < 1:
-        raise ValueError(f"weighted_fusion: k must be >= 1, got {k}")
-    if normalisation not in NORMALISATIONS:
-        raise ValueError(f"weighted_fusion: normalisation must be one of {NORMALISATIONS}, got {normalisation!r}")
+    _check_k(k, "weighted_fusion")
+    _check_normalisation(normalisation, "weighted_fusion")
     checked, n_queries = _check_lists(lists, "weighted_fusion")
     rows = []
     for q in range(n_queries):
@@ -194,8 +201,7 @@ def weighted_fusion(lists: Sequence[TopK], weights: Sequence[float], k: int, nor
 def reciprocal_rank_fusion(lists: Sequence[TopK], k: int, rrf_k: int = 60) -> TopK:
     """Reciprocal rank fusion (Cormack, Clarke and Buettcher, SIGIR 2009): ``sum_i 1 / (rrf_k + rank_i(d))``
     over the lists that hold ``d`` (rank from 1, in each list's own order); top ``k``, ties by id ascending."""
-    if k < 1:
-        raise ValueError(f"reciprocal_rank_fusion: k must be >= 1, got {k}")
+    _check_k(k, "reciprocal_rank_fusion")
     checked, n_queries = _check_lists(lists, "reciprocal_rank_fusion")
     rows = []
     for q in range(n_queries):
