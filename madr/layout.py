@@ -20,31 +20,49 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 from madr.config import ExperimentConfig, config_hash
 
 PREPARED_MARKER = "prepared.json"
 
 
+class _Under:
+    """A fixed path below a `RunLayout`'s root, read like an attribute: `layout.vocab` is
+    `layout.root / "data" / "vocab.json"` for `vocab = _Under("data", "vocab.json")`."""
+
+    def __init__(self, *parts: str) -> None:
+        self.parts = parts
+
+    @overload
+    def __get__(self, layout: None, owner: type) -> _Under: ...
+    @overload
+    def __get__(self, layout: RunLayout, owner: type) -> Path: ...
+    def __get__(self, layout: RunLayout | None, owner: type) -> Path | _Under:
+        return self if layout is None else layout.root.joinpath(*self.parts)
+
+
 @dataclass(frozen=True)
 class RunLayout:
+    """The paths of one experiment below `root` (its `output_dir`), as in the tree above."""
+
     root: Path
+
+    data = _Under("data")
+    catalog = _Under("data", "catalog")
+    corpus = _Under("data", "corpus")
+    vocab = _Under("data", "vocab.json")
+    stats = _Under("data", "stats.json")
+    quarantine = _Under("data", "quarantine")
+    index = _Under("index")
+    manifest = _Under("index", "manifest.json")
+    evaluation = _Under("evaluation")
+    negatives = _Under("mine", "negatives.parquet")
+    stage_configs = _Under("_stages", "configs")  # the derived config of each stage (pipelines/jobs/experiment.py)
 
     @classmethod
     def of(cls, cfg: ExperimentConfig) -> RunLayout:
         return cls(Path(cfg.output_dir))
-
-    @property
-    def data(self) -> Path:
-        return self.root / "data"
-
-    @property
-    def catalog(self) -> Path:
-        return self.data / "catalog"
-
-    @property
-    def corpus(self) -> Path:
-        return self.data / "corpus"
 
     def queries(self, split: str) -> Path:
         """Queries of the evaluation (`eval`) or training (`train`) split."""
@@ -53,41 +71,8 @@ class RunLayout:
     def qrels(self, split: str) -> Path:
         return self.data / split / "qrels.parquet"
 
-    @property
-    def vocab(self) -> Path:
-        return self.data / "vocab.json"
-
-    @property
-    def stats(self) -> Path:
-        return self.data / "stats.json"
-
-    @property
-    def quarantine(self) -> Path:
-        return self.data / "quarantine"
-
     def model(self, stage: str) -> Path:
         return self.root / stage / "model"
-
-    @property
-    def index(self) -> Path:
-        return self.root / "index"
-
-    @property
-    def manifest(self) -> Path:
-        return self.index / "manifest.json"
-
-    @property
-    def evaluation(self) -> Path:
-        return self.root / "evaluation"
-
-    @property
-    def negatives(self) -> Path:
-        return self.root / "mine" / "negatives.parquet"
-
-    @property
-    def stage_configs(self) -> Path:
-        """The derived config of each stage the pipeline ran (`pipelines/jobs/experiment.py`)."""
-        return self.root / "_stages" / "configs"
 
 
 def data_key(cfg: ExperimentConfig) -> str:
