@@ -119,16 +119,21 @@ def _write_rows(path: Path, rows: Sequence[Any], columns: dict[str, pa.DataType]
     pq.write_table(pa.table(data), path)
 
 
-def _read_columns(
-    path: Path, columns: dict[str, str], optional: dict[str, str] | None = None
-) -> dict[str, list]:
-    """`columns` (name -> "string" | "integer" | "list<string>") of a parquet file as Python lists."""
+def _read_table(path: Path) -> pa.Table:
+    """The parquet file `path`; a missing or unreadable file is a ValueError naming it."""
     if not path.is_file():
         raise ValueError(f"{path}: file not found")
     try:
-        table = pq.read_table(path)
+        return pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as err:
         raise ValueError(f"{path}: not a readable parquet file ({err})") from err
+
+
+def _read_columns(
+    path: Path, table: pa.Table, columns: dict[str, str], optional: dict[str, str] | None = None
+) -> dict[str, list]:
+    """`columns` (name -> "string" | "integer" | "list<string>") of `table` (read from `path`, which the
+    errors name) as Python lists."""
     wanted = dict(columns)
     for name, kind in (optional or {}).items():
         if name in table.schema.names:
@@ -151,10 +156,7 @@ def _read_columns(
     return out
 
 
-def _infer_aspect_names(path: Path) -> list[str]:
-    if not path.is_file():
-        raise ValueError(f"{path}: file not found")
-    schema = pq.read_schema(path)
+def _infer_aspect_names(schema: pa.Schema) -> list[str]:
     return [f.name for f in schema if f.name not in RESERVED_COLUMNS and _is_string_list(f.type)]
 
 
@@ -256,18 +258,20 @@ class Catalog:
         if not d.is_dir():
             raise ValueError(f"{d}: catalog directory not found")
         files = {"products": d / PRODUCTS_FILE, "queries": d / QUERIES_FILE, "judgments": d / JUDGMENTS_FILE}
-        names = list(aspect_names) if aspect_names is not None else _infer_aspect_names(files["products"])
+        product_table = _read_table(files["products"])
+        names = list(aspect_names) if aspect_names is not None else _infer_aspect_names(product_table.schema)
         asp = dict.fromkeys(names, "list<string>")
         pc = _read_columns(
-            files["products"], {"product_id": "string", "title": "string", "description": "string", **asp}
+            files["products"], product_table,
+            {"product_id": "string", "title": "string", "description": "string", **asp},
         )
         qc = _read_columns(
-            files["queries"],
+            files["queries"], _read_table(files["queries"]),
             {"query_id": "string", "text": "string", "split": "string", **asp},
             optional={"language": "string"},
         )
         jc = _read_columns(
-            files["judgments"],
+            files["judgments"], _read_table(files["judgments"]),
             {"query_id": "string", "product_id": "string", "relevance": "integer", "esci": "string"},
         )
         products = [
