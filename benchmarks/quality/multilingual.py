@@ -234,11 +234,11 @@ def shared_rows(cfg: MultiTaskExperimentConfig, data: MultilingualData, tokenize
 # ---- aggregation, table, plot -----------------------------------------------------------------------------------
 
 
-def table(mean: dict, std: dict, seeded: set[str]) -> str:
-    lines = ["| model | " + " | ".join(h for _, h in COLUMNS) + " |", "|---|" + "---|" * len(COLUMNS)]
+def table(mean: dict, std: dict, seeded: set[str], columns: Sequence[tuple[str, str]] = COLUMNS) -> str:
+    lines = ["| model | " + " | ".join(h for _, h in columns) + " |", "|---|" + "---|" * len(columns)]
     for name, m in mean.items():
         cells = []
-        for key, _ in COLUMNS:
+        for key, _ in columns:
             if key not in m or m[key] != m[key]:
                 cells.append("-")
             else:

@@ -29,8 +29,8 @@ def test_student_row_is_distilled_evaluated_and_tested_against_its_teacher(share
     student = "Multi-task (click + nli + translation), 1-layer query student"
     assert student in result["mean"] and f"| {student} |" in result["table"]
     run = result["runs"][0]
-    assert run["training"][student]["student_layers"] == 1.0
-    assert run["training"][student]["held_out_l2_before"] > 0.0, "a 1-layer student starts away from its teacher"
+    assert run["training"][student]["query_student_layers"] == 1.0
+    assert run["training"][student]["query_held_out_l2_before"] > 0.0, "a 1-layer student starts away from its teacher"
     paired = run["paired_student_minus_multi"]
     assert set(paired) == {"click_auc", "nli_auc_en", "nli_auc_xx", "nli_auc_all3", "xling_top1"}
     assert all(math.isfinite(v["diff"]) and 0.0 <= v["p_bootstrap"] <= 1.0 for v in paired.values()), paired

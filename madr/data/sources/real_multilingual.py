@@ -163,8 +163,8 @@ class RealMultilingualConfig:
     `real_data:`). Paths are relative to `data_dir`; see the module docstring for the splits."""
 
     data_dir: str = "../shared/data"
-    click_train: str = "query_relevance/xglue_qadsm_de_train.parquet"
-    click_eval: str = "query_relevance/xglue_qadsm_de_dev.parquet"
+    click_train: str | list[str] = "query_relevance/xglue_qadsm_de_train.parquet"
+    click_eval: str | list[str] = "query_relevance/xglue_qadsm_de_dev.parquet"
     click_language: str = "de"
     xnli_train: str = "nli/xglue_xnli_de_train.parquet"
     xnli_eval: str = "nli/xglue_xnli_de_dev.parquet"
@@ -172,7 +172,7 @@ class RealMultilingualConfig:
     snli: str | None = "nli/snli_dev_subset.parquet"
     snli_eval_fraction: float = 0.5
     parallel: str = "parallel/tatoeba_parallel_dev.parquet"
-    parallel_languages: list[str] = field(default_factory=lambda: ["deu", "fra", "spa", "ita", "nld", "rus"])
+    parallel_languages: list[str] | None = field(default_factory=lambda: ["deu", "fra", "spa", "ita", "nld", "rus"])
     parallel_eval_fraction: float = 0.3
     parallel_train_per_language: int | None = None
     parallel_eval_per_language: int | None = None
@@ -187,8 +187,11 @@ class RealMultilingualConfig:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"real_data.{name} must be >= 1 or null, got {value}")
-        if not self.parallel_languages:
-            raise ValueError("real_data.parallel_languages must not be empty")
+        if self.parallel_languages is not None and not self.parallel_languages:
+            raise ValueError("real_data.parallel_languages must not be empty (null: every language of the file)")
+        for name in ("click_train", "click_eval"):
+            if not click_files(getattr(self, name)):
+                raise ValueError(f"real_data.{name} must name at least one file")
 
 
 @dataclass
@@ -199,9 +202,18 @@ class RealMultilingualSplits(MultilingualData):
     summary: dict[str, Any] = field(default_factory=dict)
 
 
+def click_files(value: str | Sequence[str]) -> list[str]:
+    """`real_data.click_train` / `click_eval` as a list: one path or several (QADSM and QAM together)."""
+    return [value] if isinstance(value, str) else list(value)
+
+
+def _read_clicks(root: Path, value: str | Sequence[str], language: str) -> list[ClickRecord]:
+    return [r for name in click_files(value) for r in read_click_pairs(root / name, language)]
+
+
 def _clicks(cfg: RealMultilingualConfig, root: Path, summary: dict[str, Any]) -> tuple[list[ClickRecord], ...]:
-    train = read_click_pairs(root / cfg.click_train, cfg.click_language)
-    held = read_click_pairs(root / cfg.click_eval, cfg.click_language)
+    train = _read_clicks(root, cfg.click_train, cfg.click_language)
+    held = _read_clicks(root, cfg.click_eval, cfg.click_language)
     eval_queries = {r.query_id for r in held}
     kept = [r for r in train if r.query_id not in eval_queries]
     summary.update(click_train_rows=len(train), click_train_dropped_eval_query=len(train) - len(kept),

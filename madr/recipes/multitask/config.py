@@ -109,7 +109,8 @@ class EncoderConfig:
     `projection_dim: null` keeps the backbone's own width (no projection layer): a pretrained encoder then
     starts from its own embedding space. `pooling`: "cls" (the paper) or "mean" (masked mean of the token
     states: the recipe of sentence-transformers checkpoints such as multilingual-e5, whose CLS state is
-    nearly constant).
+    nearly constant). `text_prefixes`: a string before every text of a side, as `madr.config.ModelConfig`
+    (e5's {"query": "query: ", "doc": "passage: "}), in training, distillation and evaluation alike.
     """
 
     backbone: BackboneConfig = field(default_factory=_tiny_backbone)
@@ -123,9 +124,12 @@ class EncoderConfig:
     lowercase: bool = True
     strip_accents: bool | None = False
     pooling: str = "cls"
+    text_prefixes: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _choice("model.similarity", self.similarity, ("cosine", "dot"))
+        for side in self.text_prefixes:
+            _choice("model.text_prefixes", side, ("query", "doc"))
         _choice("model.pooling", self.pooling, ("cls", "mean"))
         if self.backbone.num_layers is not None and self.backbone.num_layers != self.doc_layers:
             raise ValueError(f"model.backbone.num_layers={self.backbone.num_layers} conflicts with "
@@ -216,18 +220,27 @@ class TasksConfig:
 
 @dataclass
 class StudentConfig:
-    """The query tower distilled into its first `num_layers` layers with an L2 loss (Sec. V-A)."""
+    """The query tower distilled into its first `num_layers` layers with an L2 loss (Sec. V-A).
+
+    `doc_layers` (None: the document tower stays the trained encoder): the document tower too is cut to its
+    first `doc_layers` layers and distilled the same way, on the document-side texts (click documents,
+    premises, English sentences), for a teacher deeper than the paper's 6-layer document encoder (the
+    12-layer multilingual-e5 teacher of issue 27). `steps` / `batch_size` / `learning_rate` serve both.
+    """
 
     enabled: bool = True
     num_layers: int = 3
     steps: int = 400
     batch_size: int = 64
     learning_rate: float = 1e-3
+    doc_layers: int | None = None
 
     def __post_init__(self) -> None:
         if self.num_layers < 1 or self.steps < 0 or self.batch_size < 1 or self.learning_rate <= 0:
             raise ValueError(f"student: need num_layers >= 1, steps >= 0, batch_size >= 1, learning_rate > 0; "
                              f"got {self}")
+        if self.doc_layers is not None and self.doc_layers < 1:
+            raise ValueError(f"student.doc_layers must be >= 1 or null, got {self.doc_layers}")
 
 
 @dataclass

@@ -71,6 +71,17 @@ def query_side_texts(data: MultilingualData) -> list[str]:
     return list(dict.fromkeys(texts + [r.target for r in data.parallel_train]))
 
 
+def doc_side_texts(data: MultilingualData, order: Sequence[str]) -> list[str]:
+    """Training texts that go through the document tower (click documents, premises, English sentences)."""
+    texts = [doc_text(r, order) for r in data.clicks_train] + [r.premise for r in data.nli_train]
+    return list(dict.fromkeys(texts + [r.target for r in data.parallel_train]))
+
+
+def held_out_doc_texts(data: MultilingualData, order: Sequence[str]) -> list[str]:
+    texts = [doc_text(r, order) for r in data.clicks_eval] + [r.premise for r in data.nli_eval]
+    return list(dict.fromkeys(texts + [r.target for r in data.parallel_eval]))
+
+
 def held_out_query_texts(data: MultilingualData) -> list[str]:
     texts = [r.query for r in data.clicks_eval] + [r.hypothesis for r in data.nli_eval]
     return list(dict.fromkeys(texts + [r.source for r in data.parallel_eval]))

@@ -15,13 +15,22 @@ from transformers import PreTrainedTokenizerBase
 from madr.config import ModelConfig
 from madr.data.records import MultilingualData
 from madr.losses import NLICosineLoss, TranslationLoss, TripletLoss
-from madr.modeling.model import BiEncoder
+from madr.modeling.model import BiEncoder, Tower
 from madr.modeling.tokenization import load_tokenizer, train_wordpiece_tokenizer
 from madr.recipes.multitask.config import MultiTaskExperimentConfig
-from madr.recipes.multitask.data import DOC_SEP, held_out_query_texts, query_side_texts, training_texts
+from madr.recipes.multitask.data import (
+    DOC_SEP,
+    doc_side_texts,
+    held_out_doc_texts,
+    held_out_query_texts,
+    query_side_texts,
+    training_texts,
+)
 from madr.recipes.multitask.tasks import ClickTask, NLITask, SideTokenizer, TranslationTask
 from madr.recipes.multitask.trainer import MultiTaskTrainer
 from madr.training.distill import attach_query_student, distill, make_student, student_teacher_distance
+
+HELD_OUT_DISTANCE_TEXTS = 1000  # held-out texts the student-teacher distance is reported on (about)
 
 
 def build_tokenizer(cfg: MultiTaskExperimentConfig, data: MultilingualData, out_dir: Path) -> PreTrainedTokenizerBase:
@@ -45,7 +54,7 @@ def model_config(cfg: MultiTaskExperimentConfig) -> ModelConfig:
     backbone = dataclasses.replace(m.backbone, num_layers=m.doc_layers)
     return ModelConfig(name="bibert", backbone=backbone, shared_towers=True, projection_dim=m.projection_dim,
                        similarity=m.similarity, max_query_length=m.max_query_length, max_doc_length=m.max_doc_length,
-                       pooling=m.pooling)
+                       pooling=m.pooling, text_prefixes=dict(m.text_prefixes))
 
 
 def build_encoder(cfg: MultiTaskExperimentConfig, tokenizer: PreTrainedTokenizerBase, seed: int) -> BiEncoder:
@@ -88,16 +97,41 @@ def train_encoder(cfg: MultiTaskExperimentConfig, tokenizer: PreTrainedTokenizer
     return model, trainer
 
 
+def _distil_tower(cfg: MultiTaskExperimentConfig, teacher: BiEncoder, side: str, layers: int, texts: list[str],
+                  held: list[str], seed: int) -> tuple[Tower, dict[str, float]]:
+    """`teacher`'s `side` tower cut to its first `layers` layers and trained on the L2 loss (Sec. V-A) on `texts`
+    tokenised as that side (its length and text prefix); the held-out L2 distance before and after."""
+    s = cfg.student
+    source = teacher.tower(side)
+    student = make_student(source, layers)
+    held = held[::max(1, len(held) // HELD_OUT_DISTANCE_TEXTS)]  # an even sample: the distance is a summary
+
+    def tokenize(texts: list[str]) -> dict[str, torch.Tensor]:
+        return teacher.tokenize(texts, side)
+
+    before = student_teacher_distance(source, student, held, tokenize)
+    distill(source, student, texts, steps=s.steps, batch_size=s.batch_size, lr=s.learning_rate, seed=seed,
+            tokenize=tokenize)
+    student.eval()
+    after = student_teacher_distance(source, student, held, tokenize)
+    return student, {f"{side}_held_out_l2_before": before, f"{side}_held_out_l2_after": after,
+                     f"{side}_student_layers": float(layers)}
+
+
 def distil_query_student(cfg: MultiTaskExperimentConfig, teacher: BiEncoder, data: MultilingualData,
             seed: int) -> tuple[BiEncoder, dict[str, float]]:
-    """The teacher's query tower cut to `student.num_layers` layers and trained on the L2 loss (Sec. V-A)."""
+    """The serving towers of Sec. V-A: the teacher's query tower cut to `student.num_layers` layers and trained
+    on the L2 loss to the teacher on the query-side training texts; with `student.doc_layers`, the document
+    tower too, cut to that many layers and distilled on the document-side texts. Returns the served encoder
+    (`attach_query_student`: query student + the teacher's or the distilled document tower)."""
     s = cfg.student
-    student = make_student(teacher, s.num_layers)
-    held = held_out_query_texts(data)
-    before = student_teacher_distance(teacher, student, held)
-    distill(teacher, student, query_side_texts(data), steps=s.steps, batch_size=s.batch_size, lr=s.learning_rate,
-            seed=seed)
-    student.eval()
-    after = student_teacher_distance(teacher, student, held)
-    return attach_query_student(teacher, student).eval(), {"held_out_l2_before": before, "held_out_l2_after": after,
-                                                            "student_layers": float(s.num_layers)}
+    query, report = _distil_tower(cfg, teacher, "query", s.num_layers, query_side_texts(data),
+                                  held_out_query_texts(data), seed)
+    served = attach_query_student(teacher, query)
+    if s.doc_layers is not None:
+        doc, doc_report = _distil_tower(cfg, teacher, "doc", s.doc_layers,
+                                        doc_side_texts(data, cfg.tasks.click.field_order),
+                                        held_out_doc_texts(data, cfg.tasks.click.field_order), seed + 1)
+        served._doc_tower = doc
+        report.update(doc_report)
+    return served.eval(), report

@@ -46,21 +46,26 @@ Encoded = dict[str, torch.Tensor]  # {"input_ids": [N, L], "attention_mask": [N,
 class SideTokenizer:
     """Tokenises texts for one tower side with that side's maximum length (as `BiEncoder.tokenize`).
 
-    Holds only the tokenizer and the two lengths (no model), so tasks can batch records in data workers.
+    Holds only the tokenizer, the two lengths and the sides' text prefixes (no model), so tasks can batch
+    records in data workers.
     """
 
-    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_query_length: int, max_doc_length: int) -> None:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, max_query_length: int, max_doc_length: int,
+                 prefixes: dict[str, str] | None = None) -> None:
         self.tokenizer = tokenizer
         self.max_length = {"query": int(max_query_length), "doc": int(max_doc_length)}
+        self.prefixes = dict(prefixes or {})
 
     @classmethod
     def from_model(cls, model: BiEncoder) -> SideTokenizer:
-        return cls(model.tokenizer, model.config.max_query_length, model.config.max_doc_length)
+        return cls(model.tokenizer, model.config.max_query_length, model.config.max_doc_length,
+                   model.config.text_prefixes)
 
     def __call__(self, texts: Sequence[str], side: str) -> Encoded:
         _check_side("side", side)
-        enc = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_length[side],
-                             return_tensors="pt")
+        prefix = self.prefixes.get(side, "")
+        enc = self.tokenizer([prefix + t for t in texts], padding=True, truncation=True,
+                             max_length=self.max_length[side], return_tensors="pt")
         return {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
 
 

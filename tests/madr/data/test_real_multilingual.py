@@ -134,3 +134,18 @@ def test_real_config_parses_and_null_projection_is_allowed() -> None:
     assert cfg.schedule.mode == "proportional"
     with pytest.raises(ValueError, match="projection_dim must be >= 1 or null"):
         EncoderConfig(projection_dim=0)
+
+
+def test_several_click_files_and_every_tatoeba_language(shared_data: Path) -> None:
+    """Issue 27's sources: QADSM and QAM together (train and held-out), Tatoeba's every language (null)."""
+    cfg = RealMultilingualConfig(
+        data_dir=str(shared_data), parallel_languages=None, parallel_train_per_language=2, parallel_eval_per_language=1,
+        click_train=["query_relevance/xglue_qadsm_de_train.parquet", "query_relevance/xglue_qam_de_train.parquet"],
+        click_eval=["query_relevance/xglue_qadsm_de_dev.parquet", "query_relevance/xglue_qam_de_dev.parquet"])
+    data = load_real_multilingual(cfg)
+    assert data.summary["click_train_rows"] == 18000 and data.summary["click_eval_rows"] == 2000
+    assert sum("passage" in r.fields for r in data.clicks_eval) == 1000, "the QAM half keeps its passage field"
+    assert not {r.query_id for r in data.clicks_train} & {r.query_id for r in data.clicks_eval}
+    assert len({r.source_lang for r in data.parallel_train}) == 112 == len({r.source_lang for r in data.parallel_eval})
+    with pytest.raises(ValueError, match="click_train must name at least one file"):
+        RealMultilingualConfig(click_train=[])

@@ -130,7 +130,7 @@ def test_runner_writes_every_row_and_the_student(one_thread, tmp_path):
     assert result.rows["Old ranker (logged order)"]["ndcg@5"] > result.rows["Random scores"]["ndcg@5"], \
         "the logged ranker is informative"
     d = result.distillation  # (that distillation lowers the distance is tested in test_distill.py)
-    assert d["student_layers"] == 1 and all(np.isfinite(v) for v in d.values()), f"distillation ran: {d}"
+    assert d["query_student_layers"] == 1 and all(np.isfinite(v) for v in d.values()), f"distillation ran: {d}"
     saved = json.loads((tmp_path / "metrics.json").read_text())
     assert saved["rows"][multi].keys() == result.rows[multi].keys(), "metrics.json holds the rows"
     assert load_multitask_config(tmp_path / "experiment.yaml") == cfg, "the saved config loads back unchanged"
@@ -158,3 +158,21 @@ def test_encoder_pooling_reaches_the_model_config() -> None:
     assert model_config(MultiTaskExperimentConfig()).pooling == "cls"
     with pytest.raises(ValueError, match="model.pooling"):
         from_dict(MultiTaskExperimentConfig, {"model": {"pooling": "max"}})
+
+
+def test_serving_pair_distils_a_shallower_document_tower_too(one_thread, tmp_path):
+    """`student.doc_layers`: both towers are cut and distilled (issue 27's 6-layer docs / 3-layer queries);
+    the teacher keeps its layers, each student gets closer to its teacher side on held-out texts."""
+    from madr.recipes.multitask.encoders import distil_query_student
+    from madr.training.distill import num_layers
+
+    cfg = load_multitask_config(None, {**SMALL, "output_dir": str(tmp_path), "student": {
+        "num_layers": 1, "doc_layers": 1, "steps": 40, "batch_size": 32, "learning_rate": 1e-3}})
+    data = build_data(cfg)
+    teacher = build_encoder(cfg, build_tokenizer(cfg, data, tmp_path / "tok"), cfg.seed).eval()
+    served, report = distil_query_student(cfg, teacher, data, cfg.seed)
+    assert (num_layers(served.query_tower), num_layers(served.doc_tower)) == (1, 1)
+    assert (num_layers(teacher.query_tower), num_layers(teacher.doc_tower)) == (2, 2), "the teacher is untouched"
+    for side in ("query", "doc"):
+        assert report[f"{side}_held_out_l2_after"] < report[f"{side}_held_out_l2_before"], report
+    assert served.encode_texts(["ein test"], "doc").shape == teacher.encode_texts(["ein test"], "doc").shape

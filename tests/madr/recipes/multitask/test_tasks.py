@@ -1,5 +1,7 @@
 """Tasks of paper 004's multi-task training: batching of hand-made records and each loss against its module."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -159,3 +161,16 @@ def test_translation_masks_repeated_targets_and_is_the_translation_loss(model):
     assert "accuracy" in parts
     with pytest.raises(ValueError, match="record 0 is a ClickRecord"):
         task.make_batch([CLICKS[0]])
+
+
+def test_side_tokenizer_puts_each_sides_prefix_before_the_text(model):
+    """e5's convention (`model.text_prefixes`) reaches the tasks' batches exactly as `BiEncoder.tokenize`."""
+    cfg = dataclasses.replace(model.config, text_prefixes={"query": "query: ", "doc": "passage: "})
+    prefixed = BiEncoder(cfg, model.tokenizer)
+    tok = SideTokenizer.from_model(prefixed)
+    for side in ("query", "doc"):
+        got = tok(["red running shoes"], side)["input_ids"]
+        assert torch.equal(got, prefixed.tokenize(["red running shoes"], side)["input_ids"])
+        assert not torch.equal(got, SideTokenizer.from_model(model)(["red running shoes"], side)["input_ids"])
+    batch = NLITask(tok).make_batch(NLI[:1])
+    assert torch.equal(batch.texts["premise"]["input_ids"], prefixed.tokenize([NLI[0].premise], "doc")["input_ids"])

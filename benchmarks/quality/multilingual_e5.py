@@ -1,0 +1,287 @@
+"""Issue 27: a multilingual encoder a user would choose over the untouched multilingual-e5-small.
+
+Same data loader and metrics as `benchmarks.quality.multilingual` (issue 10), with the recipe that adds to e5
+instead of truncating it (`configs/real/multitask_e5.yaml`):
+- teacher: the full 12-layer e5 fine-tuned with its own conventions ("query: " / "passage: " prefixes via
+  `model.text_prefixes`, mean pooling) on clicks (XGLUE QADSM + QAM), NLI (XNLI-de + SNLI) and Tatoeba
+  translation pairs of every language in the file, proportional schedule (paper 004 Sec. III-B);
+- serving pair (paper 004 Sec. V-A): the teacher's document tower cut to `student.doc_layers` (6) and its
+  query tower cut to `student.num_layers` (3) layers, each distilled with the L2 loss on its side's training
+  texts (every language); and the 3-layer query student beside the teacher's own document tower.
+
+Rows a user would set up instead, from the same run on the same held-out items: random scores, BM25 on e5's
+word pieces, the untouched e5 with its own recipe (symmetric tasks take "query: " on both sides, ads
+"passage: "), and BM25 + e5 fused with one weight per task chosen on HELD-IN training items only (clicks: global
+z-scores; translation: per-source min-max over the candidates). The zero-shot start (e5 through madr's encoder
+with side prefixes, what training starts from) is a row too.
+
+Paired bootstrap (2,000 resamples of the held-out items, per seed): teacher minus untouched e5, serving pair
+minus teacher. Encode latency (1 torch thread, on `bench.latency_texts` held-out texts): per query one text at
+a time through each query tower, per document in batches of 64 through each document tower; the plot puts
+quality against query latency.
+
+    flock /tmp/madr_bench.lock python -m benchmarks.quality.multilingual_e5 --threads 2
+    python -m benchmarks.quality.multilingual_e5 --seeds 0 --set steps=3 --set student.steps=2 --tag smoke
+
+Each finished seed is cached in benchmarks/results/<tag>.partial.json and skipped when the command is rerun
+(delete it to start over); writes benchmarks/results/<tag>.json and benchmarks/plots/<tag>.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
+from benchmarks.common.machine import load_average, machine_info, run_command
+from benchmarks.common.plotting import pyplot, save_figure
+from benchmarks.common.stats import seed_mean_std
+from benchmarks.quality.multilingual import (
+    E5_WHEELS,
+    build_e5,
+    e5_reference_embedder,
+    load_config,
+    madr_item_scores,
+    table,
+    train_model,
+)
+from benchmarks.quality.multilingual_fusion import fused_rows
+from benchmarks.quality.multilingual_scores import (
+    Embedder,
+    bm25_scores,
+    item_scores,
+    metrics,
+    paired_bootstrap,
+    random_scores,
+)
+from madr.data.records import MultilingualData
+from madr.data.sources.real_multilingual import load_real_multilingual
+from madr.modeling.backbone import resolve_backbone_path
+from madr.recipes.multitask.data import doc_text
+from madr.recipes.multitask.encoders import build_tokenizer, distil_query_student
+from madr.training.distill import attach_query_student, num_layers
+
+E5 = "untouched multilingual-e5-small (12 layers, its own prefixes, mean pooling)"
+BM25 = "BM25 (e5 word pieces)"
+FUSION = "BM25 + untouched e5 (weight per task tuned on held-in items)"
+ZERO_SHOT = "zero-shot start (e5 through madr, side prefixes)"
+TEACHER = "multi-task e5 teacher (12 layers)"
+PAIR = "serving pair: 6-layer docs, 3-layer query student"
+STUDENT_ONLY = "3-layer query student, teacher's 12-layer docs"
+SEEDED = (TEACHER, PAIR, STUDENT_ONLY)
+COLUMNS = (("click_auc", "Click AUC"), ("click_auc_qadsm", "QADSM AUC"), ("click_auc_qam", "QAM AUC"),
+           ("nli_auc_en", "SNLI AUC (en)"), ("nli_auc_xx", "XNLI AUC (de)"), ("nli_auc_all3", "NLI AUC 3-way"),
+           ("xling_top1", "X-ling top-1"))
+ISSUE_ASK = "issue 27: click task on QADSM + QAM, translation over every Tatoeba language"
+
+
+# ---- latency -----------------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def encode_ms(model, texts: Sequence[str], side: str, batch_size: int) -> float:
+    """Median milliseconds per text of `model.encode_texts` on `texts` (1 torch thread), in batches of
+    `batch_size` (1: a live query), after one warm-up batch."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model.encode_texts(list(texts[:batch_size]), side, batch_size)
+        per = []
+        for i in range(0, len(texts), batch_size):
+            chunk = list(texts[i:i + batch_size])
+            t0 = time.perf_counter()
+            model.encode_texts(chunk, side, batch_size)
+            per.append((time.perf_counter() - t0) * 1000 / len(chunk))
+        return float(np.median(per))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def latency(model, data: MultilingualData, order: Sequence[str], n: int) -> dict[str, float]:
+    """Query ms (one at a time) and document ms (batches of 64) of `model`'s towers on held-out texts."""
+    queries = [r.query for r in data.clicks_eval][:n]
+    docs = [doc_text(r, order) for r in data.clicks_eval][:n]
+    return {"query_ms": encode_ms(model, queries, "query", 1), "doc_ms": encode_ms(model, docs, "doc", 64),
+            "query_layers": float(num_layers(model.query_tower)), "doc_layers": float(num_layers(model.doc_tower))}
+
+
+# ---- rows -------------------------------------------------------------------------------------------------------
+
+
+def memoised(embed: Embedder) -> Embedder:
+    """`embed` with each (text, role) embedded once: the e5 row and the fusion row share their texts."""
+    cache: dict[tuple[str, str], torch.Tensor] = {}
+
+    def wrapped(texts: list[str], role: str) -> torch.Tensor:
+        new = list(dict.fromkeys(t for t in texts if (t, role) not in cache))
+        if new:
+            cache.update({(t, role): v for t, v in zip(new, embed(new, role), strict=True)})
+        return torch.stack([cache[(t, role)] for t in texts])
+
+    return wrapped
+
+
+def click_source_metrics(scores: dict[str, np.ndarray], data: MultilingualData) -> dict[str, float]:
+    """Click AUC per click source: QAM records have a `passage` field, QADSM ones a title."""
+    from madr.metrics import roc_auc
+
+    out = {}
+    qam = np.array(["passage" in r.fields for r in data.clicks_eval])
+    rel = np.array([bool(r.relevance) for r in data.clicks_eval])
+    for name, rows in (("qadsm", ~qam), ("qam", qam)):
+        if rows.any() and "click" in scores:
+            out[f"click_auc_{name}"] = roc_auc(scores["click"][rows], rel[rows])
+    return out
+
+
+def row_metrics(scores: dict[str, np.ndarray], data: MultilingualData, ks: Sequence[int]) -> dict[str, float]:
+    return {**metrics(scores, data, ks), **click_source_metrics(scores, data)}
+
+
+def shared_rows(cfg, bench: dict, data: MultilingualData, tokenizer) -> dict[str, Any]:
+    """Rows that do not depend on the seed, their item scores (for the paired tests) and the e5 latency."""
+    order, ks, bs = cfg.tasks.click.field_order, cfg.eval.ndcg_at, cfg.eval.batch_size
+    t0 = time.perf_counter()
+    path = resolve_backbone_path(cfg.model.backbone.name_or_path)
+    e5 = memoised(e5_reference_embedder(path, cfg.model.max_doc_length, bs))
+    scores = {"Random scores": random_scores(data, 0), BM25: bm25_scores(tokenizer, data, order),
+              E5: item_scores(e5, data, order)}
+    print(f"e5 and BM25 rows: {time.perf_counter() - t0:.0f} s", flush=True)
+    fusion = fused_rows(e5, tokenizer, data, order, bench, seed=0)
+    scores[FUSION] = fusion["scores"]
+    print(f"+ fusion row: {time.perf_counter() - t0:.0f} s", flush=True)
+    start = train_model(dataclasses.replace(cfg, steps=0), tokenizer, data, cfg.tasks.baseline, 0, bench)[0]
+    scores[ZERO_SHOT] = madr_item_scores(start, data, order, bs)
+    print(f"+ zero-shot row: {time.perf_counter() - t0:.0f} s", flush=True)
+    rows = {name: row_metrics(s, data, ks) for name, s in scores.items()}
+    lat = {E5: latency(start, data, order, int(bench["latency_texts"]))}
+    return {"rows": rows, "scores": scores, "latency": lat, "fusion_weights": fusion["weights"],
+            "fusion_held_in": fusion["held_in"], "seconds": time.perf_counter() - t0}
+
+
+def run_seed(cfg, bench: dict, data: MultilingualData, tokenizer, seed: int, shared: dict) -> dict[str, Any]:
+    """Teacher, serving pair and query-student-only rows of one seed, their latency and the paired tests."""
+    order, ks, bs = cfg.tasks.click.field_order, cfg.eval.ndcg_at, cfg.eval.batch_size
+    rows, seconds, scores, lat = {}, {}, {}, {}
+    t0 = time.perf_counter()
+    teacher, training = train_model(cfg, tokenizer, data, cfg.tasks.enabled, seed, bench)
+    seconds["train teacher"] = time.perf_counter() - t0
+    print(f"seed {seed}: teacher trained in {seconds['train teacher']:.0f} s", flush=True)
+    t0 = time.perf_counter()
+    pair, distilled = distil_query_student(cfg, teacher, data, seed)
+    seconds["distil serving pair"] = time.perf_counter() - t0
+    print(f"seed {seed}: serving pair distilled in {seconds['distil serving pair']:.0f} s {distilled}", flush=True)
+    student_only = attach_query_student(teacher, pair.query_tower).eval()
+    for name, model in ((TEACHER, teacher), (PAIR, pair), (STUDENT_ONLY, student_only)):
+        t0 = time.perf_counter()
+        scores[name] = madr_item_scores(model, data, order, bs)
+        rows[name] = row_metrics(scores[name], data, ks)
+        seconds[f"eval {name}"] = time.perf_counter() - t0
+        lat[name] = latency(model, data, order, int(bench["latency_texts"]))
+        print(f"seed {seed} {name}: {json.dumps({k: round(v, 4) for k, v in rows[name].items()})[:600]} "
+              f"latency {lat[name]}", flush=True)
+    draws = int(bench["bootstrap"])
+    return {"seed": seed, "rows": {**shared["rows"], **rows}, "latency": {**shared["latency"], **lat},
+            "paired_teacher_minus_e5": paired_bootstrap(scores[TEACHER], shared["scores"][E5], data, draws, seed),
+            "paired_teacher_minus_zero_shot": paired_bootstrap(scores[TEACHER], shared["scores"][ZERO_SHOT], data,
+                                                               draws, seed),
+            "paired_pair_minus_teacher": paired_bootstrap(scores[PAIR], scores[TEACHER], data, draws, seed),
+            "paired_pair_minus_e5": paired_bootstrap(scores[PAIR], shared["scores"][E5], data, draws, seed),
+            "seconds": seconds, "training": {TEACHER: training, PAIR: distilled}}
+
+
+# ---- seeds, cache, table, plot -------------------------------------------------------------------------------
+
+
+def cached_runs(partial: Path, config_key: str) -> list[dict]:
+    """The finished seeds of an earlier run of the same config (`partial` JSON), else none."""
+    if not partial.is_file():
+        return []
+    earlier = json.loads(partial.read_text())
+    return earlier["runs"] if earlier.get("config_key") == config_key else []
+
+
+def plot(mean: dict, latency: dict, path: Path, title: str) -> bool:
+    """Click AUC and cross-lingual top-1 against the query encode latency of every encoder row."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, (key, label) in zip(axes, (("click_auc", "Click AUC (QADSM + QAM)"), ("xling_top1", "X-ling top-1")),
+                                strict=True):
+        for name, lat in latency.items():
+            ax.scatter(lat["query_ms"], mean[name][key], s=30)
+            ax.annotate(name.split(" (")[0][:34], (lat["query_ms"], mean[name][key]), fontsize=7,
+                        xytext=(4, 3), textcoords="offset points")
+        ax.set_xlabel("query encode ms (1 thread, one query at a time)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    fig.suptitle(title, fontsize=9)
+    save_figure(fig, path)
+    return True
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_run_args(p, ROOT / "configs" / "real" / "multitask_e5.yaml", "real_multitask_e5")
+    p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
+    p.add_argument("--build-backbone", action="store_true", help="build the e5 directory first if it is missing")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    real, cfg, bench = load_config(Path(args.config), args.set)
+    seeds = args.seeds if args.seeds is not None else list(bench["seeds"])
+    backbone = Path(cfg.model.backbone.name_or_path or "")
+    if args.build_backbone and not (backbone / "config.json").is_file():
+        build_e5(backbone)
+    start, load_before = time.perf_counter(), load_average()
+    random.seed(0)
+    data = load_real_multilingual(real)
+    tokenizer = build_tokenizer(cfg, data, Path(cfg.output_dir))
+    print(json.dumps(data.summary), flush=True)
+    shared = shared_rows(cfg, bench, data, tokenizer)
+    print(f"shared rows ({shared['seconds']:.0f} s): {json.dumps(shared['rows'], default=float)[:1500]}", flush=True)
+    settings = {"real_data": dataclasses.asdict(real), "bench": bench, **cfg.to_dict()}
+    config_key = json.dumps({k: v for k, v in settings.items() if k != "bench"} | {"bench": {
+        k: v for k, v in bench.items() if k != "seeds"}}, sort_keys=True, default=str)
+    partial = Path(args.out_dir) / "results" / f"{args.tag}.partial.json"
+    runs = [r for r in cached_runs(partial, config_key) if r["seed"] in seeds]
+    for seed in seeds:
+        if seed in {r["seed"] for r in runs}:
+            print(f"seed {seed}: cached in {partial}", flush=True)
+            continue
+        runs.append(run_seed(cfg, bench, data, tokenizer, seed, shared))
+        partial.parent.mkdir(parents=True, exist_ok=True)
+        partial.write_text(json.dumps({"config_key": config_key, "runs": runs}, indent=1, default=float))
+    runs.sort(key=lambda r: r["seed"])
+    mean, std = seed_mean_std([r["rows"] for r in runs])
+    lat_mean, _ = seed_mean_std([r["latency"] for r in runs])
+    text = table(mean, std, set(SEEDED), COLUMNS)
+    print(text)
+    result = {"command": run_command(__spec__.name), "issue": ISSUE_ASK, "config": settings,
+              "machine": machine_info(load_average=load_average()), "load_average_before": load_before,
+              "sizes": data.summary, "seeds": [r["seed"] for r in runs], "wall_s": time.perf_counter() - start,
+              "shared_seconds": shared["seconds"], "fusion_weights": shared["fusion_weights"],
+              "fusion_held_in": shared["fusion_held_in"], "runs": runs, "mean": mean, "std": std,
+              "latency": lat_mean, "table": text, "e5_wheels": list(E5_WHEELS)}
+    out = Path(args.out_dir) / "results" / f"{args.tag}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=float))
+    plot(mean, lat_mean, Path(args.out_dir) / "plots" / f"{args.tag}.png",
+         f"multilingual-e5-small teacher and its distilled towers ({cfg.steps} steps x {cfg.schedule.batch_size}; "
+         f"seeds {result['seeds']})")
+    print(f"wrote {out} ({result['wall_s']:.0f} s; load {load_before} -> {result['machine']['load_average']})")
+    return result
+
+
+if __name__ == "__main__":
+    main()
