@@ -287,6 +287,44 @@ def seed_runs(seeds: Sequence[int], run_one: Callable[[int], dict], partial: Pat
     return sorted(runs, key=lambda r: r["seed"])
 
 
+@dataclasses.dataclass
+class Prepared:
+    """What every seed of a real multilingual benchmark shares: its settings, data, tokenizer and start time."""
+
+    real: RealMultilingualConfig
+    cfg: MultiTaskExperimentConfig
+    bench: dict
+    seeds: list[int]
+    data: MultilingualData
+    tokenizer: Any
+    start: float
+    load_before: str
+
+
+def prepare(args: argparse.Namespace) -> Prepared:
+    """Torch threads, the config (`--config`, `--set`), the seeds, the e5 backbone (`--build-backbone`),
+    the real data (its summary printed) and the tokenizer, for this script and `multilingual_e5`."""
+    torch.set_num_threads(args.threads)
+    real, cfg, bench = load_config(Path(args.config), args.set)
+    seeds = args.seeds if args.seeds is not None else list(bench["seeds"])
+    backbone = Path(cfg.model.backbone.name_or_path or "")
+    if args.build_backbone and cfg.model.backbone.name_or_path and not (backbone / "config.json").is_file():
+        build_e5(backbone)
+    start, load_before = time.perf_counter(), load_average()
+    data = load_real_multilingual(real)
+    tokenizer = build_tokenizer(cfg, data, Path(cfg.output_dir))
+    print(json.dumps(data.summary), flush=True)
+    return Prepared(real, cfg, bench, seeds, data, tokenizer, start, load_before)
+
+
+def write_result(result: dict, out_dir: str, tag: str) -> Path:
+    """benchmarks/results/<tag>.json under `out_dir` (the JSON every script of this family writes)."""
+    out = Path(out_dir) / "results" / f"{tag}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=float))
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -296,17 +334,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--no-reference", action="store_true", help="skip the 12-layer e5 reference row")
     p.add_argument("--build-backbone", action="store_true", help="build the e5 directory first if it is missing")
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    real, cfg, bench = load_config(Path(args.config), args.set)
-    seeds = args.seeds if args.seeds is not None else list(bench["seeds"])
-    backbone = Path(cfg.model.backbone.name_or_path or "")
-    if args.build_backbone and cfg.model.backbone.name_or_path and not (backbone / "config.json").is_file():
-        build_e5(backbone)
-    start, load_before = time.perf_counter(), load_average()
-    data = load_real_multilingual(real)
-    out_dir = Path(cfg.output_dir)
-    tokenizer = build_tokenizer(cfg, data, out_dir)
-    print(json.dumps(data.summary), flush=True)
+    run = prepare(args)
+    real, cfg, bench, data, tokenizer, seeds = run.real, run.cfg, run.bench, run.data, run.tokenizer, run.seeds
+    start, load_before = run.start, run.load_before
     shared = shared_rows(cfg, data, tokenizer, not args.no_reference, bench["pooling"])
     print(f"shared rows ({shared['seconds']:.0f} s): {json.dumps(shared['rows'], default=float)[:2000]}", flush=True)
     runs = seed_runs(seeds, lambda seed: run_seed(cfg, bench, data, tokenizer, seed, shared),
@@ -320,9 +350,7 @@ def main(argv: list[str] | None = None) -> dict:
               "machine": machine_info(load_average=load_average()), "load_average_before": load_before, "sizes": data.summary,
               "seeds": [r["seed"] for r in runs], "wall_s": time.perf_counter() - start,
               "shared_seconds": shared["seconds"], "runs": runs, "mean": mean, "std": std, "table": text}
-    out = Path(args.out_dir) / "results" / f"{args.tag}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=float))
+    out = write_result(result, args.out_dir, args.tag)
     (Path(args.out_dir) / "results" / f"{args.tag}.partial.json").unlink(missing_ok=True)
     plot(mean, std, Path(args.out_dir) / "plots" / f"{args.tag}.png",
          f"Real data, multi-task vs click-only ({cfg.model.doc_layers}-layer multilingual-e5-small, "

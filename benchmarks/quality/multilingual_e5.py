@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import random
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,12 +46,12 @@ from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.stats import seed_mean_std
 from benchmarks.quality.multilingual import (
     E5_WHEELS,
-    build_e5,
     e5_reference_embedder,
-    load_config,
     madr_item_scores,
+    prepare,
     table,
     train_model,
+    write_result,
 )
 from benchmarks.quality.multilingual_fusion import fused_rows
 from benchmarks.quality.multilingual_scores import (
@@ -64,10 +63,9 @@ from benchmarks.quality.multilingual_scores import (
     random_scores,
 )
 from madr.data.records import MultilingualData
-from madr.data.sources.real_multilingual import load_real_multilingual
 from madr.modeling.backbone import resolve_backbone_path
 from madr.recipes.multitask.data import doc_text
-from madr.recipes.multitask.encoders import build_tokenizer, distil_query_student
+from madr.recipes.multitask.encoders import distil_query_student
 from madr.training.distill import attach_query_student, num_layers
 
 E5 = "untouched multilingual-e5-small (12 layers, its own prefixes, mean pooling)"
@@ -237,17 +235,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
     p.add_argument("--build-backbone", action="store_true", help="build the e5 directory first if it is missing")
     args = p.parse_args(argv)
-    torch.set_num_threads(args.threads)
-    real, cfg, bench = load_config(Path(args.config), args.set)
-    seeds = args.seeds if args.seeds is not None else list(bench["seeds"])
-    backbone = Path(cfg.model.backbone.name_or_path or "")
-    if args.build_backbone and not (backbone / "config.json").is_file():
-        build_e5(backbone)
-    start, load_before = time.perf_counter(), load_average()
-    random.seed(0)
-    data = load_real_multilingual(real)
-    tokenizer = build_tokenizer(cfg, data, Path(cfg.output_dir))
-    print(json.dumps(data.summary), flush=True)
+    run = prepare(args)
+    real, cfg, bench, data, tokenizer, seeds = run.real, run.cfg, run.bench, run.data, run.tokenizer, run.seeds
+    start, load_before = run.start, run.load_before
     shared = shared_rows(cfg, bench, data, tokenizer)
     print(f"shared rows ({shared['seconds']:.0f} s): {json.dumps(shared['rows'], default=float)[:1500]}", flush=True)
     settings = {"real_data": dataclasses.asdict(real), "bench": bench, **cfg.to_dict()}
@@ -273,9 +263,7 @@ def main(argv: list[str] | None = None) -> dict:
               "shared_seconds": shared["seconds"], "fusion_weights": shared["fusion_weights"],
               "fusion_held_in": shared["fusion_held_in"], "runs": runs, "mean": mean, "std": std,
               "latency": lat_mean, "table": text, "e5_wheels": list(E5_WHEELS)}
-    out = Path(args.out_dir) / "results" / f"{args.tag}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=float))
+    out = write_result(result, args.out_dir, args.tag)
     plot(mean, lat_mean, Path(args.out_dir) / "plots" / f"{args.tag}.png",
          f"multilingual-e5-small teacher and its distilled towers ({cfg.steps} steps x {cfg.schedule.batch_size}; "
          f"seeds {result['seeds']})")
