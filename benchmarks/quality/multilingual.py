@@ -317,12 +317,23 @@ def prepare(args: argparse.Namespace) -> Prepared:
     return Prepared(real, cfg, bench, seeds, data, tokenizer, start, load_before)
 
 
-def write_result(result: dict, out_dir: str, tag: str) -> Path:
-    """benchmarks/results/<tag>.json under `out_dir` (the JSON every script of this family writes)."""
+def settings(run: Prepared) -> dict:
+    """The whole configuration as the result JSON records it."""
+    return {"real_data": dataclasses.asdict(run.real), "bench": run.bench, **run.cfg.to_dict()}
+
+
+def write_result(run: Prepared, module: str, runs: list[dict], out_dir: str, tag: str, **rest: Any) -> dict:
+    """The result (command, config, machine, load, sizes, seeds, wall time, `runs`, `rest`) written to
+    results/<tag>.json under `out_dir`: the JSON every script of this family writes."""
+    result = {"command": run_command(module), "config": settings(run),
+              "machine": machine_info(load_average=load_average()), "load_average_before": run.load_before,
+              "sizes": run.data.summary, "seeds": [r["seed"] for r in runs],
+              "wall_s": time.perf_counter() - run.start, "runs": runs, **rest}
     out = Path(out_dir) / "results" / f"{tag}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1, default=float))
-    return out
+    print(f"wrote {out} ({result['wall_s']:.0f} s; load {run.load_before} -> {result['machine']['load_average']})")
+    return result
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -335,27 +346,21 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--build-backbone", action="store_true", help="build the e5 directory first if it is missing")
     args = p.parse_args(argv)
     run = prepare(args)
-    real, cfg, bench, data, tokenizer, seeds = run.real, run.cfg, run.bench, run.data, run.tokenizer, run.seeds
-    start, load_before = run.start, run.load_before
+    cfg, bench, data, tokenizer = run.cfg, run.bench, run.data, run.tokenizer
     shared = shared_rows(cfg, data, tokenizer, not args.no_reference, bench["pooling"])
     print(f"shared rows ({shared['seconds']:.0f} s): {json.dumps(shared['rows'], default=float)[:2000]}", flush=True)
-    runs = seed_runs(seeds, lambda seed: run_seed(cfg, bench, data, tokenizer, seed, shared),
+    runs = seed_runs(run.seeds, lambda seed: run_seed(cfg, bench, data, tokenizer, seed, shared),
                      Path(args.out_dir) / "results" / f"{args.tag}.partial.json", data.summary, args.merge)
     mean, std = seed_mean_std([r["rows"] for r in runs])
     seeded = set(row_labels(cfg)) | ({student_label(cfg)} if cfg.student.enabled else set())
     text = table(mean, std, seeded)
     print(text)
-    result = {"command": run_command(__spec__.name), "config": {"real_data": dataclasses.asdict(real), "bench": bench,
-                                                       **cfg.to_dict()},
-              "machine": machine_info(load_average=load_average()), "load_average_before": load_before, "sizes": data.summary,
-              "seeds": [r["seed"] for r in runs], "wall_s": time.perf_counter() - start,
-              "shared_seconds": shared["seconds"], "runs": runs, "mean": mean, "std": std, "table": text}
-    out = write_result(result, args.out_dir, args.tag)
+    result = write_result(run, __spec__.name, runs, args.out_dir, args.tag, shared_seconds=shared["seconds"],
+                          mean=mean, std=std, table=text)
     (Path(args.out_dir) / "results" / f"{args.tag}.partial.json").unlink(missing_ok=True)
     plot(mean, std, Path(args.out_dir) / "plots" / f"{args.tag}.png",
          f"Real data, multi-task vs click-only ({cfg.model.doc_layers}-layer multilingual-e5-small, "
          f"{cfg.steps} steps x {cfg.schedule.batch_size}; mean ± std over seeds {result['seeds']})")
-    print(f"wrote {out} ({result['wall_s']:.0f} s; load {load_before} -> {result['machine']['load_average']})")
     return result
 
 

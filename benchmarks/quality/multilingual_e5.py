@@ -41,7 +41,6 @@ import numpy as np
 import torch
 
 from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
-from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.stats import seed_mean_std
 from benchmarks.quality.multilingual import (
@@ -49,6 +48,7 @@ from benchmarks.quality.multilingual import (
     e5_reference_embedder,
     madr_item_scores,
     prepare,
+    settings,
     table,
     train_model,
     write_result,
@@ -236,16 +236,15 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--build-backbone", action="store_true", help="build the e5 directory first if it is missing")
     args = p.parse_args(argv)
     run = prepare(args)
-    real, cfg, bench, data, tokenizer, seeds = run.real, run.cfg, run.bench, run.data, run.tokenizer, run.seeds
-    start, load_before = run.start, run.load_before
+    cfg, bench, data, tokenizer = run.cfg, run.bench, run.data, run.tokenizer
     shared = shared_rows(cfg, bench, data, tokenizer)
     print(f"shared rows ({shared['seconds']:.0f} s): {json.dumps(shared['rows'], default=float)[:1500]}", flush=True)
-    settings = {"real_data": dataclasses.asdict(real), "bench": bench, **cfg.to_dict()}
-    config_key = json.dumps({k: v for k, v in settings.items() if k != "bench"} | {"bench": {
-        k: v for k, v in bench.items() if k != "seeds"}}, sort_keys=True, default=str)
+    everything = settings(run)
+    config_key = json.dumps({**everything, "bench": {k: v for k, v in bench.items() if k != "seeds"}},
+                            sort_keys=True, default=str)
     partial = Path(args.out_dir) / "results" / f"{args.tag}.partial.json"
-    runs = [r for r in cached_runs(partial, config_key) if r["seed"] in seeds]
-    for seed in seeds:
+    runs = [r for r in cached_runs(partial, config_key) if r["seed"] in run.seeds]
+    for seed in run.seeds:
         if seed in {r["seed"] for r in runs}:
             print(f"seed {seed}: cached in {partial}", flush=True)
             continue
@@ -257,17 +256,13 @@ def main(argv: list[str] | None = None) -> dict:
     lat_mean, _ = seed_mean_std([r["latency"] for r in runs])
     text = table(mean, std, set(SEEDED), COLUMNS)
     print(text)
-    result = {"command": run_command(__spec__.name), "issue": ISSUE_ASK, "config": settings,
-              "machine": machine_info(load_average=load_average()), "load_average_before": load_before,
-              "sizes": data.summary, "seeds": [r["seed"] for r in runs], "wall_s": time.perf_counter() - start,
-              "shared_seconds": shared["seconds"], "fusion_weights": shared["fusion_weights"],
-              "fusion_held_in": shared["fusion_held_in"], "runs": runs, "mean": mean, "std": std,
-              "latency": lat_mean, "table": text, "e5_wheels": list(E5_WHEELS)}
-    out = write_result(result, args.out_dir, args.tag)
+    result = write_result(run, __spec__.name, runs, args.out_dir, args.tag, issue=ISSUE_ASK,
+                          shared_seconds=shared["seconds"], fusion_weights=shared["fusion_weights"],
+                          fusion_held_in=shared["fusion_held_in"], mean=mean, std=std, latency=lat_mean, table=text,
+                          e5_wheels=list(E5_WHEELS))
     plot(mean, lat_mean, Path(args.out_dir) / "plots" / f"{args.tag}.png",
          f"multilingual-e5-small teacher and its distilled towers ({cfg.steps} steps x {cfg.schedule.batch_size}; "
          f"seeds {result['seeds']})")
-    print(f"wrote {out} ({result['wall_s']:.0f} s; load {load_before} -> {result['machine']['load_average']})")
     return result
 
 
