@@ -273,14 +273,22 @@ def plot(mean: dict, std: dict, path: Path, title: str) -> bool:
 
 
 def seed_runs(seeds: Sequence[int], run_one: Callable[[int], dict], partial: Path, sizes: dict,
-              merge: Sequence[str]) -> list[dict]:
+              merge: Sequence[str], key: str | None = None) -> list[dict]:
     """`run_one(seed)` for every seed, the runs so far written to `partial` after each (a crash keeps them),
-    then the runs of the `merge` JSONs whose seed did not run here; sorted by seed."""
+    then the runs of the `merge` JSONs whose seed did not run here; sorted by seed. With `key` (the run's
+    whole configuration as text), the seeds an earlier `partial` of the same key holds are taken from it
+    instead of run again: a long run resumes where it stopped."""
     runs: list[dict] = []
+    if key is not None and partial.is_file():
+        earlier = json.loads(partial.read_text())
+        runs = [r for r in earlier["runs"] if r["seed"] in seeds] if earlier.get("key") == key else []
     for seed in seeds:
+        if seed in {r["seed"] for r in runs}:
+            print(f"seed {seed}: cached in {partial}", flush=True)
+            continue
         runs.append(run_one(seed))
         partial.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps({"sizes": sizes, "runs": runs}, indent=1, default=float))
+        partial.write_text(json.dumps({"sizes": sizes, "key": key, "runs": runs}, indent=1, default=float))
     for path in merge:
         earlier = json.loads(Path(path).read_text())
         runs += [r for r in earlier["runs"] if r["seed"] not in {x["seed"] for x in runs}]

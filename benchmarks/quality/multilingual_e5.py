@@ -48,6 +48,7 @@ from benchmarks.quality.multilingual import (
     e5_reference_embedder,
     madr_item_scores,
     prepare,
+    seed_runs,
     settings,
     table,
     train_model,
@@ -200,14 +201,6 @@ def run_seed(cfg, bench: dict, data: MultilingualData, tokenizer, seed: int, sha
 # ---- seeds, cache, table, plot -------------------------------------------------------------------------------
 
 
-def cached_runs(partial: Path, config_key: str) -> list[dict]:
-    """The finished seeds of an earlier run of the same config (`partial` JSON), else none."""
-    if not partial.is_file():
-        return []
-    earlier = json.loads(partial.read_text())
-    return earlier["runs"] if earlier.get("config_key") == config_key else []
-
-
 def plot(mean: dict, latency: dict, path: Path, title: str) -> bool:
     """Click AUC and cross-lingual top-1 against the query encode latency of every encoder row."""
     plt = pyplot()
@@ -239,19 +232,10 @@ def main(argv: list[str] | None = None) -> dict:
     cfg, bench, data, tokenizer = run.cfg, run.bench, run.data, run.tokenizer
     shared = shared_rows(cfg, bench, data, tokenizer)
     print(f"shared rows ({shared['seconds']:.0f} s): {json.dumps(shared['rows'], default=float)[:1500]}", flush=True)
-    everything = settings(run)
-    config_key = json.dumps({**everything, "bench": {k: v for k, v in bench.items() if k != "seeds"}},
-                            sort_keys=True, default=str)
-    partial = Path(args.out_dir) / "results" / f"{args.tag}.partial.json"
-    runs = [r for r in cached_runs(partial, config_key) if r["seed"] in run.seeds]
-    for seed in run.seeds:
-        if seed in {r["seed"] for r in runs}:
-            print(f"seed {seed}: cached in {partial}", flush=True)
-            continue
-        runs.append(run_seed(cfg, bench, data, tokenizer, seed, shared))
-        partial.parent.mkdir(parents=True, exist_ok=True)
-        partial.write_text(json.dumps({"config_key": config_key, "runs": runs}, indent=1, default=float))
-    runs.sort(key=lambda r: r["seed"])
+    key = json.dumps({**settings(run), "bench": {k: v for k, v in bench.items() if k != "seeds"}}, sort_keys=True,
+                     default=str)
+    runs = seed_runs(run.seeds, lambda seed: run_seed(cfg, bench, data, tokenizer, seed, shared),
+                     Path(args.out_dir) / "results" / f"{args.tag}.partial.json", data.summary, [], key)
     mean, std = seed_mean_std([r["rows"] for r in runs])
     lat_mean, _ = seed_mean_std([r["latency"] for r in runs])
     text = table(mean, std, set(SEEDED), COLUMNS)
