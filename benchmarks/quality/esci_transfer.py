@@ -34,6 +34,7 @@ import torch
 
 from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
 from benchmarks.common.machine import load_average, machine_info, run_command
+from benchmarks.common.results import write_result_json
 from benchmarks.common.stats import mean_std
 from benchmarks.quality.aspect_models.data import EvalSet, eval_lengths, load_config, prepare
 from benchmarks.quality.aspect_models.evaluation import bm25_runs, dense_runs, encode, means
@@ -183,9 +184,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "data": data, "metrics": METRICS, **agg, "machine": info, "load_average_before": load_before,
               "wall_s": time.perf_counter() - start, "table": text}
     out = Path(args.out_dir)
-    json_path = out / "results" / f"{args.tag}.json"
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(result, indent=1, default=float))
+    json_path = write_result_json(out, args.tag, result)
     png = out / "plots" / f"{args.tag}.png"
     if plot(keys, labels, runs, {k: means(v) for k, v in shared.items()}, png, head.lstrip("# "),
                ("recall@10", "mrr@10"), "bibert"):

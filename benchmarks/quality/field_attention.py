@@ -37,6 +37,7 @@ import torch
 
 from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
 from benchmarks.common.machine import load_average, machine_info, run_command
+from benchmarks.common.results import write_result_json
 from benchmarks.common.stats import seed_mean_std
 from benchmarks.quality.multilingual import (
     encoder,
@@ -148,9 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
               "machine": machine_info(load_average=load_average()), "load_average_before": load_before, "sizes": data.summary,
               "seeds": [r["seed"] for r in runs], "wall_s": time.perf_counter() - start, "runs": runs,
               "mean": mean, "std": std, "table": text}
-    out = Path(args.out_dir) / "results" / f"{args.tag}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=float))
+    out = write_result_json(args.out_dir, args.tag, result)
     partial.unlink(missing_ok=True)
     print(f"wrote {out} ({result['wall_s']:.0f} s; load {load_before} -> {result['machine']['load_average']})")
     return result

@@ -66,6 +66,7 @@ import torch
 
 from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
 from benchmarks.common.machine import load_average, machine_info, run_command
+from benchmarks.common.results import write_result_json
 from benchmarks.quality.aspect_models.data import eval_lengths, load_config, prepare
 from benchmarks.quality.aspect_models.evaluation import means
 from benchmarks.quality.aspect_models.report import Invocation, aggregate, budget_text, plot, report_text
@@ -96,9 +97,7 @@ def publish(ctx: Invocation, runs: list[dict]) -> dict[str, Any]:
                            for r in runs},
               "training": {r["seed"]: r["training"] for r in runs}, "tests": agg["tests"],
               "tests_per_seed": agg["tests_per_seed"], "table": table_text}
-    json_path = ctx.out_dir / "results" / f"{ctx.tag}.json"
-    json_path.parent.mkdir(parents=True, exist_ok=True)
-    json_path.write_text(json.dumps(result, indent=1, default=float))
+    json_path = write_result_json(ctx.out_dir, ctx.tag, result)
     png = ctx.out_dir / "plots" / f"{ctx.tag}.png"
     title = (f"{source} {cfg.eval.split} ({ctx.sizes['evaluated_test_queries']} queries, corpus "
              f"{ctx.sizes['corpus']}); {Path(str(cfg.model.backbone.name_or_path)).name}; {budget_text(cfg)}; "

@@ -53,6 +53,7 @@ import torch
 from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args, local_backbone, read_config, repo_path
 from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.common.plotting import pyplot, save_figure
+from benchmarks.common.results import write_result_json
 from benchmarks.quality.aspect_models.data import EvalSet, catalog_for
 from benchmarks.quality.aspect_models.evaluation import Lists, bm25_lists, means, search_depth
 from benchmarks.quality.aspect_models.report import header, relative_table, significance, value_table
@@ -242,9 +243,7 @@ def publish(run: Run, seeds: list[int], fusions: dict, training: dict, tag: str,
               "seeds": seeds, "data": sizes, "labels": labels, "mean": mean, "std": std, "tests": tests,
               "fusions": fusions, "training": training, "seconds": run.seconds, "machine": info,
               "wall_s": time.perf_counter() - start, "table": "\n".join(text)}
-    path = out_dir / "results" / f"{tag}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1, default=float))
+    path = write_result_json(out_dir, tag, result)
     plot(order, labels, mean, std, metrics, out_dir / "plots" / f"{tag}.png", b["target"])
     print(f"wrote {path}")
     return result

@@ -51,6 +51,7 @@ import transformers
 from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args, local_backbone, read_config, repo_path
 from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.common.plotting import pyplot, save_figure
+from benchmarks.common.results import write_result_json
 from benchmarks.common.stats import seed_mean_std
 from benchmarks.quality.multilingual_scores import (
     Embedder,
@@ -247,6 +248,15 @@ def table(mean: dict, std: dict, seeded: set[str], columns: Sequence[tuple[str, 
     return "\n".join(lines)
 
 
+def summarise(runs: list[dict], seeded: set[str], columns: Sequence[tuple[str, str]] = COLUMNS
+              ) -> tuple[dict, dict, str]:
+    """Mean and sample std of every row over the seeds' runs, and their table (printed)."""
+    mean, std = seed_mean_std([r["rows"] for r in runs])
+    text = table(mean, std, seeded, columns)
+    print(text)
+    return mean, std, text
+
+
 def plot(mean: dict, std: dict, path: Path, title: str) -> bool:
     plt = pyplot()
     if plt is None:
@@ -337,9 +347,7 @@ def write_result(run: Prepared, module: str, runs: list[dict], out_dir: str, tag
               "machine": machine_info(load_average=load_average()), "load_average_before": run.load_before,
               "sizes": run.data.summary, "seeds": [r["seed"] for r in runs],
               "wall_s": time.perf_counter() - run.start, "runs": runs, **rest}
-    out = Path(out_dir) / "results" / f"{tag}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1, default=float))
+    out = write_result_json(out_dir, tag, result)
     print(f"wrote {out} ({result['wall_s']:.0f} s; load {run.load_before} -> {result['machine']['load_average']})")
     return result
 
@@ -359,10 +367,8 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"shared rows ({shared['seconds']:.0f} s): {json.dumps(shared['rows'], default=float)[:2000]}", flush=True)
     runs = seed_runs(run.seeds, lambda seed: run_seed(cfg, bench, data, tokenizer, seed, shared),
                      Path(args.out_dir) / "results" / f"{args.tag}.partial.json", data.summary, args.merge)
-    mean, std = seed_mean_std([r["rows"] for r in runs])
     seeded = set(row_labels(cfg)) | ({student_label(cfg)} if cfg.student.enabled else set())
-    text = table(mean, std, seeded)
-    print(text)
+    mean, std, text = summarise(runs, seeded)
     result = write_result(run, __spec__.name, runs, args.out_dir, args.tag, shared_seconds=shared["seconds"],
                           mean=mean, std=std, table=text)
     (Path(args.out_dir) / "results" / f"{args.tag}.partial.json").unlink(missing_ok=True)

@@ -43,6 +43,7 @@ import torch
 from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
 from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.stats import seed_mean_std
+from benchmarks.quality import multilingual_scores as item
 from benchmarks.quality.multilingual import (
     E5_WHEELS,
     e5_reference_embedder,
@@ -50,19 +51,11 @@ from benchmarks.quality.multilingual import (
     prepare,
     seed_runs,
     settings,
-    table,
+    summarise,
     train_model,
     write_result,
 )
 from benchmarks.quality.multilingual_fusion import fused_rows
-from benchmarks.quality.multilingual_scores import (
-    Embedder,
-    bm25_scores,
-    item_scores,
-    metrics,
-    paired_bootstrap,
-    random_scores,
-)
 from madr.data.records import MultilingualData
 from madr.modeling.backbone import resolve_backbone_path
 from madr.recipes.multitask.data import doc_text
@@ -116,7 +109,7 @@ def latency(model, data: MultilingualData, order: Sequence[str], n: int) -> dict
 # ---- rows -------------------------------------------------------------------------------------------------------
 
 
-def memoised(embed: Embedder) -> Embedder:
+def memoised(embed: item.Embedder) -> item.Embedder:
     """`embed` with each (text, role) embedded once: the e5 row and the fusion row share their texts."""
     cache: dict[tuple[str, str], torch.Tensor] = {}
 
@@ -143,7 +136,7 @@ def click_source_metrics(scores: dict[str, np.ndarray], data: MultilingualData) 
 
 
 def row_metrics(scores: dict[str, np.ndarray], data: MultilingualData, ks: Sequence[int]) -> dict[str, float]:
-    return {**metrics(scores, data, ks), **click_source_metrics(scores, data)}
+    return {**item.metrics(scores, data, ks), **click_source_metrics(scores, data)}
 
 
 def shared_rows(cfg, bench: dict, data: MultilingualData, tokenizer) -> dict[str, Any]:
@@ -152,8 +145,8 @@ def shared_rows(cfg, bench: dict, data: MultilingualData, tokenizer) -> dict[str
     t0 = time.perf_counter()
     path = resolve_backbone_path(cfg.model.backbone.name_or_path)
     e5 = memoised(e5_reference_embedder(path, cfg.model.max_doc_length, bs))
-    scores = {"Random scores": random_scores(data, 0), BM25: bm25_scores(tokenizer, data, order),
-              E5: item_scores(e5, data, order)}
+    scores = {"Random scores": item.random_scores(data, 0), BM25: item.bm25_scores(tokenizer, data, order),
+              E5: item.item_scores(e5, data, order)}
     print(f"e5 and BM25 rows: {time.perf_counter() - t0:.0f} s", flush=True)
     fusion = fused_rows(e5, tokenizer, data, order, bench, seed=0)
     scores[FUSION] = fusion["scores"]
@@ -190,11 +183,11 @@ def run_seed(cfg, bench: dict, data: MultilingualData, tokenizer, seed: int, sha
               f"latency {lat[name]}", flush=True)
     draws = int(bench["bootstrap"])
     return {"seed": seed, "rows": {**shared["rows"], **rows}, "latency": {**shared["latency"], **lat},
-            "paired_teacher_minus_e5": paired_bootstrap(scores[TEACHER], shared["scores"][E5], data, draws, seed),
-            "paired_teacher_minus_zero_shot": paired_bootstrap(scores[TEACHER], shared["scores"][ZERO_SHOT], data,
+            "paired_teacher_minus_e5": item.paired_bootstrap(scores[TEACHER], shared["scores"][E5], data, draws, seed),
+            "paired_teacher_minus_zero_shot": item.paired_bootstrap(scores[TEACHER], shared["scores"][ZERO_SHOT], data,
                                                                draws, seed),
-            "paired_pair_minus_teacher": paired_bootstrap(scores[PAIR], scores[TEACHER], data, draws, seed),
-            "paired_pair_minus_e5": paired_bootstrap(scores[PAIR], shared["scores"][E5], data, draws, seed),
+            "paired_pair_minus_teacher": item.paired_bootstrap(scores[PAIR], scores[TEACHER], data, draws, seed),
+            "paired_pair_minus_e5": item.paired_bootstrap(scores[PAIR], shared["scores"][E5], data, draws, seed),
             "seconds": seconds, "training": {TEACHER: training, PAIR: distilled}}
 
 
@@ -236,17 +229,16 @@ def main(argv: list[str] | None = None) -> dict:
                      default=str)
     runs = seed_runs(run.seeds, lambda seed: run_seed(cfg, bench, data, tokenizer, seed, shared),
                      Path(args.out_dir) / "results" / f"{args.tag}.partial.json", data.summary, [], key)
-    mean, std = seed_mean_std([r["rows"] for r in runs])
+    mean, std, text = summarise(runs, set(SEEDED), COLUMNS)
     lat_mean, _ = seed_mean_std([r["latency"] for r in runs])
-    text = table(mean, std, set(SEEDED), COLUMNS)
-    print(text)
     result = write_result(run, __spec__.name, runs, args.out_dir, args.tag, issue=ISSUE_ASK,
                           shared_seconds=shared["seconds"], fusion_weights=shared["fusion_weights"],
                           fusion_held_in=shared["fusion_held_in"], mean=mean, std=std, latency=lat_mean, table=text,
                           e5_wheels=list(E5_WHEELS))
-    plot(mean, lat_mean, Path(args.out_dir) / "plots" / f"{args.tag}.png",
-         f"multilingual-e5-small teacher and its distilled towers ({cfg.steps} steps x {cfg.schedule.batch_size}; "
-         f"seeds {result['seeds']})")
+    budget = f"{cfg.steps} steps x {cfg.schedule.batch_size}"
+    if plot(mean, lat_mean, Path(args.out_dir) / "plots" / f"{args.tag}.png",
+            f"multilingual-e5-small teacher and its distilled towers ({budget}; seeds {result['seeds']})"):
+        print(f"plot: {Path(args.out_dir) / 'plots' / f'{args.tag}.png'}")
     return result
 
 
