@@ -335,5 +335,6 @@ def plain_app(settings: ServeSettings) -> FastAPI:
     from serve.backend import LocalBackend
 
     manifest = settings.require_manifest()
-    backend = LocalBackend(manifest, settings.model_dir, settings.mmap, settings.verify, settings.torch_threads)
+    backend = LocalBackend(manifest, settings.model_dir, settings.mmap, settings.verify, settings.torch_threads,
+                           settings.encoder_index_vocabulary)
     return create_api(backend, settings, Docs.open(manifest))

@@ -3,9 +3,14 @@
 `Backend` is the interface `serve/api.py` talks to. Two implementations share every numeric step:
 `LocalBackend` (model + `ShardedIndex` in this process: the plain FastAPI/uvicorn app and the benchmark
 baseline) and `RayBackend` in `serve/deployments.py` (Ray Serve handles to a batching `QueryEncoder` and one
-`ShardSearcher` per shard group). Both encode with `madr.index` `encode_queries` and search with
-`madr.search.sharded` `Shard.search` + `merge_topk` under one `madr.search.params.SearchParams`, so the HTTP results equal an offline `ShardedIndex.search` of the same
-queries (paper 002 Eq. 1 per shard, unnormalised, merged by score with ties by id).
+`ShardSearcher` per shard group). Both encode with `madr.search.query_encoder.LeanQueryEncoder` (the vectors of
+`madr.index` `encode_queries`, without per-call mode switches and with the SPLADE activation on the pooled row)
+and search with `madr.search.sharded` `Shard.search` + `merge_topk` under one `madr.search.params.SearchParams`,
+so the HTTP results equal an offline `ShardedIndex.search` of the same queries (paper 002 Eq. 1 per shard,
+unnormalised, merged by score with ties by id). With `index_vocabulary` (settings
+`encoder_index_vocabulary`, off by default) a hybrid model's queries are projected onto the terms the index
+holds only (`madr.search.sharded.sparse_term_ids`): faster, and the top-k cut is then taken over those terms,
+so results can differ from the offline reference where a query's top-k held terms no document has.
 
 An index with a lexical (BM25) part (`madr.index.lexical`, manifest `search_mode` "dense+bm25") is searched by
 dense + BM25 fusion: the encoder also counts the raw query's word pieces (`EncodedQuery.lexical`; those of the
@@ -33,6 +38,7 @@ from madr.search.sparse import SparseBatch
 
 if TYPE_CHECKING:
     from madr.modeling.model import BiEncoder
+    from madr.search.query_encoder import LeanQueryEncoder
 
 # torch / transformers (madr.modeling.model, madr.modeling.explain, madr.index.encode) are imported inside the functions that
 # need them, so the searcher and ingress replicas do not pay for them.
@@ -119,19 +125,31 @@ def load_model(model_dir: str | Path, threads: int = 1) -> BiEncoder:
     return BiEncoder.load(model_dir).eval()
 
 
-def encode_texts(model: BiEncoder, texts: list[str], lexical_vocab: int | None = None,
-                 lexical_tokenizer: Any | None = None) -> list[EncodedQuery]:
-    """Query-tower dense (+ sparse for hybrid models) vectors of `texts`, one `EncodedQuery` each; with
-    `lexical_vocab` (the index's BM25 vocabulary size) also the raw texts' word-piece counts, split by
-    `lexical_tokenizer` (the index's own, `lexical_tokenizer_dir`) or, when None, the model's tokenizer."""
-    from madr.index.encode import encode_queries
+def query_encoder(model: BiEncoder, manifest_path: str | Path | None = None, verify: bool = True
+                  ) -> LeanQueryEncoder:
+    """The lean query encoder of `model` (puts it in eval mode once); with `manifest_path` (a hybrid index) its
+    queries are projected onto the terms the index's sparse shards hold (`madr.search.sharded.sparse_term_ids`)."""
+    from madr.search.query_encoder import LeanQueryEncoder
+    from madr.search.sharded import sparse_term_ids
 
-    dense, sparse = encode_queries(model, list(texts))
+    terms = None
+    if manifest_path is not None and model.config.has_sparse:
+        terms = sparse_term_ids(manifest_path, verify=verify)
+    return LeanQueryEncoder(model, terms)
+
+
+def encode_texts(encoder: LeanQueryEncoder, texts: list[str], lexical_vocab: int | None = None,
+                 lexical_tokenizer: Any | None = None) -> list[EncodedQuery]:
+    """Query-tower dense (+ sparse for hybrid models) vectors of `texts` (`LeanQueryEncoder.encode`), one
+    `EncodedQuery` each; with `lexical_vocab` (the index's BM25 vocabulary size) also the raw texts' word-piece
+    counts, split by `lexical_tokenizer` (the index's own, `lexical_tokenizer_dir`) or, when None, the model's
+    tokenizer."""
+    dense, sparse = encoder.encode(list(texts))
     terms = None
     if lexical_vocab is not None:
         from madr.index.lexical import query_term_counts
 
-        tok = model.tokenizer if lexical_tokenizer is None else lexical_tokenizer
+        tok = encoder.model.tokenizer if lexical_tokenizer is None else lexical_tokenizer
         terms = query_term_counts(tok, list(texts), lexical_vocab)
     rows = []
     for i in range(len(texts)):
@@ -277,19 +295,23 @@ class LocalBackend:
     per call (no cross-request batching): the plain-FastAPI baseline of the Serve app."""
 
     def __init__(self, manifest_path: str | Path, model_dir: str | None = None, mmap: bool = False,
-                 verify: bool = True, threads: int = 1) -> None:
+                 verify: bool = True, threads: int = 1, index_vocabulary: bool = False) -> None:
         import faiss
+
+        from madr.search.query_encoder import LeanQueryEncoder
 
         faiss.omp_set_num_threads(threads)
         self.model = load_model(resolve_model_dir(manifest_path, model_dir), threads)
         self.index = ShardedIndex.open(manifest_path, mmap=mmap, verify=verify)
+        terms = self.index.sparse_term_ids() if index_vocabulary and self.model.config.has_sparse else None
+        self.encoder = LeanQueryEncoder(self.model, terms)
         self.lexical_vocab = lexical_vocab(self.index.manifest)
         self.lexical_tokenizer = self.index.lexical_tokenizer  # None: the model's splits the queries
         self._lock = asyncio.Lock()
 
     async def encode(self, text: str) -> EncodedQuery:
         async with self._lock:  # torch modules are not re-entrant across threads
-            return (await asyncio.to_thread(encode_texts, self.model, [text], self.lexical_vocab,
+            return (await asyncio.to_thread(encode_texts, self.encoder, [text], self.lexical_vocab,
                                             self.lexical_tokenizer))[0]
 
     async def search(self, query: EncodedQuery, params: SearchParams) -> tuple[np.ndarray, np.ndarray]:

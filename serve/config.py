@@ -62,6 +62,9 @@ class ServeSettings:
     manifest's).
     Searchers: the manifest's shards are split into `shard_groups` contiguous groups, one `ShardSearcher`
     deployment per group (`searcher-0`, `searcher-1`, ...), each with its own replicas.
+    Query encoder: `encoder_index_vocabulary` (hybrid models; off by default) projects queries onto the terms
+    the index's sparse shards hold only (`madr.search.query_encoder.LeanQueryEncoder`): a faster MLM projection,
+    with the top-k cut taken over those terms (results can then differ from the offline reference).
     Search settings: `search` (`madr.search.params.SearchParams`, YAML section `search:`): `candidates`,
     `nprobe`, `ef_search` for every shard (None: the index defaults) and `lam` for requests that do not send
     one (None: the index's `hybrid_lambda`); `k` comes with each request.
@@ -105,6 +108,7 @@ class ServeSettings:
     faiss_threads: int = 1
     encoder_max_batch_size: int = 16
     encoder_batch_wait_timeout_s: float = 0.003
+    encoder_index_vocabulary: bool = False
     searcher_max_batch_size: int = 16
     searcher_batch_wait_timeout_s: float = 0.001
     request_timeout_s: float = 10.0

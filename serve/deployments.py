@@ -1,6 +1,6 @@
 """Ray Serve deployments: the batching query encoder, the shard searchers, and the handles backend.
 
-- `QueryEncoder`: the model's query tower behind `@serve.batch` (dynamic batching: concurrent requests are
+- `QueryEncoder`: the model's query tower (`madr.search.query_encoder.LeanQueryEncoder`) behind `@serve.batch` (dynamic batching: concurrent requests are
   encoded as one padded batch, up to `encoder_max_batch_size` or `encoder_batch_wait_timeout_s`); also
   answers `/explain` (both towers) and term names for `/encode`.
 - `ShardSearcher`: one deployment per shard group (`searcher-<g>`), each replica holding its shards in
@@ -38,6 +38,7 @@ from serve.backend import (
     isolate,
     load_lexical_tokenizer,
     load_model,
+    query_encoder,
     search_batched,
     term_names,
 )
@@ -54,8 +55,11 @@ class QueryEncoder:
 
     def __init__(self, model_dir: str, threads: int = 1, max_batch_size: int = 16,
                  batch_wait_timeout_s: float = 0.003, lexical_vocab: int | None = None,
-                 lexical_tokenizer: str | None = None) -> None:
+                 lexical_tokenizer: str | None = None, vocabulary_manifest: str | None = None,
+                 verify: bool = True) -> None:
         self.model = load_model(model_dir, threads)
+        # eval mode set once; with `vocabulary_manifest` a hybrid model projects onto the index's terms only
+        self.encoder = query_encoder(self.model, vocabulary_manifest, verify)
         self.lexical_vocab = lexical_vocab  # an index with a BM25 part: also count the queries' word pieces
         # ... split by the index's own lexical tokenizer (a directory of the index) when it has one
         self.lexical_tokenizer = load_lexical_tokenizer(lexical_tokenizer, lexical_vocab)
@@ -69,8 +73,8 @@ class QueryEncoder:
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.003)
     async def _encode_batch(self, texts: list[str]) -> list[EncodedQuery | Exception]:
         # In a thread: the event loop keeps queueing requests for the next batch meanwhile.
-        return await asyncio.to_thread(isolate, lambda batch: encode_texts(self.model, batch, self.lexical_vocab,
-                                                                              self.lexical_tokenizer),
+        return await asyncio.to_thread(isolate, lambda batch: encode_texts(self.encoder, batch, self.lexical_vocab,
+                                                                           self.lexical_tokenizer),
                                        texts)
 
     def explain(self, query: str, doc_text: str) -> dict[str, Any]:

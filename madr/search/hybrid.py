@@ -37,6 +37,7 @@ import torch
 from madr.modeling.model import BiEncoder
 from madr.search.params import SearchParams, resolve
 from madr.search.protocol import PAD_ID, TopK, document_ids
+from madr.search.query_encoder import LeanQueryEncoder
 from madr.search.score_fusion import hybrid_merge, union_candidates
 from madr.search.sharded import faiss_params
 from madr.search.sparse import InvertedIndex, SparseBatch
@@ -142,6 +143,7 @@ class HybridSearcher:
         self.dense_index, self.sparse_index, self.vectors = dense_index, sparse_index, vectors
         self.hybrid_lambda, self.index_factory, self.model = float(hybrid_lambda), index_factory, model
         self._order = np.argsort(self.ids)
+        self._query_encoder: LeanQueryEncoder | None = None  # a LeanQueryEncoder of `model`, built on first use in eval mode
 
     # ---- construction ------------------------------------------------------------------------------------
 
@@ -182,11 +184,19 @@ class HybridSearcher:
     # ---- scoring -----------------------------------------------------------------------------------------
 
     def encode_queries(self, queries: list[str], batch_size: int = 64) -> EncodedTexts:
+        """Query vectors. A model in eval mode (a served one) goes through ``LeanQueryEncoder`` (built once:
+        no mode switches per call, the same vectors); a model in training mode through ``encode_hybrid``, which
+        puts it back in training mode after (e.g. a validation pass mid-training)."""
         if self.model is None:
             raise ValueError("HybridSearcher: no model to encode text queries; pass model= or use search_encoded")
         if isinstance(queries, str):
             raise ValueError("HybridSearcher: queries must be a list of strings, got one string")
-        return encode_hybrid(self.model, list(queries), "query", batch_size)
+        if self.model.training:
+            return encode_hybrid(self.model, list(queries), "query", batch_size)
+        if self._query_encoder is None:
+            self._query_encoder = LeanQueryEncoder(self.model)
+        dense, sparse = self._query_encoder.encode(list(queries), batch_size)
+        return EncodedTexts(dense, sparse)
 
     def _rows(self, ids: np.ndarray) -> np.ndarray:
         """Index rows of global ``ids`` (any shape, no padding)."""

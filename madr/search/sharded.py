@@ -40,13 +40,13 @@ import numpy as np
 
 from madr.index.build import hnsw_of, ivf_of
 from madr.index.lexical import LexicalInfo, bm25_shard_index
-from madr.index.manifest import MANIFEST_FILE, Manifest, ShardInfo
+from madr.index.manifest import MANIFEST_FILE, Manifest, ShardInfo, sha256_file
 from madr.search.params import SearchParams, resolve
 from madr.search.protocol import PAD_ID, TopK, merge_topk
 from madr.search.score_fusion import hybrid_merge, union_candidates, weighted_fusion
 from madr.search.sparse import InvertedIndex, SparseBatch
 
-__all__ = ["Shard", "ShardedIndex", "faiss_params", "fuse_candidates", "load_shard"]
+__all__ = ["Shard", "ShardedIndex", "faiss_params", "fuse_candidates", "load_shard", "sparse_term_ids"]
 
 FUSED_NORMALISATION = "minmax"  # dense + BM25 fusion's default (SearchParams.normalisation None)
 
@@ -257,6 +257,25 @@ def _open_shard(base: Path, info: ShardInfo, manifest: Manifest, mmap: bool, ver
     return Shard(index, ids, sparse, manifest.hybrid_lambda, info.shard, lexical, lam)
 
 
+def sparse_term_ids(manifest_path: str | Path, verify: bool = True) -> np.ndarray | None:
+    """The term ids with a posting in any shard's sparse index (ascending int64), None for an index without
+    sparse shards: the vocabulary a hybrid query encoder may project onto
+    (``madr.search.query_encoder.LeanQueryEncoder``). Reads only each shard's column pointers, so a process
+    that encodes queries does not load the postings; ``verify`` checks the sparse files' checksums first
+    (not the dense ones: this process does not read them)."""
+    path = _manifest_path(manifest_path)
+    manifest = Manifest.load(path)
+    if not manifest.shards or any(not info.sparse_path for info in manifest.shards):
+        return None
+    parts = []
+    for info in manifest.shards:
+        file = path.parent / info.sparse_path
+        if verify and sha256_file(file) != info.sha256.get(info.sparse_path):
+            raise ValueError(f"shard {info.shard}: checksum mismatch (or none recorded) for {file}")
+        parts.append(InvertedIndex.saved_term_ids(file))
+    return np.unique(np.concatenate(parts)).astype(np.int64)
+
+
 class ShardedIndex:
     """All shards of a manifest, searched one after the other and merged (``merge_topk``)."""
 
@@ -294,6 +313,12 @@ class ShardedIndex:
     @property
     def has_sparse(self) -> bool:
         return bool(self.shards) and all(s.sparse is not None for s in self.shards)
+
+    def sparse_term_ids(self) -> np.ndarray | None:
+        """The term ids with a posting in any shard (ascending int64), None without sparse shards."""
+        if not self.has_sparse:
+            return None
+        return np.unique(np.concatenate([s.sparse.term_ids() for s in self.shards])).astype(np.int64)
 
     @property
     def hybrid_lambda(self) -> float | None:

@@ -224,6 +224,11 @@ class InvertedIndex:
         """Global document ids in insertion order."""
         return self._ids
 
+    def term_ids(self) -> np.ndarray:
+        """The term ids with at least one posting, ascending (int64): the only terms a query can match on
+        (``madr.search.query_encoder.LeanQueryEncoder`` projects queries onto them)."""
+        return np.flatnonzero(np.diff(self._compact().indptr)).astype(np.int64)
+
     def documents(self) -> SparseBatch:
         """The indexed document vectors in insertion order (rows of ``ids``; pruned postings stay pruned)."""
         return SparseBatch.from_scipy(sp.csr_array(self._compact()))
@@ -240,6 +245,14 @@ class InvertedIndex:
         np.savez(path, format=np.array(_FORMAT), data=p.data, indices=p.indices, indptr=p.indptr,
                  ids=self._ids, vocab_size=np.array(self.vocab_size, dtype=np.int64),
                  max_postings_per_term=np.array(self.max_postings_per_term or 0, dtype=np.int64))
+
+    @staticmethod
+    def saved_term_ids(path: str | Path) -> np.ndarray:
+        """``term_ids`` of a file written by ``save``, reading only its column pointers (no postings)."""
+        with np.load(path, allow_pickle=False) as f:
+            if "indptr" not in f.files or str(f["format"]) != _FORMAT:
+                raise ValueError(f"{path}: not an InvertedIndex file")
+            return np.flatnonzero(np.diff(f["indptr"])).astype(np.int64)
 
     @classmethod
     def load(cls, path: str | Path) -> InvertedIndex:

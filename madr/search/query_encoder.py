@@ -1,0 +1,164 @@
+"""A lean query encoder for serving: the vectors ``madr.index.encode.encode_queries`` gives, with less work.
+
+The hybrid model (paper 002) turns a query into the CLS vector (dense) and SPLADE term weights from the MLM
+head (sparse, Sec. 4.1-4.2): w_j = pool_i log(1 + ReLU(mlm_logit[i, j])) over the non-padding tokens i
+(max, or sum), special tokens zeroed, top-k kept (``madr.modeling.heads.hybrid``). Per query the reference
+path (``encode_hybrid``) toggles ``model.eval()`` / ``train()``, runs under ``no_grad``, projects every token
+onto the whole vocabulary, applies log1p / ReLU to the whole [L, V] matrix and cuts a dense [V] row. Here:
+
+- the model is put in eval mode once, at construction, and encoding runs under ``torch.inference_mode()``;
+  a model put back in training mode is refused, not silently switched (dropout would change the vectors);
+- MLM logits are computed only at the real (non-padding) token positions;
+- max pooling takes the max of the raw logits over tokens FIRST and applies ReLU / log1p to the pooled [V]
+  row (both are monotone non-decreasing, so max_i f(x_i) = f(max_i x_i) exactly: same weights, bit for bit,
+  for the same logits); sum pooling keeps the reference's log1p(ReLU) per token, then the sum;
+- optionally (``term_ids``: the terms that occur in the index, ``madr.search.sharded.sparse_term_ids``) the
+  MLM decoder is sliced once, at construction, to those rows: logits are computed for the index's terms
+  only. A term's weight is unchanged; what changes is the top-k cut, which is then taken over the index's
+  terms: the query keeps its k best terms *that can match a document* instead of spending slots on terms no
+  document has. Whenever the reference top-k holds only index terms (or k does not bind) the output equals
+  the reference's; otherwise it is a superset of the reference restricted to the index, so served scores can
+  differ (opt-in: ``serve.config.ServeSettings.encoder_index_vocabulary``).
+
+The dense vector is the tower's ``TowerOutput.embedding`` (raw for hybrid models as in ``encode_hybrid``;
+L2-normalised for cosine dense models as in ``BiEncoder.encode_texts``). Texts are batched in order of length,
+rows returned in input order, as the reference does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from madr.modeling.model import BiEncoder, Tower
+from madr.search.sparse import SparseBatch
+
+
+class LeanQueryEncoder:
+    """Query (or document) tower vectors without per-call mode switches; see the module docstring.
+
+    ``term_ids``: hybrid models only, the vocabulary ids the sparse index holds (any order, duplicates
+    allowed); None projects onto the whole vocabulary (output equal to ``encode_queries``). The decoder rows
+    are copied at construction: build a new encoder after changing the model's weights.
+    """
+
+    def __init__(self, model: BiEncoder, term_ids: Sequence[int] | np.ndarray | None = None,
+                 side: str = "query", batch_size: int = 64) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.model, self.side, self.batch_size = model, side, batch_size
+        self.tower: Tower = model.tower(side)
+        model.eval()  # once: dropout off and the hybrid top-k cut on (madr.modeling.heads.hybrid)
+        self.device = next(model.parameters()).device
+        self.hybrid = bool(model.config.has_sparse)
+        self.cosine = model.config.similarity == "cosine" and not self.hybrid
+        if not self.hybrid:
+            if term_ids is not None:
+                raise ValueError(f"term_ids: model {model.config.name!r} has no sparse vectors to project")
+            self.terms, self._terms_np = None, None
+            return
+        head, mlm = self.tower.head, self.tower.mlm_head
+        self.pooling, self.top_k = head.pooling, head.top_k
+        embeddings = self.tower.word_embeddings
+        self.vocab_size = int(embeddings.shape[0])
+        excluded = torch.tensor(head.excluded_ids, dtype=torch.long, device=self.device)
+        if term_ids is None:
+            self.terms, self._terms_np = None, None
+            self.excluded = excluded  # zeroed after pooling, as term_weights does
+        else:
+            terms = np.unique(np.asarray(term_ids, dtype=np.int64).reshape(-1))
+            if terms.size and (terms[0] < 0 or terms[-1] >= self.vocab_size):
+                raise ValueError(f"term_ids must lie in [0, {self.vocab_size}), got min {terms[0]} max {terms[-1]}")
+            terms = terms[~np.isin(terms, head.excluded_ids)]  # always zero: never worth computing
+            self.terms, self._terms_np = torch.from_numpy(terms).to(self.device), terms
+            self.excluded = excluded[:0]
+        with torch.inference_mode():  # slices made once: [T, H] decoder rows and [T] biases
+            self._weight = embeddings if self.terms is None else embeddings[self.terms].contiguous()
+            self._bias = mlm.bias if self.terms is None else mlm.bias[self.terms].contiguous()
+
+    @property
+    def num_terms(self) -> int:
+        """How many vocabulary rows the MLM projection computes (the whole vocabulary without ``term_ids``)."""
+        if not self.hybrid:
+            return 0
+        return self.vocab_size if self.terms is None else int(self.terms.numel())
+
+    def encode(self, texts: list[str], batch_size: int | None = None) -> tuple[np.ndarray, SparseBatch | None]:
+        """(dense [N, d] float32, sparse ``SparseBatch`` over the full vocabulary or None for dense models);
+        ``batch_size`` (default: the encoder's) texts per forward pass."""
+        step = self.batch_size if batch_size is None else batch_size
+        if step < 1:
+            raise ValueError(f"batch_size must be >= 1, got {step}")
+        if isinstance(texts, str):
+            raise ValueError("texts must be a list of strings, got one string")
+        if self.model.training:
+            raise ValueError("LeanQueryEncoder: the model was put back in training mode; call model.eval() "
+                             "(the encoder does not switch modes per call)")
+        texts = list(texts)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        dense, sparse = [], []
+        with torch.inference_mode():
+            for i in range(0, len(texts), step):
+                enc = self.model.tokenize([texts[j] for j in order[i:i + step]], self.side)
+                d, s = self._encode_batch(enc["input_ids"].to(self.device), enc["attention_mask"].to(self.device))
+                dense.append(d)
+                sparse.append(s)
+        if not dense:
+            empty = None if not self.hybrid else SparseBatch(np.zeros(1, np.int64), np.zeros(0, np.int32),
+                                                             np.zeros(0, np.float32), self.vocab_size)
+            return np.zeros((0, self.model.embedding_dim), np.float32), empty
+        inverse = np.argsort(np.asarray(order))
+        out = np.concatenate(dense)[inverse]
+        return out, (SparseBatch.concat(sparse).select(inverse) if self.hybrid else None)
+
+    # ---- one padded batch ------------------------------------------------------------------------------------
+
+    def _encode_batch(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[np.ndarray, SparseBatch | None]:
+        tower = self.tower
+        if not self.hybrid:
+            emb = tower(ids, mask).embedding
+            if self.cosine:
+                emb = nn.functional.normalize(emb, dim=-1)
+            return emb.float().cpu().numpy(), None
+        out = tower.head(tower.backbone, ids, mask)
+        emb = out.embedding if tower.projection is None else tower.projection(out.embedding)
+        live = mask.bool()
+        weights = self._pooled_weights(out.sequence_output[live], live.sum(dim=1).tolist())
+        return emb.float().cpu().numpy(), self._top_k(weights)
+
+    def _pooled_weights(self, hidden: torch.Tensor, lengths: list[int]) -> torch.Tensor:
+        """[B, T] pooled term weights (paper 002 Sec. 4.1) from the hidden states [N, H] of the N real tokens
+        (``lengths`` per text), over the T projected terms."""
+        mlm = self.tower.mlm_head
+        h = mlm.layer_norm(nn.functional.gelu(mlm.dense(hidden)))
+        logits = nn.functional.linear(h, self._weight, self._bias)  # [N, T]
+        chunks = torch.split(logits, lengths)
+        if self.pooling == "max":  # max first, then ReLU / log1p on [B, T] (monotone: the same weights)
+            pooled = torch.log1p(torch.relu(torch.stack([c.max(dim=0).values for c in chunks])))
+        else:  # sum: log1p(ReLU) per token, as the reference
+            pooled = torch.stack([torch.log1p(torch.relu(c)).sum(dim=0) for c in chunks])
+        if self.excluded.numel():
+            pooled = pooled.index_fill(1, self.excluded, 0.0)
+        return pooled
+
+    def _top_k(self, weights: torch.Tensor) -> SparseBatch:
+        """Each row's top-k (``HybridHead.top_k``; all without one) positive weights as a ``SparseBatch`` over
+        the full vocabulary, term ids ascending."""
+        k = weights.shape[1] if self.top_k is None else min(self.top_k, weights.shape[1])
+        values, cols = torch.topk(weights, k, dim=1) if k < weights.shape[1] else (weights, None)
+        values = values.float().cpu().numpy()
+        if cols is None:
+            cols_np = np.broadcast_to(np.arange(weights.shape[1]), values.shape)
+        else:
+            cols_np = cols.cpu().numpy()
+        term = cols_np if self._terms_np is None else self._terms_np[cols_np]
+        order = np.argsort(term, axis=1, kind="stable")
+        term = np.take_along_axis(term, order, axis=1)
+        values = np.take_along_axis(values, order, axis=1)
+        keep = values != 0
+        indptr = np.zeros(values.shape[0] + 1, dtype=np.int64)
+        np.cumsum(keep.sum(axis=1), out=indptr[1:])
+        return SparseBatch(indptr, term[keep], values[keep], self.vocab_size)
