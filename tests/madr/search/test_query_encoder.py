@@ -231,3 +231,20 @@ def test_hybrid_searcher_results_unchanged(tokenizer, queries, doc_texts):
     again = searcher.search(queries, k=10, candidates=60)
     assert model.training, "HybridSearcher left a training model in eval mode"
     np.testing.assert_allclose(again[0], want[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("projected", [False, True])
+def test_decoder_copy_follows_in_place_weight_updates(tokenizer, queries, doc_texts, projected):
+    """The encoder's transposed decoder copy is rebuilt when the model's weights change in place (an optimizer
+    step), so an encoder kept across training (HybridSearcher) never serves stale term weights."""
+    model = hybrid_model(tokenizer)
+    terms = InvertedIndex.build(encode_documents(model, doc_texts)[1]).term_ids() if projected else None
+    enc = LeanQueryEncoder(model, terms)
+    before = enc.encode(queries)[1]
+    with torch.no_grad():
+        model.query_tower.word_embeddings.mul_(1.5)
+        model.query_tower.mlm_head.bias.add_(0.25)
+    after = enc.encode(queries)[1]
+    fresh = LeanQueryEncoder(model, terms).encode(queries)[1]
+    assert not np.allclose(before.to_dense(), after.to_dense()), "the weight update did not reach the encoder"
+    assert_same_sparse(after, fresh, "after an in-place update")
