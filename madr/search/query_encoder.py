@@ -8,12 +8,13 @@ onto the whole vocabulary, applies log1p / ReLU to the whole [L, V] matrix and c
 
 - the model is put in eval mode once, at construction, and encoding runs under ``torch.inference_mode()``;
   a model put back in training mode is refused, not silently switched (dropout would change the vectors);
-- MLM logits are computed only at the real (non-padding) token positions;
+- MLM logits are computed only at the real (non-padding) token positions, as one ``addmm`` against a
+  transposed, contiguous copy of the decoder ([H, V]; rebuilt when the model's weights change in place);
 - max pooling takes the max of the raw logits over tokens FIRST and applies ReLU / log1p to the pooled [V]
   row (both are monotone non-decreasing, so max_i f(x_i) = f(max_i x_i) exactly: same weights, bit for bit,
   for the same logits); sum pooling keeps the reference's log1p(ReLU) per token, then the sum;
 - optionally (``term_ids``: the terms that occur in the index, ``madr.search.sharded.sparse_term_ids``) the
-  MLM decoder is sliced once, at construction, to those rows: logits are computed for the index's terms
+  MLM decoder copy holds those rows only: logits are computed for the index's terms
   only. A term's weight is unchanged; what changes is the top-k cut, which is then taken over the index's
   terms: the query keeps its k best terms *that can match a document* instead of spending slots on terms no
   document has. Whenever the reference top-k holds only index terms (or k does not bind) the output equals
@@ -22,7 +23,8 @@ onto the whole vocabulary, applies log1p / ReLU to the whole [L, V] matrix and c
 
 The dense vector is the tower's ``TowerOutput.embedding`` (raw for hybrid models as in ``encode_hybrid``;
 L2-normalised for cosine dense models as in ``BiEncoder.encode_texts``). Texts are batched in order of length,
-rows returned in input order, as the reference does.
+rows returned in input order, as the reference does. ``side="doc"`` encodes with the document tower
+(the vectors of ``encode_documents``).
 """
 
 from __future__ import annotations
