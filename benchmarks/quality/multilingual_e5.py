@@ -173,6 +173,9 @@ def run_seed(cfg, bench: dict, data: MultilingualData, tokenizer, seed: int, sha
     seconds["distil serving pair"] = time.perf_counter() - t0
     print(f"seed {seed}: serving pair distilled in {seconds['distil serving pair']:.0f} s {distilled}", flush=True)
     student_only = attach_query_student(teacher, pair.query_tower).eval()
+    if bench.get("save_models"):  # for later distillation runs: e5-small is ~0.5 GB per model
+        for name, model in (("teacher", teacher), ("serving_pair", pair)):
+            model.save(str(Path(cfg.output_dir) / f"seed{seed}" / name))
     for name, model in ((TEACHER, teacher), (PAIR, pair), (STUDENT_ONLY, student_only)):
         t0 = time.perf_counter()
         scores[name] = madr_item_scores(model, data, order, bs)
@@ -225,8 +228,8 @@ def main(argv: list[str] | None = None) -> dict:
     cfg, bench, data, tokenizer = run.cfg, run.bench, run.data, run.tokenizer
     shared = shared_rows(cfg, bench, data, tokenizer)
     print(f"shared rows ({shared['seconds']:.0f} s): {json.dumps(shared['rows'], default=float)[:1500]}", flush=True)
-    key = json.dumps({**settings(run), "bench": {k: v for k, v in bench.items() if k != "seeds"}}, sort_keys=True,
-                     default=str)
+    kept = {k: v for k, v in bench.items() if k not in ("seeds", "save_models")}  # what the numbers depend on
+    key = json.dumps({**settings(run), "bench": kept}, sort_keys=True, default=str)
     runs = seed_runs(run.seeds, lambda seed: run_seed(cfg, bench, data, tokenizer, seed, shared),
                      Path(args.out_dir) / "results" / f"{args.tag}.partial.json", data.summary, [], key)
     mean, std, text = summarise(runs, set(SEEDED), COLUMNS)
