@@ -38,12 +38,14 @@ if TYPE_CHECKING:
         grid_triplet_loss,
     )
     from madr.recipes.multitask.trainer import (
+        ExternalSource,
         MultiTaskTrainer,
         OptimizerSettings,
         RecordSource,
         ScheduleSettings,
         SequenceSource,
         StepResult,
+        TaskLosses,
     )
 
 _LAZY = {
@@ -51,8 +53,8 @@ _LAZY = {
         "BaseTask", "ClickTask", "NLITask", "SideTokenizer", "Task", "TaskBatch", "TranslationTask",
         "grid_triplet_loss")},
     **{name: "madr.recipes.multitask.trainer" for name in (
-        "MultiTaskTrainer", "OptimizerSettings", "RecordSource", "ScheduleSettings", "SequenceSource",
-        "StepResult")},
+        "ExternalSource", "MultiTaskTrainer", "OptimizerSettings", "RecordSource", "ScheduleSettings",
+        "SequenceSource", "StepResult", "TaskLosses")},
     "MultiTaskExperimentConfig": "madr.recipes.multitask.config",
     "load_multitask_config": "madr.recipes.multitask.config",
     "MultiTaskResult": "madr.recipes.multitask.experiment",
@@ -74,12 +76,14 @@ __all__ = [
     "TranslationTask",
     "grid_triplet_loss",
     # trainer
+    "ExternalSource",
     "MultiTaskTrainer",
     "OptimizerSettings",
     "RecordSource",
     "ScheduleSettings",
     "SequenceSource",
     "StepResult",
+    "TaskLosses",
     # experiment
     "MultiTaskExperimentConfig",
     "MultiTaskResult",

@@ -64,22 +64,33 @@ def build_encoder(cfg: MultiTaskExperimentConfig, tokenizer: PreTrainedTokenizer
     return BiEncoder(model_config(cfg), tokenizer, field_attention=cfg.tasks.click.field_attention)
 
 
-def build_tasks(cfg: MultiTaskExperimentConfig, model: BiEncoder, data: MultilingualData,
-                names: Sequence[str], seed: int) -> dict[str, tuple[Any, list[Any]]]:
-    """name -> (task, training records) for the tasks in `names`, losses as configured."""
+def make_tasks(cfg: MultiTaskExperimentConfig, model: BiEncoder, names: Sequence[str], seed: int) -> dict[str, Any]:
+    """name -> task for the tasks in `names`, losses as configured (no records: the Ray pipeline streams them)."""
     tok, t = SideTokenizer.from_model(model), cfg.tasks
     generator = torch.Generator().manual_seed(seed)
     triplet = TripletLoss(distance=t.click.distance, margin=t.click.margin, negatives=t.click.negatives,
                           generator=generator)
     every = {
-        "click": (ClickTask(tok, loss=triplet, field_order=t.click.field_order, sep=DOC_SEP,
-                            field_attention=model.field_attention), data.clicks_train),
-        "nli": (NLITask(tok, loss=NLICosineLoss(mapping=t.nli.mapping)), data.nli_train),
-        "translation": (TranslationTask(tok, loss=TranslationLoss(t.translation.objective, t.translation.temperature,
-                                                                  t.translation.symmetric),
-                                        source_side="query"), data.parallel_train),
+        "click": lambda: ClickTask(tok, loss=triplet, field_order=t.click.field_order, sep=DOC_SEP,
+                                   field_attention=model.field_attention),
+        "nli": lambda: NLITask(tok, loss=NLICosineLoss(mapping=t.nli.mapping)),
+        "translation": lambda: TranslationTask(tok, loss=TranslationLoss(t.translation.objective,
+                                                                         t.translation.temperature,
+                                                                         t.translation.symmetric),
+                                               source_side="query"),
     }
-    return {name: every[name] for name in names}
+    return {name: every[name]() for name in names}
+
+
+def task_records(data: MultilingualData, name: str) -> list[Any]:
+    """The training records of task `name` ("click", "nli" or "translation")."""
+    return {"click": data.clicks_train, "nli": data.nli_train, "translation": data.parallel_train}[name]
+
+
+def build_tasks(cfg: MultiTaskExperimentConfig, model: BiEncoder, data: MultilingualData,
+                names: Sequence[str], seed: int) -> dict[str, tuple[Any, list[Any]]]:
+    """name -> (task, training records) for the tasks in `names`, losses as configured."""
+    return {name: (task, task_records(data, name)) for name, task in make_tasks(cfg, model, names, seed).items()}
 
 
 def train_encoder(cfg: MultiTaskExperimentConfig, tokenizer: PreTrainedTokenizerBase, data: MultilingualData,

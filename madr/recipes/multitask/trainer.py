@@ -45,6 +45,38 @@ class RecordSource(Protocol):
     def take(self, indices: Sequence[int]) -> list[Any]: ...
 
 
+class ExternalSource:
+    """A `RecordSource` of `size` records held outside the trainer (e.g. a Ray Data stream): it sizes the
+    schedule; batches arrive through `MultiTaskTrainer.train_records`, so `take` is an error."""
+
+    def __init__(self, size: int) -> None:
+        self.size = int(size)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def take(self, indices: Sequence[int]) -> list[Any]:
+        raise ValueError("ExternalSource holds no records: feed batches with MultiTaskTrainer.train_records")
+
+
+class TaskLosses(nn.Module):
+    """The model and its tasks as one module: `forward(name, batch)` is task `name`'s loss (Eq. 1's L_i).
+
+    What a data-parallel wrapper wraps (torch DDP synchronises the gradients of a module's `forward`); tasks
+    that are not `nn.Module`s are called the same way but hold no weights of their own.
+    """
+
+    def __init__(self, model: BiEncoder, tasks: Mapping[str, Task]) -> None:
+        super().__init__()
+        self.model = model
+        self.task_modules = nn.ModuleDict({n: t for n, t in tasks.items() if isinstance(t, nn.Module)})
+        self._plain = {n: t for n, t in tasks.items() if not isinstance(t, nn.Module)}
+
+    def forward(self, name: str, batch: Any) -> tuple[torch.Tensor, dict[str, float]]:
+        task = self.task_modules[name] if name in self.task_modules else self._plain[name]
+        return task.loss(self.model, batch)
+
+
 class SequenceSource:
     """A `RecordSource` over an in-memory sequence."""
 
@@ -149,6 +181,8 @@ class MultiTaskTrainer:
             raise ValueError(f"loss_weights names unknown task(s) {unknown}; tasks: {sorted(self.tasks)}")
         self.loss_weights.update({k: float(v) for k, v in (loss_weights or {}).items()})
         self.evaluators = dict(evaluators or {})
+        self.losses = TaskLosses(self.model, self.tasks)
+        self.loss_forward: Callable[[str, Any], tuple[torch.Tensor, dict[str, float]]] = self.losses
         self._params = self._parameters()
         self.optimisation = self._build_optimisation()
         self.global_step = 0
@@ -205,18 +239,33 @@ class MultiTaskTrainer:
     def step(self) -> StepResult:
         """Train on the next scheduled batch: that task's loss, one optimiser step."""
         epoch, name, indices = self.next_batch()
+        result = self._train_on(name, self.sources[name].take(indices.tolist()), epoch, indices.tolist())
+        self.schedule.position += 1  # only once the step is done, so a saved state never skips a batch
+        return result
+
+    def train_records(self, name: str, records: Sequence[Any], epoch: int = 0) -> StepResult:
+        """One optimiser step of task `name` on `records` chosen outside the trainer (see the module
+        docstring); the trainer's schedule does not move. Records the task cannot use are dropped by its
+        `make_batch`, as in `step`."""
+        if name not in self.tasks:
+            raise ValueError(f"unknown task {name!r}; tasks: {sorted(self.tasks)}")
+        return self._train_on(name, records, epoch, list(range(len(records))))
+
+    def wrap_losses(self, wrapper: Callable[[nn.Module], nn.Module]) -> None:
+        """Compute every loss through `wrapper(self.losses)` (e.g. torch DDP over a process group)."""
+        self.loss_forward = wrapper(self.losses)
+
+    def _train_on(self, name: str, records: Sequence[Any], epoch: int, indices: list[int]) -> StepResult:
         task = self.tasks[name]
-        batch = task.make_batch(self.sources[name].take(indices.tolist())).to(self.device)
+        batch = task.make_batch(records).to(self.device)
         self.model.train()
         if isinstance(task, nn.Module):
             task.train()
-        loss, parts = task.loss(self.model, batch)
+        loss, parts = self.loss_forward(name, batch)
         if not torch.isfinite(loss):
             raise ValueError(f"task {name!r}: non-finite loss {float(loss)} at step {self.global_step}")
         self.optimisation.step(loss * self.loss_weights[name])
-        self.schedule.position += 1  # only once the step is done, so a saved state never skips a batch
-        result = StepResult(self.global_step, epoch, name, indices.tolist(), batch.size, float(loss.detach()),
-                            dict(parts))
+        result = StepResult(self.global_step, epoch, name, indices, batch.size, float(loss.detach()), dict(parts))
         self.history[name].append({"step": float(self.global_step), "epoch": float(epoch), "loss": result.loss,
                                    **result.parts})
         self.global_step += 1

@@ -8,7 +8,7 @@ from madr.data.records import ClickRecord, NLIRecord, ParallelRecord
 from madr.modeling.model import BiEncoder
 from madr.modeling.tokenization import train_wordpiece_tokenizer
 from madr.recipes.multitask.tasks import ClickTask, NLITask, SideTokenizer, TranslationTask
-from madr.recipes.multitask.trainer import MultiTaskTrainer, SequenceSource
+from madr.recipes.multitask.trainer import ExternalSource, MultiTaskTrainer, SequenceSource
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
         "max_position_embeddings": 48}
@@ -133,3 +133,48 @@ def test_record_source_evaluators_and_bad_input(tokenizer):
         MultiTaskTrainer(trainer.model, {"click": (ClickTask(tok), clicks)}, schedule={"batchsize": 4})
     with pytest.raises(ValueError, match="loss_weights"):
         MultiTaskTrainer(trainer.model, {"click": (ClickTask(tok), clicks)}, loss_weights={"nli": 2.0})
+
+
+def test_train_records_matches_step_on_the_same_batches(tokenizer):
+    """The hook the Ray pipeline trains through: the scheduled batches fed from outside (ExternalSource sizes
+    the schedule) give the same losses and weights as `step()`; every loss goes through `loss_forward`."""
+    inside, _ = _trainer(tokenizer)
+    outside, _ = _trainer(tokenizer)
+    sizes = {name: len(src) for name, src in inside.sources.items()}
+    outside_tasks = {name: (task, ExternalSource(sizes[name])) for name, task in outside.tasks.items()}
+    fed = MultiTaskTrainer(outside.model, outside_tasks, schedule={"batch_size": 4, "seed": 1},
+                           optimizer={"learning_rate": 2e-3, "weight_decay": 0.0})
+    calls = []
+
+    class Spy(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, name, batch):
+            calls.append(name)
+            return self.inner(name, batch)
+
+    fed.wrap_losses(Spy)
+    for i in range(6):
+        epoch, name, indices = inside.next_batch()
+        records = inside.sources[name].take(indices.tolist())
+        torch.manual_seed(100 + i)  # the same dropout masks for both
+        a = inside.step()
+        torch.manual_seed(100 + i)
+        b = fed.train_records(name, records, epoch)
+        assert (a.task, a.batch_size) == (b.task, b.batch_size) and a.loss == pytest.approx(b.loss, rel=1e-5), \
+            f"step {a.step}: {a.task} {a.loss} vs {b.task} {b.loss}"
+    assert calls == [r["task"] for r in _tasks_in_order(inside)], "every loss must go through the wrapper"
+    for (k, v), w in zip(inside.model.state_dict().items(), fed.model.state_dict().values(), strict=True):
+        assert torch.allclose(v, w, atol=1e-6), f"{k} differs after the same 6 steps"
+    assert fed.schedule.position == 0, "train_records does not move the trainer's own schedule"
+    with pytest.raises(ValueError, match="ExternalSource holds no records"):
+        fed.step()
+    with pytest.raises(ValueError, match="unknown task 'qa'"):
+        fed.train_records("qa", records)
+
+
+def _tasks_in_order(trainer):
+    rows = [{"task": name, "step": h["step"]} for name, hist in trainer.history.items() for h in hist]
+    return sorted(rows, key=lambda r: r["step"])

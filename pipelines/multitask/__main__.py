@@ -1,0 +1,5 @@
+import sys
+
+from pipelines.multitask.cli import main
+
+sys.exit(main())
