@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common.config import ROOT
+from benchmarks.common.hybrid_model import served_hybrid
 from benchmarks.common.machine import load_1min, machine_line, versions_line
 
 HOMEDEPOT = ROOT.parent / "shared" / "data" / "product_search" / "homedepot_relevance_dev.parquet"
@@ -49,24 +50,7 @@ def build_model(backbone: str, texts: list[str]):
     """A hybrid BiEncoder in eval mode (module docstring); `texts` train the tiny model's tokenizer."""
     import tempfile
 
-    import torch
-
-    from madr.config import BackboneConfig, ModelConfig
-    from madr.modeling.backbone import resolve_backbone_path
-    from madr.modeling.model import build_model as build
-    from madr.modeling.tokenization import load_tokenizer, train_wordpiece_tokenizer
-
-    torch.manual_seed(0)
-    if backbone == "tiny":
-        tok = train_wordpiece_tokenizer(texts, vocab_size=2000, out_dir=tempfile.mkdtemp(prefix="qenc-tok-"))
-        bb = BackboneConfig(tiny={"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-                                  "intermediate_size": 128, "max_position_embeddings": 128})
-    else:
-        tok = load_tokenizer(resolve_backbone_path(backbone))
-        bb = BackboneConfig(name_or_path=backbone)
-    cfg = ModelConfig(name="hybrid", backbone=bb, sparse_top_k=64, max_query_length=32, max_doc_length=64,
-                      hybrid_lambda=0.5, similarity="dot")
-    return build(cfg, tok).eval()
+    return served_hybrid(backbone, texts, tempfile.mkdtemp(prefix="qenc-tok-")).eval()
 
 
 def corpus(name: str, docs: int, queries: int, seed: int, path: str | Path = HOMEDEPOT

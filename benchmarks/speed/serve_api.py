@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common.config import ROOT
+from benchmarks.common.hybrid_model import served_hybrid
 from benchmarks.common.machine import load_1min, machine_line, versions_line
 from pipelines.runtime import apply_ray_env
 
@@ -50,30 +51,14 @@ def machine_info() -> str:
 # ---- model, corpus, index ----------------------------------------------------------------------------------
 
 def build_model(out: Path, backbone: str) -> Path:
-    import torch
-
-    from madr.config import BackboneConfig, ModelConfig
+    """The served hybrid model (`benchmarks.common.hybrid_model`) saved under `out/model` (kept between runs)."""
     from madr.data.synthetic.catalog import generate_catalog
-    from madr.modeling.backbone import resolve_backbone_path
-    from madr.modeling.model import build_model as build
-    from madr.modeling.tokenization import load_tokenizer, train_wordpiece_tokenizer
 
     path = out / "model"
     if (path / "config.json").is_file():
         return path
-    torch.manual_seed(0)
-    if backbone == "tiny":
-        cat = generate_catalog(300, 300, seed=0)
-        tok = train_wordpiece_tokenizer([cat.product_text(p) for p in cat.products], vocab_size=2000,
-                                        out_dir=str(out / "tok"))
-        bb = BackboneConfig(tiny={"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-                                  "intermediate_size": 128, "max_position_embeddings": 128})
-    else:
-        tok = load_tokenizer(resolve_backbone_path(backbone))
-        bb = BackboneConfig(name_or_path=backbone)
-    cfg = ModelConfig(name="hybrid", backbone=bb, sparse_top_k=64, max_query_length=32, max_doc_length=64,
-                      hybrid_lambda=0.5, similarity="dot")
-    build(cfg, tok).save(path)
+    cat = generate_catalog(300, 300, seed=0)
+    served_hybrid(backbone, [cat.product_text(p) for p in cat.products], out / "tok").save(path)
     return path
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from pipelines.multitask.config import PipelineConfig
 from pipelines.multitask.data import DataStage, mixer
 from pipelines.multitask.worker import HISTORY_FILE, MODEL_DIR, WorkerSpec, train_loop_per_worker
+from pipelines.train.trainer import TrainerSettings, torch_trainer
 
 TRAINED_MODEL, TRAIN_HISTORY = "model", "train_history.json"
 
@@ -36,25 +37,14 @@ class TrainStage:
 
 def build_torch_trainer(cfg: PipelineConfig, stage: DataStage, shards: list[Any]) -> Any:
     """The `TorchTrainer` of the train stage (see the module docstring)."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
     s = cfg.scaling
     spec = WorkerSpec(recipe=cfg.recipe.to_dict(), init_model=stage.init_model, sizes=dict(stage.sizes),
                       shards=shards, torch_threads=s.torch_threads or max(1, int(s.cpus_per_worker)),
                       use_gpu=s.use_gpu, log_every=s.log_every, freeze_word_embeddings=cfg.freeze_word_embeddings)
-    resources = {"CPU": s.cpus_per_worker, **({"GPU": 1} if s.use_gpu else {})}
-    return TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config=spec.to_dict(),
-        scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.use_gpu, resources_per_worker=resources),
-        torch_config=TorchConfig(backend="nccl" if s.use_gpu else "gloo"),
-        run_config=RunConfig(name=s.run_name or f"{cfg.recipe.name}-multitask",
-                             storage_path=s.storage_path or str(cfg.output_dir / "ray_results"),
-                             failure_config=FailureConfig(max_failures=s.max_failures),
-                             checkpoint_config=CheckpointConfig(num_to_keep=1),
-                             worker_runtime_env=s.runtime_env or None),
-    )
+    settings = TrainerSettings(s.num_workers, s.use_gpu, s.cpus_per_worker, s.run_name or f"{cfg.recipe.name}-multitask",
+                               s.storage_path or str(cfg.output_dir / "ray_results"), s.max_failures, 1,
+                               s.runtime_env)
+    return torch_trainer(train_loop_per_worker, spec.to_dict(), settings)
 
 
 def run_training(cfg: PipelineConfig, stage: DataStage) -> TrainStage:

@@ -35,6 +35,7 @@ from pipelines.train.config import distributed_config
 from pipelines.train.examples import ROWS, write_examples
 from pipelines.train.loop import MODEL_DIR, JobSpec, train_loop_per_worker
 from pipelines.train.metrics import MetricsLogger, plot_curves, read_history
+from pipelines.train.trainer import TrainerSettings, torch_trainer
 
 KINDS = ("pretrain", "finetune", "distill")
 
@@ -138,29 +139,16 @@ def default_run_name(cfg: ExperimentConfig, kind: str) -> str:
 
 def build_trainer(cfg: ExperimentConfig, spec: JobSpec) -> Any:
     """The `TorchTrainer` of a prepared stage (see the module docstring, step 2)."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
-
     from pipelines.train.data import read_examples, train_data_config
 
     d = distributed_config(cfg)
     out = stage_dir(cfg, spec.kind)
-    storage = d.storage_path or str(Path(cfg.output_dir) / "ray_results")
-    resources = {"CPU": d.cpus_per_worker, **({"GPU": 1} if d.use_gpu else {})}
-    return TorchTrainer(
-        train_loop_per_worker,
-        train_loop_config=spec.to_dict(),
-        scaling_config=ScalingConfig(num_workers=d.num_workers, use_gpu=d.use_gpu, resources_per_worker=resources),
-        torch_config=TorchConfig(backend="nccl" if d.use_gpu else "gloo"),
-        run_config=RunConfig(
-            name=d.run_name or default_run_name(cfg, spec.kind), storage_path=storage,
-            failure_config=FailureConfig(max_failures=d.max_failures),
-            checkpoint_config=CheckpointConfig(num_to_keep=d.keep_last),
-            callbacks=[MetricsLogger(str(out / "logs"))],
-            worker_runtime_env=d.runtime_env or None),
-        datasets={"train": read_examples(str(out / "examples"))},
-        dataset_config=train_data_config(),
-    )
+    settings = TrainerSettings(d.num_workers, d.use_gpu, d.cpus_per_worker, d.run_name or default_run_name(cfg, spec.kind),
+                               d.storage_path or str(Path(cfg.output_dir) / "ray_results"), d.max_failures,
+                               d.keep_last, d.runtime_env)
+    return torch_trainer(train_loop_per_worker, spec.to_dict(), settings, [MetricsLogger(str(out / "logs"))],
+                         datasets={"train": read_examples(str(out / "examples"))},
+                         dataset_config=train_data_config())
 
 
 def run_stage(cfg: ExperimentConfig, kind: str, address: str | None = None) -> StageResult:
