@@ -1,11 +1,13 @@
-"""Issue 24 item 3: a searcher replica SIGKILLed under load. The Serve app runs on local Ray with 2 replicas of
+"""Issue 24 item 3: searcher replicas SIGKILLed under load. The Serve app runs on local Ray with 2 replicas of
 its one searcher deployment while 4 clients send /search over HTTP:
 
-1. one replica killed: the other answers; every request (those in flight at the kill included) gets 200 or
-   503 + Retry-After within FAST_S, never a hang, 500 or 504 (issue 24: "loses 0 requests or answers 503 +
-   Retry-After within 1 s"; before the fix requests stalled until Serve had replaced the replica);
-2. both replicas killed (a deployment with no live replica): 503 + Retry-After within ~route_timeout_s each,
-   then 200 again once Serve has replaced them (health check every second).
+1. one replica killed: the other answers; every request (those in flight at the kill included) gets 200 (or
+   503 + Retry-After) within FAST_S, never a hang, 500 or 504 (issue 24: "loses 0 requests or answers 503 +
+   Retry-After within 1 s");
+2. the other one killed too (no live replica): 503 + Retry-After: 1 within FAST_S each, then 200 again once
+   Serve has replaced them. The health check runs every 10 s here (Serve's default, as in the issue's probe),
+   so the outage is long: the fast 503s come from `route_timeout_s` (serve/calls.py), not from a quick
+   replacement. Before it, requests stalled until the replacement (4-10 s).
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ def app(ray_local, served_index):
 
     from serve.app import APP_NAME, run_local, url
 
-    small = {"num_cpus": 0.2, "max_ongoing_requests": 32, "health_check_period_s": 1.0}
+    small = {"num_cpus": 0.2, "max_ongoing_requests": 32, "health_check_period_s": 10.0}
     settings = ServeSettings(manifest_path=str(served_index["manifest"]), port=free_port(), shard_groups=1,
                              request_timeout_s=20, route_timeout_s=ROUTE_TIMEOUT_S, access_log=False,
                              log_level="WARNING", encoder=DeploymentSettings(**small),
@@ -111,12 +113,6 @@ def replica_pids(handle) -> set[int]:
     return {int(info["pid"]) for info in handle.broadcast("info").results(timeout_s=10)}
 
 
-def replaced(handle, killed: set[int]) -> bool:
-    """Two live replicas, none of them a killed one."""
-    pids = replica_pids(handle)
-    return len(pids) == 2 and not pids & killed
-
-
 def describe(answers: list[Answer]) -> str:
     by = {}
     for a in answers:
@@ -131,34 +127,30 @@ def check_answers(answers: list[Answer], what: str) -> None:
         assert a.took_s < FAST_S, f"{what}: a request stalled {a.took_s:.2f} s: {describe(answers)}"
 
 
-def test_sigkill_one_of_two_replicas_is_invisible_then_both_fail_fast(app, served_index):
+def test_sigkill_one_of_two_replicas_is_invisible_then_a_full_outage_fails_fast(app, served_index):
     handle = app["searcher"]
     first = replica_pids(handle)
     assert len(first) == 2, f"expected 2 searcher replicas, got pids {first}"
-    victim = min(first)
+    victim, other = sorted(first)
     with Load(app["url"], served_index["queries"]) as load:
         time.sleep(1.0)
         assert load.since(0) and all(a.status == 200 for a in load.since(0)), describe(load.since(0))
 
         # 1. one replica dies: the other one answers
-        t_kill = time.monotonic()
+        t_one = time.monotonic()
         os.kill(victim, signal.SIGKILL)
-        took = wait_for(lambda: replaced(handle, {victim}), 40, "the killed replica was not replaced")
-        during = load.since(t_kill)
-        print(f"\none replica killed: replaced in {took:.1f} s; {describe(during)}")
-        check_answers(during, "one replica of two killed")
-        assert sum(a.status == 200 for a in during) >= 0.9 * len(during), describe(during)
+        time.sleep(3.0)
+        one = load.since(t_one)
 
-        # 2. both die: no replica left, 503 + Retry-After fast until Serve has replaced them
-        both = replica_pids(handle)
-        t_kill = time.monotonic()
-        for pid in both:
-            os.kill(pid, signal.SIGKILL)
-        took = wait_for(lambda: replaced(handle, both), 40, "the killed replicas were not replaced")
-        wait_for(lambda: load.since(time.monotonic() - 0.5) and all(a.status == 200 for a in load.since(
-            time.monotonic() - 0.5)), 20, "no 200s after the replicas were replaced")
-        during = load.since(t_kill)
-        print(f"both replicas killed: replaced in {took:.1f} s; {describe(during)}")
-    check_answers(during, "both replicas killed")
-    assert any(a.status == 503 for a in during), f"no 503 while no replica was alive: {describe(during)}"
-    assert during[-1].status == 200 or any(a.status == 200 for a in during[-CLIENTS:]), describe(during)
+        # 2. the other dies too: no live replica until Serve notices (health check) and starts new ones
+        t_all = time.monotonic()
+        os.kill(other, signal.SIGKILL)
+        took = wait_for(lambda: (recent := load.since(time.monotonic() - 0.5)) and all(a.status == 200 for a in recent)
+                        and any(a.sent > t_all + 1.0 for a in recent), 45, "no 200s after the replicas died")
+        outage = load.since(t_all)
+    print(f"\none of two replicas killed, 3 s: {describe(one)}\nboth killed: 200 again after {took:.1f} s; "
+          f"{describe(outage)}")
+    check_answers(one, "one replica of two killed")
+    assert sum(a.status == 200 for a in one) >= 0.9 * len(one), describe(one)
+    check_answers(outage, "no live replica")
+    assert any(a.status == 503 for a in outage), f"no 503 while no replica was alive: {describe(outage)}"
