@@ -11,8 +11,8 @@ every shard loaded), ``/openapi.json``,
 ``/docs``. Bad input answers 4xx with a message naming the field: 401 (API key), 404 (unknown doc id),
 408 (body slower than ``body_timeout_s``), 413 (body over ``max_body_bytes``), 422 (validation: types,
 ranges, blank, invisible-only or over-long text, unpaired surrogates, a body that is not UTF-8 or nests
-too deeply, unknown filters or fields), 431 (headers over ``max_header_bytes``). A failing backend answers
-503, a slow one 504.
+too deeply, unknown filters or fields), 431 (headers over ``max_header_bytes``). A backend that is down
+(e.g. a dead replica being replaced) answers 503, a slow one 504, both with ``Retry-After: 1``.
 """
 
 # No `from __future__ import annotations`: FastAPI must see the request models built in create_api as
@@ -45,6 +45,7 @@ from serve.filters import check_filters, matches
 from serve.guard import Guard
 
 TITLE = "madr search"
+RETRY_AFTER = {"Retry-After": "1"}  # 503 (a replica is being replaced) and 504 (slow backend)
 
 
 # ---- request and response models ----------------------------------------------------------------------------
@@ -186,9 +187,10 @@ class SearchRoutes:
         try:
             return await asyncio.wait_for(awaitable, self.s.request_timeout_s)
         except (asyncio.TimeoutError, BackendTimeout) as e:
-            raise HTTPException(504, f"backend did not answer within {self.s.request_timeout_s} s") from e
+            raise HTTPException(504, f"backend did not answer within {self.s.request_timeout_s} s",
+                                headers=RETRY_AFTER) from e
         except BackendUnavailable as e:
-            raise HTTPException(503, f"backend unavailable, retry: {e}", headers={"Retry-After": "1"}) from e
+            raise HTTPException(503, f"backend unavailable, retry: {e}", headers=RETRY_AFTER) from e
         except BackendBadRequest as e:
             raise HTTPException(422, str(e)) from e
 

@@ -23,6 +23,7 @@ from ray.serve import Application
 from madr.index.manifest import Manifest
 from serve.api import create_api
 from serve.backend import Docs, lexical_tokenizer_dir, lexical_vocab, resolve_model_dir, shard_groups
+from serve.calls import CallPolicy
 from serve.config import ServeSettings, settings_from_dict
 from serve.deployments import QueryEncoder, RayBackend, ShardSearcher
 
@@ -40,7 +41,8 @@ class SearchIngress:
         self.settings = settings_from_dict(settings)
         manifest = Manifest.load(self.settings.require_manifest())
         lam = manifest.lexical["fusion_lambda"] if manifest.has_lexical else None
-        self.backend = RayBackend(encoder, searchers, lam, manifest.search_mode)
+        policy = CallPolicy(self.settings.route_timeout_s, self.settings.replica_retries)
+        self.backend = RayBackend(encoder, searchers, lam, manifest.search_mode, policy)
         self.docs = Docs.open(self.settings.require_manifest())
 
     def __serve_build_asgi_app__(self) -> Any:

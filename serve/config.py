@@ -26,15 +26,19 @@ class DeploymentSettings:
     """Scaling and resources of one deployment; a `deployments:` entry in the Serve YAML overrides these.
 
     `autoscaling` is a Ray Serve `autoscaling_config` mapping (min_replicas, max_replicas,
-    target_ongoing_requests, ...); when set it replaces `num_replicas`. `health_check_period_s` (None: Serve's
-    default) is how often the controller checks a replica, i.e. how soon a dead one is noticed and replaced.
+    target_ongoing_requests, ...); when set it replaces `num_replicas`. `health_check_period_s` is how often
+    the controller checks a replica, i.e. how soon a dead one is noticed and a replacement started (1 s here;
+    Serve's default, 10 s, left a dead replica unnoticed that long: issue 24); `health_check_timeout_s` (None:
+    Serve's 30 s) how long a check may take before a live but stuck replica is replaced. `num_replicas: 2`
+    keeps a replica's death invisible to clients (the other answers; see `serve.calls`).
     """
 
     num_replicas: int = 1
     num_cpus: float = 1.0
     max_ongoing_requests: int = 64
     autoscaling: dict[str, Any] | None = None
-    health_check_period_s: float | None = None
+    health_check_period_s: float | None = 1.0
+    health_check_timeout_s: float | None = None
 
     def min_cpus(self) -> float:
         """CPUs its replicas hold at the smallest scale (autoscaling: `min_replicas`, default 1)."""
@@ -49,8 +53,9 @@ class DeploymentSettings:
             opts["autoscaling_config"] = dict(self.autoscaling)
         else:
             opts["num_replicas"] = self.num_replicas
-        if self.health_check_period_s is not None:
-            opts["health_check_period_s"] = self.health_check_period_s
+        for name in ("health_check_period_s", "health_check_timeout_s"):
+            if getattr(self, name) is not None:
+                opts[name] = getattr(self, name)
         return opts
 
 
@@ -80,6 +85,10 @@ class ServeSettings:
     `Authorization: Bearer <key>`. Fail closed: an app whose `host` is not a loopback address refuses to start
     without a key unless `public` is true (an open API on purpose). `host` is where `run_local` and the plain
     server bind; in a Serve YAML set it to the `http_options.host` the proxy binds.
+    Failures (`serve.calls`): `request_timeout_s` bounds a request (HTTP 504 + Retry-After after it);
+    `route_timeout_s` bounds how long one call to a deployment waits for a live replica to accept it (HTTP 503 +
+    `Retry-After: 1` after it: a dead replica being replaced), `replica_retries` how often a call whose replica
+    died is sent again (to another replica when there is one).
     Logging (`run_local` only; the Serve YAML has its own `logging_config`): `log_level`, `access_log`.
     """
 
@@ -112,6 +121,8 @@ class ServeSettings:
     searcher_max_batch_size: int = 16
     searcher_batch_wait_timeout_s: float = 0.001
     request_timeout_s: float = 10.0
+    route_timeout_s: float = 1.0
+    replica_retries: int = 1
     log_level: str = "INFO"
     access_log: bool = True
     encoder: DeploymentSettings = field(default_factory=DeploymentSettings)
@@ -130,8 +141,11 @@ class ServeSettings:
                              f"({self.max_k})")
         if self.body_timeout_s <= 0:
             raise ValueError(f"serve settings: body_timeout_s must be > 0, got {self.body_timeout_s}")
-        if self.request_timeout_s <= 0:
-            raise ValueError(f"serve settings: request_timeout_s must be > 0, got {self.request_timeout_s}")
+        for name in ("request_timeout_s", "route_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"serve settings: {name} must be > 0, got {getattr(self, name)}")
+        if self.replica_retries < 0:
+            raise ValueError(f"serve settings: replica_retries must be >= 0, got {self.replica_retries}")
 
     def resolved_api_key(self) -> str | None:
         """The key requests must carry, or None when the API is open."""

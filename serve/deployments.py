@@ -6,7 +6,8 @@
 - `ShardSearcher`: one deployment per shard group (`searcher-<g>`), each replica holding its shards in
   memory; `@serve.batch` groups concurrent requests with equal search knobs into one FAISS call.
 - `RayBackend`: the `serve.backend.Backend` the ingress uses: encode once, fan out to every shard group,
-  `merge_topk` (paper 002 Eq. 1 scores, comparable across shards), Ray failures -> `BackendUnavailable`.
+  `merge_topk` (paper 002 Eq. 1 scores, comparable across shards); each hop is a `serve.calls.call` (a dead
+  replica: retried on another, else `BackendUnavailable` -> 503 fast).
   For an index with a BM25 part the groups return their dense and BM25 candidate lists
   (`ShardSearcher.candidates`) and the backend fuses them (`madr.search.sharded.fuse_candidates`).
 
@@ -17,11 +18,11 @@ raises is retried member by member (`isolate`), so a bad request fails alone, ne
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import os
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
-import ray
 from ray import serve
 
 from madr.search.params import SearchParams
@@ -29,7 +30,6 @@ from madr.search.protocol import merge_topk
 from madr.search.sharded import fuse_candidates
 from serve.backend import (
     BackendBadRequest,
-    BackendUnavailable,
     EncodedQuery,
     ShardGroup,
     check_text,
@@ -42,6 +42,7 @@ from serve.backend import (
     search_batched,
     term_names,
 )
+from serve.calls import CallPolicy, call
 
 
 def replica_actor_name() -> str:
@@ -123,7 +124,8 @@ class ShardSearcher:
                                        requests)
 
     def info(self) -> dict[str, Any]:
-        return {"shards": self.group.shard_ids, "ntotal": self.group.ntotal, "replica": replica_actor_name()}
+        return {"shards": self.group.shard_ids, "ntotal": self.group.ntotal, "replica": replica_actor_name(),
+                "pid": os.getpid()}
 
     def check_health(self) -> None:
         if not self.group.shards:
@@ -138,31 +140,31 @@ def _raise_or_return(result: Any) -> Any:
 
 
 class RayBackend:
-    """`Backend` over deployment handles: one encoder, one handle per shard group."""
+    """`Backend` over deployment handles: one encoder, one handle per shard group. Every hop goes through
+    `serve.calls.call` (a dead replica: retried on another one, else 503 within `policy.route_timeout_s`)."""
 
     def __init__(self, encoder: Any, searchers: Sequence[Any], fusion_lambda: float | None = None,
-                 search_mode: str = "dense") -> None:
+                 search_mode: str = "dense", policy: CallPolicy | None = None) -> None:
         self.encoder, self.searchers = encoder, list(searchers)
         self.fusion_lambda, self.search_mode = fusion_lambda, search_mode  # the manifest's
+        self.policy = policy or CallPolicy()
 
-    @staticmethod
-    async def _await(response: Any) -> Any:
-        try:
-            return await response
-        except ray.exceptions.RayTaskError as e:  # the deployment's own code raised
-            if isinstance(e.cause, ValueError):
-                raise BackendBadRequest(str(e.cause)) from e
-            raise
-        except (ray.exceptions.RayError, serve.exceptions.BackPressureError) as e:
-            raise BackendUnavailable(f"{type(e).__name__}: {str(e).splitlines()[0][:200]}") from e
+    def _call(self, send: Callable[[], Any], what: str) -> Awaitable[Any]:
+        return call(send, self.policy, what)
 
     async def encode(self, text: str) -> EncodedQuery:
-        return await self._await(self.encoder.encode.remote(text))
+        return await self._call(lambda: self.encoder.encode.remote(text), "QueryEncoder")
+
+    async def _each_group(self, method: str, *args: Any) -> list[Any]:
+        """`method(*args)` on every shard group, concurrently."""
+        return await asyncio.gather(*[
+            self._call(lambda h=h: getattr(h, method).remote(*args), f"searcher-{g}")
+            for g, h in enumerate(self.searchers)])
 
     async def search(self, query: EncodedQuery, params: SearchParams) -> tuple[np.ndarray, np.ndarray]:
         if query.lexical is not None:
             return await self._fused(query, params)
-        parts = await asyncio.gather(*[self._await(h.search.remote((query, params))) for h in self.searchers])
+        parts = await self._each_group("search", (query, params))
         if len(parts) == 1:
             return parts[0]
         scores, ids = merge_topk([(s[None, :], i[None, :]) for s, i in parts], params.k)
@@ -170,7 +172,7 @@ class RayBackend:
 
     async def _fused(self, query: EncodedQuery, params: SearchParams) -> tuple[np.ndarray, np.ndarray]:
         """Dense + BM25: every group's candidate lists, fused once over all of them (as ShardedIndex.search)."""
-        parts = await asyncio.gather(*[self._await(h.candidates.remote((query, params))) for h in self.searchers])
+        parts = await self._each_group("candidates", (query, params))
         lam = self.fusion_lambda if params.lam is None else params.lam
         if lam is None:
             raise BackendBadRequest("the index records no fusion_lambda; send lam")
@@ -182,14 +184,14 @@ class RayBackend:
         return scores[0], ids[0]
 
     async def explain(self, query: str, doc_text: str) -> dict[str, Any]:
-        return await self._await(self.encoder.explain.remote(query, doc_text))
+        return await self._call(lambda: self.encoder.explain.remote(query, doc_text), "QueryEncoder")
 
     async def term_names(self, ids: list[int]) -> list[str]:
-        return await self._await(self.encoder.term_names.remote(ids))
+        return await self._call(lambda: self.encoder.term_names.remote(ids), "QueryEncoder")
 
     async def ready(self) -> dict[str, Any]:
-        enc = await self._await(self.encoder.info.remote())
-        groups = await asyncio.gather(*[self._await(h.info.remote()) for h in self.searchers])
+        enc = await self._call(lambda: self.encoder.info.remote(), "QueryEncoder")
+        groups = await self._each_group("info")
         return {"model": enc["model"], "dim": enc["dim"], "num_shards": sum(len(g["shards"]) for g in groups),
                 "ntotal": sum(g["ntotal"] for g in groups), "shard_groups": [g["shards"] for g in groups],
                 "search_mode": self.search_mode}

@@ -26,19 +26,25 @@ def free_port() -> int:
 def running_plain_app(settings) -> Iterator[str]:
     """`serve.api.plain_app(settings)` on uvicorn in a daemon thread at 127.0.0.1:`settings.port`; yields its
     base URL once started (30 s at most) and stops it on exit."""
-    import uvicorn
-
     from serve.api import plain_app
 
-    server = uvicorn.Server(uvicorn.Config(plain_app(settings), host="127.0.0.1", port=settings.port,
-                                           log_level="warning"))
+    with running_asgi(plain_app(settings), settings.port) as url:
+        yield url
+
+
+@contextmanager
+def running_asgi(app, port: int) -> Iterator[str]:
+    """Any ASGI `app` on uvicorn in a daemon thread at 127.0.0.1:`port` (as `running_plain_app`)."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
     while not server.started and time.monotonic() < deadline:
         time.sleep(0.05)
     try:
-        yield f"http://127.0.0.1:{settings.port}"
+        yield f"http://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(timeout=10)

@@ -16,7 +16,7 @@ from serve_helpers import assert_same_ranking, free_port, running_plain_app
 
 from madr.search.params import SearchParams
 from serve.backend import shard_groups
-from serve.config import ServeSettings, settings_from_dict
+from serve.config import DeploymentSettings, ServeSettings, settings_from_dict
 from serve.filters import check_filters, matches
 
 REPO = Path(__file__).resolve().parents[2]
@@ -115,6 +115,20 @@ def test_settings_reject_unknown_keys_and_bad_values(tmp_path):
     assert (s.max_k, s.encoder.num_cpus, s.port) == (7, 0.5, 9001)
     auto = settings_from_dict({"searcher": {"autoscaling": {"min_replicas": 1, "max_replicas": 3}}})
     assert auto.searcher.options()["autoscaling_config"]["max_replicas"] == 3
+
+
+def test_deployments_check_health_every_second_and_calls_have_a_route_deadline():
+    """Issue 24 item 3: Serve's default health check (10 s) left a dead replica unnoticed that long."""
+    s = ServeSettings()
+    for d in (s.encoder, s.searcher, s.ingress):
+        assert d.options()["health_check_period_s"] == 1.0
+    assert "health_check_timeout_s" not in s.searcher.options()
+    assert DeploymentSettings(health_check_timeout_s=5).options()["health_check_timeout_s"] == 5
+    assert (s.route_timeout_s, s.replica_retries) == (1.0, 1)
+    with pytest.raises(ValueError, match="route_timeout_s must be > 0"):
+        ServeSettings(route_timeout_s=0)
+    with pytest.raises(ValueError, match="replica_retries must be >= 0"):
+        ServeSettings(replica_retries=-1)
 
 
 def test_api_key_from_environment(monkeypatch):
