@@ -6,7 +6,6 @@ the encode job writes FAISS shards of the held-out English candidates, and the e
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -22,17 +21,6 @@ CONFIG = ROOT / "configs" / "multitask_pipeline.yaml"
 TINY = {"steps": 80, "data.click_queries": 60, "data.click_products": 150, "data.nli_train": 600,
         "data.nli_eval": 300, "data.parallel_train": 600, "data.parallel_eval": 300,
         "model.tokenizer_vocab_size": 1000, "student.steps": 30, "scaling.log_every": 40}
-
-
-@pytest.fixture
-def fast_train_health_check():
-    old = os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S")
-    os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.2"
-    yield
-    if old is None:
-        os.environ.pop("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", None)
-    else:
-        os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = old
 
 
 def test_shipped_config_loads_and_names_the_stages():
