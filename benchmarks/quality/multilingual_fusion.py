@@ -27,16 +27,12 @@ from madr.search.score_fusion import normalise
 GRID = tuple(round(0.1 * i, 1) for i in range(11))
 
 
-def _zscore(x: np.ndarray) -> np.ndarray:
-    return (x - x.mean()) / (x.std() or 1.0)
-
-
 def click_parts(e5: Embedder, bm25, records: Sequence[ClickRecord], order: Sequence[str]) -> np.ndarray:
     """[2, N]: z-normalised e5 cosine and BM25 score of each click pair."""
     queries, docs = [r.query for r in records], [doc_text(r, order) for r in records]
     cos = (e5(queries, "query") * e5(docs, "ad")).sum(-1).numpy()
     lexical = np.array([s[0] for s in bm25(queries, [[d] for d in docs])])
-    return np.stack([_zscore(cos), _zscore(lexical)])
+    return np.stack([normalise(cos, "zscore"), normalise(lexical, "zscore")])
 
 
 def xling_parts(e5: Embedder, bm25, records: Sequence[ParallelRecord]) -> tuple[np.ndarray, np.ndarray]:
@@ -45,7 +41,8 @@ def xling_parts(e5: Embedder, bm25, records: Sequence[ParallelRecord]) -> tuple[
     sources = [r.source for r in records]
     cos = (e5(sources, "source") @ e5(candidates, "target").T).numpy()
     lexical = np.stack(bm25(sources, [candidates] * len(sources)))
-    answer = np.array([candidates.index(r.target) for r in records])
+    position = {text: i for i, text in enumerate(candidates)}
+    answer = np.array([position[r.target] for r in records])
     return np.stack([normalise(cos, "minmax"), normalise(lexical, "minmax")]), answer
 
 
