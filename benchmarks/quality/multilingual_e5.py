@@ -57,6 +57,7 @@ from benchmarks.quality.multilingual import (
 )
 from benchmarks.quality.multilingual_fusion import fused_rows
 from madr.data.records import MultilingualData
+from madr.metrics import roc_auc
 from madr.modeling.backbone import resolve_backbone_path
 from madr.recipes.multitask.data import doc_text
 from madr.recipes.multitask.encoders import distil_query_student
@@ -124,8 +125,6 @@ def memoised(embed: item.Embedder) -> item.Embedder:
 
 def click_source_metrics(scores: dict[str, np.ndarray], data: MultilingualData) -> dict[str, float]:
     """Click AUC per click source: QAM records have a `passage` field, QADSM ones a title."""
-    from madr.metrics import roc_auc
-
     out = {}
     qam = np.array(["passage" in r.fields for r in data.clicks_eval])
     rel = np.array([bool(r.relevance) for r in data.clicks_eval])
