@@ -168,15 +168,26 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    """Where the catalog comes from: a directory in the `madr.data.schema` layout, or the generator."""
+    """Where the catalog comes from: a directory in the `madr.data.schema` layout, a BEIR directory
+    (`madr.data.beir`: corpus.jsonl, queries.jsonl, qrels/<split>.tsv; a local path or a pyarrow filesystem
+    URI such as file:// or s3://), or the generator. `qrels` (split -> file) replaces the BEIR directory's
+    qrels of those splits with BEIR TSV or TREC qrels files (`qid 0 docid rel`)."""
 
     catalog_dir: str | None = None
+    beir_dir: str | None = None
+    qrels: dict[str, str] = field(default_factory=dict)
     synthetic_products: int = 1500
     synthetic_queries: int = 500
     seed: int = 0
     languages: list[str] = field(default_factory=lambda: ["en"])  # query languages of the generator
     tokenizer: str | None = None
     tokenizer_vocab_size: int = 3000
+
+    def __post_init__(self) -> None:
+        if self.catalog_dir and self.beir_dir:
+            raise ValueError("data.catalog_dir and data.beir_dir are both set; a catalog comes from one of them")
+        if self.qrels and not self.beir_dir:
+            raise ValueError("data.qrels needs data.beir_dir (the corpus and queries the judgments name)")
 
 
 @dataclass
