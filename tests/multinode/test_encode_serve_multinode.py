@@ -1,9 +1,12 @@
 """The encode job and the Serve app on a 3-node cluster (conftest: separate raylets on 127.0.0.1), behind the
-`multinode` marker (not in the default run: ~2 min on 2 busy cores; `pytest -m multinode tests/multinode`):
+`multinode` marker (not in the default run: 150-240 s measured on the shared 2 cores at load average 25-45;
+`pytest -m multinode tests/multinode`):
 
 1. encode: 600 docs -> 3 Flat hybrid shards with 2 tokenise and 2 encode actors started at once and SPREAD
    (`spread_actors`): each kind of actor ran on 2 different nodes (Ray's actor table), and the index is exact:
-   every id once, the shard files byte for byte those of an in-process run of the same plan;
+   every id once, the shard files byte for byte those of an in-process run of the same plan. (Checked to fail
+   when the actors pack: with the DataContext strategy "DEFAULT" and spread_actors off both EncodeDocs actors
+   ran on one node);
 2. serve: that index served with 2 replicas of every deployment, at most one per node
    (`max_replicas_per_node: 1`), HTTP on the head; the worker node holding the most replicas is killed while
    4 clients send /search: every request is answered (200, or 503 + Retry-After: 1 while no replica is
