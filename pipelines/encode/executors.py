@@ -45,6 +45,13 @@ def lexical_tokenizer_dir(cfg: EncodeConfig) -> str | None:
     return str(Path(cfg.output).resolve() / TOKENIZER_DIR) if cfg.lexical is not None and cfg.lexical_tokenizer else None
 
 
+def _pool(actors: int, all_at_start: bool):
+    """An actor pool of at most `actors`, starting with one (grows while work queues up) or all of them."""
+    import ray
+
+    return ray.data.ActorPoolStrategy(min_size=actors if all_at_start else 1, max_size=actors)
+
+
 def _encoded_dataset(pieces: list[Piece], cfg: EncodeConfig, gpu: bool, run: str | None = None):
     """read -> tokenise (CPU actors) -> encode (GPU/CPU actors); with ``run`` the encoders write part files
     and the dataset carries only (shard, rows)."""
@@ -53,19 +60,19 @@ def _encoded_dataset(pieces: list[Piece], cfg: EncodeConfig, gpu: bool, run: str
     # batch_size=None: one piece = one block = one batch through every stage, so the forward batches (cut
     # from the length-sorted piece) and hence the vectors do not depend on scheduling: a re-run is identical.
     ds = ray.data.read_datasource(_datasource(pieces, cfg), override_num_blocks=len(pieces), num_cpus=cfg.io_cpus)
+    spread = {"scheduling_strategy": "SPREAD"} if cfg.spread_actors else {}
     ds = ds.map_batches(TokenizeDocs, fn_constructor_kwargs={"model_dir": cfg.model_dir, "max_length": cfg.max_length,
                                                              "lexical": cfg.lexical is not None,
                                                              "lexical_tokenizer": lexical_tokenizer_dir(cfg)},
                         batch_size=None, batch_format="pyarrow", num_cpus=cfg.tokenize_cpus,
-                        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=cfg.tokenize_actors))
+                        compute=_pool(cfg.tokenize_actors, cfg.spread_actors), **spread)
     threads = cfg.torch_threads or max(1, int(np.ceil(cfg.encode_cpus)))
     return ds.map_batches(EncodeDocs, fn_constructor_kwargs={"model_dir": cfg.model_dir, "batch_size": cfg.batch_size,
                                                              "device": "cuda" if gpu else "cpu", "dtype": cfg.dtype,
                                                              "torch_threads": threads,
                                                              "out_dir": cfg.output if run else None, "run": run},
                           batch_size=None, batch_format="pyarrow", num_cpus=0 if gpu else cfg.encode_cpus,
-                          num_gpus=1 if gpu else 0,
-                          compute=ray.data.ActorPoolStrategy(min_size=1, max_size=cfg.encode_actors))
+                          num_gpus=1 if gpu else 0, compute=_pool(cfg.encode_actors, cfg.spread_actors), **spread)
 
 
 class RayExecutor:
