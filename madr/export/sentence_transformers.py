@@ -13,10 +13,10 @@ query student) are two, behind a `Router` that sends `encode_query` to the query
 the document tower. `text_prefixes` become the prompts "query" / "document", which `encode_query` /
 `encode_document` put before every text as madr does (inside the truncation length, as madr does).
 
-Exportable: the models whose vector is the backbone's CLS state or its masked mean, optionally projected
-(`EXPORTABLE_REASON`): BiBERT, MtBERT, the multi-task encoder (a BiBERT) and its distilled serving pair. The
-others are refused with the reason `unsupported_reason` gives: no sentence-transformers module computes their
-vector (see there).
+Exportable: the models whose vector is the backbone's CLS state or its masked mean, optionally projected:
+BiBERT, MtBERT, the multi-task encoder (a BiBERT) and its distilled serving pair. The others are refused with
+the reason `unsupported_reason` gives (`UNSUPPORTED`): no built-in sentence-transformers module computes their
+vector, and a module of our own would load only with `trust_remote_code=True`.
 """
 
 from __future__ import annotations
