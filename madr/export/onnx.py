@@ -131,6 +131,9 @@ class OnnxQueryEncoder(LeanQueryEncoder):
             raise ValueError(f"{onnx_path}: outputs {names}, but model {model.config.name!r} needs {want} "
                              "(exported from another model?)")
 
+    def _refresh(self) -> None:
+        """No torch decoder copy: the graph holds the decoder (weights as they were at export)."""
+
     def _encode_batch(self, ids: torch.Tensor, mask: torch.Tensor
                       ) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray] | None]:
         feeds = {"input_ids": ids.cpu().numpy().astype(np.int64), "attention_mask": mask.cpu().numpy().astype(np.int64)}
