@@ -19,6 +19,7 @@ from madr.config import from_dict
 from madr.search.params import SearchParams
 
 DEFAULT_API_KEY_ENV = "MADR_API_KEY"
+ENCODER_BACKENDS = ("torch", "onnx")  # what runs the query tower's forward pass (ServeSettings.encoder_backend)
 
 
 @dataclass
@@ -73,6 +74,10 @@ class ServeSettings:
     Query encoder: `encoder_index_vocabulary` (hybrid models; off by default) projects queries onto the terms
     the index's sparse shards hold only (`madr.search.query_encoder.LeanQueryEncoder`): a faster MLM projection,
     with the top-k cut taken over those terms (results can then differ from the offline reference).
+    `encoder_backend`: "torch" (default) or "onnx": the query tower exported at replica start
+    (`madr.export.onnx`) and run in onnxruntime with `torch_threads` threads, the same vectors (benchmarks/RESULTS.md,
+    "ONNX query encoder"); "onnx" needs `pip install "madr[export]"` and projects onto the whole vocabulary
+    (not with `encoder_index_vocabulary`).
     Search settings: `search` (`madr.search.params.SearchParams`, YAML section `search:`): `candidates`,
     `nprobe`, `ef_search` for every shard (None: the index defaults) and `lam` for requests that do not send
     one (None: the index's `hybrid_lambda`); `k` comes with each request.
@@ -121,6 +126,7 @@ class ServeSettings:
     encoder_max_batch_size: int = 16
     encoder_batch_wait_timeout_s: float = 0.003
     encoder_index_vocabulary: bool = False
+    encoder_backend: str = "torch"
     searcher_max_batch_size: int = 16
     searcher_batch_wait_timeout_s: float = 0.001
     request_timeout_s: float = 10.0
@@ -149,6 +155,12 @@ class ServeSettings:
                 raise ValueError(f"serve settings: {name} must be > 0, got {getattr(self, name)}")
         if self.replica_retries < 0:
             raise ValueError(f"serve settings: replica_retries must be >= 0, got {self.replica_retries}")
+        if self.encoder_backend not in ENCODER_BACKENDS:
+            raise ValueError(f"serve settings: encoder_backend must be one of {', '.join(ENCODER_BACKENDS)}, "
+                             f"got {self.encoder_backend!r}")
+        if self.encoder_backend == "onnx" and self.encoder_index_vocabulary:
+            raise ValueError("serve settings: encoder_backend 'onnx' projects onto the whole vocabulary; "
+                             "encoder_index_vocabulary needs the torch encoder")
 
     def resolved_api_key(self) -> str | None:
         """The key requests must carry, or None when the API is open."""
