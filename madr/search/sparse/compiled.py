@@ -4,8 +4,8 @@ query terms into a dense score row, then top-k over the touched documents only.
 It replaces three passes of the scipy path (``InvertedIndex.search(engine="scipy")``): the sparse-sparse
 product ``Q @ D.T`` (which materialises a CSR score row per query), scipy's separate counting pass that
 sizes that product, and ``np.partition`` over the row. Here each query reads every posting of its terms once,
-adds ``q_t * w(t, d)`` into a float32 accumulator, remembers which documents it touched, selects the top k of
-those and clears only them; queries run in parallel over numba threads, each with its own accumulator.
+adds ``q_t * w(t, d)`` into a float32 accumulator, remembers which documents it touched, keeps the top k of
+those in a k-sized heap (one comparison for most documents) and clears only them; queries run in parallel over numba threads, each with its own accumulator.
 
 Result convention: the same as ``InvertedIndex.search`` (only scores > 0; score descending, ties by global id
 ascending; rows padded with -inf / -1). Scores are summed in float32 in the order of the query's terms, so
@@ -20,35 +20,67 @@ import numpy as np
 from madr.search.protocol import PAD_ID
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _worse(s1: float, i1: int, s2: float, i2: int) -> bool:
+    """(s1, i1) ranks below (s2, i2): lower score, or the same score and a higher id."""
+    return s1 < s2 or (s1 == s2 and i1 > i2)
+
+
+@numba.njit(cache=True, nogil=True)
+def _sift_down(hs: np.ndarray, hi: np.ndarray, n: int, pos: int) -> None:
+    """Restore the heap below ``pos`` (root = the worst of the kept hits)."""
+    while True:
+        child = 2 * pos + 1
+        if child >= n:
+            return
+        if child + 1 < n and _worse(hs[child + 1], hi[child + 1], hs[child], hi[child]):
+            child += 1
+        if not _worse(hs[child], hi[child], hs[pos], hi[pos]):
+            return
+        hs[pos], hs[child] = hs[child], hs[pos]
+        hi[pos], hi[child] = hi[child], hi[pos]
+        pos = child
+
+
 @numba.njit(cache=True, nogil=True)
 def _top_k_touched(acc: np.ndarray, seen: np.ndarray, touched: np.ndarray, n_touched: int, ids: np.ndarray,
                    k: int, out_s: np.ndarray, out_i: np.ndarray) -> None:
     """Write the top ``k`` of ``acc[touched[:n_touched]]`` (scores > 0; score desc, then id asc) into out_s /
-    out_i (padded -inf / -1), and clear those accumulator and ``seen`` entries for the next query."""
-    cand = np.empty(n_touched, dtype=np.int64)
-    scores = np.empty(n_touched, dtype=np.float32)
-    m = 0
+    out_i (padded -inf / -1), and clear those accumulator and ``seen`` entries for the next query.
+
+    One pass with a k-sized heap whose root is the worst kept hit: a document enters only when it beats the
+    root, so most touched documents cost one comparison and nothing is allocated per document."""
+    hs = np.empty(k, dtype=np.float32)
+    hi = np.empty(k, dtype=np.int64)
+    n = 0
     for j in range(n_touched):
         d = touched[j]
-        if acc[d] > 0:
-            cand[m] = d
-            scores[m] = acc[d]
-            m += 1
+        s = acc[d]
         acc[d] = 0.0
         seen[d] = False
-    cand, scores = cand[:m], scores[:m]
-    if m > k:
-        kth = np.partition(scores, m - k)[m - k]  # the k-th largest: keep every tie at the cut
-        keep = scores >= kth
-        cand, scores = cand[keep], scores[keep]
-    gid = ids[cand]
-    by_id = np.argsort(gid, kind="mergesort")
-    gid, scores = gid[by_id], scores[by_id]
-    order = np.argsort(-scores, kind="mergesort")  # stable: equal scores stay in id order
-    n = min(k, order.size)
+        if s <= 0:
+            continue
+        g = ids[d]
+        if n < k:  # filling: append, then sift the new leaf up
+            pos = n
+            hs[pos], hi[pos] = s, g
+            n += 1
+            while pos > 0:
+                parent = (pos - 1) // 2
+                if not _worse(hs[pos], hi[pos], hs[parent], hi[parent]):
+                    break
+                hs[pos], hs[parent] = hs[parent], hs[pos]
+                hi[pos], hi[parent] = hi[parent], hi[pos]
+                pos = parent
+        elif _worse(hs[0], hi[0], s, g):
+            hs[0], hi[0] = s, g
+            _sift_down(hs, hi, n, 0)
+    by_id = np.argsort(hi[:n], kind="mergesort")
+    ks, ki = hs[:n][by_id], hi[:n][by_id]
+    order = np.argsort(-ks, kind="mergesort")  # stable: equal scores stay in id order
     for j in range(n):
-        out_s[j] = scores[order[j]]
-        out_i[j] = gid[order[j]]
+        out_s[j] = ks[order[j]]
+        out_i[j] = ki[order[j]]
 
 
 @numba.njit(parallel=True, cache=True, nogil=True)

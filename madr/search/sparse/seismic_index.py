@@ -109,7 +109,11 @@ class SeismicSparseIndex:
             _components(np.arange(len(rows))), [_components(t) for t, _ in rows],
             [np.asarray(v, np.float32) for _, v in rows], k,
             query_cut or self.params.query_cut, heap_factor or self.params.heap_factor, num_threads=num_threads)
-        return pad_rows([_ranked(hits, k) for hits in results], k)
+        by_query: dict[int, list] = {}
+        for hits in results:  # Seismic's result lists need not come back in query order
+            if hits:
+                by_query[int(hits[0][0])] = hits
+        return pad_rows([_ranked(by_query.get(q, []), k) for q in range(len(rows))], k)
 
     def score(self, queries: SparseBatch, ids: np.ndarray, batch_size: int | None = None) -> np.ndarray:
         """Exact scores of given documents (``InvertedIndex.score``)."""

@@ -61,6 +61,17 @@ def test_seismic_finds_the_exact_top_k_in_madr_order(corpus, tmp_path):
         SeismicSparseIndex.load(tmp_path / "s.seismic", InvertedIndex.build(docs.select(range(10)), ids[:10]))
 
 
+def test_each_query_gets_its_own_results(corpus):
+    """Seismic's batch results need not come back in query order: a batch must equal each query alone."""
+    docs, _, ids = corpus
+    queries = _topical(120, 5, nnz=6)
+    index = SeismicSparseIndex.build(InvertedIndex.build(docs, ids), EXHAUSTIVE)
+    batch = index.search(queries, k=5, num_threads=2)
+    for q in range(0, 120, 7):
+        alone = index.search(queries.select([q]), k=5)
+        np.testing.assert_array_equal(batch[1][q], alone[1][0], err_msg=f"query {q}")
+
+
 def test_seismic_search_knobs_trade_recall(corpus):
     docs, queries, ids = corpus
     exact = InvertedIndex.build(docs, ids)
