@@ -23,7 +23,17 @@ from madr.modeling.outputs import TowerOutput
 
 def term_weights(mlm_logits: torch.Tensor, attention_mask: torch.Tensor, pooling: str = "max",
                  excluded_ids: list[int] | None = None) -> torch.Tensor:
-    """[B, V] pooled log(1 + ReLU(logits)) over the non-padding positions, excluded ids zeroed."""
+    """[B, V] pooled log(1 + ReLU(logits)) over the non-padding positions, excluded ids zeroed.
+
+    Without gradients, max pooling takes the max of the logits first and the activation over [B, V] only
+    (log1p and ReLU are monotonic, so the values are the same; padding counts as 0 either way): the encode
+    job and serving skip two passes over the [B, L, V] logits."""
+    if pooling == "max" and not (torch.is_grad_enabled() and mlm_logits.requires_grad):
+        keep = attention_mask.unsqueeze(-1).to(torch.bool)
+        pooled = torch.log1p(torch.relu(mlm_logits.masked_fill(~keep, 0.0).amax(dim=1)))
+        if excluded_ids:
+            pooled = pooled.index_fill(1, torch.tensor(excluded_ids, device=pooled.device), 0.0)
+        return pooled
     w = torch.log1p(torch.relu(mlm_logits)) * attention_mask.unsqueeze(-1).to(mlm_logits.dtype)
     if pooling == "max":
         pooled = w.max(dim=1).values

@@ -31,6 +31,18 @@ def test_term_weights_max_and_sum_pool_by_hand():
     assert torch.allclose(s, expected_sum), s
 
 
+def test_term_weights_inference_path_equals_the_training_path():
+    """No gradients: max of the logits, then the activation on [B, V] only; the same values bit for bit."""
+    torch.manual_seed(0)
+    logits = torch.randn(4, 7, 50) * 3
+    mask = torch.tensor([[1] * 7, [1] * 3 + [0] * 4, [1] + [0] * 6, [1] * 5 + [0] * 2])
+    trained = term_weights(logits.clone().requires_grad_(True), mask, "max", excluded_ids=[2, 9])
+    with torch.no_grad():
+        served = term_weights(logits, mask, "max", excluded_ids=[2, 9])
+    assert torch.equal(served, trained.detach())
+    assert trained.requires_grad, "the training path keeps its graph"
+
+
 def test_top_k_keeps_the_k_largest():
     w = torch.tensor([[0.1, 0.5, 0.0, 0.9, 0.3], [1.0, 2.0, 3.0, 4.0, 5.0]])
     out = top_k_sparsify(w, 2)
