@@ -83,8 +83,7 @@ def _top_k_touched(acc: np.ndarray, seen: np.ndarray, touched: np.ndarray, n_tou
         out_i[j] = ki[order[j]]
 
 
-@numba.njit(parallel=True, cache=True, nogil=True)
-def search_taat(q_indptr: np.ndarray, q_terms: np.ndarray, q_weights: np.ndarray, p_indptr: np.ndarray,
+def _search_taat(q_indptr: np.ndarray, q_terms: np.ndarray, q_weights: np.ndarray, p_indptr: np.ndarray,
                 p_docs: np.ndarray, p_weights: np.ndarray, ids: np.ndarray, k: int,
                 chunk: int) -> tuple[np.ndarray, np.ndarray]:
     """Top ``k`` (scores [Q, k] float32, global ids [Q, k] int64) of every query of a CSR query batch against a
@@ -112,3 +111,25 @@ def search_taat(q_indptr: np.ndarray, q_terms: np.ndarray, q_weights: np.ndarray
                     acc[d] += w * p_weights[p]
             _top_k_touched(acc, seen, touched, n_touched, ids, k, out_s[q], out_i[q])
     return out_s, out_i
+
+
+# One kernel, compiled twice: the serial one never starts numba's thread pool (whose idle workers would
+# compete with torch in a serving process); the parallel one spreads query chunks over `num_threads`.
+search_taat_serial = numba.njit(cache=True, nogil=True)(_search_taat)
+search_taat_parallel = numba.njit(parallel=True, cache=True, nogil=True)(_search_taat)
+
+
+def search_taat(q_indptr: np.ndarray, q_terms: np.ndarray, q_weights: np.ndarray, p_indptr: np.ndarray,
+                p_docs: np.ndarray, p_weights: np.ndarray, ids: np.ndarray, k: int,
+                num_threads: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """Top ``k`` of every query (``_search_taat``) on ``num_threads`` numba threads; 1: the serial kernel."""
+    if num_threads <= 1:
+        return search_taat_serial(q_indptr, q_terms, q_weights, p_indptr, p_docs, p_weights, ids, k,
+                                  max(1, q_indptr.size - 1))
+    previous = numba.get_num_threads()
+    numba.set_num_threads(min(num_threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        chunk = max(1, -(-(q_indptr.size - 1) // (4 * num_threads)))
+        return search_taat_parallel(q_indptr, q_terms, q_weights, p_indptr, p_docs, p_weights, ids, k, chunk)
+    finally:
+        numba.set_num_threads(previous)

@@ -21,7 +21,6 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import numba
 import numpy as np
 import scipy.sparse as sp
 
@@ -193,16 +192,10 @@ class InvertedIndex:
         p = self._compact()
         if len(queries) == 0:
             return pad_rows([], k)
-        threads = min(num_threads, numba.config.NUMBA_NUM_THREADS)
-        previous = numba.get_num_threads()
-        numba.set_num_threads(threads)
-        try:
-            return search_taat(np.asarray(queries.indptr, np.int64), np.asarray(queries.indices, np.int64),
-                               np.asarray(queries.values, np.float32), p.indptr.astype(np.int64, copy=False),
-                               p.indices.astype(np.int64, copy=False), p.data.astype(np.float32, copy=False),
-                               self._ids, k, max(1, -(-len(queries) // (4 * threads))))
-        finally:
-            numba.set_num_threads(previous)
+        return search_taat(np.asarray(queries.indptr, np.int64), np.asarray(queries.indices, np.int64),
+                           np.asarray(queries.values, np.float32), p.indptr.astype(np.int64, copy=False),
+                           p.indices.astype(np.int64, copy=False), p.data.astype(np.float32, copy=False),
+                           self._ids, k, num_threads)
 
     def _rows_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Global ids -> (row positions, found mask); rows are 0 where not found."""

@@ -191,3 +191,23 @@ def test_empty_index_returns_padding():
     index = InvertedIndex(4)
     scores, ids = index.search(SparseBatch.from_pairs([([1], [1.0])], vocab_size=4), k=2)
     assert ids.tolist() == [[-1, -1]] and np.isneginf(scores).all()
+
+
+def test_one_thread_search_starts_no_thread_pool():
+    """A serving process searches with num_threads=1: numba's worker pool (idle workers compete with torch)
+    must not start; with num_threads=2 it does. Run in a fresh interpreter (numba's private pool flag)."""
+    import subprocess
+    import sys
+
+    code = """
+import numba.np.ufunc.parallel as pool
+from madr.search.sparse import InvertedIndex, SparseBatch
+docs = SparseBatch.from_pairs([([0, 1], [1.0, 2.0]), ([1], [1.0])], vocab_size=2)
+index, q = InvertedIndex.build(docs), SparseBatch.from_pairs([([1], [1.0])] * 8, vocab_size=2)
+index.search(q, k=1)
+one = pool._is_initialized
+index.search(q, k=1, num_threads=2)
+print(one, pool._is_initialized)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, check=True)
+    assert out.stdout.split() == ["False", "True"], f"(pool started after 1 thread, after 2 threads): {out.stdout}"
