@@ -59,6 +59,12 @@ class EncodeConfig:
     dtype: str = "auto"  # auto: bfloat16 on GPUs that support it, float16 on others, float32 on CPU
     tokenize_actors: int = 1
     encode_actors: int = 1
+    # None: encode actors start all at once (a pool of encode_actors); k: k at once, more as the stream backs up
+    # (autoscaling clusters, where GPUs may come later). Starting one after another cost ~10 s per actor.
+    min_encode_actors: int | None = None
+    # None: tokenise inside the encode actors when they run on CPU (one process to start, torch imported once),
+    # in a pool of their own (tokenize_actors x tokenize_cpus) in front of GPU encoders (which it keeps fed)
+    tokenize_in_encoder: bool | None = None
     tokenize_cpus: float = 0.5
     encode_cpus: float = 1.0
     io_cpus: float = 0.25  # read, write-part and shard-finalise tasks
@@ -78,10 +84,13 @@ class EncodeConfig:
         if (self.num_shards is None) == (self.max_docs_per_shard is None):
             raise ValueError("encode: give exactly one of num_shards and max_docs_per_shard")
         for name in ("num_shards", "max_docs_per_shard", "batch_size", "rows_per_read", "train_size",
-                     "tokenize_actors", "encode_actors"):
+                     "tokenize_actors", "encode_actors", "min_encode_actors"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"encode.{name} must be >= 1, got {value}")
+        if self.min_encode_actors is not None and self.min_encode_actors > self.encode_actors:
+            raise ValueError(f"encode.min_encode_actors ({self.min_encode_actors}) must be <= encode_actors "
+                             f"({self.encode_actors})")
         if not self.text_columns:
             raise ValueError("encode.text_columns is empty")
         if self.lexical is not None and self.lexical not in LEXICAL_KINDS:
