@@ -66,14 +66,21 @@ CHECK_ROWS = 256  # vectors compared between methods (same model -> same vectors
 
 
 class PeakMemory:
-    """Peak summed PSS and RSS of this process and its descendants (sampled in a thread)."""
+    """Peak summed PSS and RSS of this process and its descendants, and the CPU seconds (user + system) they
+    used (the last reading of each process; one that lives < 0.5 s can be missed), sampled in a thread. On a
+    machine other jobs load, CPU seconds compare methods better than wall time."""
 
     def __init__(self, interval: float = 0.5) -> None:
         import psutil
 
         self.proc, self.interval, self._stop = psutil.Process(), interval, threading.Event()
         self.peak_pss = self.peak_rss = 0
+        self.cpu: dict[tuple[int, float], float] = {}  # (pid, create time) -> CPU seconds
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self.cpu.values())
 
     def _sample(self) -> None:
         pss = rss = 0
@@ -81,6 +88,8 @@ class PeakMemory:
             try:
                 info = p.memory_full_info()
                 pss, rss = pss + info.pss, rss + info.rss
+                t = p.cpu_times()
+                self.cpu[(p.pid, p.create_time())] = t.user + t.system
             except Exception:  # noqa: BLE001 (a process that just exited, or no access)
                 pass
         self.peak_pss, self.peak_rss = max(self.peak_pss, pss), max(self.peak_rss, rss)
@@ -368,6 +377,7 @@ def main() -> None:
             res = CHILDREN[args.child](Path(args.corpus), Path(args.model_dir), Path(args.out), args.threads,
                                        shards=args.shards, max_docs_per_shard=args.max_docs_per_shard)
         res["peak_pss_mb"], res["peak_rss_mb"] = mem.peak_pss / 2**20, mem.peak_rss / 2**20
+        res["cpu_s"] = mem.cpu_seconds
         print("RESULT " + json.dumps(res), flush=True)
         return
     work = Path(args.work)
@@ -396,7 +406,8 @@ def main() -> None:
                      f"{res['ray_start_s']:.1f} s, not counted)\n    start-up: {json.dumps(res['startup'])}"
                      if method.startswith("ray") else "")
             print(f"  {n:>8} docs  {method:<6} {n / res['seconds']:>8.0f} docs/s  {res['seconds']:>7.1f} s  "
-                  f"peak PSS {res['peak_pss_mb']:>6.0f} MB  RSS {res['peak_rss_mb']:>6.0f} MB{extra}", flush=True)
+                  f"peak PSS {res['peak_pss_mb']:>6.0f} MB  RSS {res['peak_rss_mb']:>6.0f} MB  CPU {res['cpu_s']:.0f} s"
+                  f"{extra}", flush=True)
         ref = checks[args.methods[0]]
         diffs = {m: float(np.abs(v - ref).max()) for m, v in checks.items()}
         print(f"  max |vector difference| vs {args.methods[0]} over the first {CHECK_ROWS} docs: {diffs}")

@@ -34,10 +34,10 @@ def event(what: str) -> None:
 
 
 def read(path: str) -> list[tuple[float, int, float, str]]:
-    """The events of a trace file: (time, pid, process start, what), in time order."""
+    """The events of a trace file: (time, pid, process start, what), in time order (ties: in file order)."""
     rows = []
     with open(path) as f:
         for line in f:
             t, pid, start, what = line.rstrip("\n").split("\t", 3)
             rows.append((float(t), int(pid), float(start), what))
-    return sorted(rows)
+    return sorted(rows, key=lambda r: r[0])
