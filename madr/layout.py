@@ -9,7 +9,7 @@ serve), so that a stage never guesses where the previous one wrote:
     <output_dir>/data/train/          the same for the training split (hard-negative mining)
     <output_dir>/data/vocab.json      phrase / word / token aspect vocabularies (Ray Data aggregation)
     <output_dir>/data/stats.json      aspect coverage (paper 000 Table 3 / paper 001 Table 2)
-    <output_dir>/data/quarantine/     catalog rows that failed validation, with reason and origin
+    <output_dir>/data/quarantine/     BEIR / TREC lines that failed validation (reason, file, line, field) + counts
     <output_dir>/<stage>/model/       the export of a training stage (pretrain / finetune / distill)
     <output_dir>/index/manifest.json  the sharded index
     <output_dir>/evaluation/          results.md / results.csv / recall-vs-latency plot

@@ -3,6 +3,7 @@
     demo        the README's main job: the whole pipeline on a local Ray cluster, ending with queries
                 answered over HTTP (pipelines/demo.py; configs/demo.yaml)
     experiment  one experiment in this process, without Ray: train, then print metrics before / after
+    export      a saved model as a sentence-transformers directory and / or an ONNX tower (pipelines/export.py)
 """
 
 from __future__ import annotations
@@ -52,11 +53,18 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--num-cpus", type=int, default=None, help="CPUs of the local cluster (default: all)")
     exp = sub.add_parser("experiment", help="one experiment in this process (no Ray): metrics before / after")
     exp.add_argument("--config", default="configs/experiment.yaml")
+    export = sub.add_parser("export", add_help=False,
+                            help="a model as a sentence-transformers directory / ONNX (python -m pipelines.export -h)")
+    export.add_argument("args", nargs=argparse.REMAINDER)
     for p in (demo, exp):
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value, e.g. --set model.name=mural")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if args.command == "export":
+        from pipelines.export import main as export_main
+
+        return export_main(args.args)
     if args.command == "demo":
         from pipelines.demo import run_demo
 

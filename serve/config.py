@@ -20,6 +20,7 @@ from madr.search.params import SearchParams
 
 DEFAULT_API_KEY_ENV = "MADR_API_KEY"
 TOPOLOGIES = ("colocated", "fanout")
+ENCODER_BACKENDS = ("torch", "onnx")  # what runs the query tower's forward pass (ServeSettings.encoder_backend)
 
 
 @dataclass
@@ -31,7 +32,9 @@ class DeploymentSettings:
     the controller checks a replica, i.e. how soon a dead one is noticed and a replacement started (1 s here;
     Serve's default, 10 s, left a dead replica unnoticed that long: issue 24); `health_check_timeout_s` (None:
     Serve's 30 s) how long a check may take before a live but stuck replica is replaced. `num_replicas: 2`
-    keeps a replica's death invisible to clients (the other answers; see `serve.calls`).
+    keeps a replica's death invisible to clients (the other answers; see `serve.calls`). `max_replicas_per_node`
+    (None: no limit) caps the replicas Serve places on one node: 1 puts every replica on a node of its own, so
+    that losing a node loses one replica of the deployment, not all of them (multi-node clusters).
     """
 
     num_replicas: int = 1
@@ -40,6 +43,7 @@ class DeploymentSettings:
     autoscaling: dict[str, Any] | None = None
     health_check_period_s: float | None = 1.0
     health_check_timeout_s: float | None = None
+    max_replicas_per_node: int | None = None
 
     def min_cpus(self) -> float:
         """CPUs its replicas hold at the smallest scale (autoscaling: `min_replicas`, default 1)."""
@@ -54,7 +58,7 @@ class DeploymentSettings:
             opts["autoscaling_config"] = dict(self.autoscaling)
         else:
             opts["num_replicas"] = self.num_replicas
-        for name in ("health_check_period_s", "health_check_timeout_s"):
+        for name in ("health_check_period_s", "health_check_timeout_s", "max_replicas_per_node"):
             if getattr(self, name) is not None:
                 opts[name] = getattr(self, name)
         return opts
@@ -76,6 +80,10 @@ class ServeSettings:
     Query encoder: `encoder_index_vocabulary` (hybrid models; off by default) projects queries onto the terms
     the index's sparse shards hold only (`madr.search.query_encoder.LeanQueryEncoder`): a faster MLM projection,
     with the top-k cut taken over those terms (results can then differ from the offline reference).
+    `encoder_backend`: "torch" (default) or "onnx": the query tower exported at replica start
+    (`madr.export.onnx`) and run in onnxruntime with `torch_threads` threads, the same vectors (benchmarks/RESULTS.md,
+    "ONNX query encoder"); "onnx" needs `pip install "madr[export]"` and projects onto the whole vocabulary
+    (not with `encoder_index_vocabulary`).
     Search settings: `search` (`madr.search.params.SearchParams`, YAML section `search:`): `candidates`,
     `nprobe`, `ef_search` for every shard (None: the index defaults) and `lam` for requests that do not send
     one (None: the index's `hybrid_lambda`); `k` comes with each request.
@@ -124,6 +132,7 @@ class ServeSettings:
     encoder_max_batch_size: int = 16
     encoder_batch_wait_timeout_s: float = 0.003
     encoder_index_vocabulary: bool = False
+    encoder_backend: str = "torch"
     searcher_max_batch_size: int = 16
     searcher_batch_wait_timeout_s: float = 0.001
     request_timeout_s: float = 10.0
@@ -156,6 +165,12 @@ class ServeSettings:
             raise ValueError(f"serve settings: topology must be one of {', '.join(TOPOLOGIES)}, got {self.topology!r}")
         if self.replica_retries < 0:
             raise ValueError(f"serve settings: replica_retries must be >= 0, got {self.replica_retries}")
+        if self.encoder_backend not in ENCODER_BACKENDS:
+            raise ValueError(f"serve settings: encoder_backend must be one of {', '.join(ENCODER_BACKENDS)}, "
+                             f"got {self.encoder_backend!r}")
+        if self.encoder_backend == "onnx" and self.encoder_index_vocabulary:
+            raise ValueError("serve settings: encoder_backend 'onnx' projects onto the whole vocabulary; "
+                             "encoder_index_vocabulary needs the torch encoder")
 
     def resolved_api_key(self) -> str | None:
         """The key requests must carry, or None when the API is open."""

@@ -50,11 +50,21 @@ def shared_data() -> Path:
     return SHARED / "data"
 
 
+LOCAL_RAY = {"num_cpus": 2, "include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+
+
 @pytest.fixture(scope="session")
-def ray_local():
+def ray_local_args() -> dict:
+    """How `ray_local` starts Ray: what a module that needs another Ray for a while (tests/multinode) restarts
+    it with afterwards."""
+    return dict(LOCAL_RAY)
+
+
+@pytest.fixture(scope="session")
+def ray_local(ray_local_args):
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(**ray_local_args)
     yield ray
     ray.shutdown()
 

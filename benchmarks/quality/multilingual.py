@@ -130,11 +130,12 @@ def madr_item_scores(model, data: MultilingualData, order: Sequence[str], batch_
                        lambda records: click_pair_scores(model, records, order, batch_size))
 
 
-def e5_reference_embedder(path: str, max_length: int, batch_size: int) -> Embedder:
+def e5_reference_embedder(path: str, max_length: int, batch_size: int, device: str = "cpu") -> Embedder:
     """The untouched pretrained model with its own recipe: mean pooling, "query: " / "passage: " prefixes
-    (queries, hypotheses and every translation side take "query: ", the symmetric-task prefix)."""
+    (queries, hypotheses and every translation side take "query: ", the symmetric-task prefix); it runs on
+    `device`, its vectors come back on the CPU."""
     tok = transformers.AutoTokenizer.from_pretrained(path)
-    model = transformers.AutoModel.from_pretrained(path).eval()
+    model = transformers.AutoModel.from_pretrained(path).eval().to(device)
 
     @torch.no_grad()
     def embed(texts: list[str], role: str) -> torch.Tensor:
@@ -142,10 +143,10 @@ def e5_reference_embedder(path: str, max_length: int, batch_size: int) -> Embedd
         out = []
         for i in range(0, len(texts), batch_size):
             enc = tok([prefix + t for t in texts[i:i + batch_size]], padding=True, truncation=True,
-                      max_length=max_length, return_tensors="pt")
+                      max_length=max_length, return_tensors="pt").to(device)
             hidden = model(**enc).last_hidden_state
             mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-            out.append(F.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1))
+            out.append(F.normalize((hidden * mask).sum(1) / mask.sum(1), dim=-1).cpu())
         return torch.cat(out)
 
     return embed
@@ -159,9 +160,9 @@ def encoder(cfg: MultiTaskExperimentConfig, tokenizer, seed: int, pooling: str):
 
 def train_model(cfg: MultiTaskExperimentConfig, tokenizer, data: MultilingualData, names: Sequence[str],
                 seed: int, bench: dict):
-    """`madr.recipes.multitask.encoders.train_encoder` with the pooling choice and the option to freeze the
-    (250k x 384) word embeddings."""
-    model = encoder(cfg, tokenizer, seed, bench["pooling"])
+    """`madr.recipes.multitask.encoders.train_encoder` with the pooling choice, the option to freeze the
+    (250k x 384) word embeddings and `bench.device` (default cpu) to train on."""
+    model = encoder(cfg, tokenizer, seed, bench["pooling"]).to(bench.get("device", "cpu"))
     if bench["freeze_word_embeddings"]:
         for tower in model.towers():
             tower.backbone.get_input_embeddings().weight.requires_grad_(False)

@@ -30,6 +30,7 @@ Each finished seed is cached in benchmarks/results/<tag>.partial.json and skippe
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import time
@@ -100,11 +101,18 @@ def encode_ms(model, texts: Sequence[str], side: str, batch_size: int) -> float:
 
 
 def latency(model, data: MultilingualData, order: Sequence[str], n: int) -> dict[str, float]:
-    """Query ms (one at a time) and document ms (batches of 64) of `model`'s towers on held-out texts."""
+    """Query ms (one at a time) and document ms (batches of 64) of `model`'s towers on held-out texts, on this
+    CPU (a copy of the model, 1 thread) and, for a model on a GPU, there too (`*_gpu`; fp32, each batch waited
+    for: `encode_texts` returns its vectors on the CPU)."""
     queries = [r.query for r in data.clicks_eval][:n]
     docs = [doc_text(r, order) for r in data.clicks_eval][:n]
-    return {"query_ms": encode_ms(model, queries, "query", 1), "doc_ms": encode_ms(model, docs, "doc", 64),
-            "query_layers": float(num_layers(model.query_tower)), "doc_layers": float(num_layers(model.doc_tower))}
+    device = next(model.parameters()).device
+    cpu = copy.deepcopy(model).cpu() if device.type != "cpu" else model
+    out = {"query_ms": encode_ms(cpu, queries, "query", 1), "doc_ms": encode_ms(cpu, docs, "doc", 64),
+           "query_layers": float(num_layers(model.query_tower)), "doc_layers": float(num_layers(model.doc_tower))}
+    if device.type == "cuda":
+        out.update(query_ms_gpu=encode_ms(model, queries, "query", 1), doc_ms_gpu=encode_ms(model, docs, "doc", 64))
+    return out
 
 
 # ---- rows -------------------------------------------------------------------------------------------------------
@@ -143,7 +151,7 @@ def shared_rows(cfg, bench: dict, data: MultilingualData, tokenizer) -> dict[str
     order, ks, bs = cfg.tasks.click.field_order, cfg.eval.ndcg_at, cfg.eval.batch_size
     t0 = time.perf_counter()
     path = resolve_backbone_path(cfg.model.backbone.name_or_path)
-    e5 = memoised(e5_reference_embedder(path, cfg.model.max_doc_length, bs))
+    e5 = memoised(e5_reference_embedder(path, cfg.model.max_doc_length, bs, bench.get("device", "cpu")))
     scores = {"Random scores": item.random_scores(data, 0), BM25: item.bm25_scores(tokenizer, data, order),
               E5: item.item_scores(e5, data, order)}
     print(f"e5 and BM25 rows: {time.perf_counter() - t0:.0f} s", flush=True)

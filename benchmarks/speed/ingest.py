@@ -109,8 +109,8 @@ def count_tokens(table) -> int:
 
 def run_loop(data: Path, tokenizer: str, window: int, max_length: int) -> dict:
     """Single process: raw line blocks -> validate_block (+ quarantine) -> tokenize_table, one at a time."""
+    from madr.data.quarantine import read_summary
     from pipelines.data.file_parts import plan_parts
-    from pipelines.data.quarantine import read_summary
     from pipelines.data.raw_files import read_part
     from pipelines.data.readers import validate_block
     from pipelines.data.sources import SourceOptions
@@ -150,7 +150,7 @@ def run_loop(data: Path, tokenizer: str, window: int, max_length: int) -> dict:
 
 def _ray_pass(data: Path, tokenizer: str, args: argparse.Namespace, compute: str, workers: int,
               tree: ProcessTree) -> dict:
-    from pipelines.data.quarantine import read_summary
+    from madr.data.quarantine import read_summary
     from pipelines.data.readers import read_tokenized
 
     qdir = tempfile.mkdtemp(prefix="bench_quarantine_")

@@ -37,6 +37,7 @@ from madr.index.manifest import (
 )
 from madr.search.protocol import document_ids
 from madr.search.sparse import InvertedIndex, SparseBatch
+from madr.search.sparse.backend import SEISMIC_SUFFIX, SparseBackend
 
 DEFAULT_TRAIN_SIZE = 100_000
 TRAINED_FILE = "trained.faiss"
@@ -146,9 +147,10 @@ def shard_index(trained: faiss.Index, dense: np.ndarray, ids: np.ndarray) -> fai
 
 def write_shard(out_dir: str | Path, shard: int, trained: faiss.Index, dense: np.ndarray, ids: np.ndarray,
                 sparse: SparseBatch | None = None, extra_files: Sequence[str] = (),
-                lexical: SparseBatch | None = None) -> ShardInfo:
+                lexical: SparseBatch | None = None, sparse_backend: SparseBackend | None = None) -> ShardInfo:
     """Write shard ``shard`` (rows sorted by id) atomically: index, ids, sparse part, lexical part (``lexical``:
-    the raw word-piece term frequencies of the same rows, ``madr.index.lexical``), then its record.
+    the raw word-piece term frequencies of the same rows, ``madr.index.lexical``), then its record. An
+    approximate ``sparse_backend`` (``madr.search.sparse.backend``) adds its own index of the sparse part.
 
     ``extra_files`` (paths relative to ``out_dir``, already written, e.g. the shard's display rows) get
     their checksums recorded too. Returns the record (also saved as ``shard-NNNNN.json``, which marks the
@@ -162,21 +164,25 @@ def write_shard(out_dir: str | Path, shard: int, trained: faiss.Index, dense: np
         raise ValueError(f"shard {shard}: {len(lexical)} lexical rows for {ids.size} documents")
     order = np.argsort(ids, kind="stable")
     dense, ids = dense[order], ids[order]
-    stem = shard_stem(shard)
+    stem, backend = shard_stem(shard), sparse_backend or SparseBackend()
     files = {"dense": f"{stem}.faiss", "ids": f"{stem}.ids.npy",
              "sparse": f"{stem}.sparse.npz" if sparse is not None else None,
-             "lexical": f"{stem}.lexical.npz" if lexical is not None else None}
+             "lexical": f"{stem}.lexical.npz" if lexical is not None else None,
+             "approx": f"{stem}{SEISMIC_SUFFIX}" if sparse is not None and backend.approximate else None}
     index = shard_index(trained, dense, ids)
     atomic_write(out / files["dense"], lambda tmp: faiss.write_index(index, tmp))
     atomic_save_npy(out / files["ids"], ids)
     if sparse is not None:
         inv = InvertedIndex.build(sparse.select(order), ids)
         atomic_write(out / files["sparse"], lambda tmp: _save_npz(inv, tmp))
+        if files["approx"]:
+            atomic_write(out / files["approx"], lambda tmp: backend.write(inv, tmp))
     if lexical is not None:
         save_term_counts(out / files["lexical"], lexical.select(order))
     info = ShardInfo(shard=shard, dense_path=files["dense"], sparse_path=files["sparse"], ids_path=files["ids"],
                      count=int(ids.size), min_id=int(ids[0]) if ids.size else -1,
-                     max_id=int(ids[-1]) if ids.size else -1, lexical_path=files["lexical"])
+                     max_id=int(ids[-1]) if ids.size else -1, lexical_path=files["lexical"],
+                     approx_sparse_path=files["approx"])
     info.sha256 = {rel: sha256_file(out / rel) for rel in [*info.files(), *extra_files]}
     info.save(out / f"{stem}.json")
     return info
@@ -214,7 +220,8 @@ def assemble_manifest(out_dir: str | Path, shards: Sequence[ShardInfo], dim: int
                       hybrid_lambda: float | None = None, sparse_vocab_size: int | None = None,
                       model_dir: str | None = None, config_hash: str | None = None,
                       docs_path: str | None = None, lexical_vocab_size: int | None = None,
-                      fusion_lambda: float = 0.5, lexical_tokenizer: str | None = None) -> Path:
+                      fusion_lambda: float = 0.5, lexical_tokenizer: str | None = None,
+                      sparse_backend: SparseBackend | None = None) -> Path:
     """Write ``manifest.json`` over complete shards (ids unique across shards, or a ValueError). With
     ``lexical_vocab_size`` (shards with a lexical part) the collection's BM25 statistics are merged from the
     shards' files first (``madr.index.lexical.merge_statistics``) and recorded with ``fusion_lambda``, and with
@@ -235,8 +242,19 @@ def assemble_manifest(out_dir: str | Path, shards: Sequence[ShardInfo], dim: int
     manifest = Manifest(dim=int(dim), index_factory=index_factory, num_docs=sum(s.count for s in shards),
                         shards=list(shards), model_dir=model_dir, config_hash=config_hash,
                         hybrid_lambda=hybrid_lambda,
-                        sparse_vocab_size=sparse_vocab_size, docs_path=docs_path, lexical=lexical)
+                        sparse_vocab_size=sparse_vocab_size, docs_path=docs_path, lexical=lexical,
+                        sparse_backend=_backend_record(shards, sparse_backend))
     return manifest.save(Path(out_dir) / MANIFEST_FILE)
+
+
+def _backend_record(shards: Sequence[ShardInfo], backend: SparseBackend | None) -> dict | None:
+    """The manifest's ``sparse_backend`` (None: exact); an approximate one needs its file in every shard."""
+    if backend is None or not backend.approximate:
+        return None
+    missing = [s.shard for s in shards if s.sparse_path and not s.approx_sparse_path]
+    if missing:
+        raise ValueError(f"shards {missing} have no {backend.name} index (built with another sparse_backend?)")
+    return backend.to_dict()
 
 
 def id_report(out_dir: str | Path, shards: Sequence[ShardInfo],
@@ -262,11 +280,13 @@ def build_index(dense: np.ndarray, ids: np.ndarray, out_dir: str | Path, num_sha
                 index_factory: str = "Flat", sparse: SparseBatch | None = None, hybrid_lambda: float | None = None,
                 model_dir: str | None = None, config_hash: str | None = None, docs: pa.Table | None = None,
                 train_size: int | None = None, seed: int = 0, lexical: SparseBatch | None = None,
-                fusion_lambda: float = 0.5, lexical_tokenizer: Any | None = None) -> Path:
+                fusion_lambda: float = 0.5, lexical_tokenizer: Any | None = None,
+                sparse_backend: SparseBackend | None = None) -> Path:
     """Build a sharded index in-process; returns the manifest path. ``lexical``: the documents' raw word-piece
     term frequencies (``madr.index.lexical.term_counts``), for BM25 fused with the dense scores at
     ``fusion_lambda`` by default; ``lexical_tokenizer``: the tokenizer they were counted with when it is not
-    the model's (saved into the index, ``madr.index.lexical.TOKENIZER_DIR``; queries are then split by it).
+    the model's (saved into the index, ``madr.index.lexical.TOKENIZER_DIR``; queries are then split by it);
+    ``sparse_backend``: how the sparse part is searched (``madr.search.sparse.backend``; default exact).
 
     Rows are sorted by id and cut into ``num_shards`` contiguous id ranges (sizes differ by at most one).
     The quantiser is trained once on ``train_size`` rows sampled with ``seed`` (default: all rows up to
@@ -290,14 +310,15 @@ def build_index(dense: np.ndarray, ids: np.ndarray, out_dir: str | Path, num_sha
     for s, rows in enumerate(np.array_split(order, num_shards)):
         part = sparse.select(rows) if sparse is not None else None
         lex = lexical.select(rows) if lexical is not None else None
-        infos.append(write_shard(out, s, trained, dense[rows], ids[rows], part, lexical=lex))
+        infos.append(write_shard(out, s, trained, dense[rows], ids[rows], part, lexical=lex,
+                                 sparse_backend=sparse_backend))
     docs_path = write_docs(out, docs) if docs is not None else None
     if lexical_tokenizer is not None:
         save_tokenizer(lexical_tokenizer, out / TOKENIZER_DIR)
     return assemble_manifest(out, infos, dense.shape[1], index_factory, hybrid_lambda,
                              sparse.vocab_size if sparse is not None else None, model_dir, config_hash, docs_path,
                              lexical.vocab_size if lexical is not None else None, fusion_lambda,
-                             TOKENIZER_DIR if lexical_tokenizer is not None else None)
+                             TOKENIZER_DIR if lexical_tokenizer is not None else None, sparse_backend)
 
 
 def sample_rows(x: np.ndarray, size: int | None, seed: int = 0) -> np.ndarray:

@@ -98,9 +98,11 @@ class ShardInfo:
     max_id: int
     sha256: dict[str, str] = field(default_factory=dict)
     lexical_path: str | None = None
+    approx_sparse_path: str | None = None  # the approximate sparse backend's index (manifest.sparse_backend)
 
     def files(self) -> list[str]:
-        return [p for p in (self.dense_path, self.sparse_path, self.ids_path, self.lexical_path) if p is not None]
+        return [p for p in (self.dense_path, self.sparse_path, self.ids_path, self.lexical_path,
+                            self.approx_sparse_path) if p is not None]
 
     def verify(self, base: str | Path) -> None:
         """Raise a ValueError naming the file whose sha256 differs from the record (or that is missing);
@@ -151,6 +153,7 @@ class Manifest:
     sparse_vocab_size: int | None = None
     docs_path: str | None = None
     lexical: dict[str, Any] | None = None
+    sparse_backend: dict[str, Any] | None = None  # madr.search.sparse.backend.SparseBackend.to_dict; None: exact
     created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     format: str = FORMAT
 

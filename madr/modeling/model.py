@@ -250,16 +250,18 @@ class BiEncoder(nn.Module):
 
     @torch.no_grad()
     def encode_texts(self, texts: list[str], side: str, batch_size: int = 128) -> torch.Tensor:
-        """Embeddings [N, d] of `texts` for search (eval mode, no grad); cosine models are L2-normalised."""
+        """Embeddings [N, d] of `texts` for search (eval mode, no grad), on the CPU whatever the model's device;
+        cosine models are L2-normalised."""
         was_training = self.training
         self.eval()
+        device = next(self.parameters()).device
         chunks = []
         for i in range(0, len(texts), batch_size):
             enc = self.tokenize(texts[i:i + batch_size], side)
-            emb = self.encode(enc["input_ids"], enc["attention_mask"], side).embedding
+            emb = self.encode(enc["input_ids"].to(device), enc["attention_mask"].to(device), side).embedding
             if self.config.similarity == "cosine":
                 emb = nn.functional.normalize(emb, dim=-1)
-            chunks.append(emb)
+            chunks.append(emb.float().cpu())
         self.train(was_training)
         dim = self.config.projection_dim or self.embedding_dim
         return torch.cat(chunks) if chunks else torch.empty(0, dim)

@@ -191,6 +191,11 @@ class LeanQueryEncoder:
             cols_np = np.broadcast_to(np.arange(weights.shape[1]), values.shape)
         else:
             cols_np = cols.cpu().numpy()
-        term = cols_np if self._terms_np is None else self._terms_np[cols_np]
+        return self._sorted_terms(values, cols_np)
+
+    def _sorted_terms(self, values: np.ndarray, cols: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(term ids over the full vocabulary, weights) [B, k] of the top-k `values` at projected columns `cols`,
+        ids ascending within a row (also what ``madr.export.onnx.OnnxQueryEncoder`` turns its graph's top-k into)."""
+        term = cols if self._terms_np is None else self._terms_np[cols]
         order = np.argsort(term, axis=1, kind="stable")
         return np.take_along_axis(term, order, axis=1), np.take_along_axis(values, order, axis=1)

@@ -45,6 +45,8 @@ from madr.search.params import SearchParams, resolve
 from madr.search.protocol import PAD_ID, TopK, merge_topk
 from madr.search.score_fusion import hybrid_merge, union_candidates, weighted_fusion
 from madr.search.sparse import InvertedIndex, SparseBatch
+from madr.search.sparse.backend import SparseBackend
+from madr.search.sparse.seismic_index import SeismicSparseIndex
 
 __all__ = ["Shard", "ShardedIndex", "faiss_params", "fuse_candidates", "load_shard", "sparse_term_ids"]
 
@@ -96,7 +98,7 @@ class Shard:
     """One shard: a FAISS index over global ids, its id array and, for hybrid indexes, an inverted index;
     for indexes with a lexical part, the BM25 inverted index of the same documents."""
 
-    def __init__(self, index: faiss.Index, ids: np.ndarray, sparse: InvertedIndex | None = None,
+    def __init__(self, index: faiss.Index, ids: np.ndarray, sparse: InvertedIndex | SeismicSparseIndex | None = None,
                  hybrid_lambda: float | None = None, shard: int = 0, lexical: InvertedIndex | None = None,
                  fusion_lambda: float | None = None) -> None:
         if index.ntotal != ids.size:
@@ -246,6 +248,9 @@ def _open_shard(base: Path, info: ShardInfo, manifest: Manifest, mmap: bool, ver
         raise ValueError(f"{base / info.dense_path}: dimension {index.d}, manifest says {manifest.dim}")
     ids = np.load(base / info.ids_path, mmap_mode="r" if mmap else None, allow_pickle=False)
     sparse = InvertedIndex.load(base / info.sparse_path) if info.sparse_path else None
+    if sparse is not None and manifest.sparse_backend is not None:
+        approx = base / info.approx_sparse_path if info.approx_sparse_path else None
+        sparse = SparseBackend.from_dict(manifest.sparse_backend).open(sparse, approx)
     lexical, lam = None, None
     if manifest.lexical is not None and info.lexical_path:
         lex = LexicalInfo.from_dict(manifest.lexical)

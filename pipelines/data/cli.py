@@ -72,9 +72,9 @@ def split_bytes(split_mb: str) -> int | str | None:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
+    from madr.data.validation import StrictModeError
     from pipelines.data.readers import ingest
     from pipelines.data.sources import SourceOptions
-    from pipelines.data.validation import StrictModeError
 
     init_ray(args.num_cpus)
     options = SourceOptions(language=args.language, max_chars=args.max_chars, min_score=args.min_score,

@@ -27,7 +27,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray
 
-from pipelines.data import quarantine
+from madr.data import quarantine
 from pipelines.data.sources import get_source
 
 CHUNK_BYTES = 4 << 20  # bytes read from a line file at a time (scan for ranges, read tasks)

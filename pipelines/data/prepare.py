@@ -1,9 +1,11 @@
 """The pipeline's data stage: `python -m pipelines.data.prepare --config EXPERIMENT.yaml`.
 
 From the experiment's data section to the files every later stage reads (layout: `madr.layout`):
-1. the catalog: `data.catalog_dir` (the `madr.data.schema` layout), or the seeded synthetic multilingual
-   multi-aspect world (`data.synthetic_products`, `synthetic_queries`, `languages`); validated row by row
-   (a bad row is an error naming the file, the row and the field);
+1. the catalog: `data.catalog_dir` (the `madr.data.schema` layout; a bad row is an error naming the file,
+   the row and the field), a BEIR directory `data.beir_dir` with optional TREC / BEIR qrels files
+   `data.qrels` (`madr.data.beir`, local or a pyarrow filesystem URI; bad rows are counted and quarantined
+   under `data/quarantine` with their file, line and field, as every ingested source's), or the seeded
+   synthetic multilingual multi-aspect world (`data.synthetic_products`, `synthetic_queries`, `languages`);
 2. the corpus the encode stage indexes: one row per product with its index id (`doc_id`) and text and
    aspect fields, written by Ray Data in blocks;
 3. the queries and qrels of `eval.split` (evaluation) and of the train split (hard-negative mining);
@@ -31,15 +33,20 @@ from madr.data.schema import JUDGMENTS_FILE, PRODUCTS_FILE, QUERIES_FILE, Catalo
 from madr.data.synthetic.catalog import generate_catalog
 from madr.layout import RunLayout, mark_prepared
 from madr.modeling.backbone import resolve_backbone_path
-from madr.recipes.aspects.experiment import prepare_tokenizer
+from madr.recipes.aspects.experiment import prepare_tokenizer, read_beir_catalog
 
 CORPUS_ROWS_PER_FILE = 50_000
 
 
-def source_catalog(cfg: ExperimentConfig) -> tuple[Catalog, str]:
+def source_catalog(cfg: ExperimentConfig, log: Any = print) -> tuple[Catalog, str]:
     """The catalog the config names (validated while read), or a generated one; and where it came from."""
     if cfg.data.catalog_dir:
         return Catalog.read(cfg.data.catalog_dir, aspect_names=cfg.model.aspects), cfg.data.catalog_dir
+    if cfg.data.beir_dir:
+        catalog, summary = read_beir_catalog(cfg)
+        log(f"[data] {summary.format()}\n[data] quarantine -> {RunLayout.of(cfg).quarantine}")
+        qrels = "".join(f", {split} qrels {path}" for split, path in sorted(cfg.data.qrels.items()))
+        return catalog, f"BEIR directory {cfg.data.beir_dir}{qrels}"
     catalog = generate_catalog(cfg.data.synthetic_products, cfg.data.synthetic_queries, seed=cfg.data.seed,
                                languages=cfg.data.languages)
     where = (f"synthetic world (seed {cfg.data.seed}, {cfg.data.synthetic_products} products, "
@@ -67,11 +74,14 @@ def write_corpus(ray: Any, products_path: Path, aspects: list[str], out: Path) -
     return table.num_rows
 
 
-def write_split(catalog_dir: Path, split: str, queries_out: Path, qrels_out: Path) -> tuple[int, int]:
-    """Queries (query_id, text, language) and qrels (query_id, product_id, relevance) of one split."""
+def write_split(catalog_dir: Path, split: str, queries_out: Path, qrels_out: Path,
+                required: bool = True) -> tuple[int, int]:
+    """Queries (query_id, text, language) and qrels (query_id, product_id, relevance) of one split; a split
+    without queries is an error when `required` (the evaluation split), else written empty (a BEIR set that
+    ships only test qrels has no training queries to mine)."""
     queries = pq.read_table(catalog_dir / QUERIES_FILE)
     queries = queries.filter(pa.compute.equal(queries.column("split"), split))
-    if queries.num_rows == 0:
+    if queries.num_rows == 0 and required:
         raise ValueError(f"{catalog_dir / QUERIES_FILE}: no queries of split {split!r}")
     judgments = pq.read_table(catalog_dir / JUDGMENTS_FILE)
     judgments = judgments.filter(pa.compute.is_in(judgments.column("query_id"), queries.column("query_id")))
@@ -99,7 +109,7 @@ def prepare(cfg: ExperimentConfig, log: Any = print) -> dict[str, Any]:
     start = time.perf_counter()
     layout = RunLayout.of(cfg)
     (layout.catalog / "prepared.json").unlink(missing_ok=True)  # the catalog is incomplete from here on
-    catalog, origin = source_catalog(cfg)
+    catalog, origin = source_catalog(cfg, log)
     catalog.write(layout.catalog)
     log(f"[data] catalog from {origin}: {len(catalog.products)} products, {len(catalog.queries)} queries, "
         f"{len(catalog.judgments)} judgments -> {layout.catalog}")
@@ -108,7 +118,9 @@ def prepare(cfg: ExperimentConfig, log: Any = print) -> dict[str, Any]:
     log(f"[data] corpus: {docs} documents -> {layout.corpus}")
     n_queries, n_qrels = write_split(layout.catalog, cfg.eval.split, layout.queries("eval"), layout.qrels("eval"))
     log(f"[data] evaluation split {cfg.eval.split!r}: {n_queries} queries, {n_qrels} judgments")
-    write_split(layout.catalog, "train", layout.queries("train"), layout.qrels("train"))
+    n_train, _ = write_split(layout.catalog, "train", layout.queries("train"), layout.qrels("train"), required=False)
+    if not n_train:
+        log("[data] no training queries (the train split is empty): the training stages need some")
     tokenizer = tokenizer_path(cfg, catalog)
     annotated = ray.data.read_parquet([str(layout.catalog / PRODUCTS_FILE), str(layout.catalog / QUERIES_FILE)],
                                       columns=aspects)

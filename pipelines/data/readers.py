@@ -7,7 +7,7 @@ Pipeline of `read_source` (lazy, streaming):
          into raw blocks of `rows_per_block` rows with `_file` and `_row` (JSONL/TSV: the raw line bytes;
          Parquet: the file's columns) and passes each through `IngestBlock` in the same task:
       -> validate_block: parse + check + normalise; bad rows and per-block counts go to the quarantine
-         directory (`pipelines.data.quarantine`); good rows continue in the task schema;
+         directory (`madr.data.quarantine`); good rows continue in the task schema;
       -> (`read_tokenized` with compute="tasks") tokenize_table with the worker's cached encoder.
 
 Validation (and tokenisation) run inside the read task, so a row crosses the object store once, already
@@ -36,7 +36,9 @@ import pyarrow.fs as pafs
 import ray
 from ray.data import Dataset
 
-from pipelines.data import quarantine
+from madr.data import quarantine
+from madr.data.quarantine import NoGoodRowsError  # noqa: F401  (raised by ingest; importers use this name)
+from madr.data.validation import StrictModeError, validate_rows
 from pipelines.data.file_parts import SplitBytes, plan_parts
 from pipelines.data.raw_files import ORIGIN_COLUMNS, RawFileDatasource
 from pipelines.data.sources import SourceOptions, get_source
@@ -47,7 +49,6 @@ from pipelines.data.tokenize import (
     tokenize_dataset,
     tokenize_table,
 )
-from pipelines.data.validation import StrictModeError, validate_rows
 
 BLOCK_BYTES = 8 << 20  # output blocks of a read task: small enough to stream, large enough to amortise
 TOKENIZED_BLOCK_BYTES = 1 << 20  # read_tokenized's blocks: a consumer's first batch after ~7k rows, not a whole part
@@ -236,20 +237,5 @@ def ingest(source: str, paths: str | Sequence[str], output: str, *, quarantine_d
         raise
     summary = quarantine.read_summary(qdir, source, filesystem)
     quarantine.write_summary(qdir, summary, filesystem)
-    check_files_have_good_rows(summary, qdir)
+    quarantine.check_files_have_good_rows(summary, qdir)
     return summary
-
-
-class NoGoodRowsError(ValueError):
-    """An input file of which every row was quarantined: a wrong source, layout or encoding, not bad luck."""
-
-
-def check_files_have_good_rows(summary: quarantine.IngestSummary, quarantine_dir: str) -> None:
-    """Raise NoGoodRowsError naming each file whose rows were all quarantined (none good)."""
-    failed = {name: c for name, c in summary.files.items() if c["quarantined"] and not c["good"]}
-    if not failed:
-        return
-    reasons = ", ".join(f"{r} {n}" for r, n in summary.quarantined.most_common(3))
-    files = "; ".join(f"{name}: all {c['quarantined']} rows quarantined" for name, c in sorted(failed.items()))
-    raise NoGoodRowsError(f"{summary.source}: no good row in {files} (reasons: {reasons}); is it the right "
-                          f"source and layout? quarantined rows and summary.json are in {quarantine_dir}")

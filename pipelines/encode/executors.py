@@ -46,6 +46,14 @@ def lexical_tokenizer_dir(cfg: EncodeConfig) -> str | None:
     return str(Path(cfg.output).resolve() / TOKENIZER_DIR) if cfg.lexical is not None and cfg.lexical_tokenizer else None
 
 
+def _pool(actors: int, all_at_start: bool, min_size: int | None = None):
+    """An actor pool of at most `actors`, starting with `min_size` (default one; grows while work queues up) or
+    all of them."""
+    import ray
+
+    return ray.data.ActorPoolStrategy(min_size=actors if all_at_start else (min_size or 1), max_size=actors)
+
+
 def _stage_kwargs(cfg: EncodeConfig, gpu: bool, run: str | None, expect: dict[str, int] | None
                   ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Constructor arguments of ``TokenizeDocs`` and ``EncodeDocs`` for this job."""
@@ -74,17 +82,17 @@ def _encoded_dataset(pieces: list[Piece], cfg: EncodeConfig, gpu: bool, run: str
     # from the length-sorted piece) and hence the vectors do not depend on scheduling: a re-run is identical.
     ds = ray.data.read_datasource(_datasource(pieces, cfg), override_num_blocks=len(pieces), num_cpus=cfg.io_cpus)
     tokenize, encode = _stage_kwargs(cfg, gpu, run, expect)
-    encoders = ray.data.ActorPoolStrategy(min_size=cfg.min_encode_actors or cfg.encode_actors,
-                                          max_size=cfg.encode_actors)
+    spread = {"scheduling_strategy": "SPREAD"} if cfg.spread_actors else {}
+    encoders = _pool(cfg.encode_actors, cfg.spread_actors, cfg.min_encode_actors or cfg.encode_actors)
     if tokenize_in_encoder(cfg, gpu):
         return ds.map_batches(TokenizeEncodeDocs, fn_constructor_kwargs={"tokenize": tokenize, "encode": encode},
                               batch_size=None, batch_format="pyarrow", num_cpus=0 if gpu else cfg.encode_cpus,
-                              num_gpus=1 if gpu else 0, compute=encoders)
+                              num_gpus=1 if gpu else 0, compute=encoders, **spread)
     ds = ds.map_batches(TokenizeDocs, fn_constructor_kwargs=tokenize, batch_size=None, batch_format="pyarrow",
-                        num_cpus=cfg.tokenize_cpus,
-                        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=cfg.tokenize_actors))
+                        num_cpus=cfg.tokenize_cpus, compute=_pool(cfg.tokenize_actors, cfg.spread_actors), **spread)
     return ds.map_batches(EncodeDocs, fn_constructor_kwargs=encode, batch_size=None, batch_format="pyarrow",
-                          num_cpus=0 if gpu else cfg.encode_cpus, num_gpus=1 if gpu else 0, compute=encoders)
+                          num_cpus=0 if gpu else cfg.encode_cpus, num_gpus=1 if gpu else 0, compute=encoders,
+                          **spread)
 
 
 class RayExecutor:

@@ -49,6 +49,7 @@ import numpy as np
 from madr.index.build import TRAINED_FILE, assemble_manifest, completed_shard, id_report
 from madr.index.lexical import TOKENIZER_DIR, load_lexical_tokenizer, save_tokenizer
 from madr.index.manifest import MANIFEST_FILE, ShardInfo, atomic_write_text
+from madr.search.sparse.backend import SparseBackend
 from pipelines.encode.config import EncodeConfig
 from pipelines.encode.corpus import CorpusPlan, Piece, plan_corpus, read_piece
 from pipelines.encode.executors import LocalExecutor, RayExecutor
@@ -135,7 +136,8 @@ class _Finalizer:
             self.futures[shard] = self.ex.submit(finalize_shard, self.cfg.output, self.run, shard,
                                                  self.plan.shard_rows[shard], self.cfg.index_factory, self.info.dim,
                                                  self.trained, self.info.vocab_size, self.cfg.store_docs,
-                                                 self.cfg.lexical is not None, self.lexical_vocab)
+                                                 self.cfg.lexical is not None, self.lexical_vocab,
+                                                 self.cfg.sparse_backend)
 
     def collect(self, block: bool) -> None:
         pending = {f: s for s, f in self.futures.items() if s not in self.infos}
@@ -226,7 +228,8 @@ def _finish(cfg: EncodeConfig, plan: CorpusPlan, info: ModelInfo, out: Path, don
                              str(Path(cfg.model_dir).resolve()), job_identity_hash(out),
                              DOCS_DIR if cfg.store_docs else None,
                              lexical_vocab, cfg.fusion_lambda,
-                             TOKENIZER_DIR if lexical_vocab is not None and cfg.lexical_tokenizer else None)
+                             TOKENIZER_DIR if lexical_vocab is not None and cfg.lexical_tokenizer else None,
+                             SparseBackend.from_dict(cfg.sparse_backend) if info.hybrid else None)
     return EncodeResult(path, plan.num_rows, sorted(pending), sorted(set(done) - set(pending)),
                         time.perf_counter() - start, report)
 

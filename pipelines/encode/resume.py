@@ -92,6 +92,8 @@ def job_identity(cfg: EncodeConfig, plan: CorpusPlan, info: ModelInfo,
         ident["lexical"] = cfg.lexical
     if lexical_tokenizer is not None:  # likewise: only for indexes with a tokenizer of their own
         ident["lexical_tokenizer"] = lexical_tokenizer
+    if cfg.sparse_backend is not None:  # likewise: the shards' files depend on it
+        ident["sparse_backend"] = cfg.sparse_backend
     ident.update(model=info.fingerprint, plan=plan.fingerprint(), num_shards=plan.num_shards)
     ident["hash"] = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
     return ident

@@ -48,10 +48,14 @@ def _term_counts(table: pa.Table, vocab_size: int):
 
 def finalize_shard(out_dir: str, run: str, shard: int, expected: int, index_factory: str, dim: int,
                    trained_path: str | None, vocab_size: int, store_docs: bool,
-                   lexical: bool = False, lexical_vocab_size: int | None = None) -> dict[str, Any]:
+                   lexical: bool = False, lexical_vocab_size: int | None = None,
+                   sparse_backend: dict | None = None) -> dict[str, Any]:
     """Build and write one shard from its part files (a Ray task); returns its ``ShardInfo`` as a dict.
-    ``lexical_vocab_size``: the vocabulary of the BM25 pieces (default ``vocab_size``, the model's)."""
+    ``lexical_vocab_size``: the vocabulary of the BM25 pieces (default ``vocab_size``, the model's);
+    ``sparse_backend``: ``madr.search.sparse.backend.SparseBackend.to_dict`` (None: exact)."""
     import faiss
+
+    from madr.search.sparse.backend import SparseBackend
 
     src = parts_dir(out_dir, run, shard)
     files = sorted(src.glob("part-*.parquet"))
@@ -78,7 +82,8 @@ def finalize_shard(out_dir: str, run: str, shard: int, expected: int, index_fact
         extra.append(rel)
     trained = faiss.read_index(trained_path) if trained_path else new_index(index_factory, dim)
     lex = _term_counts(table, lexical_vocab_size or vocab_size) if lexical else None
-    info = write_shard(out_dir, shard, trained, dense, ids, sparse, extra, lexical=lex)
+    info = write_shard(out_dir, shard, trained, dense, ids, sparse, extra, lexical=lex,
+                       sparse_backend=SparseBackend.from_dict(sparse_backend))
     shutil.rmtree(src, ignore_errors=True)
     return info.to_dict()
 

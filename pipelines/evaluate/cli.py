@@ -4,6 +4,12 @@ recall-vs-latency plot (nprobe / efSearch sweep).
     python -m pipelines.evaluate --config configs/encode.yaml
     python -m pipelines.evaluate --queries q.parquet --qrels qrels.parquet --run base=index_a/ \\
         --run hybrid=index_b/ --doc-key product_id --output eval_out
+    python -m pipelines.evaluate --beir data/scifact --split test --run base=index_a/ --doc-key product_id
+    python -m pipelines.evaluate --queries q.parquet --qrels qrels.trec --run base=index_a/ --doc-key product_id
+
+--beir takes a BEIR directory (corpus.jsonl, queries.jsonl, qrels/<split>.tsv; a local path or a pyarrow
+filesystem URI such as file:///data/scifact); --qrels may be a BEIR TSV or TREC qrels file. Each run's
+ranking is also written as a TREC run file <output>/<NAME>.trec beside <output>/qrels.trec.
 
 A run is NAME=MANIFEST (the model is the manifest's model_dir unless the YAML sets one). Ray starts
 locally (loopback only) unless RAY_ADDRESS names a cluster.
@@ -22,7 +28,9 @@ from pipelines.runtime import job_parser, load_stage_config, run_ray_job
 def build_parser() -> argparse.ArgumentParser:
     p = job_parser("python -m pipelines.evaluate", __doc__, "EvaluateConfig", "evaluate")
     p.add_argument("--queries", default=None)
-    p.add_argument("--qrels", default=None)
+    p.add_argument("--qrels", default=None, help="Parquet / JSONL table, BEIR TSV or TREC qrels file")
+    p.add_argument("--beir", default=None, help="a BEIR directory (instead of --queries / --qrels)")
+    p.add_argument("--split", default=None, help="the BEIR split to evaluate (default: test)")
     p.add_argument("--run", action="append", default=None, metavar="NAME=MANIFEST")
     p.add_argument("--doc-key", dest="doc_key", default=None)
     p.add_argument("--output", default=None)
@@ -33,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_config(args: argparse.Namespace) -> EvaluateConfig:
     """The YAML (its ``evaluate:`` section when it has one) with the command-line flags on top."""
-    overrides = {k: getattr(args, k) for k in ("queries", "qrels", "doc_key", "output", "k", "metrics")}
+    overrides = {k: getattr(args, k) for k in ("queries", "qrels", "beir", "split", "doc_key", "output", "k",
+                                               "metrics")}
     if args.run:
         runs = []
         for item in args.run:
@@ -43,8 +52,9 @@ def load_config(args: argparse.Namespace) -> EvaluateConfig:
             runs.append({"name": name, "index": path})
         overrides["runs"] = runs
     cfg = load_stage_config(EvaluateConfig, args.config, overrides, section="evaluate")
-    if not cfg.runs or not cfg.queries or not cfg.qrels:
-        raise ValueError("evaluate: need queries, qrels and at least one run (--run NAME=MANIFEST or the YAML)")
+    if not cfg.runs or not (cfg.beir or (cfg.queries and cfg.qrels)):
+        raise ValueError("evaluate: need queries, qrels and at least one run (--run NAME=MANIFEST or the YAML); "
+                         "--beir DIR stands for queries and qrels")
     return cfg
 
 

@@ -3,7 +3,15 @@
 For each run (``SearchSpec``: an index manifest and its model) the queries are searched on a Ray actor
 pool (``pipelines.evaluate.searcher``), index ids are mapped to the qrels' doc keys, and every metric of
 ``madr.metrics.evaluate`` is computed (Recall@k, NDCG@k, MRR@k, MAP, P@k, Hit@k, R-Prec, AUC, with the
-conventions of that module). Results go to ``results.csv`` and ``results.md`` (one row per run).
+conventions of that module). Results go to ``results.csv`` and ``results.md`` (one row per run), and each
+run's ranking to a TREC run file ``<run name>.trec`` (``qid Q0 docid rank score tag``, tag = the run name)
+beside ``qrels.trec``, the judgments it was scored against: ``trec_eval qrels.trec NAME.trec``, ranx or
+pyserini reproduce the table from them (doc ids are the qrels' doc keys).
+
+Inputs: ``queries`` + ``qrels`` files (Parquet / JSONL tables; qrels may also be a BEIR TSV or TREC file), or
+``beir`` (a BEIR directory, local or a pyarrow filesystem URI) and its ``split``, whose judged queries are
+searched (``qrels`` then replaces ``qrels/<split>.tsv``). BEIR / TREC lines that fail validation are counted
+and written to ``<output>/quarantine`` (``madr.data.quarantine`` layout), never dropped silently.
 
 The recall-vs-latency sweep runs in the driver process, one search setting at a time over all queries
 (queries encoded once, so the time is search only): ``nprobe`` for IVF indexes, ``efSearch`` for HNSW;
@@ -22,8 +30,15 @@ from typing import Any
 
 import numpy as np
 
+from madr.data.trec import check_tag, write_qrels, write_run
 from madr.metrics import Qrels, Run, evaluate
-from pipelines.evaluate.io import read_qrels, read_queries
+from pipelines.evaluate.io import (
+    is_text_qrels,
+    read_beir_split,
+    read_qrels,
+    read_queries,
+    read_text_qrels_for,
+)
 from pipelines.evaluate.searcher import (
     DocKeys,
     SearchSpec,
@@ -42,6 +57,8 @@ class EvaluateConfig:
 
     queries: str = ""
     qrels: str = ""
+    beir: str = ""  # a BEIR directory (instead of queries + qrels): its `split` is evaluated
+    split: str = "test"
     runs: list[SearchSpec] = field(default_factory=list)
     output: str = "eval_out"
     doc_key: str | None = None  # docs-table column the qrels name documents by (None: the index id)
@@ -63,6 +80,13 @@ class EvaluateConfig:
         names = [r.name for r in self.runs]
         if len(set(names)) != len(names):
             raise ValueError(f"evaluate.runs: run names must be unique, got {names}")
+        for name in names:
+            try:
+                check_tag(name)
+            except ValueError as err:
+                raise ValueError(f"evaluate.runs: {err} (the name is the run's TREC file and tag)") from None
+        if self.beir and self.queries:
+            raise ValueError("evaluate: give queries (+ qrels) or a beir directory, not both")
 
 
 def to_run(results: dict[str, tuple[np.ndarray, np.ndarray]], keys: DocKeys) -> Run:
@@ -166,28 +190,62 @@ def plot(points: list[dict[str, Any]], metric: str, path: Path) -> Path | None:
     return path
 
 
+def load_inputs(cfg: EvaluateConfig, out: Path, log=print) -> tuple[Any, Qrels, dict[str, Any] | None]:
+    """(queries table, qrels, the validation summary of BEIR / TREC inputs or None) of ``cfg``."""
+    quarantine_dir = str(out / "quarantine")
+    summary = None
+    if cfg.beir:
+        queries, qrels, summary = read_beir_split(cfg.beir, cfg.split, quarantine_dir, cfg.qrels or None)
+    elif is_text_qrels(cfg.qrels):
+        queries = read_queries(cfg.queries)
+        qrels, summary = read_text_qrels_for(cfg.qrels, queries, quarantine_dir)
+    else:
+        queries = read_queries(cfg.queries)
+        qrels = read_qrels(cfg.qrels, cfg.qrels_doc_column)
+        missing = sorted(set(qrels) - set(queries.column("query_id").to_pylist()))
+        if missing:
+            raise ValueError(f"{cfg.qrels}: {len(missing)} judged queries are not in {cfg.queries}, "
+                             f"e.g. {missing[:3]}")
+    if summary is not None:
+        log(f"{summary.format()}\nquarantine -> {quarantine_dir}")
+    return queries, qrels, None if summary is None else summary.to_dict()
+
+
+def write_trec_run(run: Run, path: Path, tag: str, log=print) -> str | None:
+    """The TREC run file of one run; None (and a logged reason) when a doc key cannot be written in it."""
+    try:
+        return str(write_run(path, run, tag))
+    except ValueError as err:
+        log(f"  no TREC run file for {tag}: {err}")
+        return None
+
+
 def run_evaluate(cfg: EvaluateConfig, log=print) -> dict[str, Any]:
-    """Evaluate every run of ``cfg`` (Ray must be initialised); returns {"results": rows, "sweep": points}."""
+    """Evaluate every run of ``cfg`` (Ray must be initialised); returns {"results": rows, "sweep": points,
+    "run_files": {name: TREC run file}, "validation": summary of BEIR / TREC inputs or None, ...}."""
     if not cfg.runs:
         raise ValueError("evaluate: no runs given (each run names an index manifest)")
     out = Path(cfg.output)
     out.mkdir(parents=True, exist_ok=True)
-    queries = read_queries(cfg.queries)
-    qrels = read_qrels(cfg.qrels, cfg.qrels_doc_column)
-    missing = sorted(set(qrels) - set(queries.column("query_id").to_pylist()))
-    if missing:
-        raise ValueError(f"{cfg.qrels}: {len(missing)} judged queries are not in {cfg.queries}, e.g. {missing[:3]}")
-    rows, points = [], []
+    queries, qrels, validation = load_inputs(cfg, out, log)
+    try:
+        write_qrels(out / "qrels.trec", qrels)
+    except ValueError as err:
+        log(f"no TREC qrels file: {err}")
+    rows, points, run_files = [], [], {}
     for spec in cfg.runs:
         log(f"run {spec.name}: searching {queries.num_rows} queries in {spec.index}")
         keys = DocKeys(spec.index, cfg.doc_key)
         results = collect(search_dataset(queries, spec, cfg.k, cfg.search_actors, cfg.batch_size))
-        values = _metrics(to_run(results, keys), qrels, cfg, cfg.metrics)
+        run = to_run(results, keys)
+        values = _metrics(run, qrels, cfg, cfg.metrics)
         rows.append({"run": spec.name, "index": str(spec.index), "queries": len(qrels), **values})
         log("  " + ", ".join(f"{k}={v:.4f}" for k, v in values.items()))
+        run_files[spec.name] = write_trec_run(run, out / f"{spec.name}.trec", spec.name, log)
         points.extend(sweep(spec, queries, qrels, keys, cfg))
     write_table(rows, out, "results")
     write_table(points, out, "sweep")
     png = plot(points, cfg.sweep_metric, out / "recall_latency.png") if cfg.plot else None
     log(f"results -> {out / 'results.csv'}, {out / 'results.md'}; plot -> {png}")
-    return {"results": rows, "sweep": points, "plot": png, "config": dataclasses.asdict(cfg)}
+    return {"results": rows, "sweep": points, "plot": png, "run_files": run_files, "validation": validation,
+            "config": dataclasses.asdict(cfg)}

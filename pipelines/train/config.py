@@ -14,6 +14,7 @@ from typing import Any
 from madr.config import ExperimentConfig, from_dict
 
 BACKENDS = ("auto", "ddp", "deepspeed")
+PLACEMENTS = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 
 
 @dataclass
@@ -24,6 +25,9 @@ class DistributedConfig:
     `bf16` and `use_gpu`; on CPU it runs over gloo with torch's AdamW), or "auto" (deepspeed with GPUs,
     ddp without). `num_workers` data-parallel workers of `cpus_per_worker` CPUs (+1 GPU each with
     `use_gpu`); a stage's `batch_size` is the global micro-batch, split evenly over the workers.
+    placement_strategy: how Ray places the workers' bundles over nodes (Ray Train's `ScalingConfig`): "PACK"
+    (default: as few nodes as fit), "SPREAD" (over nodes where possible), "STRICT_SPREAD" (one worker per
+    node, or the fit waits for nodes), "STRICT_PACK" (all on one node).
     gather_negatives: in-batch negatives are every worker's documents (`madr.training.distributed`), not the local ones.
     storage_path / run_name: where Ray Train keeps checkpoints (default `<output_dir>/ray_results`,
     `<name>-<stage>`); re-running with the same pair resumes from the latest checkpoint. keep_last: the
@@ -37,6 +41,7 @@ class DistributedConfig:
     num_workers: int = 2
     use_gpu: bool = False
     cpus_per_worker: float = 1.0
+    placement_strategy: str = "PACK"
     zero_stage: int = 2
     bf16: bool = True
     gather_negatives: bool = True
@@ -53,6 +58,9 @@ class DistributedConfig:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"distributed.backend: {self.backend!r} is not one of {', '.join(BACKENDS)}")
+        if self.placement_strategy not in PLACEMENTS:
+            raise ValueError(f"distributed.placement_strategy: {self.placement_strategy!r} is not one of "
+                             f"{', '.join(PLACEMENTS)}")
         if self.zero_stage not in (0, 1, 2, 3):
             raise ValueError(f"distributed.zero_stage must be 0, 1, 2 or 3, got {self.zero_stage}")
         if self.num_workers < 1 or self.cpus_per_worker <= 0 or self.keep_last < 1:

@@ -145,7 +145,7 @@ def build_trainer(cfg: ExperimentConfig, spec: JobSpec) -> Any:
     out = stage_dir(cfg, spec.kind)
     settings = TrainerSettings(d.num_workers, d.use_gpu, d.cpus_per_worker, d.run_name or default_run_name(cfg, spec.kind),
                                d.storage_path or str(Path(cfg.output_dir) / "ray_results"), d.max_failures,
-                               d.keep_last, d.runtime_env)
+                               d.keep_last, d.runtime_env, d.placement_strategy)
     return torch_trainer(train_loop_per_worker, spec.to_dict(), settings, [MetricsLogger(str(out / "logs"))],
                          datasets={"train": read_examples(str(out / "examples"))},
                          dataset_config=train_data_config())

@@ -5,7 +5,8 @@ schedule) and its data `Position` from `ray.train.get_checkpoint()` when there i
 killed, Ray Train replaces the worker group (`FailureConfig(max_failures)`) and this function resumes at the
 last checkpoint's step and data position, with the same per-step seeds (dropout, MLM masking), so the
 steps after the checkpoint are recomputed exactly. Reports happen every `log_every` steps, at validation
-and at checkpoints, and always on every worker (Ray Train's report is a barrier); rank 0 validates (all
+and at checkpoints, and always on every worker (Ray Train's report is a barrier), each with its process id
+and Ray node id (where a multi-node run placed every rank); rank 0 validates (all
 ranks under ZeRO-3, whose forward needs every rank). A checkpoint holds the engine state (DDP: rank 0's
 `stage_module.safetensors` + optimiser; DeepSpeed: every rank's ZeRO partition, merged by Ray Train), the
 data position, and the model in `BiEncoder.save` form under `model/` (what the driver exports).
@@ -210,7 +211,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
                  if rank == 0 or engine.zero_stage == 3 else None)
     stream = RowStream(ray.train.get_dataset_shard("train"), local, pos, d.shuffle_buffer, cfg.train.seed)
     base = {"kind": spec.kind, "backend": engine.backend, "zero_stage": engine.zero_stage, "world_size": world,
-            "rank": rank, "pid": os.getpid()}
+            "rank": rank, "pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
     if pos.step == 0:
         ray.train.report({**base, **pos.to_dict(), **(validator(module) if validator else {})})
     clock, rows = time.perf_counter(), 0

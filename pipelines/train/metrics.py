@@ -2,7 +2,7 @@
 controller (it receives every worker's report, wherever the workers run), and a PNG of the curves.
 
 History rows: `{"time", "step", <rank-0 metrics>, "<field>/rank<r>" for the per-worker fields (data
-position, row-id CRC, pid)}`. After a restart the steps since the last checkpoint are run and logged
+position, row-id CRC, pid, Ray node id)}`. After a restart the steps since the last checkpoint are run and logged
 again; `read_history` keeps the last row per step (`all=True` keeps every row, for checking a resume).
 TensorBoard scalars use `tensorboardX` (pulled in by ray[train]): `tensorboard --logdir <stage dir>/logs`.
 """
@@ -18,8 +18,8 @@ from typing import Any
 from ray.train import UserCallback
 
 HISTORY_FILE = "history.jsonl"
-PER_WORKER = ("epoch", "batch", "rows", "data_crc", "pid", "resumes")
-NOT_SCALARS = ("step", "time", "backend", "kind", "data_crc", "pid", "rank", "epoch", "batch", "rows", "resumes",
+PER_WORKER = ("epoch", "batch", "rows", "data_crc", "pid", "node", "resumes")
+NOT_SCALARS = ("step", "time", "backend", "kind", "data_crc", "pid", "node", "rank", "epoch", "batch", "rows", "resumes",
                "world_size", "zero_stage", "resumed")
 
 

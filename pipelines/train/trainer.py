@@ -12,7 +12,8 @@ from typing import Any
 @dataclass
 class TrainerSettings:
     """What a job tells Ray Train beyond its loop: workers and their resources, the run's name and storage,
-    failure retries, checkpoints kept, the workers' runtime_env."""
+    failure retries, checkpoints kept, the workers' runtime_env, how the workers are placed over nodes
+    (`placement_strategy`: PACK, SPREAD, STRICT_PACK, STRICT_SPREAD)."""
 
     num_workers: int
     use_gpu: bool
@@ -22,6 +23,7 @@ class TrainerSettings:
     max_failures: int = 0
     keep_checkpoints: int = 1
     runtime_env: dict[str, Any] = field(default_factory=dict)
+    placement_strategy: str = "PACK"
 
 
 def torch_trainer(loop: Callable[[dict], None], loop_config: dict[str, Any], s: TrainerSettings,
@@ -34,7 +36,8 @@ def torch_trainer(loop: Callable[[dict], None], loop_config: dict[str, Any], s: 
     return TorchTrainer(
         loop,
         train_loop_config=loop_config,
-        scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.use_gpu, resources_per_worker=resources),
+        scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.use_gpu, resources_per_worker=resources,
+                                     placement_strategy=s.placement_strategy),
         torch_config=TorchConfig(backend="nccl" if s.use_gpu else "gloo"),
         run_config=RunConfig(name=s.run_name, storage_path=s.storage_path,
                              failure_config=FailureConfig(max_failures=s.max_failures),

@@ -34,7 +34,8 @@ def _run(shared_data, tiny_e5, out):
             "student.num_layers=1", "student.doc_layers=1", "bench.bootstrap=30", "bench.latency_texts=8",
             "bench.fusion_held_in_clicks=60", "bench.fusion_held_in_per_language=1", f"output_dir={out / 'run'}",
             f"real_data.data_dir={shared_data}", "real_data.parallel_train_per_language=3",
-            "real_data.parallel_eval_per_language=1", "eval.batch_size=256"]
+            "real_data.parallel_eval_per_language=1", "eval.batch_size=256",
+            f"bench.device={'cuda' if torch.cuda.is_available() else 'cpu'}"]  # the GPU path where there is one
     threads = torch.get_num_threads()
     try:
         return bench.main(["--threads", "1", "--seeds", "0", "--out-dir", str(out), "--tag", "smoke",

@@ -1,15 +1,20 @@
 """The evaluation job on a local Ray: metrics of two runs (hybrid Flat index, dense IVF index) equal
-madr.metrics computed directly from an in-process search; results table, sweep table and plot."""
+madr.metrics computed directly from an in-process search; results table, sweep table and plot; the TREC run
+files it writes, read by ranx with its qrels file, give the same numbers; a BEIR directory and a TREC qrels
+file as inputs give the same metrics as the Parquet tables, their bad lines quarantined."""
 
 from __future__ import annotations
 
 import csv
+import dataclasses
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 
+from madr.data.quarantine import read_quarantine
+from madr.data.schema import Catalog
 from madr.metrics import evaluate
 from madr.modeling.model import BiEncoder
 from madr.search.params import SearchParams
@@ -17,6 +22,7 @@ from madr.search.sharded import ShardedIndex
 from pipelines.encode.job import run_encode
 from pipelines.evaluate.job import EvaluateConfig, run_evaluate, to_run
 from pipelines.evaluate.searcher import DocKeys, SearchSpec, search_texts
+from tests.beir_layout import write_beir
 from tests.pipelines.test_encode import encode_config, make_corpus, make_model
 
 METRICS = ["recall@10", "recall@50", "ndcg@10", "mrr@10", "map@50", "p@1", "hit@5", "r_precision"]
@@ -56,15 +62,28 @@ def _direct(spec: SearchSpec, catalog, k: int) -> dict[str, float]:
     return evaluate(run, qrels, METRICS, relevance_threshold=2)
 
 
-@pytest.mark.ray
-def test_evaluation_job_matches_direct_metrics(ray_local, setup):
-    base, catalog = setup
-    runs = [SearchSpec(name="hybrid", index=str(base / "flat"), search=SearchParams(candidates=200)),
+def _runs(base) -> list[SearchSpec]:
+    return [SearchSpec(name="hybrid", index=str(base / "flat"), search=SearchParams(candidates=200)),
             SearchSpec(name="dense-ivf", index=str(base / "ivf"), search=SearchParams(nprobe=4))]
-    cfg = EvaluateConfig(queries=str(base / "queries.parquet"), qrels=str(base / "qrels.parquet"), runs=runs,
-                         output=str(base / "out"), doc_key="product_id", qrels_doc_column="product_id",
-                         metrics=METRICS, k=50, relevance_threshold=2, sweep_metric="recall@10", batch_size=16)
-    out = run_evaluate(cfg, log=lambda _: None)
+
+
+def _config(base, out: str, runs: list[SearchSpec] | None = None, **inputs) -> EvaluateConfig:
+    inputs = inputs or {"queries": str(base / "queries.parquet"), "qrels": str(base / "qrels.parquet")}
+    return EvaluateConfig(**inputs, runs=runs or _runs(base), output=str(base / out), doc_key="product_id",
+                          qrels_doc_column="product_id", metrics=METRICS, k=50, relevance_threshold=2,
+                          sweep_metric="recall@10", batch_size=16)
+
+
+@pytest.fixture(scope="module")
+def evaluated(ray_local, setup):
+    base, _ = setup
+    return run_evaluate(_config(base, "out"), log=lambda _: None)
+
+
+@pytest.mark.ray
+def test_evaluation_job_matches_direct_metrics(evaluated, setup):
+    base, catalog = setup
+    runs, out = _runs(base), evaluated
     for row, spec in zip(out["results"], runs, strict=True):
         expected = _direct(spec, catalog, 50)
         got = {m: row[m] for m in METRICS}
@@ -82,6 +101,58 @@ def test_evaluation_job_matches_direct_metrics(ray_local, setup):
     assert at4["recall@10"] == pytest.approx(out["results"][1]["recall@10"], abs=1e-12)
     png = base / "out" / "recall_latency.png"
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ranx names of the METRICS (ndcg with 2^rel - 1 gains is ranx's "burges" ndcg; binary metrics at grade >= 2,
+# ranx's "-l2"; ranx's ndcg at level 1 keeps every positive grade, as madr's ndcg does)
+RANX = {"recall@10": "recall@10-l2", "recall@50": "recall@50-l2", "ndcg@10": "ndcg_burges@10",
+        "mrr@10": "mrr@10-l2", "map@50": "map@50-l2", "p@1": "precision@1-l2", "hit@5": "hit_rate@5-l2",
+        "r_precision": "r-precision-l2"}
+
+
+@pytest.mark.ray
+def test_trec_run_files_read_by_ranx_reproduce_the_metrics(evaluated, setup):
+    ranx = pytest.importorskip("ranx")
+    base, _ = setup
+    qrels = ranx.Qrels.from_file(str(base / "out" / "qrels.trec"), kind="trec")
+    for row in evaluated["results"]:
+        path = evaluated["run_files"][row["run"]]
+        assert path == str(base / "out" / f"{row['run']}.trec")
+        lines = [line.split() for line in open(path)]
+        assert all(len(cells) == 6 and cells[1] == "Q0" and cells[5] == row["run"] for cells in lines)
+        run = ranx.Run.from_file(path, kind="trec")
+        theirs = ranx.evaluate(qrels, run, list(RANX.values()))
+        got = {m: row[m] for m in METRICS}
+        assert got == pytest.approx({m: float(theirs[RANX[m]]) for m in METRICS}, abs=1e-9), row["run"]
+
+
+def _catalog_all_in_test(catalog: Catalog) -> Catalog:
+    """The same catalog with every query in the test split (the Parquet tables evaluate all of them)."""
+    queries = [dataclasses.replace(q, split="test") for q in catalog.queries]
+    return Catalog(catalog.products, queries, catalog.judgments, catalog.aspect_names)
+
+
+@pytest.mark.ray
+def test_beir_directory_and_trec_qrels_give_the_parquet_metrics(evaluated, setup):
+    base, catalog = setup
+    beir = write_beir(_catalog_all_in_test(catalog), base / "beir")
+    with open(beir / "qrels" / "test.tsv", "a") as f:
+        f.write(f"nosuchquery\t{catalog.products[0].product_id}\t2\n"  # named, counted, quarantined
+                f"{catalog.queries[0].query_id}\tnosuchdoc\t1\n")
+    expected = {r["run"]: {m: r[m] for m in METRICS} for r in evaluated["results"][:1]}
+    hybrid = _runs(base)[:1]
+    by_beir = run_evaluate(dataclasses.replace(_config(base, "out_beir", hybrid, beir=beir.as_uri()), plot=False),
+                           log=lambda _: None)
+    assert {r["run"]: {m: r[m] for m in METRICS} for r in by_beir["results"]} == expected
+    bad = read_quarantine(str(base / "out_beir" / "quarantine")).to_pylist()
+    assert [(r["row"], r["reason"], r["field"]) for r in bad] == [
+        (len(catalog.judgments) + 2, "unknown_id", "query-id"), (len(catalog.judgments) + 3, "unknown_id", "corpus-id")]
+    assert by_beir["validation"]["quarantined"] == {"unknown_id": 2}
+    by_trec = run_evaluate(dataclasses.replace(
+        _config(base, "out_trec", hybrid, queries=str(base / "queries.parquet"),
+                qrels=str(base / "out" / "qrels.trec")),
+        plot=False), log=lambda _: None)
+    assert {r["run"]: {m: r[m] for m in METRICS} for r in by_trec["results"]} == expected
 
 
 def test_evaluate_config_errors(tmp_path):

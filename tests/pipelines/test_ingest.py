@@ -13,8 +13,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
+from madr.data.quarantine import read_quarantine, read_summary
 from pipelines.data import cli
-from pipelines.data.quarantine import read_quarantine, read_summary
 from pipelines.data.readers import ingest, read_source, read_tokenized
 from pipelines.data.sources import get_source
 from pipelines.data.tokenize import SharedEncoder, encoder_from_state, tokenize_table

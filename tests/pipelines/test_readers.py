@@ -11,12 +11,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from madr.data.quarantine import read_quarantine, read_summary
 from madr.data.records import ClickRecord, EvidenceRecord, NLIRecord, ParallelRecord
+from madr.data.validation import BadRow, Fields, StrictModeError
 from pipelines.data.file_parts import plan_parts
-from pipelines.data.quarantine import read_quarantine, read_summary
 from pipelines.data.readers import NoGoodRowsError, ingest, read_source
 from pipelines.data.sources import SourceOptions, to_record
-from pipelines.data.validation import BadRow, Fields, StrictModeError
 
 
 def write_lines(path: Path, lines: list[str | bytes]) -> Path:

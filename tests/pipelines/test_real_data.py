@@ -8,7 +8,7 @@ from collections import Counter
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.data.quarantine import read_quarantine
+from madr.data.quarantine import read_quarantine
 from pipelines.data.readers import ingest
 from pipelines.data.sources import SourceOptions
 

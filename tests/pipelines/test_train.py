@@ -202,5 +202,7 @@ def test_distributed_section_is_checked_by_the_train_job():
         distributed_config(load_config(None, {"distributed.num_workerz": 2}))
     with pytest.raises(ValueError, match="distributed.backend"):
         distributed_config(load_config(None, {"distributed.backend": "horovod"}))
+    with pytest.raises(ValueError, match=r"distributed\.placement_strategy: 'SPRED'"):
+        distributed_config(load_config(None, {"distributed.placement_strategy": "SPRED"}))
     with pytest.raises(ValueError, match="distributed.fail_rank"):
         distributed_config(load_config(None, {"distributed.num_workers": 1, "distributed.fail_rank": 1}))

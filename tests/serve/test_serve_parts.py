@@ -131,6 +131,15 @@ def test_deployments_check_health_every_second_and_calls_have_a_route_deadline()
         ServeSettings(replica_retries=-1)
 
 
+def test_max_replicas_per_node_reaches_the_deployment():
+    """Issue 28: one replica per node on a multi-node cluster (tests/multinode); no limit unless set."""
+    from serve.deployments import ShardSearcher
+
+    assert "max_replicas_per_node" not in DeploymentSettings().options()
+    deployment = ShardSearcher.options(**DeploymentSettings(num_replicas=2, max_replicas_per_node=1).options())
+    assert deployment._replica_config.max_replicas_per_node == 1  # what the scheduler reads
+
+
 def test_api_key_from_environment(monkeypatch):
     monkeypatch.setenv("MY_KEY", "s3cret")
     assert ServeSettings(api_key_env="MY_KEY").resolved_api_key() == "s3cret"

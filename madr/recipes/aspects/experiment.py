@@ -16,6 +16,8 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from madr.config import ExperimentConfig
+from madr.data.beir import read_beir
+from madr.data.quarantine import IngestSummary
 from madr.data.schema import Catalog
 from madr.data.synthetic.catalog import generate_catalog
 from madr.layout import RunLayout, prepared_catalog
@@ -47,12 +49,24 @@ def catalog_dir(cfg: ExperimentConfig) -> Path:
     return Path(cfg.data.catalog_dir) if cfg.data.catalog_dir else Path(cfg.output_dir) / "catalog"
 
 
+def read_beir_catalog(cfg: ExperimentConfig) -> tuple[Catalog, IngestSummary]:
+    """The catalog of `data.beir_dir` (+ `data.qrels`), validated row by row; the rows it quarantined, with
+    their counts and summary.json, are written to the run's `data/quarantine` (`madr.layout`)."""
+    read = read_beir(cfg.data.beir_dir, qrels=cfg.data.qrels or None, aspect_names=cfg.model.aspects)
+    summary = read.write_quarantine(str(RunLayout.of(cfg).quarantine))
+    return read.catalog, summary
+
+
 def load_catalog(cfg: ExperimentConfig) -> Catalog:
-    """The catalog of `catalog_dir(cfg)`; generated (seeded, `data.languages`) and written there when the
-    config names no catalog and the data stage has not prepared one."""
+    """The catalog of `catalog_dir(cfg)`; read from `data.beir_dir`, or generated (seeded, `data.languages`),
+    and written there when the config names no catalog directory and the data stage has not prepared one."""
     where = catalog_dir(cfg)
     if prepared_catalog(cfg) is not None or cfg.data.catalog_dir:
         return Catalog.read(where, aspect_names=cfg.model.aspects)
+    if cfg.data.beir_dir:
+        catalog, _ = read_beir_catalog(cfg)
+        catalog.write(where)
+        return catalog
     catalog = generate_catalog(cfg.data.synthetic_products, cfg.data.synthetic_queries, seed=cfg.data.seed,
                                languages=cfg.data.languages)
     catalog.write(where)

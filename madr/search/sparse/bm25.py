@@ -119,10 +119,21 @@ class BM25Index:
         """Tokenised queries -> term-count (or binary) vectors over the corpus vocabulary."""
         if self.index is None:
             raise ValueError("BM25Index: call fit() before encoding or searching")
-        counts = self._term_counts(queries, grow=False)
-        if self.query_weighting == "binary":
-            counts.data[:] = 1.0
-        return SparseBatch.from_scipy(counts)
+        binary = self.query_weighting == "binary"
+        indptr, terms, weights = [0], [], []
+        for q, tokens in enumerate(queries):  # plain dicts: a live query must not pay for scipy's COO -> CSR
+            _check_tokens(tokens, f"query {q}")
+            counts: dict[int, int] = {}
+            for tok in tokens:
+                t = self.vocabulary.get(tok)
+                if t is not None:
+                    counts[t] = counts.get(t, 0) + 1
+            for t in sorted(counts):
+                terms.append(t)
+                weights.append(1.0 if binary else counts[t])
+            indptr.append(len(terms))
+        return SparseBatch(np.array(indptr, np.int64), np.array(terms, np.int32), np.array(weights, np.float32),
+                           vocab_size=self.index.vocab_size)
 
     def search(self, queries: Sequence[Tokens], params: SearchParams | None = None, *,
                batch_size: int | None = None, **overrides) -> TopK:

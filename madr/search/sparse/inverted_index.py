@@ -21,11 +21,13 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numba
 import numpy as np
 import scipy.sparse as sp
 
 from madr.search.params import SearchParams, resolve
 from madr.search.protocol import PAD_ID, TopK, document_ids, pad_rows
+from madr.search.sparse.compiled import search_taat
 from madr.search.sparse.vectors import SparseBatch
 
 _FORMAT = "madr.sparse.InvertedIndex/1"
@@ -163,15 +165,20 @@ class InvertedIndex:
             return list(pool.map(run, starts))
 
     def search(self, queries: SparseBatch, params: SearchParams | None = None, *, batch_size: int | None = None,
-               num_threads: int = 1, **overrides) -> TopK:
+               num_threads: int = 1, engine: str = "compiled", **overrides) -> TopK:
         """Exact top ``params.k`` by dot product: (scores [Q, k] float32, ids [Q, k] int64), padded -inf / -1
         (a ``madr.search.protocol.Searcher``; only ``k`` applies).
 
-        ``batch_size`` queries are scored per sparse product (``None``: chosen from the index size);
-        ``num_threads`` > 1 scores batches concurrently.
+        ``engine="compiled"`` (default): one numba pass per query (``madr.search.sparse.compiled``), queries
+        spread over ``num_threads`` threads. ``engine="scipy"``: ``batch_size`` queries per sparse product
+        (``None``: chosen from the index size), ``num_threads`` > 1 scores batches concurrently; the reference.
         """
         k = resolve(params, overrides).k
         self._check_queries(queries)
+        if engine == "compiled":
+            return self._search_compiled(queries, k, num_threads)
+        if engine != "scipy":
+            raise ValueError(f"search: engine must be 'compiled' or 'scipy', got {engine!r}")
 
         def top(_: int, res: sp.csr_array) -> list[tuple[np.ndarray, np.ndarray]]:
             bounds = zip(res.indptr[:-1], res.indptr[1:], strict=True)
@@ -179,6 +186,23 @@ class InvertedIndex:
 
         batches = self._map_batches(queries, batch_size, num_threads, top)
         return pad_rows([row for rows in batches for row in rows], k)
+
+    def _search_compiled(self, queries: SparseBatch, k: int, num_threads: int) -> TopK:
+        if num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        p = self._compact()
+        if len(queries) == 0:
+            return pad_rows([], k)
+        threads = min(num_threads, numba.config.NUMBA_NUM_THREADS)
+        previous = numba.get_num_threads()
+        numba.set_num_threads(threads)
+        try:
+            return search_taat(np.asarray(queries.indptr, np.int64), np.asarray(queries.indices, np.int64),
+                               np.asarray(queries.values, np.float32), p.indptr.astype(np.int64, copy=False),
+                               p.indices.astype(np.int64, copy=False), p.data.astype(np.float32, copy=False),
+                               self._ids, k, max(1, -(-len(queries) // (4 * threads))))
+        finally:
+            numba.set_num_threads(previous)
 
     def _rows_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Global ids -> (row positions, found mask); rows are 0 where not found."""

@@ -48,11 +48,12 @@ def assert_same(got, expected, what):
     np.testing.assert_allclose(got[0], expected[0], rtol=1e-6, err_msg=f"{what}: scores differ")
 
 
+@pytest.mark.parametrize("engine", ["compiled", "scipy"])
 @pytest.mark.parametrize("k", [1, 10, 100, 1000])
-def test_search_equals_brute_force_with_ties_and_global_ids(corpus, k):
+def test_search_equals_brute_force_with_ties_and_global_ids(corpus, k, engine):
     docs, queries, ids = corpus
     index = InvertedIndex.build(docs, ids)
-    got = index.search(queries, k=k)
+    got = index.search(queries, k=k, engine=engine)
     exp = brute_force(docs, queries, ids, k)
     assert got[0].dtype == np.float32 and got[1].dtype == np.int64 and got[0].shape == (N_QUERIES, k)
     s = got[0]
@@ -69,10 +70,11 @@ def test_search_with_float_weights_equals_brute_force():
                 "float weights")
 
 
-def test_fewer_matches_than_k_are_padded_and_zero_score_docs_not_returned():
+@pytest.mark.parametrize("engine", ["compiled", "scipy"])
+def test_fewer_matches_than_k_are_padded_and_zero_score_docs_not_returned(engine):
     docs = SparseBatch.from_pairs([([0], [1.0]), ([1], [2.0]), ([0, 1], [3.0, 1.0])], vocab_size=3)
     queries = SparseBatch.from_pairs([([0], [1.0]), ([2], [1.0])], vocab_size=3)
-    scores, ids = InvertedIndex.build(docs, [10, 20, 30]).search(queries, k=3)
+    scores, ids = InvertedIndex.build(docs, [10, 20, 30]).search(queries, k=3, engine=engine)
     assert ids.tolist() == [[30, 10, -1], [-1, -1, -1]], f"only docs sharing a term, then -1 padding: {ids}"
     assert scores[0, :2].tolist() == [3.0, 1.0] and np.isneginf(scores[0, 2]) and np.isneginf(scores[1]).all()
 
@@ -80,12 +82,16 @@ def test_fewer_matches_than_k_are_padded_and_zero_score_docs_not_returned():
 def test_batch_size_and_threads_do_not_change_results(corpus):
     docs, queries, ids = corpus
     index = InvertedIndex.build(docs, ids)
-    reference = index.search(queries, k=10, batch_size=1)
-    assert_same(index.search(queries, k=10, batch_size=64), reference, "batch_size=64")
-    assert_same(index.search(queries, k=10), reference, "automatic batch size")
-    assert_same(index.search(queries, k=10, batch_size=7, num_threads=2), reference, "2 threads")
+    reference = index.search(queries, k=10, batch_size=1, engine="scipy")
+    assert_same(index.search(queries, k=10, batch_size=64, engine="scipy"), reference, "batch_size=64")
+    assert_same(index.search(queries, k=10, engine="scipy"), reference, "automatic batch size")
+    assert_same(index.search(queries, k=10, batch_size=7, num_threads=2, engine="scipy"), reference, "2 threads")
+    assert_same(index.search(queries, k=10, num_threads=2), reference, "compiled, 2 threads")
+    assert_same(index.search(queries.select([3]), k=10), (reference[0][3:4], reference[1][3:4]), "one query")
     with pytest.raises(ValueError, match="batch_size must be >= 1"):
-        index.search(queries, k=10, batch_size=0)
+        index.search(queries, k=10, batch_size=0, engine="scipy")
+    with pytest.raises(ValueError, match="engine must be"):
+        index.search(queries, k=10, engine="nope")
 
 
 def test_add_equals_building_at_once(corpus):

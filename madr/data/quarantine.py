@@ -174,3 +174,18 @@ def read_quarantine(directory: str, filesystem: pafs.FileSystem | None = None) -
     tables: Iterable[pa.Table] = [pq.read_table(p, filesystem=fs, schema=QUARANTINE_SCHEMA) for p in paths]
     table = pa.concat_tables(tables) if paths else QUARANTINE_SCHEMA.empty_table()
     return table.sort_by([("file", "ascending"), ("row", "ascending")])
+
+
+class NoGoodRowsError(ValueError):
+    """An input file of which every row was quarantined: a wrong source, layout or encoding, not bad luck."""
+
+
+def check_files_have_good_rows(summary: IngestSummary, quarantine_dir: str) -> None:
+    """Raise NoGoodRowsError naming each file whose rows were all quarantined (none good)."""
+    failed = {name: c for name, c in summary.files.items() if c["quarantined"] and not c["good"]}
+    if not failed:
+        return
+    reasons = ", ".join(f"{r} {n}" for r, n in summary.quarantined.most_common(3))
+    files = "; ".join(f"{name}: all {c['quarantined']} rows quarantined" for name, c in sorted(failed.items()))
+    raise NoGoodRowsError(f"{summary.source}: no good row in {files} (reasons: {reasons}); is it the right "
+                          f"source and layout? quarantined rows and summary.json are in {quarantine_dir}")

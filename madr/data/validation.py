@@ -1,8 +1,9 @@
 """Row validation: why a row is rejected or skipped, typed field accessors, and the per-block step that
 parses, checks and normalises a block of raw rows into good rows and quarantine rows.
 
-A raw row is one line of a JSONL/TSV file (bytes: decoding, JSON and column errors are caught here) or
-one row of a Parquet file. Each source (`pipelines.data.sources`) turns a parsed row into one normalised
+A raw row is one line of a JSONL/TSV file or of a whitespace-separated one ("trec": TREC qrels and runs;
+bytes: decoding, JSON and column errors are caught here) or one row of a Parquet file. Each source
+(`pipelines.data.sources`, `madr.data.beir`, `madr.data.trec`) turns a parsed row into one normalised
 row of its task's schema through a `Fields` accessor, raising `BadRow(reason, field, detail)` for a
 malformed row (it goes to quarantine) or `SkipRow(reason)` for an expected, well-formed row that carries
 no training signal (SNLI's '-' label, a WikiMatrix pair under the score threshold, a blank line).
@@ -30,13 +31,17 @@ REASONS = {
     "too_long": "a text field is longer than max_chars",
     "unknown_label": "a label (or category) outside the source's set",
     "bad_value": "a number out of range, or fields that contradict each other",
+    "unknown_id": "a judgment naming a query or document id that the queries or the corpus do not hold",
+    "duplicate_id": "an id (or a judged query-document pair) that an earlier row of the same kind already has",
 }
 # reason -> what it means (skipped rows are counted, not quarantined)
 SKIPS = {
     "blank_line": "an empty line in a line format",
     "no_consensus": "NLI gold label '-' / -1: the annotators did not agree",
     "below_threshold": "a WikiMatrix pair whose margin score is below min_score",
+    "unjudged": "a BEIR query that no qrels file of the read splits judges (no split to put it in)",
 }
+TEXT_FORMATS = ("tsv", "trec")  # line formats whose cells are all text (numbers are parsed from it)
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 MISSING = object()  # what Fields.find returns for an absent or null field
@@ -253,7 +258,8 @@ def _short(value: Any, limit: int = 60) -> str:
 
 # -- parsing one raw line -------------------------------------------------------------------------------
 def parse_line(line: bytes, fmt: str, header: Sequence[str]) -> tuple[dict[str, Any], bool]:
-    """One JSONL/TSV line -> (row dict, whether its strings must be checked for lone surrogates)."""
+    """One JSONL / TSV / TREC (whitespace-separated) line -> (row dict, whether its strings must be checked
+    for lone surrogates)."""
     try:
         text = line.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -269,9 +275,10 @@ def parse_line(line: bytes, fmt: str, header: Sequence[str]) -> tuple[dict[str, 
         if not isinstance(obj, dict):
             raise BadRow("bad_json", "", f"expected a JSON object, got {type(obj).__name__}")
         return obj, "\\u" in text or "\\U" in text
-    cells = text.split("\t")
+    cells = text.split() if fmt == "trec" else text.split("\t")
     if len(cells) != len(header):
-        raise BadRow("bad_columns", "", f"{len(cells)} tab-separated columns, expected {len(header)} "
+        kind = "whitespace-separated" if fmt == "trec" else "tab-separated"
+        raise BadRow("bad_columns", "", f"{len(cells)} {kind} columns, expected {len(header)} "
                                         f"({', '.join(header)})")
     return dict(zip(header, cells, strict=True)), False
 
@@ -314,7 +321,7 @@ def validate_rows(normalize: Any, options: Any, file: str, payloads: Sequence[An
                 parsed, surrogates = parse_line(payload, fmt, header)
             else:
                 parsed, surrogates = payload, False
-            fields = Fields(parsed, max_chars, typed=fmt != "tsv", check_surrogates=surrogates)
+            fields = Fields(parsed, max_chars, typed=fmt not in TEXT_FORMATS, check_surrogates=surrogates)
             result.good.append(normalize(fields, options, file))
             result.good_rows.append(int(row))
         except SkipRow as skip:
