@@ -25,7 +25,7 @@ def clients(ray_local, served_index):
 
     small = DeploymentSettings(num_cpus=0.2, max_ongoing_requests=32)
     common = {"manifest_path": str(served_index["manifest"]), "port": free_port(),
-              "api_key_env": "MADR_TEST_UNSET_KEY", "request_timeout_s": 20}
+              "api_key_env": "MADR_TEST_UNSET_KEY", "request_timeout_s": 60}  # a cold numba cache compiles on the first search
     settings = {"fanout": ServeSettings(**common, topology="fanout", shard_groups=2, encoder=small, searcher=small,
                                         ingress=small),
                 "colocated": ServeSettings(**common, topology="colocated", colocated=small)}
