@@ -16,6 +16,10 @@ classes (their dynamic batching, batch isolation and text checks), called in-pro
 and `RayBackend`'s merge / fusion (`ColocatedBackend` only replaces the hop): the same HTTP API and the same
 answers as fan-out for the same index (tests/serve/test_serve_topology.py).
 
+Threads: the replica's sparse search (numba, parallel over queries) runs on `faiss_threads` threads, set as
+`NUMBA_NUM_THREADS` in the replica's environment: numba's default, a thread per core, ran beside the encoder in
+the same process and slowed it 2-5x (encode p50 19-49 ms vs 9 ms at concurrency 1, 1M docs; RESULTS).
+
 Failures: there is no handle hop for `serve.calls` to bound; a dead replica is Serve's proxy's to route
 around, so run 2 replicas where a death must stay invisible (fan-out's SIGKILL tests do not cover this layout).
 """
@@ -114,8 +118,14 @@ class ColocatedSearch:
 
 
 def build_colocated(s: ServeSettings) -> Application:
-    """The co-located application (paths already absolute: `serve.app.build_app` calls this)."""
-    return ColocatedSearch.options(name=DEPLOYMENT, **s.colocated.options()).bind(dataclasses.asdict(s))
+    """The co-located application (paths already absolute: `serve.app.build_app` calls this). Its replicas run
+    numba's sparse search with `faiss_threads` threads (`NUMBA_NUM_THREADS`, module docstring)."""
+    options = s.colocated.options()
+    actor = dict(options.pop("ray_actor_options"))
+    env = dict(actor.get("runtime_env", {}).get("env_vars", {}))
+    env.setdefault("NUMBA_NUM_THREADS", str(s.faiss_threads))
+    actor["runtime_env"] = {**actor.get("runtime_env", {}), "env_vars": env}
+    return ColocatedSearch.options(name=DEPLOYMENT, ray_actor_options=actor, **options).bind(dataclasses.asdict(s))
 
 
 __all__ = ["DEPLOYMENT", "ColocatedBackend", "ColocatedSearch", "LocalHandle", "build_colocated"]
