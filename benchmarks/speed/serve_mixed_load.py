@@ -115,7 +115,7 @@ def start_serve(manifest: Path, port: int, searcher_replicas: int) -> None:
 
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     settings = ServeSettings(manifest_path=str(manifest), port=port, api_key_env="MADR_BENCH_NO_KEY",
-                             request_timeout_s=30, log_level="WARNING", access_log=False,
+                             topology="fanout", request_timeout_s=30, log_level="WARNING", access_log=False,
                              encoder=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
                              searcher=DeploymentSettings(num_cpus=0.25, max_ongoing_requests=128,
                                                          num_replicas=searcher_replicas),

@@ -32,8 +32,9 @@ class EncodeConfig:
     ``pypi:<package>``, saved into the index for the queries. ``sparse_backend`` (hybrid models): how the
     sparse part is searched, ``exact`` (default) or ``seismic`` (its index built into every shard).
 
-    Actors: ``tokenize_actors`` / ``encode_actors`` are the most of each kind; the pools start with one and add
-    actors while work queues up (how many and when depends on timing). ``spread_actors`` starts all of them at
+    Actors: ``tokenize_actors`` / ``encode_actors`` are the most of each kind; the tokenise pool starts with one
+    and adds actors while work queues up (how many and when depends on timing), the encode pool starts with
+    ``min_encode_actors`` (default: all of them). ``spread_actors`` starts all of them at
     once with Ray's SPREAD scheduling (whatever the DataContext's strategy), so that on a multi-node cluster
     every actor works from the first piece on, on different nodes where resources allow.
     """
@@ -66,6 +67,12 @@ class EncodeConfig:
     dtype: str = "auto"  # auto: bfloat16 on GPUs that support it, float16 on others, float32 on CPU
     tokenize_actors: int = 1
     encode_actors: int = 1
+    # None: encode actors start all at once (a pool of encode_actors); k: k at once, more as the stream backs up
+    # (autoscaling clusters, where GPUs may come later). Starting one after another cost ~10 s per actor.
+    min_encode_actors: int | None = None
+    # None: tokenise inside the encode actors when they run on CPU (one process to start, torch imported once),
+    # in a pool of their own (tokenize_actors x tokenize_cpus) in front of GPU encoders (which it keeps fed)
+    tokenize_in_encoder: bool | None = None
     spread_actors: bool = False  # start every actor at once, SPREAD over nodes (see below)
     tokenize_cpus: float = 0.5
     encode_cpus: float = 1.0
@@ -86,10 +93,13 @@ class EncodeConfig:
         if (self.num_shards is None) == (self.max_docs_per_shard is None):
             raise ValueError("encode: give exactly one of num_shards and max_docs_per_shard")
         for name in ("num_shards", "max_docs_per_shard", "batch_size", "rows_per_read", "train_size",
-                     "tokenize_actors", "encode_actors"):
+                     "tokenize_actors", "encode_actors", "min_encode_actors"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"encode.{name} must be >= 1, got {value}")
+        if self.min_encode_actors is not None and self.min_encode_actors > self.encode_actors:
+            raise ValueError(f"encode.min_encode_actors ({self.min_encode_actors}) must be <= encode_actors "
+                             f"({self.encode_actors})")
         if not self.text_columns:
             raise ValueError("encode.text_columns is empty")
         if self.lexical is not None and self.lexical not in LEXICAL_KINDS:

@@ -1,6 +1,7 @@
 """Where the job's stream and tasks run: ``RayExecutor`` (Ray Data: read tasks -> ``TokenizeDocs`` actors ->
-``EncodeDocs`` actors, GPU when present, writing part files; shard tasks as Ray tasks) and ``LocalExecutor``
-(the same stages and tasks in this process)."""
+``EncodeDocs`` actors, GPU when present, writing part files, or read tasks -> ``TokenizeEncodeDocs`` actors on
+CPU; shard tasks as Ray tasks) and ``LocalExecutor`` (the same stages and tasks in this process). The encode
+actors all start at once (``min_encode_actors``)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pyarrow as pa
 
 from pipelines.encode.config import EncodeConfig
 from pipelines.encode.corpus import Piece, read_piece
-from pipelines.encode.stages import EncodeDocs, TokenizeDocs, resolve_device
+from pipelines.encode.stages import EncodeDocs, TokenizeDocs, TokenizeEncodeDocs, resolve_device
 
 
 def _datasource(pieces: list[Piece], cfg: EncodeConfig):
@@ -45,48 +46,68 @@ def lexical_tokenizer_dir(cfg: EncodeConfig) -> str | None:
     return str(Path(cfg.output).resolve() / TOKENIZER_DIR) if cfg.lexical is not None and cfg.lexical_tokenizer else None
 
 
-def _pool(actors: int, all_at_start: bool):
-    """An actor pool of at most `actors`, starting with one (grows while work queues up) or all of them."""
+def _pool(actors: int, all_at_start: bool, min_size: int | None = None):
+    """An actor pool of at most `actors`, starting with `min_size` (default one; grows while work queues up) or
+    all of them."""
     import ray
 
-    return ray.data.ActorPoolStrategy(min_size=actors if all_at_start else 1, max_size=actors)
+    return ray.data.ActorPoolStrategy(min_size=actors if all_at_start else (min_size or 1), max_size=actors)
 
 
-def _encoded_dataset(pieces: list[Piece], cfg: EncodeConfig, gpu: bool, run: str | None = None):
-    """read -> tokenise (CPU actors) -> encode (GPU/CPU actors); with ``run`` the encoders write part files
-    and the dataset carries only (shard, rows)."""
+def _stage_kwargs(cfg: EncodeConfig, gpu: bool, run: str | None, expect: dict[str, int] | None
+                  ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Constructor arguments of ``TokenizeDocs`` and ``EncodeDocs`` for this job."""
+    tokenize = {"model_dir": cfg.model_dir, "max_length": cfg.max_length, "lexical": cfg.lexical is not None,
+                "lexical_tokenizer": lexical_tokenizer_dir(cfg)}
+    threads = cfg.torch_threads or max(1, int(np.ceil(cfg.encode_cpus)))
+    encode = {"model_dir": cfg.model_dir, "batch_size": cfg.batch_size, "device": "cuda" if gpu else "cpu",
+              "dtype": cfg.dtype, "torch_threads": threads, "out_dir": cfg.output if run else None, "run": run,
+              "expect": expect}
+    return tokenize, encode
+
+
+def tokenize_in_encoder(cfg: EncodeConfig, gpu: bool) -> bool:
+    """Whether the encode actors tokenise themselves (``encode.tokenize_in_encoder``; None: on CPU)."""
+    return (not gpu) if cfg.tokenize_in_encoder is None else bool(cfg.tokenize_in_encoder)
+
+
+def _encoded_dataset(pieces: list[Piece], cfg: EncodeConfig, gpu: bool, run: str | None = None,
+                     expect: dict[str, int] | None = None):
+    """read -> tokenise (CPU actors) -> encode (GPU/CPU actors), or read -> tokenise + encode in one actor
+    (``tokenize_in_encoder``); with ``run`` the encoders write part files and the dataset carries only
+    (shard, rows)."""
     import ray
 
     # batch_size=None: one piece = one block = one batch through every stage, so the forward batches (cut
     # from the length-sorted piece) and hence the vectors do not depend on scheduling: a re-run is identical.
     ds = ray.data.read_datasource(_datasource(pieces, cfg), override_num_blocks=len(pieces), num_cpus=cfg.io_cpus)
+    tokenize, encode = _stage_kwargs(cfg, gpu, run, expect)
     spread = {"scheduling_strategy": "SPREAD"} if cfg.spread_actors else {}
-    ds = ds.map_batches(TokenizeDocs, fn_constructor_kwargs={"model_dir": cfg.model_dir, "max_length": cfg.max_length,
-                                                             "lexical": cfg.lexical is not None,
-                                                             "lexical_tokenizer": lexical_tokenizer_dir(cfg)},
-                        batch_size=None, batch_format="pyarrow", num_cpus=cfg.tokenize_cpus,
-                        compute=_pool(cfg.tokenize_actors, cfg.spread_actors), **spread)
-    threads = cfg.torch_threads or max(1, int(np.ceil(cfg.encode_cpus)))
-    return ds.map_batches(EncodeDocs, fn_constructor_kwargs={"model_dir": cfg.model_dir, "batch_size": cfg.batch_size,
-                                                             "device": "cuda" if gpu else "cpu", "dtype": cfg.dtype,
-                                                             "torch_threads": threads,
-                                                             "out_dir": cfg.output if run else None, "run": run},
-                          batch_size=None, batch_format="pyarrow", num_cpus=0 if gpu else cfg.encode_cpus,
-                          num_gpus=1 if gpu else 0, compute=_pool(cfg.encode_actors, cfg.spread_actors), **spread)
+    encoders = _pool(cfg.encode_actors, cfg.spread_actors, cfg.min_encode_actors or cfg.encode_actors)
+    if tokenize_in_encoder(cfg, gpu):
+        return ds.map_batches(TokenizeEncodeDocs, fn_constructor_kwargs={"tokenize": tokenize, "encode": encode},
+                              batch_size=None, batch_format="pyarrow", num_cpus=0 if gpu else cfg.encode_cpus,
+                              num_gpus=1 if gpu else 0, compute=encoders, **spread)
+    ds = ds.map_batches(TokenizeDocs, fn_constructor_kwargs=tokenize, batch_size=None, batch_format="pyarrow",
+                        num_cpus=cfg.tokenize_cpus, compute=_pool(cfg.tokenize_actors, cfg.spread_actors), **spread)
+    return ds.map_batches(EncodeDocs, fn_constructor_kwargs=encode, batch_size=None, batch_format="pyarrow",
+                          num_cpus=0 if gpu else cfg.encode_cpus, num_gpus=1 if gpu else 0, compute=encoders,
+                          **spread)
 
 
 class RayExecutor:
-    """Runs the job's stream on Ray Data and its shard tasks as Ray tasks."""
+    """Runs the job's stream on Ray Data and its shard tasks as Ray tasks; ``expect``: the model's ``dim`` and
+    ``vocab_size`` as the driver read them (checked by every encode actor)."""
 
-    def __init__(self, cfg: EncodeConfig) -> None:
+    def __init__(self, cfg: EncodeConfig, expect: dict[str, int] | None = None) -> None:
         import ray
 
-        self.ray, self.cfg = ray, cfg
+        self.ray, self.cfg, self.expect = ray, cfg, expect
         gpus = ray.cluster_resources().get("GPU", 0)
         self.gpu = resolve_device(cfg.device) == "cuda" if cfg.device != "auto" else gpus > 0
 
     def stream(self, pieces: list[Piece], run: str) -> Iterator[pa.Table]:
-        ds = _encoded_dataset(pieces, self.cfg, self.gpu, run)
+        ds = _encoded_dataset(pieces, self.cfg, self.gpu, run, self.expect)
         yield from ds.iter_batches(batch_size=None, batch_format="pyarrow")
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -104,17 +125,16 @@ class LocalExecutor:
     """The same stages and tasks in this process, one piece after the other (tests, tiny corpora, debugging);
     produces the same files as ``RayExecutor`` (one piece = one batch in both)."""
 
-    def __init__(self, cfg: EncodeConfig) -> None:
-        self.cfg = cfg
+    def __init__(self, cfg: EncodeConfig, expect: dict[str, int] | None = None) -> None:
+        self.cfg, self.expect = cfg, expect
 
     def stream(self, pieces: list[Piece], run: str) -> Iterator[pa.Table]:
         import torch
 
         threads = torch.get_num_threads()
-        tok = TokenizeDocs(self.cfg.model_dir, self.cfg.max_length, self.cfg.lexical is not None,
-                           lexical_tokenizer_dir(self.cfg))
-        enc = EncodeDocs(self.cfg.model_dir, self.cfg.batch_size, self.cfg.device, self.cfg.dtype,
-                         self.cfg.torch_threads or max(1, int(np.ceil(self.cfg.encode_cpus))), self.cfg.output, run)
+        tokenize, encode = _stage_kwargs(self.cfg, False, run, self.expect)
+        tok = TokenizeDocs(**tokenize)
+        enc = EncodeDocs(**{**encode, "device": self.cfg.device})
         try:
             for p in pieces:
                 yield enc(tok(read_piece(p, self.cfg.id_column, self.cfg.text_columns,

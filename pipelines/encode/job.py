@@ -16,7 +16,8 @@ Flow (``run_encode``):
    ``trained.faiss`` with its checksum in ``trained.json``; a re-run reuses it, so resumed shards share
    the quantiser of the completed ones.
 4. Stream the pieces of the pending shards (``pipelines.encode.executors``): read tasks -> ``TokenizeDocs``
-   actors -> ``EncodeDocs`` actors (GPU when present), which write Parquet parts per shard. The driver
+   actors -> ``EncodeDocs`` actors (GPU when present; on CPU one ``TokenizeEncodeDocs`` actor does both), which
+   write Parquet parts per shard. The driver
    only sees (shard, rows) counts; when a shard has all its rows, a ``finalize_shard`` task
    (``pipelines.encode.shards``) builds its FAISS index, sparse index, BM25 term frequencies (``lexical:
    bm25``) and display rows from the parts and writes them atomically. Memory is bounded by the stream's buffers plus one shard per finalising task,
@@ -202,7 +203,8 @@ def run_encode(cfg: EncodeConfig, fail_after_shards: int | None = None, log: Cal
                 raise ValueError(f"{out / TRAINED_FILE} is missing or changed but shards {sorted(done)} were built "
                                  f"with it; re-run with overwrite to rebuild the index")
             sample = sample_pieces(plan, -(-cfg.train_size // plan.num_shards))
-        executor = LocalExecutor(cfg) if local else RayExecutor(cfg)
+        expect = {"dim": info.dim, "vocab_size": info.vocab_size}  # what the manifest records: actors check it
+        executor = LocalExecutor(cfg, expect) if local else RayExecutor(cfg, expect)
         fin = _Finalizer(cfg, plan, run, info, trained, sample, fail_after_shards, executor, log, lex_vocab)
         _stream(plan, pending, fin, log)
         done.update(fin.infos)

@@ -32,10 +32,9 @@ def model_info(model_dir: str) -> ModelInfo:
     """Dimension, kind and a fingerprint (the contents of every file) of a saved model.
 
     Contents, not sizes: a retrained model has the same file sizes, and its index must not resume from
-    shards the previous weights encoded."""
-    from madr.modeling.model import BiEncoder
-
-    model = BiEncoder.load(model_dir)
+    shards the previous weights encoded. Read from the model's files (``model_shape``) without importing torch
+    or building the model (that cost the driver 3.6 s of the job's start-up); the encode actors check these
+    values against the model they load."""
     path = Path(model_dir)
     h = hashlib.sha256()
     for f in sorted(p for p in path.rglob("*") if p.is_file()):
@@ -43,8 +42,32 @@ def model_info(model_dir: str) -> ModelInfo:
         with open(f, "rb") as fh:
             for chunk in iter(lambda: fh.read(1 << 20), b""):
                 h.update(chunk)
-    return ModelInfo(model.embedding_dim, model.config.has_sparse, model.config.hybrid_lambda,
-                     len(model.tokenizer), h.hexdigest()[:16])
+    dim, hybrid, lam, vocab = model_shape(path)
+    return ModelInfo(dim, hybrid, lam, vocab, h.hexdigest()[:16])
+
+
+def model_shape(path: Path) -> tuple[int, bool, float, int]:
+    """(embedding dim, has_sparse, hybrid_lambda, tokenizer length) of the saved model at `path`: from its
+    ``config.json``, the backbone's ``config.json`` (hidden size) and ``tokenizer/tokenizer.json`` (pieces with
+    the added tokens, what ``len(tokenizer)`` counts); a model without those files (DSSM, a bare vocab.txt)
+    is loaded instead."""
+    from madr.config import ModelConfig, from_dict
+
+    config = path / "config.json"
+    if not config.is_file():
+        raise ValueError(f"{path}: not a madr model directory (no config.json)")
+    cfg = from_dict(ModelConfig, json.loads(config.read_text()))
+    backbone, tokenizer = path / "query_backbone" / "config.json", path / "tokenizer" / "tokenizer.json"
+    if (cfg.projection_dim or backbone.is_file()) and tokenizer.is_file():
+        from tokenizers import Tokenizer
+
+        dim = cfg.projection_dim or int(json.loads(backbone.read_text())["hidden_size"])
+        vocab = Tokenizer.from_file(str(tokenizer)).get_vocab_size(with_added_tokens=True)
+        return int(dim), cfg.has_sparse, cfg.hybrid_lambda, int(vocab)
+    from madr.modeling.model import BiEncoder
+
+    model = BiEncoder.load(path)
+    return model.embedding_dim, cfg.has_sparse, cfg.hybrid_lambda, len(model.tokenizer)
 
 
 def lexical_tokenizer_fingerprint(tokenizer: Any) -> str:

@@ -11,6 +11,9 @@
   ``sparse_indices`` / ``sparse_values`` (the top-k SPLADE term weights, paper 002 Sec. 4.2). In the
   job the actor writes them itself (``write_parts``: Parquet parts per shard under
   ``parts/<run>/shard-NNNNN/``) and returns only (shard, rows): vectors never travel to the driver.
+- ``TokenizeEncodeDocs``: both in one actor (``encode.tokenize_in_encoder``, the default when encoding on CPU):
+  one process to start instead of two, torch and the tokenizer imported once, no hop between the stages; the
+  output equals ``EncodeDocs(TokenizeDocs(batch))``.
 """
 
 from __future__ import annotations
@@ -24,8 +27,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from madr.index.manifest import atomic_write, shard_stem
+from pipelines.encode.trace import event
 
 PARTS_DIR = "parts"
+
+event("stages imported")  # a worker has imported the job's code (trace: benchmarks.speed.encode)
 
 
 def resolve_device(device: str) -> str:
@@ -54,6 +60,7 @@ class TokenizeDocs:
 
     def __init__(self, model_dir: str, max_length: int | None = None, lexical: bool = False,
                  lexical_tokenizer: str | None = None) -> None:
+        event("TokenizeDocs init start")
         os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one actor per core share
         import json
 
@@ -67,6 +74,7 @@ class TokenizeDocs:
         self.encode = make_encoder(self.tokenizer, self.max_length)
         self.lexical = lexical
         self.lexical_tokenizer = load_tokenizer(lexical_tokenizer) if lexical and lexical_tokenizer else self.tokenizer
+        event("TokenizeDocs init end")
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         texts = batch.column("text").to_pylist()
@@ -81,10 +89,14 @@ class TokenizeDocs:
 
 
 class EncodeDocs:
-    """``map_batches`` actor holding the ``BiEncoder`` on its device (see the module docstring)."""
+    """``map_batches`` actor holding the ``BiEncoder`` on its device (see the module docstring). ``expect``
+    (``dim``, ``vocab_size``: what the driver read from the model's files, ``resume.model_info``) is checked
+    against the loaded model, so the manifest never records other values than the vectors have."""
 
     def __init__(self, model_dir: str, batch_size: int = 128, device: str = "auto", dtype: str = "auto",
-                 torch_threads: int | None = None, out_dir: str | None = None, run: str | None = None) -> None:
+                 torch_threads: int | None = None, out_dir: str | None = None, run: str | None = None,
+                 expect: dict[str, int] | None = None) -> None:
+        event("EncodeDocs init start")
         import torch
 
         from madr.modeling.model import BiEncoder
@@ -94,12 +106,21 @@ class EncodeDocs:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.model = BiEncoder.load(model_dir).to(self.device).eval()
+        got = {"dim": int(self.model.embedding_dim), "vocab_size": len(self.model.tokenizer)}
+        if expect and any(got[k] != v for k, v in expect.items()):
+            raise ValueError(f"{model_dir}: the loaded model has {got}, its files said {expect}")
         self.batch_size = batch_size
         self.out_dir, self.run = out_dir, run
+        self.calls = 0
+        event("EncodeDocs init end")
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         out = self.encode(batch)
-        return out if self.out_dir is None else write_parts(out, self.out_dir, self.run)
+        out = out if self.out_dir is None else write_parts(out, self.out_dir, self.run)
+        self.calls += 1
+        if self.calls == 1:
+            event(f"EncodeDocs first call end ({batch.num_rows} rows)")
+        return out
 
     def encode(self, batch: pa.Table) -> pa.Table:
         from madr.index.encode import encode_token_batch
@@ -125,6 +146,18 @@ class EncodeDocs:
             out = out.append_column("sparse_indices", pa.ListArray.from_arrays(offsets, pa.array(sb.indices)))
             out = out.append_column("sparse_values", pa.ListArray.from_arrays(offsets, pa.array(sb.values)))
         return out
+
+
+class TokenizeEncodeDocs:
+    """``map_batches`` actor: ``TokenizeDocs`` then ``EncodeDocs`` in one process (module docstring)."""
+
+    def __init__(self, tokenize: dict, encode: dict) -> None:
+        event("TokenizeEncodeDocs init start")
+        self.tokenize = TokenizeDocs(**tokenize)
+        self.encoder = EncodeDocs(**encode)
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        return self.encoder(self.tokenize(batch))
 
 
 def ragged(rows: list[list[int]]) -> pa.ListArray:

@@ -82,7 +82,8 @@ def encoded(cluster, tokenizer, tmp_path_factory) -> dict:
         return EncodeConfig(input=[str(root / "docs")], output=str(root / out), model_dir=str(root / "model"),
                             text_columns=["title", "description"], num_shards=3, index_factory="Flat",
                             rows_per_read=50, tokenize_actors=2, encode_actors=2, spread_actors=True,
-                            tokenize_cpus=0.5, encode_cpus=0.5, torch_threads=1)
+                            tokenize_cpus=0.5, encode_cpus=0.5, torch_threads=1,
+                            tokenize_in_encoder=False)  # both kinds of actor (on CPU they are one by default)
 
     cfg = config("index")
     result = run_encode(cfg, log=lambda _: None)
@@ -176,7 +177,7 @@ def test_serve_replicas_on_two_nodes_keep_answering_when_one_node_dies(cluster, 
     port = free_port()
     small = {"num_cpus": 0.2, "num_replicas": 2, "max_replicas_per_node": 1, "health_check_period_s": 1.0}
     settings = ServeSettings(manifest_path=str(encoded["root"] / "index" / "manifest.json"), port=port,
-                             shard_groups=1, request_timeout_s=20, route_timeout_s=1.0, access_log=False,
+                             topology="fanout", shard_groups=1, request_timeout_s=20, route_timeout_s=1.0, access_log=False,
                              log_level="WARNING", encoder=DeploymentSettings(**small),
                              searcher=DeploymentSettings(**small), ingress=DeploymentSettings(**small))
     # one HTTP proxy, on the head: every node here has the address 127.0.0.1, so proxies on each would share a port

@@ -197,7 +197,9 @@ def test_ivf_job_crash_on_ray_resume_equals_uninterrupted(ray_local, corpus, mod
     a finished job re-runs as a no-op."""
     catalog, table, root = corpus
     out, ref = tmp_path_factory.mktemp("ivf_ray"), tmp_path_factory.mktemp("ivf_local")
-    cfg = encode_config(root, out, models["bibert"], num_shards=2, index_factory="IVF16,Flat", store_docs=False)
+    # the stages of a GPU run (a tokenise actor in front of the encoders; CPU runs fuse them, as the other tests)
+    cfg = encode_config(root, out, models["bibert"], num_shards=2, index_factory="IVF16,Flat", store_docs=False,
+                        tokenize_in_encoder=False, min_encode_actors=1)
     with pytest.raises(InjectedFailure):
         run_encode(cfg, fail_after_shards=1, log=lambda _: None)
     assert (out / "trained.faiss").is_file() and len(list(out.glob("shard-*.json"))) == 1
@@ -224,6 +226,26 @@ def test_ivf_job_crash_on_ray_resume_equals_uninterrupted(ray_local, corpus, mod
     assert again.shards_written == [] and again.shards_skipped == [0, 1]
     with pytest.raises(ValueError, match="holds another encode job"):
         run_encode(encode_config(root, out, models["bibert"], num_shards=2), log=lambda _: None, local=True)
+
+
+def test_model_info_reads_the_files_as_the_loaded_model_has_them(models, tokenizer, tmp_path):
+    """The driver reads dim / kind / vocabulary from the model's files (no torch model built): the values of the
+    loaded model, also with a projection; an encode actor whose model disagrees with them refuses to start."""
+    from madr.modeling.model import BiEncoder
+    from pipelines.encode.resume import model_info
+    from pipelines.encode.stages import EncodeDocs
+
+    torch.manual_seed(0)
+    projected = ModelConfig(name="bibert", backbone=BackboneConfig(tiny=TINY), projection_dim=24, max_doc_length=48)
+    dirs = {**models, "projected": str(build_model(projected, tokenizer).save(tmp_path / "projected"))}
+    for name, path in dirs.items():
+        info, model = model_info(path), BiEncoder.load(path)
+        got = (info.dim, info.hybrid, info.hybrid_lambda, info.vocab_size)
+        assert got == (model.embedding_dim, model.config.has_sparse, model.config.hybrid_lambda,
+                       len(model.tokenizer)), name
+    assert model_info(dirs["projected"]).dim == 24
+    with pytest.raises(ValueError, match="the loaded model has .*'dim': 32.*its files said .*'dim': 31"):
+        EncodeDocs(models["bibert"], device="cpu", expect={"dim": 31, "vocab_size": len(tokenizer)})
 
 
 def test_hnsw_job_recall(corpus, models, tmp_path):

@@ -29,7 +29,7 @@ def app(ray_local, served_index):
 
     small = {"num_cpus": 0.2, "max_ongoing_requests": 32}
     settings = ServeSettings(manifest_path=str(served_index["manifest"]), api_key=KEY, port=free_port(),
-                             shard_groups=2, max_k=50, max_filter_fetch=400, max_body_bytes=4096,
+                             topology="fanout", shard_groups=2, max_k=50, max_filter_fetch=400, max_body_bytes=4096,
                              max_query_chars=200, request_timeout_s=20,
                              encoder=DeploymentSettings(**small),
                              searcher=DeploymentSettings(**small, health_check_period_s=1.0),

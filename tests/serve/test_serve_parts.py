@@ -46,8 +46,8 @@ def test_min_app_cpus_counts_every_deployment_at_its_smallest_scale():
     from serve.app import min_app_cpus
     from serve.config import DeploymentSettings
 
-    assert min_app_cpus(ServeSettings(), num_shards=3) == 2.5  # defaults: 1 + 1 + 0.5 > a 2-CPU machine
-    s = ServeSettings(shard_groups=3, encoder=DeploymentSettings(num_cpus=0.5, num_replicas=2),
+    assert min_app_cpus(ServeSettings(topology="fanout"), num_shards=3) == 2.5  # defaults: 1 + 1 + 0.5 > 2 CPUs
+    s = ServeSettings(topology="fanout", shard_groups=3, encoder=DeploymentSettings(num_cpus=0.5, num_replicas=2),
                       searcher=DeploymentSettings(num_cpus=0.25, autoscaling={"min_replicas": 2, "max_replicas": 4}),
                       ingress=DeploymentSettings(num_cpus=0.1))
     assert min_app_cpus(s, num_shards=3) == 1.0 + 3 * 0.5 + 0.1

@@ -85,6 +85,7 @@ def app(ray_local, served_index):
 
     small = {"num_cpus": 0.2, "max_ongoing_requests": 32, "health_check_period_s": 10.0}
     settings = ServeSettings(manifest_path=str(served_index["manifest"]), port=free_port(), shard_groups=1,
+                             topology="fanout",
                              request_timeout_s=20, route_timeout_s=ROUTE_TIMEOUT_S, access_log=False,
                              log_level="WARNING", encoder=DeploymentSettings(**small),
                              searcher=DeploymentSettings(**small, num_replicas=2),

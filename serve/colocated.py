@@ -1,0 +1,131 @@
+"""The co-located topology: the query encoder and every shard in one replica, scaled by replicas.
+
+`ServeSettings.topology` chooses how `serve.app.build_app` lays the app out:
+
+- ``fanout`` (clusters): ``SearchIngress -> QueryEncoder -> searcher-0 .. searcher-{G-1}``, three kinds of
+  deployments, each scaled and placed on its own (shard groups on other nodes, encoders on GPUs); every query
+  makes a handle hop to the encoder and one to each shard group (14-17 ms each on 2 shared cores, issue 23).
+- ``colocated`` (small nodes, the default): one deployment, ``Colocated``: each replica is the HTTP ingress
+  *and* holds the lean query encoder and every shard of the index, so a query crosses only Serve's proxy ->
+  replica hop; scaled by replicas (``ServeSettings.colocated``: ``num_replicas`` or ``autoscaling``), each
+  holding a full copy of the index. ``shard_groups`` and the ``encoder`` / ``searcher`` deployment settings
+  do not apply.
+
+The replica runs the very objects the fan-out deployments run: the `QueryEncoder` and `ShardSearcher`
+classes (their dynamic batching, batch isolation and text checks), called in-process through `LocalHandle`s,
+and `RayBackend`'s merge / fusion (`ColocatedBackend` only replaces the hop): the same HTTP API and the same
+answers as fan-out for the same index (tests/serve/test_serve_topology.py).
+
+Threads: the replica's sparse search (numba, parallel over queries) runs on `faiss_threads` threads, set as
+`NUMBA_NUM_THREADS` in the replica's environment: numba's default, a thread per core, ran beside the encoder in
+the same process and slowed it 2-5x (encode p50 19-49 ms vs 9 ms at concurrency 1, 1M docs; RESULTS).
+
+Failures: there is no handle hop for `serve.calls` to bound; a dead replica is Serve's proxy's to route
+around, so run 2 replicas where a death must stay invisible (fan-out's SIGKILL tests do not cover this layout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ray import serve
+from ray.serve import Application
+
+from madr.index.manifest import Manifest
+from serve.api import create_api
+from serve.backend import BackendBadRequest, Docs, lexical_tokenizer_dir, lexical_vocab
+from serve.calls import CallPolicy
+from serve.config import ServeSettings, settings_from_dict
+from serve.deployments import QueryEncoder, RayBackend, ShardSearcher
+
+DEPLOYMENT = "Colocated"
+
+
+class LocalHandle:
+    """The ``handle.method.remote(*args)`` call form of a Serve `DeploymentHandle`, over an object in this
+    process: an async method is awaited as it is; a blocking one runs in a worker thread, as a replica's
+    blocking method runs off the event loop that keeps accepting requests."""
+
+    def __init__(self, target: Any) -> None:
+        self.target = target
+
+    def __getattr__(self, name: str) -> _LocalMethod:
+        return _LocalMethod(getattr(self.target, name))
+
+
+@dataclasses.dataclass(frozen=True)
+class _LocalMethod:
+    fn: Callable[..., Any]
+
+    def remote(self, *args: Any, **kwargs: Any) -> Awaitable[Any]:
+        if inspect.iscoroutinefunction(self.fn):
+            return self.fn(*args, **kwargs)
+        return asyncio.to_thread(self.fn, *args, **kwargs)
+
+
+class ColocatedBackend(RayBackend):
+    """`RayBackend` over `LocalHandle`s: the encoder and the shards live in this replica, so a call is a
+    coroutine, not a hop; a ValueError of the encoder or searcher is a bad request (HTTP 422) as there."""
+
+    def _call(self, send: Callable[[], Any], what: str) -> Awaitable[Any]:
+        return _local_call(send)
+
+
+async def _local_call(send: Callable[[], Awaitable[Any]]) -> Any:
+    try:
+        return await send()
+    except BackendBadRequest:
+        raise
+    except ValueError as e:
+        raise BackendBadRequest(str(e)) from e
+
+
+def encoder_args(s: ServeSettings, manifest: Manifest) -> tuple[Any, ...]:
+    """`QueryEncoder(...)` arguments for these settings (the fan-out deployment's, `serve.app.build_app`)."""
+    return (s.model_dir, s.torch_threads, s.encoder_max_batch_size, s.encoder_batch_wait_timeout_s,
+            lexical_vocab(manifest), lexical_tokenizer_dir(s.manifest_path),
+            s.manifest_path if s.encoder_index_vocabulary else None, s.verify, s.encoder_backend)
+
+
+@serve.deployment(name=DEPLOYMENT)
+@serve.ingress()
+class ColocatedSearch:
+    """HTTP ingress + query encoder + every shard, in one replica (module docstring)."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.settings = settings_from_dict(settings)
+        s = self.settings
+        manifest = Manifest.load(s.require_manifest())
+        encoder = QueryEncoder.func_or_class(*encoder_args(s, manifest))
+        self.searcher = ShardSearcher.func_or_class(
+            s.manifest_path, list(range(len(manifest.shards))), s.mmap, s.verify, s.faiss_threads,
+            s.searcher_max_batch_size, s.searcher_batch_wait_timeout_s)
+        lam = manifest.lexical["fusion_lambda"] if manifest.has_lexical else None
+        policy = CallPolicy(s.route_timeout_s, s.replica_retries)
+        self.backend = ColocatedBackend(LocalHandle(encoder), [LocalHandle(self.searcher)], lam,
+                                        manifest.search_mode, policy)
+        self.docs = Docs.open(s.require_manifest())
+
+    def __serve_build_asgi_app__(self) -> Any:
+        return create_api(self.backend, self.settings, self.docs)
+
+    def check_health(self) -> None:
+        self.searcher.check_health()
+
+
+def build_colocated(s: ServeSettings) -> Application:
+    """The co-located application (paths already absolute: `serve.app.build_app` calls this). Its replicas run
+    numba's sparse search with `faiss_threads` threads (`NUMBA_NUM_THREADS`, module docstring)."""
+    options = s.colocated.options()
+    actor = dict(options.pop("ray_actor_options"))
+    env = dict(actor.get("runtime_env", {}).get("env_vars", {}))
+    env.setdefault("NUMBA_NUM_THREADS", str(s.faiss_threads))
+    actor["runtime_env"] = {**actor.get("runtime_env", {}), "env_vars": env}
+    return ColocatedSearch.options(name=DEPLOYMENT, ray_actor_options=actor, **options).bind(dataclasses.asdict(s))
+
+
+__all__ = ["DEPLOYMENT", "ColocatedBackend", "ColocatedSearch", "LocalHandle", "build_colocated"]
