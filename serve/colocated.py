@@ -16,9 +16,10 @@ classes (their dynamic batching, batch isolation and text checks), called in-pro
 and `RayBackend`'s merge / fusion (`ColocatedBackend` only replaces the hop): the same HTTP API and the same
 answers as fan-out for the same index (tests/serve/test_serve_topology.py).
 
-Threads: the replica's sparse search (numba, parallel over queries) runs on `faiss_threads` threads, set as
-`NUMBA_NUM_THREADS` in the replica's environment: numba's default, a thread per core, ran beside the encoder in
-the same process and slowed it 2-5x (encode p50 19-49 ms vs 9 ms at concurrency 1, 1M docs; RESULTS).
+Threads: a one-thread sparse search runs numba's serial kernel, which starts no thread pool
+(`madr.search.sparse.compiled`); `NUMBA_NUM_THREADS` = `faiss_threads` in the replica's environment caps a
+search that asks for more. Numba's pool, a thread per core, once ran beside the encoder in the same process and
+slowed it 2-5x (encode p50 19-49 ms vs 9 ms at concurrency 1, 1M docs; RESULTS).
 
 Failures: there is no handle hop for `serve.calls` to bound; a dead replica is Serve's proxy's to route
 around, so run 2 replicas where a death must stay invisible (fan-out's SIGKILL tests do not cover this layout).
