@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -44,8 +46,9 @@ def apply_ray_env(offline: bool = False) -> None:
 
 
 def init_ray(num_cpus: int | None = None) -> Any:
-    """Start (or join, with RAY_ADDRESS) Ray with the network settings of ENVIRONMENT.md; Ray Data shows its
-    progress bars. Returns the `ray` module."""
+    """Join the cluster of RAY_ADDRESS, or start a new local Ray (never one that a `ray start` left running on
+    this machine, which a bare `ray.init()` would join), with the network settings of ENVIRONMENT.md; Ray Data
+    shows its progress bars. A local Ray ends with this process (`start_reaper`, `exit_on_sigterm`). Returns `ray`."""
     apply_ray_env()
     import ray
 
@@ -53,9 +56,36 @@ def init_ray(num_cpus: int | None = None) -> Any:
         if os.environ.get("RAY_ADDRESS"):
             ray.init(address=os.environ["RAY_ADDRESS"])
         else:
-            ray.init(num_cpus=num_cpus, include_dashboard=False)
+            start_reaper()
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False)
+            exit_on_sigterm()
     ray.data.DataContext.get_current().enable_progress_bars = True
     return ray
+
+
+_reaper: Any = None  # the reaper's Popen, kept so that it is not collected (and warned about) while it runs
+
+
+def start_reaper() -> None:
+    """The local Ray this process starts ends with it, even when it is SIGKILLed (`pipelines.reaper`; issue 24:
+    the agents of a killed driver's Ray lived on for 60 s, ignoring SIGTERM)."""
+    global _reaper
+    from pipelines import reaper
+
+    if _reaper is None or _reaper.poll() is not None:
+        _reaper = reaper.watch()
+
+
+def exit_on_sigterm() -> None:
+    """After `ray.init` (whose handler it replaces): SIGTERM exits through Python (`SystemExit`, status 143, or
+    Ray's own non-zero status when it arrives inside `ray.get`), so that `finally` blocks and atexit's
+    `ray.shutdown()` run. Before, the handler that `ray.init` leaves aborted the driver (SIGABRT, no clean-up)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
 
 
 def job_parser(prog: str, doc: str | None, config_class: str, section: str) -> argparse.ArgumentParser:
