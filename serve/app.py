@@ -19,7 +19,6 @@ import dataclasses
 import logging
 from typing import Any
 
-import ray
 from ray import serve
 from ray.serve import Application
 
@@ -30,6 +29,7 @@ from serve.calls import CallPolicy
 from serve.colocated import build_colocated
 from serve.config import ServeSettings, settings_from_dict
 from serve.deployments import QueryEncoder, RayBackend, ShardSearcher
+from serve.placement import Capacity, check_placement
 
 log = logging.getLogger(__name__)
 
@@ -93,15 +93,11 @@ def min_app_cpus(settings: ServeSettings, num_shards: int) -> float:
 
 def run_local(settings: ServeSettings, name: str = APP_NAME, route_prefix: str = "/") -> Any:
     """Start Serve's HTTP proxy on `settings.host:port` (127.0.0.1 unless told otherwise) on the connected
-    Ray cluster and deploy the app; returns the ingress handle once every replica is up. Warns when the
-    cluster has fewer CPUs than the replicas ask for (Serve would wait for them without saying why)."""
-    settings.check_exposure()  # before any replica starts: an open API beyond loopback is refused
-    need = min_app_cpus(settings, len(Manifest.load(settings.require_manifest()).shards))
-    have = ray.cluster_resources().get("CPU", 0.0)
-    if need > have:
-        log.warning("the Serve app's replicas ask for %.2f CPUs (encoder / searcher / ingress num_cpus x replicas) "
-                    "but the cluster has %.2f: deployment waits until CPUs appear (autoscaler) or forever; "
-                    "lower encoder.num_cpus / searcher.num_cpus / ingress.num_cpus", need, have)
+    Ray cluster and deploy the app; returns the ingress handle once every replica is up. Refuses (ValueError,
+    before any replica starts) an open API beyond loopback and replicas the cluster could never place
+    (`serve.placement`: Serve would wait for them forever)."""
+    settings.check_exposure()
+    check_placement(settings, len(Manifest.load(settings.require_manifest()).shards), Capacity.of_cluster())
     serve.start(http_options={"host": settings.host, "port": settings.port})
     log_cfg = {"log_level": settings.log_level, "enable_access_log": settings.access_log}
     return serve.run(build_app(settings), name=name, route_prefix=route_prefix, logging_config=log_cfg)

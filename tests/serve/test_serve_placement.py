@@ -1,0 +1,74 @@
+"""Issue 24: replicas the cluster can never place are refused before deploying, naming the deployment and the
+resource (Serve itself waits for them forever: `serve.run` never returns, or an autoscaled deployment stays
+UPSCALING). Capacities by hand, then the session's real 2-CPU Ray with the encoder sizing of
+serve/serve_config.yaml (autoscaling to 4 x 0.5 CPU beside 2 searchers x 0.5 and the ingress 0.25)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from serve_helpers import free_port
+
+from serve.config import DeploymentSettings, ServeSettings
+from serve.placement import Capacity, check_placement
+
+TWO_CPUS = Capacity(largest_node={"CPU": 2.0}, total={"CPU": 2.0})
+AUTOSCALED = {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 8}
+
+
+def settings(**kw) -> ServeSettings:
+    base = {"shard_groups": 2, "encoder": DeploymentSettings(num_cpus=0.5, autoscaling=AUTOSCALED),
+            "searcher": DeploymentSettings(num_cpus=0.5), "ingress": DeploymentSettings(num_cpus=0.25)}
+    return ServeSettings(**{**base, **kw})
+
+
+def test_an_autoscaled_encoder_that_cannot_reach_max_replicas_is_named_with_what_fits():
+    with pytest.raises(ValueError) as err:
+        check_placement(settings(), num_shards=3, capacity=TWO_CPUS)
+    msg = str(err.value)
+    assert "3.25 CPU" in msg and "has 2" in msg and "cannot grow" in msg, msg
+    assert "QueryEncoder 4 x 0.5, searcher-0 1 x 0.5, searcher-1 1 x 0.5, SearchIngress 1 x 0.25" in msg, msg
+    assert "QueryEncoder autoscales to max_replicas 4 but at most 1 of its replicas fit" in msg, msg
+    assert "encoder.autoscaling.max_replicas <= 1" in msg, msg
+    # max_replicas 1 fits (0.5 + 2 x 0.5 + 0.25 = 1.75); so does 4 when an autoscaler can add 2 more CPUs
+    check_placement(settings(encoder=DeploymentSettings(num_cpus=0.5, autoscaling={**AUTOSCALED, "max_replicas": 1})),
+                    num_shards=3, capacity=TWO_CPUS)
+    check_placement(settings(), num_shards=3, capacity=Capacity({"CPU": 2.0}, {"CPU": 4.0}, can_grow=True))
+    # one shard, an ingress of 0 CPU: 4 x 0.5 + 0.5 = 2.5, still too much; 3 encoders would fit
+    with pytest.raises(ValueError, match="at most 3 of its replicas fit"):
+        check_placement(settings(encoder=DeploymentSettings(num_cpus=0.5, autoscaling=AUTOSCALED),
+                                 ingress=DeploymentSettings(num_cpus=0.0)), num_shards=1, capacity=TWO_CPUS)
+
+
+def test_a_replica_larger_than_any_node_and_too_many_fixed_replicas_are_refused():
+    with pytest.raises(ValueError, match=r"searcher-0: one replica asks for 3 CPU but the largest node has 2: it "
+                                         r"can never be placed; lower searcher.num_cpus"):
+        check_placement(settings(searcher=DeploymentSettings(num_cpus=3)), num_shards=3,
+                        capacity=Capacity({"CPU": 2.0}, {"CPU": 8.0}))
+    # the defaults (1 CPU each) ask for 3.5 CPUs: today's warning became an error
+    with pytest.raises(ValueError, match=r"ask for 3.5 CPU .* lower num_replicas or num_cpus"):
+        check_placement(ServeSettings(shard_groups=2), num_shards=3, capacity=TWO_CPUS)
+
+
+@pytest.mark.ray
+def test_run_local_refuses_the_unplaceable_encoder_on_the_real_2_cpu_cluster(ray_local, served_index):
+    from ray import serve
+
+    from serve.app import run_local
+
+    capacity = Capacity.of_cluster()
+    assert capacity == Capacity({**capacity.largest_node, "CPU": 2.0}, {**capacity.total, "CPU": 2.0}), capacity
+    assert not capacity.can_grow, "a local ray.init has no autoscaler"
+    s = settings(manifest_path=str(served_index["manifest"]), port=free_port())
+    name = "madr_unplaceable"
+    t = time.monotonic()
+    try:
+        with pytest.raises(ValueError, match="QueryEncoder autoscales to max_replicas 4 but at most 1"):
+            run_local(s, name=name)
+    finally:
+        deployed = name in serve.status().applications
+        if deployed:
+            serve.delete(name)
+    assert not deployed, "the app was deployed"
+    assert time.monotonic() - t < 10, "the refusal should come before anything starts"
