@@ -45,7 +45,7 @@ class SearchIngress:
         self.settings = settings_from_dict(settings)
         manifest = Manifest.load(self.settings.require_manifest())
         lam = manifest.lexical["fusion_lambda"] if manifest.has_lexical else None
-        policy = CallPolicy(self.settings.route_timeout_s, self.settings.replica_retries)
+        policy = CallPolicy(self.settings.route_timeout_s, self.settings.replica_retries, self.settings.call_timeout_s)
         self.backend = RayBackend(encoder, searchers, lam, manifest.search_mode, policy)
         self.docs = Docs.open(self.settings.require_manifest())
 
@@ -72,11 +72,12 @@ def build_app(args: dict[str, Any] | ServeSettings | None = None) -> Application
     encoder = QueryEncoder.options(name="QueryEncoder", **s.encoder.options()).bind(
         s.model_dir, s.torch_threads, s.encoder_max_batch_size, s.encoder_batch_wait_timeout_s,
         lexical_vocab(manifest), lexical_tokenizer_dir(s.manifest_path),
-        s.manifest_path if s.encoder_index_vocabulary else None, s.verify, s.encoder_backend)
+        s.manifest_path if s.encoder_index_vocabulary else None, s.verify, s.encoder_backend,
+        stuck_after_s=s.request_timeout_s)
     searchers = [
         ShardSearcher.options(name=f"searcher-{g}", **s.searcher.options()).bind(
             s.manifest_path, group, s.mmap, s.verify, s.faiss_threads, s.searcher_max_batch_size,
-            s.searcher_batch_wait_timeout_s)
+            s.searcher_batch_wait_timeout_s, stuck_after_s=s.request_timeout_s)
         for g, group in enumerate(shard_groups(len(manifest.shards), s.shard_groups))]
     return SearchIngress.options(name="SearchIngress", **s.ingress.options()).bind(
         encoder, searchers, dataclasses.asdict(s))

@@ -30,9 +30,10 @@ class DeploymentSettings:
     `autoscaling` is a Ray Serve `autoscaling_config` mapping (min_replicas, max_replicas,
     target_ongoing_requests, ...); when set it replaces `num_replicas`. `health_check_period_s` is how often
     the controller checks a replica, i.e. how soon a dead one is noticed and a replacement started (1 s here;
-    Serve's default, 10 s, left a dead replica unnoticed that long: issue 24); `health_check_timeout_s` (None:
-    Serve's 30 s) how long a check may take before a live but stuck replica is replaced. `num_replicas: 2`
-    keeps a replica's death invisible to clients (the other answers; see `serve.calls`). `max_replicas_per_node`
+    Serve's default, 10 s, left a dead replica unnoticed that long: issue 24); `health_check_timeout_s` how long a
+    check may take before a live but frozen replica is replaced (5 s; None: Serve's 30 s). A replica whose batch
+    is stuck in a long call fails its check itself (`serve.watchdog`). `num_replicas: 2` keeps a replica's death
+    invisible to clients (the other answers; see `serve.calls`). `max_replicas_per_node`
     (None: no limit) caps the replicas Serve places on one node: 1 puts every replica on a node of its own, so
     that losing a node loses one replica of the deployment, not all of them (multi-node clusters).
     """
@@ -42,7 +43,7 @@ class DeploymentSettings:
     max_ongoing_requests: int = 64
     autoscaling: dict[str, Any] | None = None
     health_check_period_s: float | None = 1.0
-    health_check_timeout_s: float | None = None
+    health_check_timeout_s: float | None = 5.0
     max_replicas_per_node: int | None = None
 
     def min_cpus(self) -> float:
@@ -102,7 +103,11 @@ class ServeSettings:
     Failures (`serve.calls`): `request_timeout_s` bounds a request (HTTP 504 + Retry-After after it);
     `route_timeout_s` bounds how long one call to a deployment waits for a live replica to accept it (HTTP 503 +
     `Retry-After: 1` after it: a dead replica being replaced), `replica_retries` how often a call whose replica
-    died is sent again (to another replica when there is one).
+    died is sent again (to another replica when there is one); `call_timeout_s` how long a call a replica accepted
+    may take before it is sent again (a hung replica: another one answers) or, on its last attempt, answered 504
+    + `Retry-After: 1` (None: only `request_timeout_s` bounds it). Keep (replica_retries + 1) x call_timeout_s
+    below request_timeout_s. A replica whose batch runs longer than `request_timeout_s` fails its health check
+    and is replaced (`serve.watchdog`).
     Logging (`run_local` only; the Serve YAML has its own `logging_config`): `log_level`, `access_log`.
     """
 
@@ -138,6 +143,7 @@ class ServeSettings:
     request_timeout_s: float = 10.0
     route_timeout_s: float = 1.0
     replica_retries: int = 1
+    call_timeout_s: float | None = 2.0
     log_level: str = "INFO"
     access_log: bool = True
     encoder: DeploymentSettings = field(default_factory=DeploymentSettings)
@@ -158,8 +164,8 @@ class ServeSettings:
                              f"({self.max_k})")
         if self.body_timeout_s <= 0:
             raise ValueError(f"serve settings: body_timeout_s must be > 0, got {self.body_timeout_s}")
-        for name in ("request_timeout_s", "route_timeout_s"):
-            if getattr(self, name) <= 0:
+        for name in ("request_timeout_s", "route_timeout_s", "call_timeout_s"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"serve settings: {name} must be > 0, got {getattr(self, name)}")
         if self.topology not in TOPOLOGIES:
             raise ValueError(f"serve settings: topology must be one of {', '.join(TOPOLOGIES)}, got {self.topology!r}")

@@ -13,6 +13,8 @@
 
 A batch isolates its members: a text is checked (`check_text`) before it joins a batch, and a batch that
 raises is retried member by member (`isolate`), so a bad request fails alone, never its batch-mates.
+A replica's health check fails while one of its batches has run longer than `stuck_after_s` (a hung call,
+`serve.watchdog`), so that Serve replaces it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from serve.backend import (
     term_names,
 )
 from serve.calls import CallPolicy, call
+from serve.watchdog import Watchdog
 
 
 def replica_actor_name() -> str:
@@ -57,7 +60,8 @@ class QueryEncoder:
     def __init__(self, model_dir: str, threads: int = 1, max_batch_size: int = 16,
                  batch_wait_timeout_s: float = 0.003, lexical_vocab: int | None = None,
                  lexical_tokenizer: str | None = None, vocabulary_manifest: str | None = None,
-                 verify: bool = True, backend: str = "torch") -> None:
+                 verify: bool = True, backend: str = "torch", stuck_after_s: float | None = None) -> None:
+        self.watchdog = Watchdog("QueryEncoder", stuck_after_s)  # check_health fails while a batch is stuck
         self.model = load_model(model_dir, threads)
         # eval mode set once; with `vocabulary_manifest` a hybrid model projects onto the index's terms only;
         # backend "onnx": the forward pass in onnxruntime (ServeSettings.encoder_backend)
@@ -75,9 +79,9 @@ class QueryEncoder:
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.003)
     async def _encode_batch(self, texts: list[str]) -> list[EncodedQuery | Exception]:
         # In a thread: the event loop keeps queueing requests for the next batch meanwhile.
-        return await asyncio.to_thread(isolate, lambda batch: encode_texts(self.encoder, batch, self.lexical_vocab,
-                                                                           self.lexical_tokenizer),
-                                       texts)
+        with self.watchdog.running():
+            return await asyncio.to_thread(isolate, lambda batch: encode_texts(
+                self.encoder, batch, self.lexical_vocab, self.lexical_tokenizer), texts)
 
     def explain(self, query: str, doc_text: str) -> dict[str, Any]:
         return explain_texts(self.model, query, doc_text)
@@ -87,7 +91,10 @@ class QueryEncoder:
 
     def info(self) -> dict[str, Any]:
         return {"model": self.model.config.name, "dim": int(self.model.embedding_dim),
-                "replica": replica_actor_name()}
+                "replica": replica_actor_name(), "pid": os.getpid()}
+
+    def check_health(self) -> None:
+        self.watchdog.check()
 
 
 @serve.deployment(name="ShardSearcher")
@@ -95,9 +102,11 @@ class ShardSearcher:
     """Some shards of the index (module docstring)."""
 
     def __init__(self, manifest_path: str, shards: Sequence[int], mmap: bool = False, verify: bool = True,
-                 threads: int = 1, max_batch_size: int = 16, batch_wait_timeout_s: float = 0.001) -> None:
+                 threads: int = 1, max_batch_size: int = 16, batch_wait_timeout_s: float = 0.001,
+                 stuck_after_s: float | None = None) -> None:
         import faiss
 
+        self.watchdog = Watchdog("ShardSearcher", stuck_after_s)  # check_health fails while a batch is stuck
         faiss.omp_set_num_threads(threads)
         self.group = ShardGroup(manifest_path, shards, mmap=mmap, verify=verify)
         for batched in (self._search_batch, self._candidates_batch):
@@ -116,13 +125,15 @@ class ShardSearcher:
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.001)
     async def _search_batch(self, requests: list[tuple[EncodedQuery, SearchParams]]
                             ) -> list[tuple[np.ndarray, np.ndarray] | Exception]:
-        return await asyncio.to_thread(isolate, lambda batch: search_batched(self.group.search, batch), requests)
+        with self.watchdog.running():
+            return await asyncio.to_thread(isolate, lambda batch: search_batched(self.group.search, batch), requests)
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.001)
     async def _candidates_batch(self, requests: list[tuple[EncodedQuery, SearchParams]]
                                 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | Exception]:
-        return await asyncio.to_thread(isolate, lambda batch: search_batched(self.group.candidates, batch),
-                                       requests)
+        with self.watchdog.running():
+            return await asyncio.to_thread(isolate, lambda batch: search_batched(self.group.candidates, batch),
+                                           requests)
 
     def info(self) -> dict[str, Any]:
         return {"shards": self.group.shard_ids, "ntotal": self.group.ntotal, "replica": replica_actor_name(),
@@ -131,6 +142,7 @@ class ShardSearcher:
     def check_health(self) -> None:
         if not self.group.shards:
             raise RuntimeError("ShardSearcher has no shards loaded")
+        self.watchdog.check()
 
 
 def _raise_or_return(result: Any) -> Any:

@@ -7,9 +7,12 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pytest
+import requests
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
         "max_position_embeddings": 64}
@@ -77,3 +80,71 @@ def assert_same_ranking(got_scores, got_ids, ref_scores, ref_ids, what):
     isolated[:-1] &= gaps > 1e-4
     isolated[1:] &= gaps > 1e-4
     assert np.array_equal(np.asarray(got_ids)[isolated], ref_ids[isolated]), f"{what}: {got_ids} != {ref_ids}"
+
+
+# ---- load with a record of every answer (replica death / hang tests) ----
+
+@dataclass
+class Answer:
+    sent: float  # time.monotonic()
+    took_s: float
+    status: int  # 0: no HTTP answer (connection error or a 30 s client timeout)
+    retry_after: str | None
+
+
+class Load:
+    """`clients` threads sending POST /search in a closed loop until stopped; every answer is recorded."""
+
+    def __init__(self, url: str, queries: list[str], clients: int = 4) -> None:
+        self.url, self.queries, self.clients = url, queries, clients
+        self.answers: list[Answer] = []
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(clients)]
+
+    def _run(self, i: int) -> None:
+        with requests.Session() as http:
+            n = i
+            while not self._stop.is_set():
+                t = time.monotonic()
+                try:
+                    r = http.post(self.url + "/search", json={"query": self.queries[n % len(self.queries)], "k": 5},
+                                  timeout=30)
+                    status, retry = r.status_code, r.headers.get("Retry-After")
+                except requests.RequestException:
+                    status, retry = 0, None
+                self.answers.append(Answer(t, time.monotonic() - t, status, retry))
+                n += self.clients
+
+    def __enter__(self) -> Load:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=40)
+
+    def since(self, t0: float) -> list[Answer]:
+        """Answers that arrived after `t0` (requests in flight at `t0` included)."""
+        return [a for a in list(self.answers) if a.sent + a.took_s >= t0]
+
+
+def wait_for(check, timeout_s: float, message: str) -> float:
+    """Seconds until `check()` is true (polled every 0.2 s); fails with `message` after `timeout_s`."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        try:
+            if check():
+                return time.monotonic() - start
+        except Exception:  # noqa: BLE001 - not yet: keep polling
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"{message} after {timeout_s} s")
+
+
+def describe(answers: list[Answer]) -> str:
+    by = {}
+    for a in answers:
+        by.setdefault(a.status, []).append(a.took_s)
+    return ", ".join(f"{s}: {len(t)} (max {max(t):.2f} s)" for s, t in sorted(by.items()))

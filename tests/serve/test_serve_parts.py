@@ -122,9 +122,12 @@ def test_deployments_check_health_every_second_and_calls_have_a_route_deadline()
     s = ServeSettings()
     for d in (s.encoder, s.searcher, s.ingress):
         assert d.options()["health_check_period_s"] == 1.0
-    assert "health_check_timeout_s" not in s.searcher.options()
-    assert DeploymentSettings(health_check_timeout_s=5).options()["health_check_timeout_s"] == 5
-    assert (s.route_timeout_s, s.replica_retries) == (1.0, 1)
+    assert s.searcher.options()["health_check_timeout_s"] == 5.0  # a frozen replica: replaced after 5 s, not 30
+    assert "health_check_timeout_s" not in DeploymentSettings(health_check_timeout_s=None).options()
+    assert (s.route_timeout_s, s.replica_retries, s.call_timeout_s) == (1.0, 1, 2.0)
+    with pytest.raises(ValueError, match="call_timeout_s must be > 0"):
+        ServeSettings(call_timeout_s=0)
+    assert ServeSettings(call_timeout_s=None).call_timeout_s is None
     with pytest.raises(ValueError, match="route_timeout_s must be > 0"):
         ServeSettings(route_timeout_s=0)
     with pytest.raises(ValueError, match="replica_retries must be >= 0"):

@@ -14,13 +14,11 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
-from dataclasses import dataclass
 
 import pytest
 import requests
-from serve_helpers import free_port
+from serve_helpers import Answer, Load, describe, free_port, wait_for
 
 from serve.config import DeploymentSettings, ServeSettings
 
@@ -29,52 +27,6 @@ pytestmark = pytest.mark.ray
 ROUTE_TIMEOUT_S = 1.0
 FAST_S = 2.5  # any answer: route_timeout_s + noticing the death + HTTP and Ray overhead on a shared 2-core box
 CLIENTS = 4
-
-
-@dataclass
-class Answer:
-    sent: float  # time.monotonic()
-    took_s: float
-    status: int  # 0: no HTTP answer (connection error or a 30 s client timeout)
-    retry_after: str | None
-
-
-class Load:
-    """`CLIENTS` threads sending POST /search in a closed loop until stopped; every answer is recorded."""
-
-    def __init__(self, url: str, queries: list[str]) -> None:
-        self.url, self.queries = url, queries
-        self.answers: list[Answer] = []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(CLIENTS)]
-
-    def _run(self, i: int) -> None:
-        with requests.Session() as http:
-            n = i
-            while not self._stop.is_set():
-                t = time.monotonic()
-                try:
-                    r = http.post(self.url + "/search", json={"query": self.queries[n % len(self.queries)], "k": 5},
-                                  timeout=30)
-                    status, retry = r.status_code, r.headers.get("Retry-After")
-                except requests.RequestException:
-                    status, retry = 0, None
-                self.answers.append(Answer(t, time.monotonic() - t, status, retry))
-                n += CLIENTS
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=40)
-
-    def since(self, t0: float) -> list[Answer]:
-        """Answers that arrived after `t0` (requests in flight at `t0` included)."""
-        return [a for a in list(self.answers) if a.sent + a.took_s >= t0]
 
 
 @pytest.fixture(scope="module")
@@ -97,28 +49,8 @@ def app(ray_local, served_index):
     serve.shutdown()
 
 
-def wait_for(check, timeout_s: float, message: str) -> float:
-    """Seconds until `check()` is true (polled every 0.2 s); fails with `message` after `timeout_s`."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout_s:
-        try:
-            if check():
-                return time.monotonic() - start
-        except Exception:  # noqa: BLE001 - not yet: keep polling
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"{message} after {timeout_s} s")
-
-
 def replica_pids(handle) -> set[int]:
     return {int(info["pid"]) for info in handle.broadcast("info").results(timeout_s=10)}
-
-
-def describe(answers: list[Answer]) -> str:
-    by = {}
-    for a in answers:
-        by.setdefault(a.status, []).append(a.took_s)
-    return ", ".join(f"{s}: {len(t)} (max {max(t):.2f} s)" for s, t in sorted(by.items()))
 
 
 def check_answers(answers: list[Answer], what: str) -> None:
@@ -133,7 +65,7 @@ def test_sigkill_one_of_two_replicas_is_invisible_then_a_full_outage_fails_fast(
     first = replica_pids(handle)
     assert len(first) == 2, f"expected 2 searcher replicas, got pids {first}"
     victim, other = sorted(first)
-    with Load(app["url"], served_index["queries"]) as load:
+    with Load(app["url"], served_index["queries"], CLIENTS) as load:
         wait_for(lambda: len(load.since(0)) >= CLIENTS, 30, "the clients got no answers")  # warm: first answers
         assert all(a.status == 200 for a in load.since(0)), describe(load.since(0))
 

@@ -1,0 +1,145 @@
+"""Issue 24: a replica that hangs without dying.
+
+1. The Serve app with 2 searcher replicas under load (4 clients); one replica is frozen (SIGSTOP: alive,
+   accepting nothing, answering nothing). Every request still gets 200 quickly (a call not answered within
+   `call_timeout_s` is sent again and lands on the other replica) and Serve replaces the frozen one (its
+   health check times out after `health_check_timeout_s`). Before: the requests routed to it waited for
+   `request_timeout_s` (504) and Serve kept it for its 30 s health-check timeout.
+2. A deployment whose method sleeps, called through `serve.calls.call`: `BackendTimeout` (HTTP 504 +
+   Retry-After) after (retries + 1) x `call_timeout_s`, not after the request's whole deadline.
+3. A searcher whose batch is stuck in a long call (its event loop free, so a plain health check passes) fails
+   its health check once the batch has run `stuck_after_s`, and passes again when the call returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+
+import pytest
+import requests
+from serve_helpers import Load, describe, free_port, wait_for
+
+from serve.config import DeploymentSettings, ServeSettings
+
+CALL_TIMEOUT_S = 1.0
+FAST_S = 4.0  # call_timeout_s + the retry + HTTP and Ray overhead on a shared, busy 2-core machine
+REQUEST_TIMEOUT_S = 20.0  # long, so that an answer bounded by it alone shows as a stall
+
+
+def _searcher_pids(handle) -> set[int]:
+    return {int(info["pid"]) for info in handle.broadcast("info").results(timeout_s=3)}
+
+
+@pytest.mark.ray
+def test_a_frozen_searcher_replica_is_bypassed_and_replaced(ray_local, served_index):
+    from ray import serve
+
+    from serve.app import run_local, url
+
+    name = "madr_hang"
+    small = {"num_cpus": 0.2, "max_ongoing_requests": 32, "health_check_period_s": 1.0}
+    settings = ServeSettings(manifest_path=str(served_index["manifest"]), port=free_port(), shard_groups=1,
+                             request_timeout_s=REQUEST_TIMEOUT_S, call_timeout_s=CALL_TIMEOUT_S, access_log=False,
+                             log_level="WARNING", encoder=DeploymentSettings(**small),
+                             searcher=DeploymentSettings(**small, num_replicas=2, health_check_timeout_s=3.0),
+                             ingress=DeploymentSettings(**small))
+    run_local(settings, name=name, route_prefix="/hang")
+    base = url(settings) + "/hang"
+    frozen = None
+    try:
+        wait_for(lambda: requests.get(base + "/ready", timeout=5).status_code == 200, 60, "the app is not ready")
+        handle = serve.get_deployment_handle("searcher-0", app_name=name)
+        pids = _searcher_pids(handle)
+        assert len(pids) == 2, pids
+        frozen = min(pids)
+        with Load(base, served_index["queries"], clients=4) as load:
+            wait_for(lambda: len(load.since(0)) >= 4, 30, "the clients got no answers")
+            t_stop = time.monotonic()
+            os.kill(frozen, signal.SIGSTOP)
+            replaced = wait_for(lambda: (now := _searcher_pids(handle)) and frozen not in now and len(now) == 2,
+                                40, f"the frozen replica {frozen} was not replaced")
+            time.sleep(2.0)  # answers after the replacement too
+        answers = load.since(t_stop)
+    finally:
+        if frozen is not None:
+            try:
+                os.kill(frozen, signal.SIGKILL)  # Serve killed it already unless the test failed first
+            except ProcessLookupError:
+                pass
+        serve.delete(name)
+    print(f"\nfrozen replica replaced after {replaced:.1f} s; answers since the freeze: {describe(answers)}")
+    assert answers, "no answers after the freeze"
+    for a in answers:
+        assert a.status in (200, 503, 504), f"a request got {a.status or 'no answer'}: {describe(answers)}"
+        assert a.status == 200 or a.retry_after == "1", f"{a.status} without Retry-After: 1"
+        assert a.took_s < FAST_S, f"a request waited {a.took_s:.2f} s: {describe(answers)}"
+    assert sum(a.status == 200 for a in answers) >= 0.9 * len(answers), describe(answers)
+
+
+@pytest.mark.ray
+def test_a_call_that_is_never_answered_is_504_after_its_attempts(ray_local):
+    from ray import serve
+
+    from serve.backend import BackendTimeout
+    from serve.calls import CallPolicy, call
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0}, health_check_period_s=1.0)
+    class Sleeper:
+        async def wait(self, seconds: float) -> str:
+            await asyncio.sleep(seconds)
+            return "answered"
+
+    handle = serve.run(Sleeper.bind(), name="madr_sleeper", route_prefix=None)
+    try:
+        policy = CallPolicy(route_timeout_s=1.0, retries=1, call_timeout_s=0.5)
+        assert asyncio.run(call(lambda: handle.wait.remote(0.0), policy, "Sleeper")) == "answered"
+        t = time.monotonic()
+        with pytest.raises(BackendTimeout, match=r"Sleeper: no answer within 0.5 s in 2 attempt\(s\)"):
+            asyncio.run(call(lambda: handle.wait.remote(60.0), policy, "Sleeper"))
+        took = time.monotonic() - t
+    finally:
+        serve.delete("madr_sleeper")
+    assert 1.0 <= took < 3.0, f"BackendTimeout after {took:.2f} s (2 attempts x 0.5 s)"
+
+
+class _StuckGroup:
+    """A shard group whose search blocks until `release` is set (a call stuck in FAISS)."""
+
+    def __init__(self, group) -> None:
+        self.group, self.release = group, threading.Event()
+        self.shards, self.shard_ids, self.ntotal = group.shards, group.shard_ids, group.ntotal
+
+    def search(self, *args, **kw):
+        self.release.wait(30)
+        return self.group.search(*args, **kw)
+
+
+def test_a_searcher_with_a_stuck_batch_fails_its_health_check(served_index):
+    from madr.search.params import SearchParams
+    from serve.backend import encode_texts, query_encoder
+    from serve.deployments import ShardSearcher
+
+    searcher = ShardSearcher.func_or_class(str(served_index["manifest"]), [0], stuck_after_s=0.3)
+    batch = ShardSearcher.func_or_class._search_batch.__wrapped__
+    stuck = searcher.group = _StuckGroup(searcher.group)
+    query = encode_texts(query_encoder(served_index["model"], None, False), ["red shoes"], None, None)[0]
+
+    async def scenario() -> None:
+        searcher.check_health()  # idle
+        # the batch handler itself (`@serve.batch` queues only inside a replica)
+        task = asyncio.ensure_future(batch(searcher, [(query, SearchParams(k=3))]))
+        await asyncio.sleep(0.1)
+        searcher.check_health()  # running, not yet stuck
+        await asyncio.sleep(0.4)
+        with pytest.raises(RuntimeError, match=r"ShardSearcher: a batch has run 0\.\d s \(stuck after 0.3 s\)"):
+            searcher.check_health()
+        stuck.release.set()
+        ((scores, ids),) = await asyncio.wait_for(task, 10)
+        assert len(ids) == 3
+        searcher.check_health()  # answered: healthy again
+
+    asyncio.run(scenario())
