@@ -14,6 +14,7 @@ slowest, so a replica death under load is measured, not assumed.
     python -m benchmarks.speed.serve_mixed_load --duration 5                 # smoke, ~1.5 min
     python -m benchmarks.speed.serve_mixed_load                              # 16 clients, 30 s each, 30% bad
     python -m benchmarks.speed.serve_mixed_load --searcher-replicas 2 --kill-at 10
+    python -m benchmarks.speed.serve_mixed_load --apps serve --searcher-replicas 1 --kill-at 10 --route-timeout 0.5
 """
 
 from __future__ import annotations
@@ -107,15 +108,16 @@ def summary(answers: list[Answer], elapsed: float) -> dict:
     }
 
 
-def start_serve(manifest: Path, port: int, searcher_replicas: int) -> None:
+def start_serve(manifest: Path, port: int, searcher_replicas: int, route_timeout_s: float = 1.0) -> None:
     import ray
 
     from serve.app import run_local
     from serve.config import DeploymentSettings, ServeSettings
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     settings = ServeSettings(manifest_path=str(manifest), port=port, api_key_env="MADR_BENCH_NO_KEY",
-                             topology="fanout", request_timeout_s=30, log_level="WARNING", access_log=False,
+                             topology="fanout", request_timeout_s=30, route_timeout_s=route_timeout_s,
+                             log_level="WARNING", access_log=False,
                              encoder=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
                              searcher=DeploymentSettings(num_cpus=0.25, max_ongoing_requests=128,
                                                          num_replicas=searcher_replicas),
@@ -153,6 +155,7 @@ def main() -> None:
     p.add_argument("--bad-fraction", type=float, default=0.3)
     p.add_argument("--searcher-replicas", type=int, default=1)
     p.add_argument("--kill-at", type=float, default=None, help="Serve run: SIGKILL a searcher-0 replica at S s")
+    p.add_argument("--route-timeout", type=float, default=1.0, help="Serve: route_timeout_s (503 after it)")
     p.add_argument("--apps", default="plain,serve")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="/tmp/madr_bench_serve_mixed")
@@ -173,7 +176,7 @@ def main() -> None:
     results: dict[str, dict] = {}
     try:
         if "serve" in apps:
-            start_serve(manifest, ports["serve"], args.searcher_replicas)
+            start_serve(manifest, ports["serve"], args.searcher_replicas, args.route_timeout)
             wait_ready(urls["serve"], 600)
         if plain is not None:
             wait_ready(urls["plain"], 600, plain)
@@ -207,7 +210,8 @@ def main() -> None:
 def report(args: argparse.Namespace, results: dict) -> None:
     print(f"\n{args.docs:,} docs, {args.shards} shards ({args.index}), backbone {args.backbone}; {args.clients} "
           f"clients x {args.duration:g} s per app, {args.bad_fraction:.0%} bad; Serve searcher replicas "
-          f"{args.searcher_replicas}" + (f", one SIGKILLed at {args.kill_at:g} s" if args.kill_at else ""))
+          f"{args.searcher_replicas}" + (f", one SIGKILLed at {args.kill_at:g} s" if args.kill_at else "")
+          + f"; route_timeout_s {args.route_timeout:g}")
     print("| app (load avg before -> after) | good: answers by status | good failed | good q/s | good p50 / p99 ms "
           "| bad: answers by status | bad not 422 |")
     print("|---|---|---|---|---|---|---|")
