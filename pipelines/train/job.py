@@ -31,6 +31,7 @@ from madr.config import ExperimentConfig, config_hash
 from madr.modeling.model import build_model
 from madr.recipes.aspects.experiment import catalog_dir as catalog_dir_of
 from madr.recipes.aspects.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies
+from pipelines.runtime import exit_on_sigterm, start_reaper
 from pipelines.train.config import distributed_config
 from pipelines.train.examples import ROWS, write_examples
 from pipelines.train.loop import MODEL_DIR, JobSpec, train_loop_per_worker
@@ -126,8 +127,12 @@ def _ray_init(cfg: ExperimentConfig, address: str | None) -> None:
         os.environ.setdefault("RAY_OVERRIDE_JOB_RUNTIME_ENV", "1")
     if address:
         ray.init(address=address, runtime_env=env)
-    else:
+    elif os.environ.get("RAY_ADDRESS"):
         ray.init(runtime_env=env, include_dashboard=False)
+    else:  # a local Ray of its own that ends with this driver (pipelines.runtime.init_ray)
+        start_reaper()
+        ray.init(address="local", runtime_env=env, include_dashboard=False)
+        exit_on_sigterm()
 
 
 def default_run_name(cfg: ExperimentConfig, kind: str) -> str:
