@@ -50,7 +50,10 @@ def shared_data() -> Path:
     return SHARED / "data"
 
 
-LOCAL_RAY = {"num_cpus": 2, "include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+# address="local": a Ray of its own, never one that a `ray start` left on the machine (a bare ray.init() joins
+# that, and then refuses num_cpus)
+LOCAL_RAY = {"address": "local", "num_cpus": 2, "include_dashboard": False, "log_to_driver": False,
+             "configure_logging": False}
 
 
 @pytest.fixture(scope="session")
