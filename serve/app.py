@@ -29,7 +29,7 @@ from serve.calls import CallPolicy
 from serve.colocated import build_colocated
 from serve.config import ServeSettings, settings_from_dict
 from serve.deployments import QueryEncoder, RayBackend, ShardSearcher
-from serve.placement import Capacity, check_placement
+from serve.placement import Capacity, app_deployments, check_placement
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,8 @@ def run_local(settings: ServeSettings, name: str = APP_NAME, route_prefix: str =
     before any replica starts) an open API beyond loopback and replicas the cluster could never place
     (`serve.placement`: Serve would wait for them forever)."""
     settings.check_exposure()
-    check_placement(settings, len(Manifest.load(settings.require_manifest()).shards), Capacity.of_cluster())
+    num_shards = len(Manifest.load(settings.require_manifest()).shards)
+    check_placement(app_deployments(settings, num_shards), Capacity.of_cluster())
     serve.start(http_options={"host": settings.host, "port": settings.port})
     log_cfg = {"log_level": settings.log_level, "enable_access_log": settings.access_log}
     return serve.run(build_app(settings), name=name, route_prefix=route_prefix, logging_config=log_cfg)

@@ -12,14 +12,21 @@ resource and what to lower:
 Totals are compared, not a bin packing of replicas onto nodes, so a fragmented multi-node cluster can still
 leave a replica pending; on one node (the local case) the check is exact. A cluster without an autoscaler
 configuration in its GCS (a local `ray.init`, `ray start` without the cluster launcher) cannot grow.
+
+Checked by `serve.app.run_local` (the settings' deployments) and by the deploy stage before a local `serve run`
+(`serve_config_deployments`: the Serve YAML's `deployments:` overrides applied, which the app builder never
+sees; `pipelines/jobs/deploy.py`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
+from typing import Any
 
 from serve.backend import shard_groups
-from serve.config import DeploymentSettings, ServeSettings
+from serve.config import DeploymentSettings, ServeSettings, settings_from_dict
 
 SETTING = {"QueryEncoder": "encoder", "SearchIngress": "ingress"}  # others: searcher-<g> -> searcher
 
@@ -47,6 +54,13 @@ class Capacity:
         largest = {k: max(float(r.get(k, 0)) for r in nodes) for r in nodes for k in r}
         total = {k: sum(float(r.get(k, 0)) for r in nodes) for r in nodes for k in r}
         return cls(largest, total)
+
+
+    @classmethod
+    def of_machine(cls) -> Capacity:
+        """A local Ray that `serve run` would start on this machine: one node with the CPUs this process may use."""
+        cpus = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+        return cls({"CPU": cpus}, {"CPU": cpus})
 
 
 def _autoscaler_node_groups() -> list[tuple[dict[str, float], int]]:
@@ -80,9 +94,31 @@ def app_deployments(settings: ServeSettings, num_shards: int) -> dict[str, Deplo
             "SearchIngress": settings.ingress}
 
 
-def check_placement(settings: ServeSettings, num_shards: int, capacity: Capacity) -> None:
-    """ValueError when some replica of the app could never be placed on `capacity` (module docstring)."""
-    deployments = app_deployments(settings, num_shards)
+def serve_config_deployments(app: dict[str, Any]) -> dict[str, DeploymentSettings]:
+    """The deployments of one application of a Serve YAML (`applications[i]`): its `args` as `build_app` lays
+    them out (the manifest is read for the number of shard groups), then each `deployments:` entry's
+    `num_replicas`, `autoscaling_config` and `ray_actor_options.num_cpus` on top, as Serve applies them."""
+    from madr.index.manifest import Manifest
+
+    settings = settings_from_dict(app.get("args"))
+    out = app_deployments(settings, len(Manifest.load(settings.require_manifest()).shards))
+    for entry in app.get("deployments") or []:
+        name = entry.get("name")
+        if name not in out:
+            continue
+        d = out[name]
+        cpus = (entry.get("ray_actor_options") or {}).get("num_cpus", d.num_cpus)
+        if "autoscaling_config" in entry:
+            d = dataclasses.replace(d, autoscaling=dict(entry["autoscaling_config"] or {}) or None)
+        if isinstance(entry.get("num_replicas"), int):
+            d = dataclasses.replace(d, num_replicas=entry["num_replicas"], autoscaling=None)
+        out[name] = dataclasses.replace(d, num_cpus=float(cpus))
+    return out
+
+
+def check_placement(deployments: dict[str, DeploymentSettings], capacity: Capacity) -> None:
+    """ValueError when some replica of `deployments` ({name: settings}, `app_deployments` or
+    `serve_config_deployments`) could never be placed on `capacity` (module docstring)."""
     where = "the autoscaler's largest node type" if capacity.can_grow else "the largest node"
     for name, d in deployments.items():
         for res, need in replica_resources(d).items():
@@ -120,4 +156,5 @@ def _setting(name: str) -> str:
     return SETTING.get(name, "searcher")
 
 
-__all__ = ["Capacity", "app_deployments", "check_placement", "largest_scale", "replica_resources"]
+__all__ = ["Capacity", "app_deployments", "check_placement", "largest_scale", "replica_resources",
+           "serve_config_deployments"]

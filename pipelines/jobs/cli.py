@@ -125,6 +125,8 @@ def _deploy(args: argparse.Namespace) -> int:
         print(f"[madr.jobs] deploy: {statuses} on {address}", flush=True)
         return 0
     cfg = deploy_mod.load_serve_config(args.serve_config, _serve_args(args), port=args.serve_port)
+    if not os.environ.get("RAY_ADDRESS"):  # `serve run` starts a Ray of this machine's size
+        deploy_mod.check_placement_here(cfg)
     return deploy_mod.serve_run_here(cfg, blocking=not os.environ.get("RAY_ADDRESS"))
 
 

@@ -95,6 +95,22 @@ def deploy_to_cluster(address: str, headers: dict[str, str], cfg: dict[str, Any]
     raise TimeoutError(f"Serve applications not RUNNING after {timeout_s} s: {statuses}")
 
 
+def check_placement_here(cfg: dict[str, Any]) -> None:
+    """Before a `serve run` that starts its own Ray on this machine: ValueError when that Ray could never place
+    some replica of an application, with the YAML's `deployments:` overrides applied (`serve.placement`; Serve
+    would wait for it forever, e.g. an autoscaled encoder on 2 CPUs stuck UPSCALING). Each application is
+    checked alone."""
+    from serve.placement import Capacity, check_placement, serve_config_deployments
+
+    capacity = Capacity.of_machine()
+    for app in cfg["applications"]:
+        try:
+            check_placement(serve_config_deployments(app), capacity)
+        except ValueError as err:
+            raise ValueError(f"application {app.get('name', 'default')!r} on this machine's {capacity.total['CPU']:g} "
+                             f"CPUs: {err}") from None
+
+
 def serve_run_here(cfg: dict[str, Any], blocking: bool) -> int:
     """`serve run <config>` as a child process (foreground when blocking)."""
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="madr-serve-", delete=False) as f:

@@ -6,13 +6,15 @@ serve/serve_config.yaml (autoscaling to 4 x 0.5 CPU beside 2 searchers x 0.5 and
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from serve_helpers import free_port
 
 from serve.config import DeploymentSettings, ServeSettings
-from serve.placement import Capacity, check_placement
+from serve.placement import Capacity, app_deployments, check_placement, largest_scale
 
+REPO = Path(__file__).resolve().parents[2]
 TWO_CPUS = Capacity(largest_node={"CPU": 2.0}, total={"CPU": 2.0})
 AUTOSCALED = {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 8}
 
@@ -25,30 +27,51 @@ def settings(**kw) -> ServeSettings:
 
 def test_an_autoscaled_encoder_that_cannot_reach_max_replicas_is_named_with_what_fits():
     with pytest.raises(ValueError) as err:
-        check_placement(settings(), num_shards=3, capacity=TWO_CPUS)
+        check_placement(app_deployments(settings(), 3), TWO_CPUS)
     msg = str(err.value)
     assert "3.25 CPU" in msg and "has 2" in msg and "cannot grow" in msg, msg
     assert "QueryEncoder 4 x 0.5, searcher-0 1 x 0.5, searcher-1 1 x 0.5, SearchIngress 1 x 0.25" in msg, msg
     assert "QueryEncoder autoscales to max_replicas 4 but at most 1 of its replicas fit" in msg, msg
     assert "encoder.autoscaling.max_replicas <= 1" in msg, msg
     # max_replicas 1 fits (0.5 + 2 x 0.5 + 0.25 = 1.75); so does 4 when an autoscaler can add 2 more CPUs
-    check_placement(settings(encoder=DeploymentSettings(num_cpus=0.5, autoscaling={**AUTOSCALED, "max_replicas": 1})),
-                    num_shards=3, capacity=TWO_CPUS)
-    check_placement(settings(), num_shards=3, capacity=Capacity({"CPU": 2.0}, {"CPU": 4.0}, can_grow=True))
+    one = DeploymentSettings(num_cpus=0.5, autoscaling={**AUTOSCALED, "max_replicas": 1})
+    check_placement(app_deployments(settings(encoder=one), 3), TWO_CPUS)
+    check_placement(app_deployments(settings(), 3), Capacity({"CPU": 2.0}, {"CPU": 4.0}, can_grow=True))
     # one shard, an ingress of 0 CPU: 4 x 0.5 + 0.5 = 2.5, still too much; 3 encoders would fit
     with pytest.raises(ValueError, match="at most 3 of its replicas fit"):
-        check_placement(settings(encoder=DeploymentSettings(num_cpus=0.5, autoscaling=AUTOSCALED),
-                                 ingress=DeploymentSettings(num_cpus=0.0)), num_shards=1, capacity=TWO_CPUS)
+        check_placement(app_deployments(settings(ingress=DeploymentSettings(num_cpus=0.0)), 1), TWO_CPUS)
 
 
 def test_a_replica_larger_than_any_node_and_too_many_fixed_replicas_are_refused():
     with pytest.raises(ValueError, match=r"searcher-0: one replica asks for 3 CPU but the largest node has 2: it "
                                          r"can never be placed; lower searcher.num_cpus"):
-        check_placement(settings(searcher=DeploymentSettings(num_cpus=3)), num_shards=3,
-                        capacity=Capacity({"CPU": 2.0}, {"CPU": 8.0}))
+        check_placement(app_deployments(settings(searcher=DeploymentSettings(num_cpus=3)), 3),
+                        Capacity({"CPU": 2.0}, {"CPU": 8.0}))
     # the defaults (1 CPU each) ask for 3.5 CPUs: today's warning became an error
     with pytest.raises(ValueError, match=r"ask for 3.5 CPU .* lower num_replicas or num_cpus"):
-        check_placement(ServeSettings(shard_groups=2), num_shards=3, capacity=TWO_CPUS)
+        check_placement(app_deployments(ServeSettings(shard_groups=2), 3), TWO_CPUS)
+
+
+def test_the_serve_yaml_with_its_deployment_overrides_is_checked_before_a_local_serve_run(served_index):
+    """serve/serve_config.yaml's `deployments:` overrides (which the app builder never sees) are what is checked:
+    as shipped the app fits a 2-CPU machine at its largest scale; the sizing of the issue's probe (the encoder
+    autoscaling to 4 x 0.5 CPU beside 2 searchers x 0.5 and the ingress 0.25) is refused."""
+    from pipelines.jobs.deploy import check_placement_here, load_serve_config
+    from serve.placement import serve_config_deployments
+
+    cfg = load_serve_config(str(REPO / "serve" / "serve_config.yaml"), {"manifest_path": str(served_index["manifest"])})
+    (app,) = cfg["applications"]
+    shipped = serve_config_deployments(app)
+    assert {n: (largest_scale(d), d.num_cpus) for n, d in shipped.items()} == {
+        "QueryEncoder": (2, 0.25), "searcher-0": (1, 0.5), "searcher-1": (1, 0.5), "SearchIngress": (1, 0.25)}
+    check_placement(shipped, TWO_CPUS)
+    (encoder,) = [d for d in app["deployments"] if d["name"] == "QueryEncoder"]
+    encoder["autoscaling_config"]["max_replicas"], encoder["ray_actor_options"]["num_cpus"] = 4, 0.5
+    with pytest.raises(ValueError, match="at most 1 of its replicas fit"):
+        check_placement(serve_config_deployments(app), TWO_CPUS)
+    if Capacity.of_machine().total["CPU"] < 3.25:  # the deploy stage's own check, on this machine
+        with pytest.raises(ValueError, match="application 'madr' on this machine's .* QueryEncoder autoscales"):
+            check_placement_here(cfg)
 
 
 @pytest.mark.ray
