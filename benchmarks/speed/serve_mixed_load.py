@@ -192,6 +192,10 @@ def main() -> None:
                 slow = max((a.took_s for a in after if a.kind == "good"), default=float("nan"))
                 r["kill"] = kill_log | {"after": summary(after, elapsed - kill_log["at_s"]),
                                         "slowest_good_after_s": slow,
+                                        "slowest_503_after_s": max((a.took_s for a in after if a.status == 503),
+                                                                   default=float("nan")),
+                                        "503_after_ms_p50_p99": [float(np.percentile(t, q)) * 1000 for q in (50, 99)]
+                                        if (t := [a.took_s for a in after if a.status == 503]) else [],
                                         "503_without_retry_after": sum(a.status == 503 and a.retry_after != "1"
                                                                        for a in after)}
             results[name] = r
