@@ -90,8 +90,5 @@ def test_run_local_refuses_the_unplaceable_encoder_on_the_real_2_cpu_cluster(ray
         with pytest.raises(ValueError, match="QueryEncoder autoscales to max_replicas 4 but at most 1"):
             run_local(s, name=name)
     finally:
-        deployed = name in serve.status().applications
-        if deployed:
-            serve.delete(name)
-    assert not deployed, "the app was deployed"
+        serve.shutdown()  # nothing to stop unless the check let the app (and Serve's proxy) start
     assert time.monotonic() - t < 10, "the refusal should come before anything starts"

@@ -70,7 +70,7 @@ def test_a_frozen_searcher_replica_is_bypassed_and_replaced(ray_local, served_in
                 os.kill(frozen, signal.SIGKILL)  # Serve killed it already unless the test failed first
             except ProcessLookupError:
                 pass
-        serve.delete(name)
+        serve.shutdown()  # the app and Serve's proxy on this test's port (the next test starts its own)
     print(f"\nfrozen replica replaced after {replaced:.1f} s; answers since the freeze: {describe(answers)}")
     assert answers, "no answers after the freeze"
     for a in answers:
@@ -93,6 +93,7 @@ def test_a_call_that_is_never_answered_is_504_after_its_attempts(ray_local):
             await asyncio.sleep(seconds)
             return "answered"
 
+    serve.start(http_options={"host": "127.0.0.1", "port": free_port()})  # never Serve's default port 8000
     handle = serve.run(Sleeper.bind(), name="madr_sleeper", route_prefix=None)
     try:
         policy = CallPolicy(route_timeout_s=1.0, retries=1, call_timeout_s=0.5)
@@ -102,7 +103,7 @@ def test_a_call_that_is_never_answered_is_504_after_its_attempts(ray_local):
             asyncio.run(call(lambda: handle.wait.remote(60.0), policy, "Sleeper"))
         took = time.monotonic() - t
     finally:
-        serve.delete("madr_sleeper")
+        serve.shutdown()
     assert 1.0 <= took < 3.0, f"BackendTimeout after {took:.2f} s (2 attempts x 0.5 s)"
 
 
