@@ -7,7 +7,8 @@ resource and what to lower:
 
 - one replica asks for more of a resource than the largest node (or, with an autoscaler, node type) has;
 - the app at its largest scale (`max_replicas` of autoscaled deployments, `num_replicas` of the others) asks
-  for more than the cluster has in all (with an autoscaler: more than its configured maximum).
+  for more than the cluster has in all (with an autoscaler: more than its configured maximum);
+- a deployment with `max_replicas_per_node` wants more replicas than that many per node of the cluster.
 
 Totals are compared, not a bin packing of replicas onto nodes, so a fragmented multi-node cluster can still
 leave a replica pending; on one node (the local case) the check is exact. A cluster without an autoscaler
@@ -34,11 +35,13 @@ SETTING = {"QueryEncoder": "encoder", "SearchIngress": "ingress"}  # others: sea
 @dataclass(frozen=True)
 class Capacity:
     """What the cluster can ever offer: `largest_node` (resources of its largest node or node type), `total`
-    (all of them; with an autoscaler its maximum) and whether it `can_grow` (an autoscaler adds nodes)."""
+    (all of them; with an autoscaler its maximum), whether it `can_grow` (an autoscaler adds nodes) and how many
+    `nodes` it has (at most)."""
 
     largest_node: dict[str, float]
     total: dict[str, float]
     can_grow: bool = False
+    nodes: int = 1
 
     @classmethod
     def of_cluster(cls) -> Capacity:
@@ -50,10 +53,10 @@ class Capacity:
         if groups:
             largest = {k: max(float(r.get(k, 0)) for r, _ in groups) for r, _ in groups for k in r}
             total = {k: sum(float(r.get(k, 0)) * n for r, n in groups) for r, _ in groups for k in r}
-            return cls(largest, total, can_grow=True)
+            return cls(largest, total, can_grow=True, nodes=sum(n for _, n in groups))
         largest = {k: max(float(r.get(k, 0)) for r in nodes) for r in nodes for k in r}
         total = {k: sum(float(r.get(k, 0)) for r in nodes) for r in nodes for k in r}
-        return cls(largest, total)
+        return cls(largest, total, nodes=len(nodes))
 
 
     @classmethod
@@ -97,7 +100,8 @@ def app_deployments(settings: ServeSettings, num_shards: int) -> dict[str, Deplo
 def serve_config_deployments(app: dict[str, Any]) -> dict[str, DeploymentSettings]:
     """The deployments of one application of a Serve YAML (`applications[i]`): its `args` as `build_app` lays
     them out (the manifest is read for the number of shard groups), then each `deployments:` entry's
-    `num_replicas`, `autoscaling_config` and `ray_actor_options.num_cpus` on top, as Serve applies them."""
+    `num_replicas`, `autoscaling_config`, `max_replicas_per_node` and `ray_actor_options.num_cpus` on top, as
+    Serve applies them."""
     from madr.index.manifest import Manifest
 
     settings = settings_from_dict(app.get("args"))
@@ -110,6 +114,8 @@ def serve_config_deployments(app: dict[str, Any]) -> dict[str, DeploymentSetting
         cpus = (entry.get("ray_actor_options") or {}).get("num_cpus", d.num_cpus)
         if "autoscaling_config" in entry:
             d = dataclasses.replace(d, autoscaling=dict(entry["autoscaling_config"] or {}) or None)
+        if "max_replicas_per_node" in entry:
+            d = dataclasses.replace(d, max_replicas_per_node=entry["max_replicas_per_node"])
         if isinstance(entry.get("num_replicas"), int):
             d = dataclasses.replace(d, num_replicas=entry["num_replicas"], autoscaling=None)
         out[name] = dataclasses.replace(d, num_cpus=float(cpus))
@@ -126,6 +132,11 @@ def check_placement(deployments: dict[str, DeploymentSettings], capacity: Capaci
             if need > have:
                 raise ValueError(f"serve settings: {name}: one replica asks for {need:g} {res} but {where} has "
                                  f"{have:g}: it can never be placed; lower {_setting(name)}.num_cpus")
+        per_node = getattr(d, "max_replicas_per_node", None)
+        if per_node and largest_scale(d) > per_node * capacity.nodes:
+            raise ValueError(f"serve settings: {name}: {largest_scale(d)} replicas at most {per_node} per node, but "
+                             f"the cluster has {capacity.nodes} node(s): some can never be placed; lower its "
+                             f"replicas or raise {_setting(name)}.max_replicas_per_node")
     for res in {r for d in deployments.values() for r in replica_resources(d)}:
         need = {n: largest_scale(d) * replica_resources(d).get(res, 0.0) for n, d in deployments.items()}
         have = capacity.total.get(res, 0.0)

@@ -47,6 +47,10 @@ def test_a_replica_larger_than_any_node_and_too_many_fixed_replicas_are_refused(
                                          r"can never be placed; lower searcher.num_cpus"):
         check_placement(app_deployments(settings(searcher=DeploymentSettings(num_cpus=3)), 3),
                         Capacity({"CPU": 2.0}, {"CPU": 8.0}))
+    spread = DeploymentSettings(num_cpus=0.25, num_replicas=2, max_replicas_per_node=1)
+    with pytest.raises(ValueError, match=r"searcher-0: 2 replicas at most 1 per node, but the cluster has 1 node"):
+        check_placement(app_deployments(settings(searcher=spread), 3), Capacity({"CPU": 8.0}, {"CPU": 8.0}))
+    check_placement(app_deployments(settings(searcher=spread), 3), Capacity({"CPU": 4.0}, {"CPU": 8.0}, nodes=2))
     # the defaults (1 CPU each) ask for 3.5 CPUs: today's warning became an error
     with pytest.raises(ValueError, match=r"ask for 3.5 CPU .* lower num_replicas or num_cpus"):
         check_placement(app_deployments(ServeSettings(shard_groups=2), 3), TWO_CPUS)
