@@ -29,7 +29,7 @@ from typing import Any
 from serve.backend import shard_groups
 from serve.config import DeploymentSettings, ServeSettings, settings_from_dict
 
-SETTING = {"QueryEncoder": "encoder", "SearchIngress": "ingress"}  # others: searcher-<g> -> searcher
+SETTING = {"QueryEncoder": "encoder", "SearchIngress": "ingress", "Colocated": "colocated"}  # searcher-<g>: searcher
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,11 @@ def largest_scale(d: DeploymentSettings) -> int:
 
 
 def app_deployments(settings: ServeSettings, num_shards: int) -> dict[str, DeploymentSettings]:
-    """{deployment name: its settings} as `serve.app.build_app` lays the app out."""
+    """{deployment name: its settings} as `serve.app.build_app` lays the app out (either topology)."""
+    if settings.topology == "colocated":
+        from serve.colocated import DEPLOYMENT
+
+        return {DEPLOYMENT: settings.colocated}
     groups = len(shard_groups(num_shards, settings.shard_groups))
     return {"QueryEncoder": settings.encoder, **{f"searcher-{g}": settings.searcher for g in range(groups)},
             "SearchIngress": settings.ingress}

@@ -20,7 +20,7 @@ AUTOSCALED = {"min_replicas": 1, "max_replicas": 4, "target_ongoing_requests": 8
 
 
 def settings(**kw) -> ServeSettings:
-    base = {"shard_groups": 2, "encoder": DeploymentSettings(num_cpus=0.5, autoscaling=AUTOSCALED),
+    base = {"topology": "fanout", "shard_groups": 2, "encoder": DeploymentSettings(num_cpus=0.5, autoscaling=AUTOSCALED),
             "searcher": DeploymentSettings(num_cpus=0.5), "ingress": DeploymentSettings(num_cpus=0.25)}
     return ServeSettings(**{**base, **kw})
 
@@ -53,7 +53,11 @@ def test_a_replica_larger_than_any_node_and_too_many_fixed_replicas_are_refused(
     check_placement(app_deployments(settings(searcher=spread), 3), Capacity({"CPU": 4.0}, {"CPU": 8.0}, nodes=2))
     # the defaults (1 CPU each) ask for 3.5 CPUs: today's warning became an error
     with pytest.raises(ValueError, match=r"ask for 3.5 CPU .* lower num_replicas or num_cpus"):
-        check_placement(app_deployments(ServeSettings(shard_groups=2), 3), TWO_CPUS)
+        check_placement(app_deployments(ServeSettings(topology="fanout", shard_groups=2), 3), TWO_CPUS)
+    colocated = ServeSettings(colocated=DeploymentSettings(num_cpus=1.0, num_replicas=3))  # the default topology
+    assert list(app_deployments(colocated, 3)) == ["Colocated"]
+    with pytest.raises(ValueError, match=r"ask for 3 CPU \(Colocated 3 x 1\)"):
+        check_placement(app_deployments(colocated, 3), TWO_CPUS)
 
 
 def test_the_serve_yaml_with_its_deployment_overrides_is_checked_before_a_local_serve_run(served_index):

@@ -42,7 +42,8 @@ def test_a_frozen_searcher_replica_is_bypassed_and_replaced(ray_local, served_in
 
     name = "madr_hang"
     small = {"num_cpus": 0.2, "max_ongoing_requests": 32, "health_check_period_s": 1.0}
-    settings = ServeSettings(manifest_path=str(served_index["manifest"]), port=free_port(), shard_groups=1,
+    settings = ServeSettings(manifest_path=str(served_index["manifest"]), port=free_port(), topology="fanout",
+                             shard_groups=1,
                              request_timeout_s=REQUEST_TIMEOUT_S, call_timeout_s=CALL_TIMEOUT_S, access_log=False,
                              log_level="WARNING", encoder=DeploymentSettings(**small),
                              searcher=DeploymentSettings(**small, num_replicas=2, health_check_timeout_s=3.0),
