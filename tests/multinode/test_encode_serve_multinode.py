@@ -18,7 +18,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 
@@ -32,6 +31,7 @@ import torch
 from madr.config import BackboneConfig, ModelConfig
 from madr.data.synthetic.catalog import generate_catalog
 from madr.index import Manifest
+from tests.serve.serve_helpers import Load, free_port, wait_for
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.multinode]
 
@@ -109,61 +109,6 @@ def test_encode_actors_spread_over_nodes_and_the_index_is_exact(cluster, encoded
         "shards written by actors on several nodes differ from the in-process run's"
 
 
-class Load:
-    """`CLIENTS` threads sending POST /search in a closed loop; every (sent, seconds, status, Retry-After)."""
-
-    def __init__(self, url: str, queries: list[str]) -> None:
-        self.url, self.queries, self.answers = url, queries, []
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(CLIENTS)]
-
-    def _run(self, i: int) -> None:
-        with requests.Session() as http:
-            n = i
-            while not self._stop.is_set():
-                t = time.monotonic()
-                try:
-                    r = http.post(self.url + "/search", json={"query": self.queries[n % len(self.queries)], "k": 5},
-                                  timeout=30)
-                    status, retry, body = r.status_code, r.headers.get("Retry-After"), r.text[:300]
-                    if status == 200 and len(r.json()["results"]) != 5:
-                        status = -1  # an answer without its 5 hits
-                except requests.RequestException as e:
-                    status, retry, body = 0, None, repr(e)[:300]
-                self.answers.append((t, time.monotonic() - t, status, retry, body))
-                n += CLIENTS
-
-    def __enter__(self) -> Load:
-        for t in self._threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(timeout=40)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait(check, timeout_s: float, message: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except Exception:  # noqa: BLE001 - not yet
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"{message} after {timeout_s} s")
-
-
 def _placement() -> dict[str, list[str]]:
     return {d: alive_actor_nodes(f"ServeReplica:{APP}:{d}") for d in DEPLOYMENTS}
 
@@ -185,35 +130,36 @@ def test_serve_replicas_on_two_nodes_keep_answering_when_one_node_dies(cluster, 
     try:
         run_local(settings)
         base = url(settings)
-        _wait(lambda: requests.get(base + "/ready", timeout=5).status_code == 200, 60, "the app is not ready")
+        wait_for(lambda: requests.get(base + "/ready", timeout=5).status_code == 200, 60, "the app is not ready")
         placed = _placement()
         for d, nodes in placed.items():
             assert len(nodes) == 2 and len(set(nodes)) == 2, f"{d}: replicas on {nodes}, not on 2 nodes"
         counts = Counter(n for nodes in placed.values() for n in nodes if n != cluster.head_id)
         victim = counts.most_common(1)[0][0]
 
-        with Load(base, encoded["queries"]) as load:
-            _wait(lambda: len(load.answers) >= 2 * CLIENTS, 30, "no answers before the node was removed")
+        with Load(base, encoded["queries"], clients=CLIENTS) as load:
+            wait_for(lambda: len(load.answers) >= 2 * CLIENTS, 30, "no answers before the node was removed")
             t_kill = time.monotonic()
             cluster.remove(cluster.worker_with(victim))
             t_dead = time.monotonic()
-            _wait(lambda: all(len(set(n)) == 2 and victim not in n for n in _placement().values()), 60,
+            wait_for(lambda: all(len(set(n)) == 2 and victim not in n for n in _placement().values()), 60,
                   f"Serve did not bring every deployment back to 2 replicas off node {victim}")
             t_back = time.monotonic()
-            _wait(lambda: sum(a[0] > t_back for a in load.answers) >= 2 * CLIENTS, 30, "no answers afterwards")
-        after_kill = [a for a in load.answers if a[0] + a[1] >= t_kill]
-        summary = Counter(a[2] for a in after_kill)
-        failed = [(round(a[0] - t_kill, 2), a[2], a[4]) for a in after_kill if a[2] not in (200, 503)]
+            wait_for(lambda: sum(a.sent > t_back for a in load.answers) >= 2 * CLIENTS, 30, "no answers afterwards")
+        after_kill = load.since(t_kill)
+        summary = Counter(a.status for a in after_kill)
+        failed = [(round(a.sent - t_kill, 2), a.status, a.body) for a in after_kill if a.status not in (200, 503)]
         # Ray Serve's proxy answers 500 for a request whose ingress replica dies under it (RayActorError, not
         # retried: Serve cannot know the request is safe to repeat); only the requests on the removed node's
         # ingress replica before the cluster knew the node dead may get it, at most one per client
         lost = [f for f in failed if f[1] == 500 and f[0] < t_dead - t_kill]
         assert lost == failed and len(lost) <= CLIENTS, \
             f"answers after the node died: {summary}; failures (sent at s after the kill, status, body): {failed}"
-        assert all(a[2] == 200 or a[3] == "1" for a in after_kill), "a 503 without Retry-After: 1"
-        assert max(a[1] for a in after_kill) < SLOW_S, f"a request took {max(a[1] for a in after_kill):.1f} s"
+        assert all(a.retry_after == "1" for a in after_kill if a.status == 503), "a 503 without Retry-After: 1"
+        slowest = max(a.took_s for a in after_kill)
+        assert slowest < SLOW_S, f"a request took {slowest:.1f} s"
         assert summary[200] >= 0.5 * len(after_kill), f"mostly failures while a node was down: {summary}"
-        assert all(a[2] == 200 for a in load.answers if a[0] > t_back), "not all 200 once the replicas were back"
+        assert all(a.status == 200 for a in load.answers if a.sent > t_back), "not all 200 once the replicas were back"
     finally:
         serve.shutdown()
 

@@ -88,8 +88,9 @@ def assert_same_ranking(got_scores, got_ids, ref_scores, ref_ids, what):
 class Answer:
     sent: float  # time.monotonic()
     took_s: float
-    status: int  # 0: no HTTP answer (connection error or a 30 s client timeout)
+    status: int  # 0: no HTTP answer (connection error or a 30 s client timeout); -1: a 200 short of its hits
     retry_after: str | None
+    body: str = ""  # the start of the answer (or of the client's error)
 
 
 class Load:
@@ -109,10 +110,12 @@ class Load:
                 try:
                     r = http.post(self.url + "/search", json={"query": self.queries[n % len(self.queries)], "k": 5},
                                   timeout=30)
-                    status, retry = r.status_code, r.headers.get("Retry-After")
-                except requests.RequestException:
-                    status, retry = 0, None
-                self.answers.append(Answer(t, time.monotonic() - t, status, retry))
+                    status, retry, body = r.status_code, r.headers.get("Retry-After"), r.text[:300]
+                    if status == 200 and len(r.json()["results"]) != 5:
+                        status = -1  # an answer without its 5 hits
+                except requests.RequestException as e:
+                    status, retry, body = 0, None, repr(e)[:300]
+                self.answers.append(Answer(t, time.monotonic() - t, status, retry, body))
                 n += self.clients
 
     def __enter__(self) -> Load:
