@@ -5,7 +5,8 @@ It replaces three passes of the scipy path (``InvertedIndex.search(engine="scipy
 product ``Q @ D.T`` (which materialises a CSR score row per query), scipy's separate counting pass that
 sizes that product, and ``np.partition`` over the row. Here each query reads every posting of its terms once,
 adds ``q_t * w(t, d)`` into a float32 accumulator, remembers which documents it touched, keeps the top k of
-those in a k-sized heap (one comparison for most documents) and clears only them; queries run in parallel over numba threads, each with its own accumulator.
+those in a k-sized heap (one comparison for most documents) and clears only them. One thread runs the serial
+kernel; more spread query chunks over numba threads, each chunk with its own accumulator.
 
 Result convention: the same as ``InvertedIndex.search`` (only scores > 0; score descending, ties by global id
 ascending; rows padded with -inf / -1). Scores are summed in float32 in the order of the query's terms, so
