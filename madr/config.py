@@ -296,11 +296,10 @@ class IndexConfig:
             _check_choice("index.lexical", self.lexical, ("bm25",))
         if self.lexical_tokenizer is not None and self.lexical is None:
             raise ValueError("index.lexical_tokenizer is set but index.lexical is null")
-        from madr.search.sparse.backend import (
-            SparseBackend,  # lazy: numba / seismic only when a config has it
-        )
+        if self.sparse_backend is not None:  # imported only then: numba and seismic are not light
+            from madr.search.sparse.backend import SparseBackend
 
-        SparseBackend.from_dict(self.sparse_backend)  # a bad name or knob fails at load time
+            SparseBackend.from_dict(self.sparse_backend)  # a bad name or knob fails at load time
         if not 0.0 <= self.fusion_lambda <= 1.0:
             raise ValueError(f"index.fusion_lambda must be in [0, 1], got {self.fusion_lambda}")
         if self.num_shards < 1:

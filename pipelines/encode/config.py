@@ -108,9 +108,10 @@ class EncodeConfig:
             raise ValueError("encode.lexical_tokenizer is set but encode.lexical is null")
         if not 0.0 <= self.fusion_lambda <= 1.0:
             raise ValueError(f"encode.fusion_lambda must be in [0, 1], got {self.fusion_lambda}")
-        from madr.search.sparse.backend import SparseBackend  # lazy: keeps this module light
+        if self.sparse_backend is not None:  # imported only then: keeps this module light
+            from madr.search.sparse.backend import SparseBackend
 
-        SparseBackend.from_dict(self.sparse_backend)
+            SparseBackend.from_dict(self.sparse_backend)
 
     def check_paths(self) -> None:
         missing = [name for name in ("output", "model_dir") if not getattr(self, name)]

@@ -83,16 +83,14 @@ class BM25Index:
         self.avgdl = 0.0
         self.index: InvertedIndex | None = None
 
-    def _term_counts(self, documents: Sequence[Tokens], grow: bool) -> sp.csr_array:
-        """[N, V] token counts; unknown tokens get new ids when ``grow`` and are dropped otherwise."""
+    def _term_counts(self, documents: Sequence[Tokens]) -> sp.csr_array:
+        """[N, V] token counts of the corpus; every new token gets the next id (queries: ``encode_queries``)."""
         rows, cols = [], []
         for d, tokens in enumerate(documents):
-            _check_tokens(tokens, f"document {d}" if grow else f"query {d}")
+            _check_tokens(tokens, f"document {d}")
             for tok in tokens:
-                t = self.vocabulary.setdefault(tok, len(self.vocabulary)) if grow else self.vocabulary.get(tok)
-                if t is not None:
-                    rows.append(d)
-                    cols.append(t)
+                rows.append(d)
+                cols.append(self.vocabulary.setdefault(tok, len(self.vocabulary)))
         counts = sp.coo_array((np.ones(len(rows), np.float64), (np.array(rows, np.int64),
                                np.array(cols, np.int64))), shape=(len(documents), max(len(self.vocabulary), 1)))
         return counts.tocsr()  # sums duplicate (doc, term) pairs into term frequencies
@@ -103,7 +101,7 @@ class BM25Index:
         if len(documents) == 0:
             raise ValueError("BM25Index.fit: no documents")
         self.vocabulary = {}
-        tf = self._term_counts(documents, grow=True)
+        tf = self._term_counts(documents)
         if not self.vocabulary:
             raise ValueError("BM25Index.fit: the documents contain no tokens")
         n_docs = tf.shape[0]

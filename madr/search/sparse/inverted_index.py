@@ -127,7 +127,7 @@ class InvertedIndex:
 
     # ---- search ------------------------------------------------------------------------------------------
 
-    def _check_queries(self, queries: SparseBatch) -> None:
+    def check_queries(self, queries: SparseBatch) -> None:
         if queries.vocab_size != self.vocab_size:
             raise ValueError(f"queries have vocab_size {queries.vocab_size}, index has {self.vocab_size}")
 
@@ -173,7 +173,7 @@ class InvertedIndex:
         (``None``: chosen from the index size), ``num_threads`` > 1 scores batches concurrently; the reference.
         """
         k = resolve(params, overrides).k
-        self._check_queries(queries)
+        self.check_queries(queries)
         if engine == "compiled":
             return self._search_compiled(queries, k, num_threads)
         if engine != "scipy":
@@ -210,7 +210,7 @@ class InvertedIndex:
     def score(self, queries: SparseBatch, ids: np.ndarray, batch_size: int | None = None) -> np.ndarray:
         """Exact scores [Q, C] float32 of query ``q`` against the documents ``ids[q]`` (global ids; -1 gives
         -inf). For re-scoring hybrid candidates (``madr.search.score_fusion``)."""
-        self._check_queries(queries)
+        self.check_queries(queries)
         ids = np.asarray(ids, dtype=np.int64)
         if ids.ndim != 2 or ids.shape[0] != len(queries):
             raise ValueError(f"score: ids must be [{len(queries)}, C], got shape {ids.shape}")
@@ -245,6 +245,10 @@ class InvertedIndex:
         """The term ids with at least one posting, ascending (int64): the only terms a query can match on
         (``madr.search.query_encoder.LeanQueryEncoder`` projects queries onto them)."""
         return np.flatnonzero(np.diff(self._compact().indptr)).astype(np.int64)
+
+    def documents_with_terms(self) -> int:
+        """How many indexed documents have at least one posting (read off the postings, no row copy)."""
+        return int(np.unique(self._compact().indices).size)
 
     def documents(self) -> SparseBatch:
         """The indexed document vectors in insertion order (rows of ``ids``; pruned postings stay pruned)."""

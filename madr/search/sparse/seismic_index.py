@@ -17,7 +17,7 @@ import numpy as np
 
 from madr.search.params import SearchParams, resolve
 from madr.search.protocol import TopK, pad_rows
-from madr.search.sparse.inverted_index import InvertedIndex
+from madr.search.sparse.inverted_index import InvertedIndex, top_k_row
 from madr.search.sparse.vectors import SparseBatch
 
 
@@ -99,8 +99,7 @@ class SeismicSparseIndex:
                query_cut: int | None = None, heap_factor: float | None = None, **overrides) -> TopK:
         """Approximate top ``params.k`` by dot product: (scores [Q, k] float32, ids [Q, k] int64)."""
         k = resolve(params, overrides).k
-        if queries.vocab_size != self.vocab_size:
-            raise ValueError(f"queries have vocab_size {queries.vocab_size}, index has {self.vocab_size}")
+        self.exact.check_queries(queries)
         if len(queries) == 0:
             return pad_rows([], k)
         rows = [(queries.indices[s:e], queries.values[s:e])
@@ -133,7 +132,7 @@ class SeismicSparseIndex:
     def load(cls, path: str | Path, exact: InvertedIndex, params: SeismicParams | None = None) -> SeismicSparseIndex:
         """Read a file written by ``save``; ``exact`` is the inverted index of the same documents."""
         index = _seismic().SeismicIndex.load(str(path))
-        non_empty = int((np.diff(exact.documents().indptr) > 0).sum())  # Seismic skips empty documents
+        non_empty = exact.documents_with_terms()  # Seismic skips empty documents
         if index.len != non_empty:
             raise ValueError(f"{path}: Seismic holds {index.len} documents, the exact index {non_empty} "
                              f"non-empty ones (files of different shards?)")
@@ -141,10 +140,7 @@ class SeismicSparseIndex:
 
 
 def _ranked(hits, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Seismic's (query id, score, doc id) hits -> madr's order: scores > 0, desc, ties by id asc."""
+    """Seismic's (query id, score, doc id) hits -> madr's order (``top_k_row``: scores > 0, desc, ties by id)."""
     scores = np.array([h[1] for h in hits], dtype=np.float32)
     ids = np.array([int(h[2]) for h in hits], dtype=np.int64)
-    keep = scores > 0
-    scores, ids = scores[keep], ids[keep]
-    order = np.lexsort((ids, -scores))[:k]
-    return scores[order], ids[order]
+    return top_k_row(scores, ids, k)
