@@ -121,8 +121,10 @@ def qps(fn, n: int) -> tuple[float, object]:
     return n / (time.perf_counter() - t0), out
 
 
-def one_at_a_time(search, queries: SparseBatch, n: int) -> float:
-    rows = [queries.select([i]) for i in range(min(n, len(queries)))]
+def one_at_a_time(search, queries: SparseBatch | list, n: int) -> float:
+    """Queries/s of `search` called on the first `n` queries one by one (a one-row batch or a one-item list)."""
+    rows = ([queries.select([i]) for i in range(min(n, len(queries)))] if isinstance(queries, SparseBatch)
+            else [[q] for q in queries[:n]])
     t0 = time.perf_counter()
     for r in rows:
         search(r)
@@ -198,14 +200,8 @@ def bm25_rows(titles: list[str], queries: list[str], tokenizer, single: int) -> 
     out = {}
     out["madr batched"], m = qps(lambda: mine.search(qs, k=K), len(qs))
     out["bm25s batched"], p = qps(lambda: peer_search(qs), len(qs))
-    t0 = time.perf_counter()
-    for q in qs[:single]:
-        mine.search([q], k=K)
-    out["madr one at a time"] = min(single, len(qs)) / (time.perf_counter() - t0)
-    t0 = time.perf_counter()
-    for q in qs[:single]:
-        peer_search([q])
-    out["bm25s one at a time"] = min(single, len(qs)) / (time.perf_counter() - t0)
+    out["madr one at a time"] = one_at_a_time(lambda q: mine.search(q, k=K), qs, single)
+    out["bm25s one at a time"] = one_at_a_time(peer_search, qs, single)
     out["top10 overlap"] = recall(m[1], p.documents.astype(np.int64))
     out["queries"] = len(qs)
     return out
