@@ -80,6 +80,9 @@ class ModelConfig:
     aspects: list[str] = field(default_factory=lambda: ["category", "brand", "color"])
     use_other: bool = True
     fusion: str = "presence"
+    aspect_init: str = "random"       # madr/madral: "pooled" starts every aspect component as the backbone's
+                                      # mean pooling (W^V = I, near-uniform attention): training departs from the
+                                      # pretrained space (e5) instead of a random projection of it
     granularities: list[str] = field(default_factory=lambda: ["phrase", "word", "token"])
     grouping: str = "single"
     value_embeddings: str = "unshared"
@@ -111,6 +114,7 @@ class ModelConfig:
             raise ValueError(f"model.pooling {self.pooling!r} applies to bibert / mtbert only, not {self.name!r} "
                              "(its head defines the text vector)")
         _check_choice("model.fusion", self.fusion, FUSIONS)
+        _check_choice("model.aspect_init", self.aspect_init, ("random", "pooled"))
         _check_choice("model.grouping", self.grouping, GROUPINGS)
         _check_choice("model.value_embeddings", self.value_embeddings, ("shared", "unshared"))
         _check_choice("model.similarity", self.similarity, ("cosine", "dot"))
@@ -203,6 +207,8 @@ class StageConfig:
     pointwise_weight: float = 1.0
     hard_negatives: int = 1
     mlm_probability: float = 0.15
+    mlm_weight: float = 1.0           # pretrain: weight of L_MLM; 0 = aspect losses only (no masking, no vocabulary
+                                      # projection: the cheap step for a backbone shipped without its MLM head)
     sparse_temperature: float = 1.0
     flops_query_weight: float = 5e-3
     flops_doc_weight: float = 1e-3
@@ -221,7 +227,7 @@ class StageConfig:
         for name in ("grad_accum",):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.<stage>.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("gradcache_chunk", "validate_every", "checkpoint_every", "steps"):
+        for name in ("gradcache_chunk", "validate_every", "checkpoint_every", "steps", "mlm_weight"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.<stage>.{name} must be >= 0, got {getattr(self, name)}")
 

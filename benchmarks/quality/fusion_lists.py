@@ -23,6 +23,7 @@ import torch
 from benchmarks.quality.aspect_models.data import EvalSet, token_lengths
 from benchmarks.quality.aspect_models.evaluation import (
     Lists,
+    aspect_accuracy,
     dense_lists,
     encode,
     per_query_metrics,
@@ -35,23 +36,32 @@ from madr.modeling.model import BiEncoder
 from madr.search.score_fusion import normalise, reciprocal_rank_fusion, weighted_fusion
 
 
-def encode_split_vectors(model: BiEncoder, texts: list[str], side: str, bs: int, desc: str) -> torch.Tensor:
-    """Search vectors of `texts` (length-sorted batches; L2-normalised for cosine models)."""
+def encode_split(model: BiEncoder, texts: list[str], side: str, bs: int, desc: str
+                 ) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
+    """Search vectors of `texts` (length-sorted batches; L2-normalised for cosine models) and the model's top-1
+    phrase value per aspect (`benchmarks.quality.aspect_models.evaluation.encode`)."""
     max_len = model.config.max_query_length if side == "query" else model.config.max_doc_length
     lengths = token_lengths(model.tokenizer, model.config.prefixed(texts, side), max_len)
-    return encode(model, texts, lengths, side, bs, desc)[0]
+    return encode(model, texts, lengths, side, bs, desc)
 
 
-def model_lists(model: BiEncoder, splits: dict[str, EvalSet], k: int, bs: int, label: str) -> dict[str, Lists]:
-    """Dense lists of `model` on every split; products shared by the splits' corpora are encoded once."""
+def model_lists(model: BiEncoder, splits: dict[str, EvalSet], k: int, bs: int, label: str,
+                aspects: dict[str, dict[str, float]] | None = None) -> dict[str, Lists]:
+    """Dense lists of `model` on every split; products shared by the splits' corpora are encoded once. For a
+    model that predicts aspects, `aspects` (when given) receives each split's Accuracy@1 per aspect and side."""
     texts = sorted({t for ev in splits.values() for t in ev.doc_texts})
     row = {t: i for i, t in enumerate(texts)}
-    docs = encode_split_vectors(model, texts, "doc", bs, f"{label}: corpus")
+    docs, doc_preds = encode_split(model, texts, "doc", bs, f"{label}: corpus")
     out = {}
     for name, ev in splits.items():
-        q = encode_split_vectors(model, ev.query_texts, "query", bs, f"{label}: {name} queries")
-        d = docs[torch.tensor([row[t] for t in ev.doc_texts])]
+        q, q_preds = encode_split(model, ev.query_texts, "query", bs, f"{label}: {name} queries")
+        rows = np.array([row[t] for t in ev.doc_texts])
+        d = docs[torch.from_numpy(rows)]
         out[name] = dense_lists(q, d, ev, k)
+        if aspects is not None and doc_preds:
+            aspects[name] = {**aspect_accuracy(model, q_preds, ev.query_aspects, "query"),
+                             **aspect_accuracy(model, {a: p[rows] for a, p in doc_preds.items()}, ev.doc_aspects,
+                                               "doc")}
     return out
 
 

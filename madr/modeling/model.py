@@ -119,8 +119,11 @@ def _build_head(cfg: ModelConfig, hidden: int, special_ids: list[int]) -> nn.Mod
     if cfg.name == "mpbert":
         return MultiPoolHead(k, hidden, cfg.fusion)
     if cfg.name in ("madr", "madral"):
-        return AspectAttentionHead(cfg.aspects, cfg.use_other, hidden, cfg.fusion, cfg.learns_aspects,
+        head = AspectAttentionHead(cfg.aspects, cfg.use_other, hidden, cfg.fusion, cfg.learns_aspects,
                                    cfg.projection_dim)
+        if cfg.aspect_init == "pooled":
+            head.aen.start_as_mean_pooling()
+        return head
     if cfg.name in ("mur", "mural"):
         return AspectTokensHead(cfg.aspects, cfg.granularities, cfg.grouping, hidden, cfg.learns_aspects)
     if cfg.name == "hybrid":

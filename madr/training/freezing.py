@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from torch import nn
 
 from madr.modeling.model import BiEncoder
@@ -33,3 +36,19 @@ def freeze_backbone(model: BiEncoder, word_embeddings: bool = True, layers: int 
                 p.requires_grad_(False)
                 frozen += p.numel()
     return frozen
+
+
+@contextmanager
+def backbone_frozen(model: BiEncoder, frozen: bool = True) -> Iterator[int]:
+    """Within the block every backbone weight is frozen (only heads, aspect tables and fusion train: a step costs
+    the forward pass of the backbone only); the previous `requires_grad` flags come back on exit. Yields the
+    number of weights frozen here; `frozen=False` leaves everything as it is."""
+    params = [p for tower in model.towers() if tower.backbone is not None for p in tower.backbone.parameters()
+              if p.requires_grad] if frozen else []
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield sum(p.numel() for p in params)
+    finally:
+        for p in params:
+            p.requires_grad_(True)

@@ -18,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_with_warmup
 
-from madr.config import StageConfig
+from madr.config import ModelConfig, StageConfig
 from madr.data.schema import Catalog
 from madr.losses import PointwiseCELoss
 from madr.modeling.batching import TextBatch, make_batch
@@ -197,6 +197,16 @@ def finetune_step(model: BiEncoder, sampler: CatalogSampler, stage: StageConfig,
     qb, pb, nb, neg_rel = finetune_batches(model, sampler.finetune_batch(stage.batch_size))
     negatives = nb if stage.hard_negatives > 0 else None
     return finetune_loss(model, qb, pb, negatives, stage, pointwise, neg_rel, step=step)
+
+
+def stage_runs(kind: str, stage: StageConfig, model_cfg: ModelConfig) -> bool:
+    """Whether stage `kind` has anything to train: steps > 0, and a pretraining stage needs a backbone (DSSM has
+    no MLM, paper 000 Sec. 8.2) and either L_MLM (`mlm_weight` > 0) or aspect losses to learn."""
+    if stage.steps == 0:
+        return False
+    if kind != "pretrain":
+        return True
+    return model_cfg.pretrains_mlm and (stage.mlm_weight > 0 or model_cfg.learns_aspects)
 
 
 def train_stage(model: BiEncoder, sampler: CatalogSampler, stage: StageConfig, kind: str, seed: int = 0,

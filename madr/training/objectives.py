@@ -107,12 +107,17 @@ def mlm_loss(model: BiEncoder, batch: TextBatch, side: str, probability: float,
 
 def pretrain_loss(model: BiEncoder, queries: TextBatch, docs: TextBatch, stage: StageConfig,
                   generator: torch.Generator | None = None) -> LossParts:
-    """Eq. 7 (paper 000) / Eq. 9 (paper 001): MLM on both sides, aspect losses on `model.aspect_sides`."""
+    """Eq. 7 (paper 000) / Eq. 9 (paper 001): `stage.mlm_weight` x MLM on both sides, aspect losses on
+    `model.aspect_sides` (with `mlm_weight` 0 the inputs are not masked and only the aspect losses train)."""
     total = None
     parts: dict[str, float] = {}
     for side, batch in (("query", queries), ("doc", docs)):
-        mlm, out = mlm_loss(model, batch, side, stage.mlm_probability, generator)
-        loss = mlm
+        if stage.mlm_weight > 0:
+            mlm, out = mlm_loss(model, batch, side, stage.mlm_probability, generator)
+        else:  # aspect losses only: unmasked input, no vocabulary projection
+            out = model.encode(batch.input_ids, batch.attention_mask, side)
+            mlm = out.embedding.sum() * 0.0
+        loss = stage.mlm_weight * mlm
         if side in model.config.aspect_sides:
             asp, asp_parts = aspect_loss(model, out, batch, side)
             loss = loss + stage.aspect_weight * asp

@@ -51,7 +51,11 @@ MURAL_VS = ("madral_pw", "madr", "mur", "mural")  # paper 001 Table 3: the MURAL
 
 
 def model_config(cfg: ExperimentConfig, key: str):
-    return dataclasses.replace(cfg.model, **trained_rows(cfg)[key][1])
+    """Row `key` over the config's `model:`; `model.pooling` (e.g. e5's mean) applies to the rows whose head pools
+    the tokens itself (BiBERT, MtBERT): the others define their own text vector and keep "cls"."""
+    changes = trained_rows(cfg)[key][1]
+    row = dataclasses.replace(cfg.model, **{"pooling": "cls", **changes})
+    return dataclasses.replace(row, pooling=cfg.model.pooling) if row.pooling_configurable else row
 
 
 def label_of(key: str, bench: dict, cfg: ExperimentConfig) -> str:

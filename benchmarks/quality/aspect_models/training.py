@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,25 +27,38 @@ from benchmarks.quality.aspect_models.rows import label_of, model_config
 from madr.config import ExperimentConfig, config_hash
 from madr.data.schema import Catalog
 from madr.modeling.model import BiEncoder, build_model
-from madr.training.freezing import freeze_backbone
-from madr.training.loop import CatalogSampler, train_stage
+from madr.training.freezing import backbone_frozen, freeze_backbone
+from madr.training.loop import CatalogSampler, stage_runs, train_stage
+from madr.training.memoised_backbone import memoised_backbones
 
 
 def train_row(key: str, cfg: ExperimentConfig, catalog: Catalog, tokenizer, vocab, seed: int,
-              freeze_embeddings: bool, freeze_layers: int = 0) -> tuple[BiEncoder, dict]:
+              freeze_embeddings: bool, freeze_layers: int = 0,
+              on_log: Callable[[BiEncoder, str, int, dict], None] | None = None,
+              pretrain_frozen: bool = False) -> tuple[BiEncoder, dict]:
     """Build row `key` from the shared start weights with torch seeded by `seed` (word embeddings frozen when
-    `freeze_embeddings`, and the lowest `freeze_layers` layers, `madr.training.freezing`), then pretrain (when `train.pretrain.steps` > 0; never DSSM, as `run_experiment`)
-    and fine-tune on the train queries."""
+    `freeze_embeddings`, and the lowest `freeze_layers` layers, `madr.training.freezing`), then pretrain (when
+    `madr.training.loop.stage_runs`; never DSSM, as `run_experiment`) and fine-tune on the train queries.
+    `on_log(model, stage, step, losses)` is called every `log_every` steps of each stage (a learning curve).
+    `pretrain_frozen`: the whole backbone stays frozen while pretraining and each distinct text runs through it
+    once (`madr.training.memoised_backbone`): the heads train on cached token states."""
     mcfg = model_config(cfg, key)
     torch.manual_seed(seed)
     model = build_model(mcfg, tokenizer, vocab)
     # word embeddings: 12M of all-MiniLM's 23M weights, a third of the step time on 2 CPU cores
     freeze_backbone(model, freeze_embeddings, freeze_layers)
     sampler = CatalogSampler(catalog, "train", seed=seed)
+    if on_log is not None:
+        on_log(model, "start", 0, {})
     history = {}
     for kind, stage in (("pretrain", cfg.train.pretrain), ("finetune", cfg.train.finetune)):
-        if stage.steps > 0 and (kind != "pretrain" or mcfg.pretrains_mlm):
-            history[kind] = train_stage(model, sampler, stage, kind, seed=seed)
+        if stage_runs(kind, stage, mcfg):
+            hook = None if on_log is None else (lambda step, rec, kind=kind: on_log(model, kind, step, rec))
+            with contextlib.ExitStack() as frozen:
+                if pretrain_frozen and kind == "pretrain":  # heads only, on cached token states
+                    frozen.enter_context(backbone_frozen(model))
+                    frozen.enter_context(memoised_backbones(model))
+                history[kind] = train_stage(model, sampler, stage, kind, seed=seed, on_log=hook)
     info = {kind: {"steps": len(h), "final_loss": float(np.mean([r["loss"] for r in h[-20:]]))}
             for kind, h in history.items()}
     info["parameters"] = sum(p.numel() for p in model.parameters())

@@ -31,6 +31,15 @@ class AspectExtractionNetwork(nn.Module):
         self.w_k = nn.Linear(hidden, hidden, bias=False)
         self.w_v = nn.Linear(hidden, hidden, bias=False)
 
+    @torch.no_grad()
+    def start_as_mean_pooling(self, scale: float = 1e-3) -> None:
+        """W^V = I and W^Q scaled by `scale`, so that every aspect attends near-uniformly and E_a starts as the
+        mean of the token states (CLS excluded): with any fusion of Sec. 6 (weights normalised over the
+        components) the untrained head is then the backbone's mean pooling, the convention of sentence
+        encoders such as e5, and aspect learning specialises the components from there."""
+        self.w_v.weight.copy_(torch.eye(self.hidden))
+        self.w_q.weight.mul_(scale)
+
     def forward(self, sequence_output: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q = self.w_q(self.queries)  # [K, H]
         k = self.w_k(sequence_output)  # [B, L, H]

@@ -26,7 +26,7 @@ from madr.modeling.backbone import resolve_backbone_path
 from madr.modeling.model import BiEncoder, build_model
 from madr.modeling.tokenization import load_tokenizer, train_wordpiece_tokenizer
 from madr.recipes.aspects.evaluation import evaluate_model
-from madr.training.loop import CatalogSampler, train_stage
+from madr.training.loop import CatalogSampler, stage_runs, train_stage
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True) -> ExperimentRe
     sampler = CatalogSampler(catalog, "train", seed=cfg.train.seed)
     history = {}
     for kind, stage in (("pretrain", cfg.train.pretrain), ("finetune", cfg.train.finetune)):
-        if stage.steps > 0 and (kind != "pretrain" or cfg.model.pretrains_mlm):
+        if stage_runs(kind, stage, cfg.model):
             history[kind] = train_stage(model, sampler, stage, kind, seed=cfg.train.seed, progress=progress)
     after = evaluate_model(model, catalog, cfg.eval)
     model_dir = model.save(out_dir / "model")

@@ -149,3 +149,24 @@ def test_pooling_is_checked():
         _cfg("bibert", pooling="max")
     with pytest.raises(ValueError, match="bibert / mtbert only"):
         _cfg("madral", pooling="mean")
+
+
+@pytest.mark.parametrize("fusion", ["weighted_sum", "presence", "cls_gating"])
+def test_pooled_aspect_init_starts_as_mean_pooling(fusion, catalog, tokenizer, vocabularies):
+    """`aspect_init: pooled`: the untrained MADRAL vector is the mean of the backbone's token states (CLS and
+    padding excluded), whatever the fusion; `random` is not."""
+    torch.manual_seed(0)
+    model = build_model(_cfg("madral", fusion=fusion, aspect_init="pooled"), tokenizer, vocabularies).eval()
+    qb, pb = _batches(model, catalog)
+    with torch.no_grad():
+        out = model.encode(pb.input_ids, pb.attention_mask, "doc")
+        seq = out.sequence_output
+        mask = pb.attention_mask.clone().float()
+        mask[:, 0] = 0
+        mean = (seq * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+        cos = torch.nn.functional.cosine_similarity(out.embedding, mean)
+        assert cos.min() > 0.999, cos
+        torch.manual_seed(0)
+        random = build_model(_cfg("madral", fusion=fusion), tokenizer, vocabularies).eval()
+        other = random.encode(pb.input_ids, pb.attention_mask, "doc").embedding
+        assert torch.nn.functional.cosine_similarity(other, mean).max() < 0.9

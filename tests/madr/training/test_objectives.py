@@ -5,6 +5,7 @@ import torch
 from madr.config import BackboneConfig, ModelConfig, StageConfig
 from madr.modeling.batching import make_batch
 from madr.modeling.model import build_model
+from madr.training.loop import stage_runs
 from madr.training.objectives import aspect_loss, finetune_loss, pretrain_loss
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
@@ -82,3 +83,25 @@ def test_aspect_sides_train_aspect_losses_on_one_side_only(catalog, tokenizer, v
         assert "model.aspect_sides" in str(err)
     else:
         raise AssertionError("an unknown side must be refused")
+
+
+def test_aspect_only_pretraining_skips_mlm_and_trains_the_aspects(catalog, tokenizer, vocabularies):
+    """`mlm_weight: 0`: no masking and no vocabulary projection (the MLM head gets no gradient), the aspect
+    losses alone; a model with nothing else to learn in pretraining skips the stage (`stage_runs`)."""
+    qs, ps = catalog.queries[:6], catalog.products[:6]
+    stage = StageConfig(batch_size=6, aspect_weight=1.0, mlm_weight=0.0)
+    model = _model("madral", tokenizer, vocabularies, fusion="presence")
+    qb = make_batch(model, [q.text for q in qs], "query", [q.aspects for q in qs])
+    pb = make_batch(model, [catalog.product_text(p) for p in ps], "doc", [p.aspects for p in ps])
+    pre = pretrain_loss(model, qb, pb, stage, torch.Generator().manual_seed(0))
+    assert pre.parts["query_mlm"] == 0.0 and pre.parts["doc_mlm"] == 0.0
+    assert pre.parts["doc_ap_category"] > 0 and pre.parts["loss"] > 0
+    pre.total.backward()
+    tower = model.doc_tower
+    assert all(p.grad is None or p.grad.abs().sum() == 0 for p in tower.mlm_head.parameters())
+    assert tower.head.aen.queries.grad.abs().sum() > 0
+    assert stage_runs("pretrain", stage, model.config)
+    assert not stage_runs("pretrain", stage, ModelConfig(name="bibert"))  # nothing to learn without L_MLM
+    assert stage_runs("pretrain", StageConfig(), ModelConfig(name="bibert"))
+    assert not stage_runs("pretrain", StageConfig(), ModelConfig(name="dssm"))
+    assert not stage_runs("finetune", StageConfig(steps=0), model.config)
