@@ -79,7 +79,7 @@ BENCH_DEFAULTS: dict[str, Any] = {
     "references": {}, "trained": ["bibert"], "fusion_step": 0.1, "tune_metric": "recall@10", "rrf_k": 60,
     "target": "bm25+e5", "alpha": 0.01, "draws": 10000, "encode_batch_size": 128, "freeze_word_embeddings": True,
     "freeze_layers": 0, "save_models": [], "curve_every": 0, "curve_seeds": [0],
-    "pretrain_frozen_backbone": False}
+    "pretrain_frozen_backbone": False, "pretrain_frozen_params": []}
 
 
 def load(path: Path, sets: list[str]) -> tuple[dict | None, ExperimentConfig, dict]:
@@ -181,6 +181,10 @@ class Curve:
     aspect Accuracy@1 of the model being trained, then back to training mode."""
 
     def __init__(self, run: Run, label: str, every: int) -> None:
+        logged = {run.cfg.train.pretrain.log_every, run.cfg.train.finetune.log_every}
+        if any(every % n for n in logged):
+            raise SystemExit(f"bench.curve_every {every} must be a multiple of train.<stage>.log_every {sorted(logged)} "
+                             "(the training loop reports every log_every steps)")
         self.run, self.label, self.every, self.points, self.seconds = run, label, every, [], 0.0
 
     def __call__(self, model, stage: str, step: int, losses: dict) -> None:
@@ -216,7 +220,8 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
                 b["curve_every"] and seed in b["curve_seeds"]) else None
             model, info[row] = train_row(row, cfg, catalog, tokenizer, vocab, seed, bool(b["freeze_word_embeddings"]),
                                          int(b["freeze_layers"]), on_log=curve,
-                                         pretrain_frozen=bool(b["pretrain_frozen_backbone"]))
+                                         pretrain_frozen=bool(b["pretrain_frozen_backbone"]),
+                                         pretrain_frozen_params=list(b["pretrain_frozen_params"]))
             info[row]["train_s"] = time.perf_counter() - t0 - (curve.seconds if curve else 0.0)  # without the curve
             if row in b["save_models"]:
                 print(f"saved {row} -> {model.save(Path(cfg.output_dir) / f'seed{seed}' / row / 'model')}")
@@ -230,7 +235,7 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
         run.add(key, f"{label} (trained, {Path(str(cfg.model.backbone.name_or_path)).name})", compute,
                 {"row": row, "model": dataclasses.asdict(model_config(cfg, row)), "settings": settings, "seed": seed,
                  "freeze": [bool(b["freeze_word_embeddings"]), int(b["freeze_layers"]),
-                            bool(b["pretrain_frozen_backbone"])]})
+                            bool(b["pretrain_frozen_backbone"]), *b["pretrain_frozen_params"]]})
         if row not in info and kept_info.is_file():
             info[row] = json.loads(kept_info.read_text())
         if info.get(row, {}).get("aspects", {}).get("test"):

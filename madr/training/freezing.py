@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from torch import nn
@@ -39,12 +39,14 @@ def freeze_backbone(model: BiEncoder, word_embeddings: bool = True, layers: int 
 
 
 @contextmanager
-def backbone_frozen(model: BiEncoder, frozen: bool = True) -> Iterator[int]:
-    """Within the block every backbone weight is frozen (only heads, aspect tables and fusion train: a step costs
-    the forward pass of the backbone only); the previous `requires_grad` flags come back on exit. Yields the
-    number of weights frozen here; `frozen=False` leaves everything as it is."""
-    params = [p for tower in model.towers() if tower.backbone is not None for p in tower.backbone.parameters()
-              if p.requires_grad] if frozen else []
+def backbone_frozen(model: BiEncoder, frozen: bool = True, names: Sequence[str] = ()) -> Iterator[int]:
+    """Within the block every backbone weight (when `frozen`) and every other weight whose name contains one of
+    `names` (e.g. "aen.w_v": MADRAL's value projection) is frozen, so only the rest of the heads, aspect tables and
+    fusion train (with the backbone frozen a step costs its forward pass only); the previous `requires_grad`
+    flags come back on exit. Yields the number of weights frozen here."""
+    backbones = {id(p) for tower in model.towers() if tower.backbone is not None for p in tower.backbone.parameters()}
+    params = [p for n, p in model.named_parameters() if p.requires_grad
+              and ((frozen and id(p) in backbones) or any(x in n for x in names))]
     for p in params:
         p.requires_grad_(False)
     try:

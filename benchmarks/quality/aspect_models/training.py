@@ -8,7 +8,7 @@ import dataclasses
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,13 +35,14 @@ from madr.training.memoised_backbone import memoised_backbones
 def train_row(key: str, cfg: ExperimentConfig, catalog: Catalog, tokenizer, vocab, seed: int,
               freeze_embeddings: bool, freeze_layers: int = 0,
               on_log: Callable[[BiEncoder, str, int, dict], None] | None = None,
-              pretrain_frozen: bool = False) -> tuple[BiEncoder, dict]:
+              pretrain_frozen: bool = False, pretrain_frozen_params: Sequence[str] = ()) -> tuple[BiEncoder, dict]:
     """Build row `key` from the shared start weights with torch seeded by `seed` (word embeddings frozen when
     `freeze_embeddings`, and the lowest `freeze_layers` layers, `madr.training.freezing`), then pretrain (when
     `madr.training.loop.stage_runs`; never DSSM, as `run_experiment`) and fine-tune on the train queries.
     `on_log(model, stage, step, losses)` is called every `log_every` steps of each stage (a learning curve).
     `pretrain_frozen`: the whole backbone stays frozen while pretraining and each distinct text runs through it
-    once (`madr.training.memoised_backbone`): the heads train on cached token states."""
+    once (`madr.training.memoised_backbone`): the heads train on cached token states; the weights named by
+    `pretrain_frozen_params` (substrings, e.g. "aen.w_v") stay frozen too."""
     mcfg = model_config(cfg, key)
     torch.manual_seed(seed)
     model = build_model(mcfg, tokenizer, vocab)
@@ -55,9 +56,10 @@ def train_row(key: str, cfg: ExperimentConfig, catalog: Catalog, tokenizer, voca
         if stage_runs(kind, stage, mcfg):
             hook = None if on_log is None else (lambda step, rec, kind=kind: on_log(model, kind, step, rec))
             with contextlib.ExitStack() as frozen:
-                if pretrain_frozen and kind == "pretrain":  # heads only, on cached token states
-                    frozen.enter_context(backbone_frozen(model))
-                    frozen.enter_context(memoised_backbones(model))
+                if kind == "pretrain":
+                    frozen.enter_context(backbone_frozen(model, pretrain_frozen, pretrain_frozen_params))
+                    if pretrain_frozen:  # heads only, on cached token states
+                        frozen.enter_context(memoised_backbones(model))
                 history[kind] = train_stage(model, sampler, stage, kind, seed=seed, on_log=hook)
     info = {kind: {"steps": len(h), "final_loss": float(np.mean([r["loss"] for r in h[-20:]]))}
             for kind, h in history.items()}
