@@ -123,8 +123,12 @@ class Run:
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
-    def add(self, key: str, label: str, compute, depends: dict) -> None:
+    def add(self, key: str, label: str, compute, depends: dict, refresh: bool = False) -> None:
+        """Lists of retriever `key`: kept ones while `depends` (and the data) match, else `compute()`; `refresh`
+        computes them even when kept (a trained model to save that the kept run did not save)."""
         where = self.out / "lists" / f"{key.replace('+', '_')}.npz"
+        if refresh:
+            where.unlink(missing_ok=True)
         lists, spent = cached_lists(where, fingerprint({**depends, "data": corpus_key(self.splits), "k": self.k}),
                                     compute)
         self.lists[key], self.labels[key] = lists, label
@@ -209,8 +213,9 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
         key, label = f"{row}@{seed}", trained_rows(cfg)[row][0]
         settings = {k: v for k, v in cfg.to_dict().items() if k in ("train", "data")}  # what training reads
         kept_info = run.out / "lists" / f"{key.replace('+', '_')}.info.json"
+        saved = Path(cfg.output_dir) / f"seed{seed}" / row / "model"
 
-        def compute(row: str = row, label: str = label, kept_info: Path = kept_info):
+        def compute(row: str = row, label: str = label, kept_info: Path = kept_info, saved: Path = saved):
             t0 = time.perf_counter()
             curve = Curve(run, f"{label} seed {seed}", int(b["curve_every"])) if (
                 b["curve_every"] and seed in b["curve_seeds"]) else None
@@ -219,7 +224,7 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
                                          pretrain_frozen=bool(b["pretrain_frozen_backbone"]))
             info[row]["train_s"] = time.perf_counter() - t0 - (curve.seconds if curve else 0.0)  # without the curve
             if row in b["save_models"]:
-                print(f"saved {row} -> {model.save(Path(cfg.output_dir) / f'seed{seed}' / row / 'model')}")
+                print(f"saved {row} -> {model.save(saved)}")
             acc: dict[str, dict[str, float]] = {}
             lists = model_lists(model, run.splits, run.k, b["encode_batch_size"], f"{label} seed {seed}", aspects=acc)
             info[row] |= {"aspects": acc, "curve": curve.points if curve else []}
@@ -230,7 +235,8 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
         run.add(key, f"{label} (trained, {Path(str(cfg.model.backbone.name_or_path)).name})", compute,
                 {"row": row, "model": dataclasses.asdict(model_config(cfg, row)), "settings": settings, "seed": seed,
                  "freeze": [bool(b["freeze_word_embeddings"]), int(b["freeze_layers"]),
-                            bool(b["pretrain_frozen_backbone"])]})
+                            bool(b["pretrain_frozen_backbone"])]},
+                refresh=row in b["save_models"] and not saved.is_dir())  # kept lists, but no saved model
         if row not in info and kept_info.is_file():
             info[row] = json.loads(kept_info.read_text())
         if info.get(row, {}).get("aspects", {}).get("test"):
