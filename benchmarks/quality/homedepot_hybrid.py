@@ -93,6 +93,11 @@ def load(path: Path, sets: list[str]) -> tuple[dict | None, ExperimentConfig, di
     if unknown:
         raise SystemExit(f"{path}: unknown bench key(s) {sorted(unknown)}; known: {sorted(BENCH_DEFAULTS)}")
     cfg = from_dict(ExperimentConfig, data)
+    for kind in ("pretrain", "finetune"):  # the curve reads the model at logged steps only (`Curve`)
+        stage = getattr(cfg.train, kind)
+        if bench["curve_every"] and stage.steps and int(bench["curve_every"]) % stage.log_every:
+            raise SystemExit(f"{path}: bench.curve_every ({bench['curve_every']}) must be a multiple of "
+                             f"train.{kind}.log_every ({stage.log_every})")
     if not Path(cfg.output_dir).is_absolute():
         cfg.output_dir = str(ROOT / cfg.output_dir)
     cfg.model.backbone.name_or_path = local_backbone(cfg.model.backbone.name_or_path)
