@@ -93,6 +93,11 @@ def load(path: Path, sets: list[str]) -> tuple[dict | None, ExperimentConfig, di
     if unknown:
         raise SystemExit(f"{path}: unknown bench key(s) {sorted(unknown)}; known: {sorted(BENCH_DEFAULTS)}")
     cfg = from_dict(ExperimentConfig, data)
+    for kind in ("pretrain", "finetune"):  # the curve reads the model at logged steps only (`Curve`)
+        stage = getattr(cfg.train, kind)
+        if bench["curve_every"] and stage.steps and int(bench["curve_every"]) % stage.log_every:
+            raise SystemExit(f"{path}: bench.curve_every ({bench['curve_every']}) must be a multiple of "
+                             f"train.{kind}.log_every ({stage.log_every})")
     if not Path(cfg.output_dir).is_absolute():
         cfg.output_dir = str(ROOT / cfg.output_dir)
     cfg.model.backbone.name_or_path = local_backbone(cfg.model.backbone.name_or_path)
@@ -123,8 +128,12 @@ class Run:
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
-    def add(self, key: str, label: str, compute, depends: dict) -> None:
+    def add(self, key: str, label: str, compute, depends: dict, refresh: bool = False) -> None:
+        """Lists of retriever `key`: kept ones while `depends` (and the data) match, else `compute()`; `refresh`
+        computes them even when kept (a trained model to save that the kept run did not save)."""
         where = self.out / "lists" / f"{key.replace('+', '_')}.npz"
+        if refresh:
+            where.unlink(missing_ok=True)
         lists, spent = cached_lists(where, fingerprint({**depends, "data": corpus_key(self.splits), "k": self.k}),
                                     compute)
         self.lists[key], self.labels[key] = lists, label
@@ -181,10 +190,6 @@ class Curve:
     aspect Accuracy@1 of the model being trained, then back to training mode."""
 
     def __init__(self, run: Run, label: str, every: int) -> None:
-        logged = {run.cfg.train.pretrain.log_every, run.cfg.train.finetune.log_every}
-        if any(every % n for n in logged):
-            raise SystemExit(f"bench.curve_every {every} must be a multiple of train.<stage>.log_every {sorted(logged)} "
-                             "(the training loop reports every log_every steps)")
         self.run, self.label, self.every, self.points, self.seconds = run, label, every, [], 0.0
 
     def __call__(self, model, stage: str, step: int, losses: dict) -> None:
@@ -213,8 +218,9 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
         key, label = f"{row}@{seed}", trained_rows(cfg)[row][0]
         settings = {k: v for k, v in cfg.to_dict().items() if k in ("train", "data")}  # what training reads
         kept_info = run.out / "lists" / f"{key.replace('+', '_')}.info.json"
+        saved = Path(cfg.output_dir) / f"seed{seed}" / row / "model"
 
-        def compute(row: str = row, label: str = label, kept_info: Path = kept_info):
+        def compute(row: str = row, label: str = label, kept_info: Path = kept_info, saved: Path = saved):
             t0 = time.perf_counter()
             curve = Curve(run, f"{label} seed {seed}", int(b["curve_every"])) if (
                 b["curve_every"] and seed in b["curve_seeds"]) else None
@@ -224,7 +230,7 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
                                          pretrain_frozen_params=list(b["pretrain_frozen_params"]))
             info[row]["train_s"] = time.perf_counter() - t0 - (curve.seconds if curve else 0.0)  # without the curve
             if row in b["save_models"]:
-                print(f"saved {row} -> {model.save(Path(cfg.output_dir) / f'seed{seed}' / row / 'model')}")
+                print(f"saved {row} -> {model.save(saved)}")
             acc: dict[str, dict[str, float]] = {}
             lists = model_lists(model, run.splits, run.k, b["encode_batch_size"], f"{label} seed {seed}", aspects=acc)
             info[row] |= {"aspects": acc, "curve": curve.points if curve else []}
@@ -235,7 +241,8 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
         run.add(key, f"{label} (trained, {Path(str(cfg.model.backbone.name_or_path)).name})", compute,
                 {"row": row, "model": dataclasses.asdict(model_config(cfg, row)), "settings": settings, "seed": seed,
                  "freeze": [bool(b["freeze_word_embeddings"]), int(b["freeze_layers"]),
-                            bool(b["pretrain_frozen_backbone"]), *b["pretrain_frozen_params"]]})
+                            bool(b["pretrain_frozen_backbone"]), *b["pretrain_frozen_params"]]},
+                refresh=row in b["save_models"] and not saved.is_dir())  # kept lists, but no saved model
         if row not in info and kept_info.is_file():
             info[row] = json.loads(kept_info.read_text())
         if info.get(row, {}).get("aspects", {}).get("test"):

@@ -27,7 +27,11 @@ class _Output:
 class MemoisedBackbone(nn.Module):
     """A frozen backbone whose last hidden states are kept per distinct (token ids of one row): the first call
     with a row runs the backbone (no grad), later calls stack the kept states. States are kept in `dtype`
-    (float16 halves the memory: ~15 KiB per 20-token row at 384 wide) and returned as float32."""
+    (float16 halves the memory: ~15 KiB per 20-token row at 384 wide) and returned as float32.
+
+    The backbone always runs in eval mode, whatever the model's mode: a state kept with dropout would freeze
+    one random mask into every later visit, in training and in evaluation alike, and make a row's states
+    depend on which visit came first (e.g. a dev evaluation in the middle of training)."""
 
     def __init__(self, backbone: nn.Module, dtype: torch.dtype = torch.float16) -> None:
         super().__init__()
@@ -60,9 +64,14 @@ class MemoisedBackbone(nn.Module):
         self.misses += len(missing)
         if missing:
             rows = torch.tensor(missing, device=input_ids.device)
-            seq = self.backbone(input_ids=input_ids[rows], attention_mask=attention_mask[rows]).last_hidden_state
+            training = self.backbone.training
+            self.backbone.eval()  # the kept state is the text's, not one dropout draw's (class docstring)
+            try:
+                seq = self.backbone(input_ids=input_ids[rows], attention_mask=attention_mask[rows])
+            finally:
+                self.backbone.train(training)
             for j, r in enumerate(missing):
-                self.states[keys[r]] = seq[j][attention_mask[r].bool()].to(self.dtype).clone()
+                self.states[keys[r]] = seq.last_hidden_state[j][attention_mask[r].bool()].to(self.dtype).clone()
         out = torch.zeros(*input_ids.shape, self.config.hidden_size, device=input_ids.device)
         for r, k in enumerate(keys):
             out[r][attention_mask[r].bool()] = self.states[k].float()

@@ -44,6 +44,28 @@ def test_memoised_outputs_equal_the_backbone_and_run_it_once_per_text(catalog, t
     assert all(p.requires_grad for p in model.doc_tower.backbone.parameters())  # unfrozen on exit
 
 
+def test_a_state_kept_while_training_is_the_eval_state(catalog, tokenizer, vocabularies):
+    """No dropout draw is kept: the first visit in training mode keeps the backbone's eval-mode states, which
+    a later evaluation (a dev point of a learning curve) reads back; the backbone keeps its mode."""
+    model = _model(tokenizer, vocabularies)
+    backbone = model.doc_tower.backbone
+    assert backbone.config.hidden_dropout_prob > 0, "the check needs a backbone with dropout"
+    batch = make_batch(model, [catalog.product_text(p) for p in catalog.products[:4]], "doc", None)
+    mask = batch.attention_mask.bool()
+    inputs = {"input_ids": batch.input_ids, "attention_mask": batch.attention_mask}
+    with torch.no_grad():
+        want = backbone(**inputs).last_hidden_state[mask]
+    model.train()
+    with backbone_frozen(model), memoised_backbones(model) as (memo,):
+        kept = memo(**inputs).last_hidden_state[mask]
+        assert backbone.training, "the backbone is back in training mode after the pass"
+        model.eval()
+        read = memo(**inputs).last_hidden_state[mask]
+    assert memo.misses == 4 and memo.hits == 4
+    assert torch.allclose(kept, want, atol=2e-3), (kept - want).abs().max()
+    assert torch.equal(read, kept)
+
+
 def test_heads_train_through_a_memoised_backbone(catalog, tokenizer, vocabularies):
     model = _model(tokenizer, vocabularies).train()
     qs, ps = catalog.queries[:6], catalog.products[:6]
