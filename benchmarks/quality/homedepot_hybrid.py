@@ -55,7 +55,13 @@ from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.results import write_result_json
 from benchmarks.quality.aspect_models.data import EvalSet, catalog_for
-from benchmarks.quality.aspect_models.evaluation import Lists, bm25_lists, means, search_depth
+from benchmarks.quality.aspect_models.evaluation import (
+    Lists,
+    bm25_lists,
+    majority_accuracy,
+    means,
+    search_depth,
+)
 from benchmarks.quality.aspect_models.report import header, relative_table, significance, value_table
 from benchmarks.quality.aspect_models.rows import model_config, trained_rows
 from benchmarks.quality.aspect_models.training import train_row
@@ -127,6 +133,7 @@ class Run:
     lists: dict[str, dict[str, Lists]] = dataclasses.field(default_factory=dict)  # retriever -> split -> Lists
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    chance: dict[str, float] = dataclasses.field(default_factory=dict)  # test aspect Accuracy@1 of the majority
 
     def add(self, key: str, label: str, compute, depends: dict, refresh: bool = False) -> None:
         """Lists of retriever `key`: kept ones while `depends` (and the data) match, else `compute()`; `refresh`
@@ -291,7 +298,7 @@ def publish(run: Run, seeds: list[int], fusions: dict, training: dict, tag: str,
     if tests:
         text += [f"\n## Relative to {labels[b['target']]} († paired t-test p < {b['alpha']:g}, seed-mean per query)",
                  relative_table(order, labels, mean, metrics, b["target"], tests, float(b["alpha"]))]
-    text += aspect_table(training, b["trained"], labels)
+    text += aspect_table(training, b["trained"], labels, run.chance)
     text.append("\nmachine: " + "; ".join(f"{k} {v}" for k, v in info.items()))
     print("\n".join(text), flush=True)
     result = {"benchmark": __spec__.name, "command": run_command(__spec__.name), "bench": b, "config": cfg.to_dict(),
@@ -305,13 +312,26 @@ def publish(run: Run, seeds: list[int], fusions: dict, training: dict, tag: str,
     return result
 
 
-def aspect_table(training: dict, rows: list[str], labels: dict) -> list[str]:
-    """Markdown lines: test aspect Accuracy@1 per trained row (mean over the seeds that have it)."""
+def chance_accuracy(cfg: ExperimentConfig, catalog, vocab, ev: EvalSet) -> dict[str, float]:
+    """Test aspect Accuracy@1 of always predicting the most frequent value of the training annotations (the
+    train search terms and every product: what aspect pretraining sees)."""
+    aspects = list(cfg.model.aspects)
+    train = [q.aspects for q in catalog.queries_in("train")] + [p.aspects for p in catalog.products]
+    return {**majority_accuracy(vocab, aspects, train, ev.query_aspects, "query"),
+            **majority_accuracy(vocab, aspects, train, ev.doc_aspects, "doc")}
+
+
+def aspect_table(training: dict, rows: list[str], labels: dict, chance: dict | None = None) -> list[str]:
+    """Markdown lines: test aspect Accuracy@1 per trained row (mean over the seeds that have it), under the
+    `chance` row (the most frequent training value, `majority_accuracy`)."""
     acc = {row: [t[row]["aspects"]["test"] for t in training.values() if t.get(row, {}).get("aspects", {}).get("test")]
            for row in rows}
     acc = {row: each for row, each in acc.items() if each}
     if not acc:
         return []
+    if chance:
+        acc = {"chance": [chance], **acc}
+        labels = {**labels, "chance": "chance: the most frequent training value"}
     cols = sorted({c for each in acc.values() for a in each for c in a})
     lines = ["\n## Aspect Accuracy@1 on the test queries and corpus (mean over seeds)",
              "| Model | " + " | ".join(c.replace("_acc@1_", " ") for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
@@ -386,6 +406,7 @@ def main(argv: list[str] | None = None) -> dict:
     if bench["trained"]:
         tokenizer = prepare_tokenizer(cfg, catalog)
         vocab = prepare_vocabularies(cfg, catalog, tokenizer)
+        run.chance = chance_accuracy(cfg, catalog, vocab, splits["test"])
         training = {}
         for seed in seeds:
             training[seed] = trained_rows_of_seed(run, catalog, tokenizer, vocab, seed)

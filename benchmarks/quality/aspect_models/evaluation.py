@@ -134,6 +134,20 @@ def aspect_accuracy(model: BiEncoder, preds: dict[str, np.ndarray], aspects: lis
     return out
 
 
+def majority_accuracy(vocabularies, aspects: list[str], train: list[dict], items: list[dict], side: str) -> dict:
+    """The chance row of aspect Accuracy@1: always predict the phrase value most frequent in `train` (the
+    pretraining annotations), scored like `aspect_accuracy` on `items` with an annotation in the vocabulary."""
+    out = {}
+    for aspect in aspects:
+        voc = vocabularies.get(aspect, "phrase")
+        counts = np.bincount([i for a in train for i in voc.encode(a.get(aspect, []))], minlength=1)
+        gold = [set(voc.encode(a.get(aspect, []))) for a in items]
+        rows = [g for g in gold if g]
+        if rows:
+            out[f"{side}_acc@1_{aspect}"] = float(np.mean([int(counts.argmax()) in g for g in rows]))
+    return out
+
+
 def means(per_query: dict[str, dict[str, float]]) -> dict[str, float]:
     return {m: float(np.mean(list(v.values()))) if v else math.nan for m, v in per_query.items()}
 
