@@ -12,7 +12,7 @@ Rows, one thread each (``taskset``-free; other processes share the cores, so the
 - ``compiled``: ``InvertedIndex.search(engine="compiled")`` (one numba pass per query), batched and one at a
   time; exact, so its ids are checked equal to scipy's;
 - ``maxscore``: ``InvertedIndex.search(engine="maxscore")`` (the compiled pass with MaxScore dynamic pruning,
-  ``madr.search.sparse.maxscore``; the default engine for k <= 32), batched and one at a time; its ids are
+  ``madr.search.sparse.maxscore``; the default engine for k <= 24), batched and one at a time; its ids are
   checked equal to scipy's and its scores equal to the compiled engine's;
 - ``seismic``: ``SeismicSparseIndex`` over a grid of ``query_cut`` x ``heap_factor``, recall@10 against the
   exact top 10 and queries/s (batched, one thread) -> the recall / q/s curve, and the fastest point with

@@ -33,7 +33,7 @@ from madr.search.sparse.vectors import SparseBatch
 _FORMAT = "madr.sparse.InvertedIndex/1"
 AUTO_BATCH_ENTRIES = 4_000_000  # default query batch: about this many (query, doc) score slots per product
 ENGINES = ("auto", "compiled", "maxscore", "scipy")
-MAXSCORE_MAX_K = 32  # "auto" prunes up to this k: beyond it, scoring the survivors exactly costs more than it saves
+MAXSCORE_MAX_K = 24  # "auto" prunes up to this k: beyond, rescoring the survivors costs what pruning saves
 
 
 def _as_ids(ids: Sequence[int] | np.ndarray | None, n: int, start: int) -> np.ndarray:
