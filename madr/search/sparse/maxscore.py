@@ -376,10 +376,8 @@ def maxscore_query(
     for c in range(n_c):
         acc[cand[c]] = 0.0
         seen[cand[c]] = False
-    rows = np.sort(cand[:n_c])
-    exact = _exact_scores(
-        rows, q_terms, q_weights, a, b, p_indptr, p_docs, p_weights
-    )  # survivors, query order
+    rows = np.sort(cand[:n_c])  # the survivors, scored exactly in query order
+    exact = _exact_scores(rows, q_terms, q_weights, a, b, p_indptr, p_docs, p_weights)
     hs = np.empty(k, dtype=np.float32)
     hi = np.empty(k, dtype=np.int64)
     n_heap = 0
