@@ -9,8 +9,11 @@ so term co-occurrence keeps the real topical structure (uniform Zipf rows would 
 
 Rows, one thread each (``taskset``-free; other processes share the cores, so the load average is printed):
 - ``scipy`` (today): ``InvertedIndex.search(engine="scipy")``, batched (auto batch size) and one query at a time;
-- ``compiled``: ``InvertedIndex.search`` (one numba pass per query), batched and one at a time; exact, so its
-  ids are checked equal to scipy's;
+- ``compiled``: ``InvertedIndex.search(engine="compiled")`` (one numba pass per query), batched and one at a
+  time; exact, so its ids are checked equal to scipy's;
+- ``maxscore``: ``InvertedIndex.search(engine="maxscore")`` (the compiled pass with MaxScore dynamic pruning,
+  ``madr.search.sparse.maxscore``; the default engine for k <= 24), batched and one at a time; its ids are
+  checked equal to scipy's and its scores equal to the compiled engine's;
 - ``seismic``: ``SeismicSparseIndex`` over a grid of ``query_cut`` x ``heap_factor``, recall@10 against the
   exact top 10 and queries/s (batched, one thread) -> the recall / q/s curve, and the fastest point with
   recall@10 >= 0.97;
@@ -19,6 +22,7 @@ Rows, one thread each (``taskset``-free; other processes share the cores, so the
 
     python -m benchmarks.speed.sparse_backends --synthetic-docs 1000000
     python -m benchmarks.speed.sparse_backends --max-docs 5000 --queries 200 --tag smoke   # seconds
+    python -m benchmarks.speed.sparse_backends --synthetic-docs 300000 --exact-only --tag exact   # exact rows only
 
 The encoded vectors are cached under runs/bench_cache/ (by corpus size); writes
 benchmarks/results/<tag>.json and benchmarks/plots/<tag>.png.
@@ -136,23 +140,29 @@ def recall(found: np.ndarray, exact: np.ndarray) -> float:
                           for f, e in zip(found, exact, strict=True)]))
 
 
+EXACT_ENGINES = ("scipy", "compiled", "maxscore")
+
+
 def exact_rows(index: InvertedIndex, queries: SparseBatch, single: int) -> tuple[dict, np.ndarray]:
-    """q/s of the scipy and compiled engines, batched and one at a time; the exact top 10 (compiled = scipy)."""
-    index.search(queries.select(range(4)), k=K)  # compiles / warms both paths
-    index.search(queries.select(range(4)), k=K, engine="scipy")
+    """q/s of the exact engines (scipy, compiled, maxscore), batched and one at a time, interleaved; the exact
+    top 10. The compiled and maxscore ids must equal scipy's, and maxscore's scores the compiled engine's."""
+    for engine in EXACT_ENGINES:  # compiles / warms every path
+        index.search(queries.select(range(4)), k=K, engine=engine)
     out: dict[str, float] = {}
     for _ in range(ROUNDS):  # interleaved rounds, best of each: the cores are shared
-        rate, ref = qps(lambda: index.search(queries, k=K, engine="scipy"), len(queries))
-        out["scipy batched"] = max(out.get("scipy batched", 0.0), rate)
-        rate, got = qps(lambda: index.search(queries, k=K), len(queries))
-        out["compiled batched"] = max(out.get("compiled batched", 0.0), rate)
-        if not np.array_equal(got[1], ref[1]):
-            raise SystemExit("MISMATCH: the compiled engine's ids differ from the scipy engine's")
-        rate = one_at_a_time(lambda q: index.search(q, k=K, engine="scipy", batch_size=1), queries, single)
-        out["scipy one at a time"] = max(out.get("scipy one at a time", 0.0), rate)
-        rate = one_at_a_time(lambda q: index.search(q, k=K), queries, single)
-        out["compiled one at a time"] = max(out.get("compiled one at a time", 0.0), rate)
-    return out, ref[1]
+        results = {}
+        for engine in EXACT_ENGINES:
+            rate, results[engine] = qps(lambda e=engine: index.search(queries, k=K, engine=e), len(queries))
+            out[f"{engine} batched"] = max(out.get(f"{engine} batched", 0.0), rate)
+        for engine in ("compiled", "maxscore"):
+            if not np.array_equal(results[engine][1], results["scipy"][1]):
+                raise SystemExit(f"MISMATCH: the {engine} engine's ids differ from the scipy engine's")
+        if not np.array_equal(results["maxscore"][0], results["compiled"][0]):
+            raise SystemExit("MISMATCH: the maxscore engine's scores differ from the compiled engine's")
+        for engine in EXACT_ENGINES:
+            rate = one_at_a_time(lambda q, e=engine: index.search(q, k=K, engine=e, batch_size=1), queries, single)
+            out[f"{engine} one at a time"] = max(out.get(f"{engine} one at a time", 0.0), rate)
+    return out, results["scipy"][1]
 
 
 def seismic_curve(index: InvertedIndex, queries: SparseBatch, exact: np.ndarray, builds: list[SeismicParams],
@@ -216,15 +226,21 @@ def run_corpus(name: str, docs: SparseBatch, queries: SparseBatch, args) -> dict
           flush=True)
     exact, ref = exact_rows(index, queries, args.single)
     print(f"[{name}] exact q/s: {json.dumps({k: round(v, 1) for k, v in exact.items()})}", flush=True)
+    today = exact["scipy batched"]
+    ratios = {f"{e} / scipy {how}": exact[f"{e} {how}"] / exact[f"scipy {how}"]
+              for e in ("compiled", "maxscore") for how in ("batched", "one at a time")}
+    ratios.update({f"maxscore / compiled {how}": exact[f"maxscore {how}"] / exact[f"compiled {how}"]
+                   for how in ("batched", "one at a time")})
+    if args.exact_only:
+        print(f"[{name}] ratios: {json.dumps({k: round(v, 2) for k, v in ratios.items()})}", flush=True)
+        return {"docs": len(docs), "postings": int(docs.nnz), "queries": len(queries), "exact_qps": exact,
+                "seismic": None, "ratios": ratios}
     builds = [SeismicParams(n_postings=max(args.n_postings, 2 * len(docs) // 100), centroid_fraction=0.1,
                             summary_energy=float(e), doc_cut=int(c))
               for e, c in (b.split(":") for b in args.builds)]
     curve = seismic_curve(index, queries, ref, builds, args.query_cuts, args.heap_factors, args.single)
     print(f"[{name}] seismic: builds {[round(t, 1) for t in curve['build_s']]} s, best at recall >= 0.97: "
           f"{curve['best_at_0.97']}", flush=True)
-    today = exact["scipy batched"]
-    ratios = {"compiled / scipy batched": exact["compiled batched"] / today,
-              "compiled / scipy one at a time": exact["compiled one at a time"] / exact["scipy one at a time"]}
     if curve["best_at_0.97"]:
         ratios["seismic@0.97 / scipy batched"] = curve["best_at_0.97"]["qps"] / today
         ratios["seismic@0.97 / scipy one at a time"] = (curve["best_at_0.97"]["qps one at a time"]
@@ -240,14 +256,16 @@ def plot(results: dict, path: Path) -> None:
         return
     fig, axes = plt.subplots(1, len(results), figsize=(5.5 * len(results), 4), squeeze=False)
     for ax, (name, r) in zip(axes[0], results.items(), strict=True):
-        for key in sorted({(p["build"], p["query_cut"]) for p in r["seismic"]["points"]}):
-            pts = sorted((p for p in r["seismic"]["points"] if (p["build"], p["query_cut"]) == key),
+        points = r["seismic"]["points"] if r["seismic"] else []
+        for key in sorted({(p["build"], p["query_cut"]) for p in points}):
+            pts = sorted((p for p in points if (p["build"], p["query_cut"]) == key),
                          key=lambda p: p["recall@10"])
             ax.plot([p["recall@10"] for p in pts], [p["qps"] for p in pts], "o-", ms=3,
                     label=f"Seismic energy {pts[0]['summary_energy']} / doc_cut {pts[0]['doc_cut']}, "
                           f"query_cut {key[1]}")
         for label, key, marker in (("exact, scipy (today)", "scipy batched", "s"),
-                                   ("exact, compiled", "compiled batched", "D")):
+                                   ("exact, compiled", "compiled batched", "D"),
+                                   ("exact, compiled + MaxScore", "maxscore batched", "^")):
             ax.scatter([1.0], [r["exact_qps"][key]], marker=marker, s=50, label=label, zorder=3)
         ax.set_yscale("log")
         ax.set_xlabel("recall@10 vs exact")
@@ -270,6 +288,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="Seismic builds as summary_energy:doc_cut (0.4:15 is the library's default)")
     ap.add_argument("--query-cuts", type=int, nargs="+", default=[5, 10, 20])
     ap.add_argument("--heap-factors", type=float, nargs="+", default=[0.5, 0.7, 0.9, 1.0])
+    ap.add_argument("--exact-only", action="store_true",
+                    help="only the exact engines' rows (no Seismic, no BM25): a quick timing run")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tag", default="sparse_backends")
     args = ap.parse_args(argv)
@@ -290,8 +310,9 @@ def main(argv: list[str] | None = None) -> dict:
         drawn = drawn_corpus(docs, args.synthetic_docs, args.seed)
         print(f"drew {len(drawn):,} documents in {time.perf_counter() - t0:.0f} s", flush=True)
         results[f"{args.synthetic_docs:,} drawn"] = run_corpus("drawn", drawn, queries, args)
-    bm25 = bm25_rows(titles, query_texts, tokenizer, args.single)
-    print(f"BM25 (word pieces): {json.dumps({k: round(v, 3) for k, v in bm25.items()})}", flush=True)
+    bm25 = None if args.exact_only else bm25_rows(titles, query_texts, tokenizer, args.single)
+    if bm25:
+        print(f"BM25 (word pieces): {json.dumps({k: round(v, 3) for k, v in bm25.items()})}", flush=True)
     out = {**info, "command": f"python -m {__spec__.name} " + " ".join(argv or []), "corpora": results,
            "bm25": bm25, "wall_s": time.perf_counter() - start, "load_average_after": load_1min()}
     (BENCHMARKS / "results").mkdir(parents=True, exist_ok=True)

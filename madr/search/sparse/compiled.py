@@ -44,6 +44,40 @@ def _sift_down(hs: np.ndarray, hi: np.ndarray, n: int, pos: int) -> None:
 
 
 @numba.njit(cache=True, nogil=True)
+def heap_push(hs: np.ndarray, hi: np.ndarray, n: int, k: int, s: float, g: int) -> int:
+    """Offer (s, g) to the k-heap (hs, hi) holding ``n`` hits, root = the worst kept; returns the new count.
+    Filling appends and sifts up; once full, only a hit that beats the root enters. A call costs more than
+    the comparison: hot loops test ``n < k or _worse(hs[0], hi[0], s, g)`` first (``_top_k_touched`` inlines
+    the whole push)."""
+    if n < k:
+        pos = n
+        hs[pos], hi[pos] = s, g
+        while pos > 0:
+            parent = (pos - 1) // 2
+            if not _worse(hs[pos], hi[pos], hs[parent], hi[parent]):
+                break
+            hs[pos], hs[parent] = hs[parent], hs[pos]
+            hi[pos], hi[parent] = hi[parent], hi[pos]
+            pos = parent
+        return n + 1
+    if _worse(hs[0], hi[0], s, g):
+        hs[0], hi[0] = s, g
+        _sift_down(hs, hi, n, 0)
+    return n
+
+
+@numba.njit(cache=True, nogil=True)
+def heap_write(hs: np.ndarray, hi: np.ndarray, n: int, out_s: np.ndarray, out_i: np.ndarray) -> None:
+    """Write the heap's ``n`` hits into out_s / out_i by score desc, then id asc (the rest stays padding)."""
+    by_id = np.argsort(hi[:n], kind="mergesort")
+    ks, ki = hs[:n][by_id], hi[:n][by_id]
+    order = np.argsort(-ks, kind="mergesort")  # stable: equal scores stay in id order
+    for j in range(n):
+        out_s[j] = ks[order[j]]
+        out_i[j] = ki[order[j]]
+
+
+@numba.njit(cache=True, nogil=True)
 def _top_k_touched(acc: np.ndarray, seen: np.ndarray, touched: np.ndarray, n_touched: int, ids: np.ndarray,
                    k: int, out_s: np.ndarray, out_i: np.ndarray) -> None:
     """Write the top ``k`` of ``acc[touched[:n_touched]]`` (scores > 0; score desc, then id asc) into out_s /
@@ -84,6 +118,33 @@ def _top_k_touched(acc: np.ndarray, seen: np.ndarray, touched: np.ndarray, n_tou
         out_i[j] = ki[order[j]]
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def accumulate(t: int, w: np.float32, p_indptr: np.ndarray, p_docs: np.ndarray, p_weights: np.ndarray,
+               acc: np.ndarray, seen: np.ndarray, touched: np.ndarray, n_touched: int) -> int:
+    """Add ``w`` times term ``t``'s posting weights into ``acc``, listing newly touched rows; returns the count."""
+    for p in range(p_indptr[t], p_indptr[t + 1]):
+        d = p_docs[p]
+        if not seen[d]:
+            seen[d] = True
+            touched[n_touched] = d
+            n_touched += 1
+        acc[d] += w * p_weights[p]
+    return n_touched
+
+
+@numba.njit(cache=True, nogil=True)
+def taat_query(q: int, q_indptr: np.ndarray, q_terms: np.ndarray, q_weights: np.ndarray, p_indptr: np.ndarray,
+               p_docs: np.ndarray, p_weights: np.ndarray, ids: np.ndarray, k: int, acc: np.ndarray,
+               seen: np.ndarray, touched: np.ndarray, out_s: np.ndarray, out_i: np.ndarray) -> None:
+    """Top ``k`` of query ``q`` into out_s / out_i: its terms' postings accumulated in query order, then the
+    touched rows' top k (``acc`` and ``seen`` are left cleared)."""
+    n_touched = 0
+    for j in range(q_indptr[q], q_indptr[q + 1]):
+        n_touched = accumulate(q_terms[j], q_weights[j], p_indptr, p_docs, p_weights, acc, seen, touched,
+                               n_touched)
+    _top_k_touched(acc, seen, touched, n_touched, ids, k, out_s, out_i)
+
+
 def _search_taat(q_indptr: np.ndarray, q_terms: np.ndarray, q_weights: np.ndarray, p_indptr: np.ndarray,
                 p_docs: np.ndarray, p_weights: np.ndarray, ids: np.ndarray, k: int,
                 chunk: int) -> tuple[np.ndarray, np.ndarray]:
@@ -100,17 +161,8 @@ def _search_taat(q_indptr: np.ndarray, q_terms: np.ndarray, q_weights: np.ndarra
         seen = np.zeros(n_docs, dtype=np.bool_)
         touched = np.empty(n_docs, dtype=np.int64)
         for q in range(c * chunk, min(n_queries, (c + 1) * chunk)):
-            n_touched = 0
-            for j in range(q_indptr[q], q_indptr[q + 1]):
-                t, w = q_terms[j], q_weights[j]
-                for p in range(p_indptr[t], p_indptr[t + 1]):
-                    d = p_docs[p]
-                    if not seen[d]:
-                        seen[d] = True
-                        touched[n_touched] = d
-                        n_touched += 1
-                    acc[d] += w * p_weights[p]
-            _top_k_touched(acc, seen, touched, n_touched, ids, k, out_s[q], out_i[q])
+            taat_query(q, q_indptr, q_terms, q_weights, p_indptr, p_docs, p_weights, ids, k, acc, seen, touched,
+                       out_s[q], out_i[q])
     return out_s, out_i
 
 

@@ -27,10 +27,13 @@ import scipy.sparse as sp
 from madr.search.params import SearchParams, resolve
 from madr.search.protocol import PAD_ID, TopK, document_ids, pad_rows
 from madr.search.sparse.compiled import search_taat
+from madr.search.sparse.maxscore import search_maxscore
 from madr.search.sparse.vectors import SparseBatch
 
 _FORMAT = "madr.sparse.InvertedIndex/1"
 AUTO_BATCH_ENTRIES = 4_000_000  # default query batch: about this many (query, doc) score slots per product
+ENGINES = ("auto", "compiled", "maxscore", "scipy")
+MAXSCORE_MAX_K = 24  # "auto" prunes up to this k: beyond, rescoring the survivors costs what pruning saves
 
 
 def _as_ids(ids: Sequence[int] | np.ndarray | None, n: int, start: int) -> np.ndarray:
@@ -70,6 +73,30 @@ def _prune_postings(csc: sp.csc_array, ids: np.ndarray, max_postings: int) -> sp
     return sp.csc_array((csc.data[keep], (csc.indices[keep], cols[keep])), shape=csc.shape)
 
 
+def term_maxima(csc: sp.csc_array) -> np.ndarray:
+    """The largest weight of every posting list (float32 [V]; 0 for empty lists): MaxScore's per-term bound."""
+    out = np.zeros(csc.shape[1], dtype=np.float32)
+    lens = np.diff(csc.indptr)
+    full = np.flatnonzero(lens)
+    if full.size:
+        out[full] = np.maximum.reduceat(csc.data, csc.indptr[full])
+    return out
+
+
+def _checked_term_max(path: str | Path, term_max: np.ndarray, csc: sp.csc_array) -> np.ndarray:
+    """A saved ``term_max`` field, checked against the postings it bounds: a wrong bound would make MaxScore
+    drop documents silently, and the check costs one pass, like the posting check before it."""
+    if term_max.shape != (csc.shape[1],) or term_max.dtype != np.float32:
+        raise ValueError(f"{path}: field 'term_max' has shape {term_max.shape} and dtype {term_max.dtype}, "
+                         f"expected ({csc.shape[1]},) float32")
+    expected = term_maxima(csc)
+    if not np.array_equal(term_max, expected):
+        t = int(np.flatnonzero(term_max != expected)[0])
+        raise ValueError(f"{path}: field 'term_max' is {term_max[t]} for term {t}, its postings' largest "
+                         f"weight is {expected[t]}")
+    return term_max
+
+
 class InvertedIndex:
     """Term-major (CSC) index of sparse document vectors with global int64 document ids.
 
@@ -88,6 +115,8 @@ class InvertedIndex:
         self._postings = sp.csc_array((0, self.vocab_size), dtype=np.float32)
         self._ids = np.zeros(0, dtype=np.int64)
         self._pending: list[SparseBatch] = []
+        self._term_max: np.ndarray | None = None  # per-term max weight, built with the postings (maxscore)
+        self._non_negative: bool | None = None  # every posting weight >= 0 (MaxScore's bounds need it)
 
     @classmethod
     def build(cls, docs: SparseBatch, ids: Sequence[int] | np.ndarray | None = None,
@@ -123,7 +152,16 @@ class InvertedIndex:
                 csc = _prune_postings(csc, self._ids, self.max_postings_per_term)
             self._postings = csc
             self._pending = []
+            self._term_max = self._non_negative = None
         return self._postings
+
+    def term_max(self) -> np.ndarray:
+        """Each term's largest posting weight (float32 [V]; MaxScore's bounds), built once per compaction and
+        saved with the index."""
+        p = self._compact()
+        if self._term_max is None:
+            self._term_max = term_maxima(p)
+        return self._term_max
 
     # ---- search ------------------------------------------------------------------------------------------
 
@@ -164,20 +202,24 @@ class InvertedIndex:
             return list(pool.map(run, starts))
 
     def search(self, queries: SparseBatch, params: SearchParams | None = None, *, batch_size: int | None = None,
-               num_threads: int = 1, engine: str = "compiled", **overrides) -> TopK:
+               num_threads: int = 1, engine: str = "auto", **overrides) -> TopK:
         """Exact top ``params.k`` by dot product: (scores [Q, k] float32, ids [Q, k] int64), padded -inf / -1
         (a ``madr.search.protocol.Searcher``; only ``k`` applies).
 
-        ``engine="compiled"`` (default): one numba pass per query (``madr.search.sparse.compiled``), queries
-        spread over ``num_threads`` threads. ``engine="scipy"``: ``batch_size`` queries per sparse product
-        (``None``: chosen from the index size), ``num_threads`` > 1 scores batches concurrently; the reference.
+        Engines, all with the same results: ``"compiled"``: one numba pass per query
+        (``madr.search.sparse.compiled``), queries spread over ``num_threads`` threads. ``"maxscore"``: the same
+        with MaxScore dynamic pruning (``madr.search.sparse.maxscore``; plain when a weight is negative).
+        ``"auto"`` (default): ``maxscore`` for ``k <= MAXSCORE_MAX_K``, else ``compiled``. ``"scipy"``:
+        ``batch_size`` queries per sparse product (``None``: chosen from the index size), ``num_threads`` > 1
+        scores batches concurrently; the reference.
         """
         k = resolve(params, overrides).k
         self.check_queries(queries)
-        if engine == "compiled":
-            return self._search_compiled(queries, k, num_threads)
+        if engine not in ENGINES:
+            raise ValueError(f"search: engine must be one of {ENGINES}, got {engine!r}")
         if engine != "scipy":
-            raise ValueError(f"search: engine must be 'compiled' or 'scipy', got {engine!r}")
+            pruned = engine == "maxscore" or (engine == "auto" and k <= MAXSCORE_MAX_K)
+            return self._search_compiled(queries, k, num_threads, pruned)
 
         def top(_: int, res: sp.csr_array) -> list[tuple[np.ndarray, np.ndarray]]:
             bounds = zip(res.indptr[:-1], res.indptr[1:], strict=True)
@@ -186,16 +228,27 @@ class InvertedIndex:
         batches = self._map_batches(queries, batch_size, num_threads, top)
         return pad_rows([row for rows in batches for row in rows], k)
 
-    def _search_compiled(self, queries: SparseBatch, k: int, num_threads: int) -> TopK:
+    def _search_compiled(self, queries: SparseBatch, k: int, num_threads: int, pruned: bool) -> TopK:
+        """The numba kernels; ``pruned``: MaxScore, when every weight is >= 0 (else its bounds do not hold)."""
         if num_threads < 1:
             raise ValueError(f"num_threads must be >= 1, got {num_threads}")
         p = self._compact()
         if len(queries) == 0:
             return pad_rows([], k)
-        return search_taat(np.asarray(queries.indptr, np.int64), np.asarray(queries.indices, np.int64),
-                           np.asarray(queries.values, np.float32), p.indptr.astype(np.int64, copy=False),
-                           p.indices.astype(np.int64, copy=False), p.data.astype(np.float32, copy=False),
-                           self._ids, k, num_threads)
+        q = (np.asarray(queries.indptr, np.int64), np.asarray(queries.indices, np.int64),
+             np.asarray(queries.values, np.float32))
+        postings = (p.indptr.astype(np.int64, copy=False), p.indices.astype(np.int64, copy=False),
+                    p.data.astype(np.float32, copy=False))
+        if pruned and self.non_negative():
+            return search_maxscore(*q, *postings, self.term_max(), self._ids, k, num_threads)
+        return search_taat(*q, *postings, self._ids, k, num_threads)
+
+    def non_negative(self) -> bool:
+        """Every posting weight is >= 0 (SPLADE, BM25): MaxScore's bounds hold. Computed once per compaction."""
+        p = self._compact()
+        if self._non_negative is None:
+            self._non_negative = bool(p.data.size == 0 or p.data.min() >= 0)
+        return self._non_negative
 
     def _rows_of(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Global ids -> (row positions, found mask); rows are 0 where not found."""
@@ -261,11 +314,13 @@ class InvertedIndex:
         return int(p.data.nbytes + p.indices.nbytes + p.indptr.nbytes + self._ids.nbytes)
 
     def save(self, path: str | Path) -> None:
-        """Write an uncompressed ``.npz`` of plain arrays (no pickle)."""
+        """Write an uncompressed ``.npz`` of plain arrays (no pickle), ``term_max`` included (files written
+        before it existed load too: it is rebuilt from the postings)."""
         p = self._compact()
         np.savez(path, format=np.array(_FORMAT), data=p.data, indices=p.indices, indptr=p.indptr,
                  ids=self._ids, vocab_size=np.array(self.vocab_size, dtype=np.int64),
-                 max_postings_per_term=np.array(self.max_postings_per_term or 0, dtype=np.int64))
+                 max_postings_per_term=np.array(self.max_postings_per_term or 0, dtype=np.int64),
+                 term_max=self.term_max())
 
     @staticmethod
     def saved_term_ids(path: str | Path) -> np.ndarray:
@@ -286,6 +341,7 @@ class InvertedIndex:
             if str(f["format"]) != _FORMAT:
                 raise ValueError(f"{path}: field 'format' is {str(f['format'])!r}, expected {_FORMAT!r}")
             arrays = {name: f[name] for name in fields - {"format"}}
+            term_max = f["term_max"] if "term_max" in f.files else None
         vocab, n = int(arrays["vocab_size"]), int(arrays["ids"].size)
         if arrays["indptr"].shape != (vocab + 1,):
             raise ValueError(f"{path}: field 'indptr' has shape {arrays['indptr'].shape}, expected "
@@ -298,4 +354,6 @@ class InvertedIndex:
         except ValueError as e:
             raise ValueError(f"{path}: posting arrays are inconsistent ({e})") from e
         index._ids = _as_ids(arrays["ids"], n, 0)
+        if term_max is not None:
+            index._term_max = _checked_term_max(path, term_max, index._postings)
         return index

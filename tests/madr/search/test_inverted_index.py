@@ -48,7 +48,7 @@ def assert_same(got, expected, what):
     np.testing.assert_allclose(got[0], expected[0], rtol=1e-6, err_msg=f"{what}: scores differ")
 
 
-@pytest.mark.parametrize("engine", ["compiled", "scipy"])
+@pytest.mark.parametrize("engine", ["compiled", "maxscore", "scipy"])
 @pytest.mark.parametrize("k", [1, 10, 100, 1000])
 def test_search_equals_brute_force_with_ties_and_global_ids(corpus, k, engine):
     docs, queries, ids = corpus
@@ -70,7 +70,7 @@ def test_search_with_float_weights_equals_brute_force():
                 "float weights")
 
 
-@pytest.mark.parametrize("engine", ["compiled", "scipy"])
+@pytest.mark.parametrize("engine", ["compiled", "maxscore", "scipy"])
 def test_fewer_matches_than_k_are_padded_and_zero_score_docs_not_returned(engine):
     docs = SparseBatch.from_pairs([([0], [1.0]), ([1], [2.0]), ([0, 1], [3.0, 1.0])], vocab_size=3)
     queries = SparseBatch.from_pairs([([0], [1.0]), ([2], [1.0])], vocab_size=3)
@@ -195,7 +195,7 @@ def test_empty_index_returns_padding():
 
 def test_one_thread_search_starts_no_thread_pool():
     """A serving process searches with num_threads=1: numba's worker pool (idle workers compete with torch)
-    must not start; with num_threads=2 it does. Run in a fresh interpreter (numba's private pool flag)."""
+    must not start (plain or MaxScore kernel); with num_threads=2 it does. Run in a fresh interpreter (numba's private pool flag)."""
     import subprocess
     import sys
 
@@ -204,7 +204,8 @@ import numba.np.ufunc.parallel as pool
 from madr.search.sparse import InvertedIndex, SparseBatch
 docs = SparseBatch.from_pairs([([0, 1], [1.0, 2.0]), ([1], [1.0])], vocab_size=2)
 index, q = InvertedIndex.build(docs), SparseBatch.from_pairs([([1], [1.0])] * 8, vocab_size=2)
-index.search(q, k=1)
+index.search(q, k=1, engine="compiled")
+index.search(q, k=1, engine="maxscore")
 one = pool._is_initialized
 index.search(q, k=1, num_threads=2)
 print(one, pool._is_initialized)
