@@ -29,7 +29,7 @@ from torch import nn
 from madr.losses import DistillationMSELoss
 from madr.modeling.model import BiEncoder, Tower
 from madr.training.loop import Optimisation
-from madr.training.teacher_targets import TeacherTargets
+from madr.training.teacher_targets import TeacherTargets, cache_teacher_targets
 
 Tokenize = Callable[[list[str]], dict[str, torch.Tensor]]
 Probe = Callable[[Tower], dict[str, float]]  # student -> held-out metrics (e.g. x-ling top-1)
@@ -108,19 +108,21 @@ def _set_layer_count(config: object, picks: list[int], total: int) -> None:
 
 @dataclass
 class DistillHistory:
-    """Training loss per step; at each evaluation the mean held-out student-teacher L2 distance and, with a
-    `probe`, its metrics (e.g. cross-lingual top-1 on a held-out slice): the distillation curve."""
+    """Training loss per step; at each evaluation the mean held-out student-teacher L2 and cosine distances
+    and, with a `probe`, its metrics (e.g. cross-lingual top-1 on a held-out slice): the distillation curve."""
 
     losses: list[float] = field(default_factory=list)
     eval_steps: list[int] = field(default_factory=list)
     eval_distance: list[float] = field(default_factory=list)
+    eval_cosine: list[float] = field(default_factory=list)
     eval_probe: list[dict[str, float]] = field(default_factory=list)
 
     def curve(self) -> list[dict[str, float]]:
-        """One point per evaluation: step, held-out distance and the probe's metrics (JSON-ready)."""
+        """One point per evaluation: step, held-out L2 and cosine distances, the probe's metrics (JSON-ready)."""
         probes = self.eval_probe or [{}] * len(self.eval_steps)
-        return [{"step": float(step), "held_out_l2": dist, **probe}
-                for step, dist, probe in zip(self.eval_steps, self.eval_distance, probes, strict=True)]
+        return [{"step": float(step), "held_out_l2": dist, "held_out_cosine_distance": cos, **probe}
+                for step, dist, cos, probe in zip(self.eval_steps, self.eval_distance, self.eval_cosine, probes,
+                                                  strict=True)]
 
 
 def _tokenizer_for(teacher: Tower | BiEncoder, tokenize: Tokenize | None) -> Tokenize:
@@ -135,10 +137,20 @@ def _embed(tower: Tower, enc: dict[str, torch.Tensor], device: torch.device) -> 
     return tower(enc["input_ids"].to(device), enc["attention_mask"].to(device)).embedding
 
 
-@torch.no_grad()
 def student_teacher_distance(teacher: Tower | BiEncoder, student: Tower, texts: Sequence[str],
-                             tokenize: Tokenize | None = None, batch_size: int = 64) -> float:
-    """Mean L2 distance `||s(x) - t(x)||_2` over `texts`, both towers in eval mode."""
+                             tokenize: Tokenize | None = None, batch_size: int = 64,
+                             targets: TeacherTargets | None = None) -> float:
+    """Mean L2 distance `||s(x) - t(x)||_2` over `texts`, both towers in eval mode; the teacher's outputs
+    looked up in `targets` when given (it must hold every text)."""
+    return student_teacher_gaps(teacher, student, texts, tokenize, batch_size, targets)[0]
+
+
+@torch.no_grad()
+def student_teacher_gaps(teacher: Tower | BiEncoder, student: Tower, texts: Sequence[str],
+                         tokenize: Tokenize | None = None, batch_size: int = 64,
+                         targets: TeacherTargets | None = None) -> tuple[float, float]:
+    """(mean L2 distance, mean cosine distance `1 - cos(s(x), t(x))`) over `texts`, both towers in eval mode.
+    The cosine distance is what a cosine-scored student is judged on: the L2 one also counts the norms."""
     tokenize = _tokenizer_for(teacher, tokenize)
     t_tower = _teacher_tower(teacher)
     if not texts:
@@ -147,13 +159,17 @@ def student_teacher_distance(teacher: Tower | BiEncoder, student: Tower, texts: 
     t_tower.eval()
     student.eval()
     device = next(student.parameters()).device
-    total = 0.0
+    l2 = cosine = 0.0
     for i in range(0, len(texts), batch_size):
-        enc = tokenize(list(texts[i:i + batch_size]))
-        total += float((_embed(student, enc, device) - _embed(t_tower, enc, device)).norm(dim=-1).sum())
+        chunk = list(texts[i:i + batch_size])
+        enc = tokenize(chunk)
+        target = targets.lookup(chunk).to(device) if targets is not None else _embed(t_tower, enc, device)
+        out = _embed(student, enc, device)
+        l2 += float((out - target).norm(dim=-1).sum())
+        cosine += float((1 - torch.nn.functional.cosine_similarity(out, target, dim=-1)).sum())
     t_tower.train(modes[0])
     student.train(modes[1])
-    return total / len(texts)
+    return l2 / len(texts), cosine / len(texts)
 
 
 def distill(teacher: Tower | BiEncoder, student: Tower, texts: Sequence[str], steps: int = 1000,
@@ -193,6 +209,10 @@ def distill(teacher: Tower | BiEncoder, student: Tower, texts: Sequence[str], st
                                 max_grad_norm=max_grad_norm)  # constant learning rate
     generator = torch.Generator().manual_seed(seed)
     history = DistillHistory()
+    eval_targets = None  # the held-out texts' teacher outputs, encoded once when the teacher is cached
+    if targets is not None and eval_texts:
+        eval_targets = (targets if all(t in targets for t in eval_texts)
+                        else cache_teacher_targets(t_tower, eval_texts, tokenize))
     order: list[int] = []
     first = 1
     if checkpoint is not None and Path(checkpoint).is_file():
@@ -202,7 +222,9 @@ def distill(teacher: Tower | BiEncoder, student: Tower, texts: Sequence[str], st
     def evaluate(step: int) -> None:
         if eval_texts:
             history.eval_steps.append(step)
-            history.eval_distance.append(student_teacher_distance(t_tower, student, eval_texts, tokenize))
+            l2, cosine = student_teacher_gaps(t_tower, student, eval_texts, tokenize, targets=eval_targets)
+            history.eval_distance.append(l2)
+            history.eval_cosine.append(cosine)
             if probe is not None:
                 was = student.training
                 student.eval()

@@ -40,7 +40,7 @@ from madr.training.distill import (
     attach_query_student,
     distill,
     make_student,
-    student_teacher_distance,
+    student_teacher_gaps,
 )
 from madr.training.teacher_targets import cache_teacher_targets
 
@@ -183,16 +183,18 @@ def _distil_tower(cfg: MultiTaskExperimentConfig, teacher: BiEncoder, side: str,
     def tokenize(texts: list[str]) -> dict[str, torch.Tensor]:
         return teacher.tokenize(texts, side)
 
-    before = student_teacher_distance(source, student, held, tokenize)
-    targets = cache_teacher_targets(source, texts, tokenize) if s.cache_targets else None
+    targets = cache_teacher_targets(source, texts + held, tokenize) if s.cache_targets else None
+    before = student_teacher_gaps(source, student, held, tokenize, targets=targets)
     checkpoint = Path(cfg.output_dir) / f"distil_seed{seed}_{side}.pt" if s.checkpoint else None
     history = distill(source, student, texts, steps=s.steps, batch_size=s.batch_size, lr=s.learning_rate,
                       seed=seed, tokenize=tokenize, loss=student_loss(cfg), targets=targets, probe=probe,
                       eval_texts=held if s.eval_every else None, eval_every=s.eval_every, checkpoint=checkpoint)
     student.eval()
-    after = student_teacher_distance(source, student, held, tokenize)
-    report: dict[str, Any] = {f"{side}_held_out_l2_before": before, f"{side}_held_out_l2_after": after,
+    after = student_teacher_gaps(source, student, held, tokenize, targets=targets)
+    report: dict[str, Any] = {f"{side}_held_out_l2_before": before[0], f"{side}_held_out_l2_after": after[0],
                               f"{side}_student_layers": float(layers)}
+    if s.loss != "mse" or s.eval_every:  # a new key only where the settings are new: old results keep their keys
+        report.update({f"{side}_held_out_cosine_before": before[1], f"{side}_held_out_cosine_after": after[1]})
     if s.eval_every:
         report[f"{side}_curve"] = history.curve()
         if probe is not None:
