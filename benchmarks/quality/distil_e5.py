@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import time
 from pathlib import Path
@@ -107,7 +108,7 @@ def teacher_targets(teacher: BiEncoder, texts: list[str], path: Path) -> tuple[T
 
 
 def run_arm(run, teacher: BiEncoder, arm: dict, texts: list[str], targets: TeacherTargets, held: list[str],
-            probe, final_probe, seed: int, out: Path) -> dict[str, Any]:
+            probe, final_probe, seed: int, out: Path, run_id: str) -> dict[str, Any]:
     """One student distilled as `arm` says; its curve, final top-1 and seconds per step."""
     s = run.cfg.student
     student = make_student(teacher.query_tower, len(arm["layers"]), arm["layers"])
@@ -115,7 +116,7 @@ def run_arm(run, teacher: BiEncoder, arm: dict, texts: list[str], targets: Teach
     history = distill(teacher.query_tower, student, texts, steps=s.steps, batch_size=s.batch_size,
                       lr=s.learning_rate, seed=seed, tokenize=lambda b: teacher.tokenize(b, "query"),
                       loss=loss_module(arm["loss"], run.cfg), targets=targets, probe=probe, eval_texts=held,
-                      eval_every=s.eval_every or s.steps, checkpoint=out / f"{arm['name']}_seed{seed}.pt")
+                      eval_every=s.eval_every or s.steps, checkpoint=out / f"{arm['name']}_seed{seed}_{run_id}.pt")
     seconds = time.perf_counter() - t0
     student.eval()
     with torch.no_grad():
@@ -184,7 +185,8 @@ def main(argv: list[str] | None = None) -> dict:
         if arm["name"] in results and results[arm["name"]]["layers"] == arm["layers"]:
             print(f"{arm['name']}: cached in {partial}", flush=True)
             continue
-        results[arm["name"]] = run_arm(run, teacher, arm, texts, targets, held, probe, final, seed, out)
+        results[arm["name"]] = run_arm(run, teacher, arm, texts, targets, held, probe, final, seed, out,
+                                       hashlib.sha1(key.encode()).hexdigest()[:10])
         print(f"{arm['name']}: {json.dumps({k: v for k, v in results[arm['name']].items() if k != 'curve'})}",
               flush=True)
         partial.parent.mkdir(parents=True, exist_ok=True)

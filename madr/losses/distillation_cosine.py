@@ -37,6 +37,9 @@ class DistillationCosineLoss(nn.Module):
         self.similarity_weight = similarity_weight
         self.temperature = temperature
 
+    def extra_repr(self) -> str:
+        return f"similarity_weight={self.similarity_weight}, temperature={self.temperature}"
+
     def forward(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
         if student.dim() != 2 or student.shape != teacher.shape or student.shape[0] == 0:
             raise ValueError(

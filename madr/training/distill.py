@@ -8,8 +8,11 @@ embeddings, M = 32, Sec. VI-A). Here:
 * `make_student(teacher, num_layers=3)`: a copy of the teacher's query tower whose backbone keeps only its
   first `num_layers` transformer layers (or the ones named by `layers`), with the teacher's embeddings, head
   and projection as the initial weights, so the student starts from the teacher's lower half;
-* `distill(teacher, student, texts, ...)`: minimises `DistillationMSELoss` between the student's and the
-  frozen teacher's query embeddings (teacher in eval mode, no gradient);
+* `distill(teacher, student, texts, ...)`: minimises `DistillationMSELoss` (or `DistillationCosineLoss`, for a
+  cosine score) between the student's and the frozen teacher's query embeddings (teacher in eval mode, no
+  gradient; or its outputs cached once per text, `madr.training.teacher_targets`), recording a curve
+  (held-out L2 and cosine distances, an optional probe such as cross-lingual top-1) and, with `checkpoint`,
+  saving what a stopped run needs to resume;
 * `attach_query_student(model, student)`: a bi-encoder for serving whose query tower is the student and whose
   document tower is the teacher's. Its towers are separate (`shared_towers=False`), each backbone is saved with
   its own HF config, so `BiEncoder.save` / `BiEncoder.load` round-trip it as is.
@@ -215,8 +218,11 @@ def distill(teacher: Tower | BiEncoder, student: Tower, texts: Sequence[str], st
                         else cache_teacher_targets(t_tower, eval_texts, tokenize))
     order: list[int] = []
     first = 1
+    # what a checkpoint must agree on to be resumed (not `steps`: a finished run can be extended)
+    fingerprint = (f"texts={len(texts)} batch={batch_size} lr={lr} seed={seed} wd={weight_decay} "
+                   f"clip={max_grad_norm} loss={loss_fn!r} eval_every={eval_every}")
     if checkpoint is not None and Path(checkpoint).is_file():
-        done, order = _resume(Path(checkpoint), student, optimisation, generator, history)
+        done, order = _resume(Path(checkpoint), student, optimisation, generator, history, fingerprint)
         first = done + 1
 
     def evaluate(step: int) -> None:
@@ -254,7 +260,7 @@ def distill(teacher: Tower | BiEncoder, student: Tower, texts: Sequence[str], st
         if eval_every and step % eval_every == 0 and step != steps:
             evaluate(step)
             if checkpoint is not None:
-                _save(Path(checkpoint), step, student, optimisation, generator, order, history)
+                _save(Path(checkpoint), step, student, optimisation, generator, order, history, fingerprint)
     evaluate(steps)
     t_tower.train(teacher_mode)
     student.train(student_mode)
@@ -262,21 +268,25 @@ def distill(teacher: Tower | BiEncoder, student: Tower, texts: Sequence[str], st
 
 
 def _save(path: Path, step: int, student: Tower, optimisation: Optimisation, generator: torch.Generator,
-          order: list[int], history: DistillHistory) -> None:
+          order: list[int], history: DistillHistory, fingerprint: str) -> None:
     """Write the resumable state atomically (a half-written file never replaces a good one)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {"step": step, "student": student.state_dict(), "optimizer": optimisation.optimizer.state_dict(),
              "generator": generator.get_state(), "torch_rng": torch.get_rng_state(), "order": list(order),
-             "history": dataclasses.asdict(history)}
+             "history": dataclasses.asdict(history), "fingerprint": fingerprint}
     tmp = path.with_name(path.name + ".tmp")
     torch.save(state, tmp)
     tmp.replace(path)
 
 
 def _resume(path: Path, student: Tower, optimisation: Optimisation, generator: torch.Generator,
-            history: DistillHistory) -> tuple[int, list[int]]:
-    """Load `_save`'s state into the arguments; returns the step it was saved at and the batch order left."""
+            history: DistillHistory, fingerprint: str) -> tuple[int, list[int]]:
+    """Load `_save`'s state into the arguments; returns the step it was saved at and the batch order left.
+    A checkpoint of other settings is refused (resuming it would silently mix two runs)."""
     state = torch.load(path, weights_only=True)
+    if state.get("fingerprint") != fingerprint:
+        raise ValueError(f"{path}: checkpoint of other distillation settings ({state.get('fingerprint')}) than "
+                         f"this run ({fingerprint}); delete it to start over")
     student.load_state_dict(state["student"])
     optimisation.optimizer.load_state_dict(state["optimizer"])
     generator.set_state(state["generator"])

@@ -5,6 +5,8 @@ distilled query student."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -169,6 +171,14 @@ def xling_probe(teacher: BiEncoder, data: MultilingualData, side: str, sources: 
     return probe
 
 
+def _run_id(cfg: MultiTaskExperimentConfig) -> str:
+    """A short hash of the whole configuration but `student.steps`: a student checkpoint belongs to one teacher
+    and one recipe, and a finished run can be extended by raising the steps."""
+    settings = cfg.to_dict()
+    settings["student"] = {k: v for k, v in settings["student"].items() if k != "steps"}
+    return hashlib.sha1(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
 def _distil_tower(cfg: MultiTaskExperimentConfig, teacher: BiEncoder, side: str, layers: int, texts: list[str],
                   held: list[str], seed: int, picks: list[int] | None = None,
                   probe: Probe | None = None) -> tuple[Tower, dict[str, Any]]:
@@ -185,7 +195,7 @@ def _distil_tower(cfg: MultiTaskExperimentConfig, teacher: BiEncoder, side: str,
 
     targets = cache_teacher_targets(source, texts + held, tokenize) if s.cache_targets else None
     before = student_teacher_gaps(source, student, held, tokenize, targets=targets)
-    checkpoint = Path(cfg.output_dir) / f"distil_seed{seed}_{side}.pt" if s.checkpoint else None
+    checkpoint = Path(cfg.output_dir) / f"distil_seed{seed}_{side}_{_run_id(cfg)}.pt" if s.checkpoint else None
     history = distill(source, student, texts, steps=s.steps, batch_size=s.batch_size, lr=s.learning_rate,
                       seed=seed, tokenize=tokenize, loss=student_loss(cfg), targets=targets, probe=probe,
                       eval_texts=held if s.eval_every else None, eval_every=s.eval_every, checkpoint=checkpoint)

@@ -116,6 +116,8 @@ def test_checkpoint_resumes_to_the_uninterrupted_run(teacher, tmp_path):
         assert torch.allclose(value, full_student.state_dict()[key], atol=1e-6), f"{key} differs after resume"
     with pytest.raises(ValueError, match="eval_every"):
         distill(teacher, resumed_student, TRAIN, steps=2, checkpoint=path)
+    with pytest.raises(ValueError, match="ckpt.pt: checkpoint of other distillation settings"):
+        distill(teacher, resumed_student, TRAIN, **{**kwargs, "lr": 1e-3}, checkpoint=path)
 
 
 def test_cosine_loss_closes_the_cosine_gap_and_spread_layers_train(teacher):
