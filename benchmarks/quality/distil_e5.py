@@ -45,8 +45,12 @@ from madr.recipes.multitask.encoders import HELD_OUT_DISTANCE_TEXTS, xling_probe
 from madr.training.distill import distill, make_student
 from madr.training.teacher_targets import TeacherTargets, cache_teacher_targets
 
-DEFAULT_ARMS = ("mse_first3:mse:0,1,2", "cosine_first3:cosine:0,1,2", "mse_spread:mse:0,6,11",
-                "cosine_spread:cosine:0,6,11")
+DEFAULT_ARMS = (
+    "mse_first3:mse:0,1,2",
+    "cosine_first3:cosine:0,1,2",
+    "mse_spread:mse:0,6,11",
+    "cosine_spread:cosine:0,6,11",
+)
 LOSSES = ("mse", "cosine", "cosine+kl")
 
 
@@ -71,7 +75,7 @@ def capped_texts(data: MultilingualData, cap: int | None) -> list[str]:
     every = query_side_texts(data)
     if cap is None or cap >= len(every):
         return every
-    return every[::len(every) // cap][:cap]
+    return every[:: len(every) // cap][:cap]
 
 
 def loss_module(loss: str, cfg) -> torch.nn.Module:
@@ -90,8 +94,9 @@ def load_teacher(run, path: str | None) -> BiEncoder:
         return teacher.eval()
 
     cfg = dataclasses.replace(run.cfg, steps=0)
-    return train_model(cfg, run.tokenizer, run.data, run.cfg.tasks.baseline, 0, {**run.bench,
-                                                                               "freeze_word_embeddings": True})[0]
+    return train_model(
+        cfg, run.tokenizer, run.data, run.cfg.tasks.baseline, 0, {**run.bench, "freeze_word_embeddings": True}
+    )[0]
 
 
 def teacher_targets(teacher: BiEncoder, texts: list[str], path: Path) -> tuple[TeacherTargets, float]:
@@ -107,22 +112,51 @@ def teacher_targets(teacher: BiEncoder, texts: list[str], path: Path) -> tuple[T
     return targets, seconds
 
 
-def run_arm(run, teacher: BiEncoder, arm: dict, texts: list[str], targets: TeacherTargets, held: list[str],
-            probe, final_probe, seed: int, out: Path, run_id: str) -> dict[str, Any]:
+def run_arm(
+    run,
+    teacher: BiEncoder,
+    arm: dict,
+    texts: list[str],
+    targets: TeacherTargets,
+    held: list[str],
+    probe,
+    final_probe,
+    seed: int,
+    out: Path,
+    run_id: str,
+) -> dict[str, Any]:
     """One student distilled as `arm` says; its curve, final top-1 and seconds per step."""
     s = run.cfg.student
     student = make_student(teacher.query_tower, len(arm["layers"]), arm["layers"])
     t0 = time.perf_counter()
-    history = distill(teacher.query_tower, student, texts, steps=s.steps, batch_size=s.batch_size,
-                      lr=s.learning_rate, seed=seed, tokenize=lambda b: teacher.tokenize(b, "query"),
-                      loss=loss_module(arm["loss"], run.cfg), targets=targets, probe=probe, eval_texts=held,
-                      eval_every=s.eval_every or s.steps, checkpoint=out / f"{arm['name']}_seed{seed}_{run_id}.pt")
+    history = distill(
+        teacher.query_tower,
+        student,
+        texts,
+        steps=s.steps,
+        batch_size=s.batch_size,
+        lr=s.learning_rate,
+        seed=seed,
+        tokenize=lambda b: teacher.tokenize(b, "query"),
+        loss=loss_module(arm["loss"], run.cfg),
+        targets=targets,
+        probe=probe,
+        eval_texts=held,
+        eval_every=s.eval_every or s.steps,
+        checkpoint=out / f"{arm['name']}_seed{seed}_{run_id}.pt",
+    )
     seconds = time.perf_counter() - t0
     student.eval()
     with torch.no_grad():
         top1 = final_probe(student)["xling_top1_probe"]
-    return {**arm, "curve": history.curve(), "xling_top1": top1, "xling_top1_kept": top1 / final_probe.teacher,
-            "seconds": seconds, "loss_last_20": sum(history.losses[-20:]) / max(1, len(history.losses[-20:]))}
+    return {
+        **arm,
+        "curve": history.curve(),
+        "xling_top1": top1,
+        "xling_top1_kept": top1 / final_probe.teacher,
+        "seconds": seconds,
+        "loss_last_20": sum(history.losses[-20:]) / max(1, len(history.losses[-20:])),
+    }
 
 
 def plot(arms: list[dict], teacher_probe: float, path: Path, title: str) -> bool:
@@ -134,8 +168,12 @@ def plot(arms: list[dict], teacher_probe: float, path: Path, title: str) -> bool
     for arm in arms:
         steps = [p["step"] for p in arm["curve"]]
         axes[0].plot(steps, [p["held_out_l2"] for p in arm["curve"]], marker="o", label=arm["name"])
-        axes[1].plot(steps, [p["xling_top1_probe"] / teacher_probe for p in arm["curve"]], marker="o",
-                     label=arm["name"])
+        axes[1].plot(
+            steps,
+            [p["xling_top1_probe"] / teacher_probe for p in arm["curve"]],
+            marker="o",
+            label=arm["name"],
+        )
     axes[0].set_ylabel("held-out student-teacher L2")
     axes[1].set_ylabel("x-ling top-1 kept (student / teacher, probe slice)")
     axes[1].axhline(0.97, color="grey", ls="--", lw=0.8)
@@ -149,15 +187,22 @@ def plot(arms: list[dict], teacher_probe: float, path: Path, title: str) -> bool
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_run_args(p, ROOT / "configs" / "real" / "multitask_e5.yaml", "distil_e5", seeds=[0])
     p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
     p.add_argument("--arm", action="append", default=None, help=f"NAME:LOSS:LAYERS (default {DEFAULT_ARMS})")
     p.add_argument("--teacher", default=None, help="a saved BiEncoder (default: e5 through madr, untrained)")
     p.add_argument("--max-texts", type=int, default=None, help="cap on the query-side training texts")
-    p.add_argument("--held-out-texts", type=int, default=HELD_OUT_DISTANCE_TEXTS,
-                   help="held-out query-side texts the student-teacher distance is measured on (about)")
+    p.add_argument(
+        "--held-out-texts",
+        type=int,
+        default=HELD_OUT_DISTANCE_TEXTS,
+        help="held-out query-side texts the student-teacher distance is measured on (about)",
+    )
     p.set_defaults(build_backbone=False)  # prepare(): the e5 directory must exist
     args = p.parse_args(argv)
     arms = [parse_arm(a) for a in (args.arm or DEFAULT_ARMS)]
@@ -166,42 +211,79 @@ def main(argv: list[str] | None = None) -> dict:
     teacher = load_teacher(run, args.teacher)
     texts = capped_texts(run.data, args.max_texts)
     held = held_out_query_texts(run.data)
-    held = held[::max(1, len(held) // args.held_out_texts)]
-    targets, cache_seconds = teacher_targets(teacher, texts + held, out / f"teacher_targets_query_{len(texts)}.pt")
-    print(f"{len(texts)} training + {len(held)} held-out texts; teacher targets in {cache_seconds:.0f} s", flush=True)
+    held = held[:: max(1, len(held) // args.held_out_texts)]
+    targets, cache_seconds = teacher_targets(
+        teacher, texts + held, out / f"teacher_targets_query_{len(texts)}.pt"
+    )
+    print(
+        f"{len(texts)} training + {len(held)} held-out texts; teacher targets in {cache_seconds:.0f} s",
+        flush=True,
+    )
     t0 = time.perf_counter()
     sources = run.cfg.student.probe_sources or len(run.data.parallel_eval)
     probe = xling_probe(teacher, run.data, "query", sources)
-    final = probe if sources >= len(run.data.parallel_eval) else xling_probe(teacher, run.data, "query",
-                                                                           len(run.data.parallel_eval))
-    print(f"teacher x-ling top-1 {final.teacher:.3f} (probe {probe.teacher:.3f}) in {time.perf_counter() - t0:.0f} s",
-          flush=True)
+    final = (
+        probe
+        if sources >= len(run.data.parallel_eval)
+        else xling_probe(teacher, run.data, "query", len(run.data.parallel_eval))
+    )
+    print(
+        f"teacher x-ling top-1 {final.teacher:.3f} (probe {probe.teacher:.3f}) in {time.perf_counter() - t0:.0f} s",
+        flush=True,
+    )
     partial = Path(args.out_dir) / "results" / f"{args.tag}.partial.json"
-    key = json.dumps({**settings(run), "teacher": args.teacher, "max_texts": args.max_texts}, sort_keys=True,
-                     default=str)
+    key = json.dumps(
+        {**settings(run), "teacher": args.teacher, "max_texts": args.max_texts}, sort_keys=True, default=str
+    )
     done = json.loads(partial.read_text()) if partial.is_file() else {}
     results = done.get("arms", {}) if done.get("key") == key else {}
     for arm in arms:
         if arm["name"] in results and results[arm["name"]]["layers"] == arm["layers"]:
             print(f"{arm['name']}: cached in {partial}", flush=True)
             continue
-        results[arm["name"]] = run_arm(run, teacher, arm, texts, targets, held, probe, final, seed, out,
-                                       hashlib.sha1(key.encode()).hexdigest()[:10])
-        print(f"{arm['name']}: {json.dumps({k: v for k, v in results[arm['name']].items() if k != 'curve'})}",
-              flush=True)
+        results[arm["name"]] = run_arm(
+            run,
+            teacher,
+            arm,
+            texts,
+            targets,
+            held,
+            probe,
+            final,
+            seed,
+            out,
+            hashlib.sha1(key.encode()).hexdigest()[:10],
+        )
+        print(
+            f"{arm['name']}: {json.dumps({k: v for k, v in results[arm['name']].items() if k != 'curve'})}",
+            flush=True,
+        )
         partial.parent.mkdir(parents=True, exist_ok=True)
         partial.write_text(json.dumps({"key": key, "arms": results}, indent=1))
     ordered = [results[a["name"]] for a in arms]
-    result = write_result(run, __spec__.name, [{"seed": seed}], args.out_dir, args.tag, arms=ordered,
-                          teacher=args.teacher or "e5 through madr (untrained, side prefixes)",
-                          training_texts=len(texts), teacher_target_seconds=cache_seconds,
-                          teacher_xling_top1=final.teacher, teacher_xling_top1_probe=probe.teacher,
-                          probe_sources=sources,
-                          held_out_sources=len(run.data.parallel_eval))
+    result = write_result(
+        run,
+        __spec__.name,
+        [{"seed": seed}],
+        args.out_dir,
+        args.tag,
+        arms=ordered,
+        teacher=args.teacher or "e5 through madr (untrained, side prefixes)",
+        training_texts=len(texts),
+        teacher_target_seconds=cache_seconds,
+        teacher_xling_top1=final.teacher,
+        teacher_xling_top1_probe=probe.teacher,
+        probe_sources=sources,
+        held_out_sources=len(run.data.parallel_eval),
+    )
     s = run.cfg.student
-    plot(ordered, probe.teacher, Path(args.out_dir) / "plots" / f"{args.tag}.png",
-         f"3-layer query students of e5 ({s.steps} steps x {s.batch_size}, lr {s.learning_rate}; "
-         f"{len(texts)} texts, seed {seed})")
+    plot(
+        ordered,
+        probe.teacher,
+        Path(args.out_dir) / "plots" / f"{args.tag}.png",
+        f"3-layer query students of e5 ({s.steps} steps x {s.batch_size}, lr {s.learning_rate}; "
+        f"{len(texts)} texts, seed {seed})",
+    )
     return result
 
 

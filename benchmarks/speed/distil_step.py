@@ -38,15 +38,26 @@ def seconds_per_step(teacher, texts: list[str], steps: int, warmup: int, batch: 
         torch.manual_seed(0)
         student = make_student(teacher.query_tower, 3)
         t0 = time.perf_counter()
-        distill(teacher.query_tower, student, texts, steps=n, batch_size=batch, lr=1e-4, tokenize=tokenize,
-                targets=targets)
+        distill(
+            teacher.query_tower,
+            student,
+            texts,
+            steps=n,
+            batch_size=batch,
+            lr=1e-4,
+            tokenize=tokenize,
+            targets=targets,
+        )
         times.append(time.perf_counter() - t0)
     return (times[1] - times[0]) / steps
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_run_args(p, ROOT / "configs" / "real" / "multitask_e5.yaml", "distil_step", seeds=[0])
     p.add_argument("--out-dir", default=str(BENCHMARKS))
     p.add_argument("--steps", type=int, default=5)
@@ -63,11 +74,26 @@ def main(argv: list[str] | None = None) -> dict:
     targets = cache_teacher_targets(teacher.query_tower, texts, lambda b: teacher.tokenize(b, "query"))
     cache_s = time.perf_counter() - t0
     cached = seconds_per_step(teacher, texts, args.steps, args.warmup, args.batch, targets)
-    rows = {"live_s_per_step": live, "cached_s_per_step": cached, "speedup": live / cached,
-            "cache_ms_per_text": 1000 * cache_s / len(texts), "texts_cached": len(texts)}
+    rows = {
+        "live_s_per_step": live,
+        "cached_s_per_step": cached,
+        "speedup": live / cached,
+        "cache_ms_per_text": 1000 * cache_s / len(texts),
+        "texts_cached": len(texts),
+    }
     print(rows, flush=True)
-    return write_result(run, __spec__.name, [{"seed": 0}], args.out_dir, args.tag, steps=args.steps,
-                        warmup=args.warmup, batch=args.batch, threads=args.threads, **rows)
+    return write_result(
+        run,
+        __spec__.name,
+        [{"seed": 0}],
+        args.out_dir,
+        args.tag,
+        steps=args.steps,
+        warmup=args.warmup,
+        batch=args.batch,
+        threads=args.threads,
+        **rows,
+    )
 
 
 if __name__ == "__main__":
