@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,6 @@ from madr.recipes.multitask.data import (
 from madr.recipes.multitask.tasks import ClickTask, NLITask, SideTokenizer, TranslationTask
 from madr.recipes.multitask.trainer import MultiTaskTrainer
 from madr.training.distill import (
-    Probe,
     attach_query_student,
     distill,
     make_student,
@@ -144,30 +144,45 @@ def _tower_vectors(model: BiEncoder, tower: Tower, texts: Sequence[str], side: s
     return torch.cat(out)
 
 
-def xling_probe(teacher: BiEncoder, data: MultilingualData, side: str, sources: int) -> Probe | None:
-    """Cross-lingual top-1 of a `side` student on an even slice of `sources` held-out translation sources
-    against every held-out English sentence (the benchmark's metric on fewer sources; 0: no probe). The other
-    side is the teacher's, encoded once; the teacher's own top-1 on the slice is `probe.teacher`."""
+@dataclass
+class XlingProbe:
+    """Cross-lingual top-1 of a `side` student on held-out translation pairs: `probe(student)` ->
+    {"xling_top1_probe": top-1}; the other side's vectors (`fixed`, the teacher's) are encoded once, and
+    `teacher` is the teacher's own top-1 on the same slice (what the student's is kept relative to)."""
+
+    model: BiEncoder
+    side: str
+    sources: list[str]
+    candidates: list[str]
+    gold: torch.Tensor
+    fixed: torch.Tensor
+    teacher: float = float("nan")
+
+    def top1(self, tower: Tower) -> float:
+        if self.side == "query":
+            scores = _tower_vectors(self.model, tower, self.sources, "query") @ self.fixed.T
+        else:
+            scores = self.fixed @ _tower_vectors(self.model, tower, self.candidates, "doc").T
+        return float((scores.argmax(dim=1) == self.gold).float().mean())
+
+    def __call__(self, student: Tower) -> dict[str, float]:
+        return {"xling_top1_probe": self.top1(student)}
+
+
+def xling_probe(teacher: BiEncoder, data: MultilingualData, side: str, sources: int) -> XlingProbe | None:
+    """The `XlingProbe` of a `side` student on an even slice of `sources` held-out translation sources against
+    every held-out English sentence (the benchmark's metric on fewer sources; 0: no probe); the other side is
+    the teacher's."""
     if sources <= 0 or not data.parallel_eval:
         return None
     pairs = data.parallel_eval[::max(1, len(data.parallel_eval) // sources)][:sources]
     candidates = list(dict.fromkeys(r.target for r in data.parallel_eval))
-    gold = torch.tensor([candidates.index(r.target) for r in pairs])
-    src, tgt = [r.source for r in pairs], candidates
-    fixed = (_tower_vectors(teacher, teacher.tower("doc"), tgt, "doc") if side == "query"
+    where = {t: i for i, t in enumerate(candidates)}
+    src = [r.source for r in pairs]
+    fixed = (_tower_vectors(teacher, teacher.tower("doc"), candidates, "doc") if side == "query"
              else _tower_vectors(teacher, teacher.tower("query"), src, "query"))
-
-    def top1(tower: Tower) -> float:
-        if side == "query":
-            scores = _tower_vectors(teacher, tower, src, "query") @ fixed.T
-        else:
-            scores = fixed @ _tower_vectors(teacher, tower, tgt, "doc").T
-        return float((scores.argmax(dim=1) == gold).float().mean())
-
-    def probe(student: Tower) -> dict[str, float]:
-        return {"xling_top1_probe": top1(student)}
-
-    probe.teacher = top1(teacher.tower(side))  # type: ignore[attr-defined]
+    probe = XlingProbe(teacher, side, src, candidates, torch.tensor([where[r.target] for r in pairs]), fixed)
+    probe.teacher = probe.top1(teacher.tower(side))
     return probe
 
 
@@ -181,7 +196,7 @@ def _run_id(cfg: MultiTaskExperimentConfig) -> str:
 
 def _distil_tower(cfg: MultiTaskExperimentConfig, teacher: BiEncoder, side: str, layers: int, texts: list[str],
                   held: list[str], seed: int, picks: list[int] | None = None,
-                  probe: Probe | None = None) -> tuple[Tower, dict[str, Any]]:
+                  probe: XlingProbe | None = None) -> tuple[Tower, dict[str, Any]]:
     """`teacher`'s `side` tower cut to `layers` layers (the first ones, or the teacher layers `picks`) and
     trained on `student_loss` (Sec. V-A: L2) on `texts` tokenised as that side (its length and text prefix);
     the held-out L2 distance before and after and, with `student.eval_every`, the distillation curve."""
@@ -208,7 +223,7 @@ def _distil_tower(cfg: MultiTaskExperimentConfig, teacher: BiEncoder, side: str,
     if s.eval_every:
         report[f"{side}_curve"] = history.curve()
         if probe is not None:
-            report[f"{side}_teacher_xling_top1_probe"] = probe.teacher  # type: ignore[attr-defined]
+            report[f"{side}_teacher_xling_top1_probe"] = probe.teacher
     return student, report
 
 
