@@ -269,9 +269,12 @@ def distill(teacher: Tower | BiEncoder, student: Tower, texts: Sequence[str], st
 
 def _save(path: Path, step: int, student: Tower, optimisation: Optimisation, generator: torch.Generator,
           order: list[int], history: DistillHistory, fingerprint: str) -> None:
-    """Write the resumable state atomically (a half-written file never replaces a good one)."""
+    """Write the resumable state atomically (a half-written file never replaces a good one). Only the trained
+    weights are saved: frozen ones (e5's 250k x 384 word embeddings, 0.4 GB) are the teacher's copy."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    state = {"step": step, "student": student.state_dict(), "optimizer": optimisation.optimizer.state_dict(),
+    trained = {name for name, p in student.named_parameters() if p.requires_grad}  # frozen weights: the teacher's
+    weights = {k: v for k, v in student.state_dict().items() if k in trained}
+    state = {"step": step, "student": weights, "optimizer": optimisation.optimizer.state_dict(),
              "generator": generator.get_state(), "torch_rng": torch.get_rng_state(), "order": list(order),
              "history": dataclasses.asdict(history), "fingerprint": fingerprint}
     tmp = path.with_name(path.name + ".tmp")
@@ -287,7 +290,10 @@ def _resume(path: Path, student: Tower, optimisation: Optimisation, generator: t
     if state.get("fingerprint") != fingerprint:
         raise ValueError(f"{path}: checkpoint of other distillation settings ({state.get('fingerprint')}) than "
                          f"this run ({fingerprint}); delete it to start over")
-    student.load_state_dict(state["student"])
+    missing = set(state["student"]) - set(student.state_dict())
+    if missing:
+        raise ValueError(f"{path}: checkpoint weights {sorted(missing)[:3]} are not in this student")
+    student.load_state_dict(state["student"], strict=False)  # only the trained weights are saved
     optimisation.optimizer.load_state_dict(state["optimizer"])
     generator.set_state(state["generator"])
     torch.set_rng_state(state["torch_rng"])

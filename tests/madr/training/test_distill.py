@@ -105,6 +105,12 @@ def test_checkpoint_resumes_to_the_uninterrupted_run(teacher, tmp_path):
     full = distill(teacher, full_student, TRAIN, **kwargs)
     path = tmp_path / "ckpt.pt"
     torch.manual_seed(0)
+    frozen = make_student(teacher, num_layers=3)
+    frozen.backbone.get_input_embeddings().weight.requires_grad_(False)
+    distill(teacher, frozen, TRAIN, **{**kwargs, "steps": 15}, checkpoint=tmp_path / "frozen.pt")
+    saved = torch.load(tmp_path / "frozen.pt", weights_only=True)["student"]
+    assert saved and not any("word_embeddings" in k for k in saved), "frozen weights are not saved"
+    torch.manual_seed(0)
     distill(teacher, make_student(teacher, num_layers=3), TRAIN, **{**kwargs, "steps": 15}, checkpoint=path)
     assert path.is_file(), "saved at step 10"
     torch.manual_seed(123)  # a fresh process: other random state, a fresh student
