@@ -7,7 +7,10 @@ instead of truncating it (`configs/real/multitask_e5.yaml`):
   translation pairs of every language in the file, proportional schedule (paper 004 Sec. III-B);
 - serving pair (paper 004 Sec. V-A): the teacher's document tower cut to `student.doc_layers` (6) and its
   query tower cut to `student.num_layers` (3) layers, each distilled with the L2 loss on its side's training
-  texts (every language); and the 3-layer query student beside the teacher's own document tower.
+  texts (every language); and the 3-layer query student beside the teacher's own document tower. The
+  `student:` settings of issue 27 (layer picks, cosine loss, cached teacher targets, `eval_every` curves with a
+  resumable checkpoint) apply; with `student.eval_every` the curves go to the JSON (`distil_curves`) and to
+  plots/<tag>_distil.png.
 
 Rows a user would set up instead, from the same run on the same held-out items: random scores, BM25 on e5's
 word pieces, the untouched e5 with its own recipe (symmetric tasks take "query: " on both sides, ads
@@ -224,6 +227,41 @@ def plot(mean: dict, latency: dict, path: Path, title: str) -> bool:
     return True
 
 
+def distil_curves(runs: list[dict]) -> dict[str, dict[str, list[dict]]]:
+    """seed -> tower -> its distillation curve (`student.eval_every`), from the runs' serving-pair reports."""
+    out: dict[str, dict[str, list[dict]]] = {}
+    for r in runs:
+        report = r.get("training", {}).get(PAIR, {})
+        towers = {side: report[f"{side}_curve"] for side in ("query", "doc") if f"{side}_curve" in report}
+        if towers:
+            out[str(r["seed"])] = towers
+    return out
+
+
+def plot_curves(curves: dict[str, dict[str, list[dict]]], path: Path, title: str) -> bool:
+    """Quality vs distillation steps: held-out student-teacher cosine distance and (with `student.probe_sources`)
+    the probe slice's cross-lingual top-1, per seed and tower."""
+    plt = pyplot()
+    if plt is None or not curves:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for seed, towers in curves.items():
+        for side, curve in towers.items():
+            steps = [p["step"] for p in curve]
+            axes[0].plot(steps, [p["held_out_cosine_distance"] for p in curve], marker="o", label=f"{side} s{seed}")
+            if all("xling_top1_probe" in p for p in curve):
+                axes[1].plot(steps, [p["xling_top1_probe"] for p in curve], marker="o", label=f"{side} s{seed}")
+    axes[0].set_ylabel("held-out 1 - cos(student, teacher)")
+    axes[1].set_ylabel("x-ling top-1 (probe slice; the other side is the teacher's)")
+    for ax in axes:
+        ax.set_xlabel("distillation steps")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    save_figure(fig, path)
+    return True
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -244,11 +282,15 @@ def main(argv: list[str] | None = None) -> dict:
     result = write_result(run, __spec__.name, runs, args.out_dir, args.tag, issue=ISSUE_ASK,
                           shared_seconds=shared["seconds"], fusion_weights=shared["fusion_weights"],
                           fusion_held_in=shared["fusion_held_in"], mean=mean, std=std, latency=lat_mean, table=text,
-                          e5_wheels=list(E5_WHEELS))
+                          e5_wheels=list(E5_WHEELS), distil_curves=distil_curves(runs))
     budget = f"{cfg.steps} steps x {cfg.schedule.batch_size}"
     if plot(mean, lat_mean, Path(args.out_dir) / "plots" / f"{args.tag}.png",
             f"multilingual-e5-small teacher and its distilled towers ({budget}; seeds {result['seeds']})"):
         print(f"plot: {Path(args.out_dir) / 'plots' / f'{args.tag}.png'}")
+    curve_png = Path(args.out_dir) / "plots" / f"{args.tag}_distil.png"
+    if plot_curves(result["distil_curves"], curve_png, f"distillation curves ({cfg.student.loss} loss, "
+                   f"{cfg.student.steps} steps x {cfg.student.batch_size}; seeds {result['seeds']})"):
+        print(f"plot: {curve_png}")
     return result
 
 

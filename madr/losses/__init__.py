@@ -14,11 +14,13 @@
 | `NLICosineLoss` (+ `nli_targets`) | 004 Eq. 2 | NLI pairs without contradictions, cross entropy on the cosine |
 | `TranslationLoss` | 004 Sec. III-A | parallel sentences (bridge task): in-batch softmax or MSE to English |
 | `DistillationMSELoss` | 004 Sec. IV | 3-layer query student to the teacher's outputs |
+| `DistillationCosineLoss` | 004 Sec. V-A on the cosine score | cosine to the teacher (+ in-batch score KL) |
 """
 
 from madr.losses.aspect_prediction import AspectPredictionLoss, masked_mean, multi_label_nll
 from madr.losses.aspect_presence import AspectPresenceLoss
 from madr.losses.distillation import DistillationMSELoss
+from madr.losses.distillation_cosine import DistillationCosineLoss
 from madr.losses.flops import FlopsLoss, FlopsWeightSchedule
 from madr.losses.group_contrastive import GroupWiseContrastiveLoss, combine_objectives
 from madr.losses.hybrid import HybridLoss
@@ -30,6 +32,7 @@ from madr.losses.translation import TranslationLoss
 from madr.losses.triplet import TripletLoss, distance_matrix, pairwise_distance
 
 __all__ = [
+    "DistillationCosineLoss",
     "DistillationMSELoss",
     "NLICosineLoss",
     "NLITargets",

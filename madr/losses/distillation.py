@@ -28,6 +28,9 @@ class DistillationMSELoss(nn.Module):
             raise ValueError(f"reduction {reduction!r} is not one of {', '.join(REDUCTIONS)}")
         self.reduction = reduction
 
+    def extra_repr(self) -> str:
+        return f"reduction={self.reduction!r}"
+
     def forward(self, student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
         if student.dim() != 2 or student.shape != teacher.shape or student.shape[0] == 0:
             raise ValueError(f"student {tuple(student.shape)} and teacher {tuple(teacher.shape)} must both be "

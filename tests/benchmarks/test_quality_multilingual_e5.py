@@ -29,13 +29,13 @@ def tiny_e5(tokenizer, tmp_path_factory):
     return path
 
 
-def _run(shared_data, tiny_e5, out):
+def _run(shared_data, tiny_e5, out, extra=()):
     sets = [f"model.backbone.name_or_path={tiny_e5}", "model.doc_layers=2", "steps=3", "student.steps=2",
             "student.num_layers=1", "student.doc_layers=1", "bench.bootstrap=30", "bench.latency_texts=8",
             "bench.fusion_held_in_clicks=60", "bench.fusion_held_in_per_language=1", f"output_dir={out / 'run'}",
             f"real_data.data_dir={shared_data}", "real_data.parallel_train_per_language=3",
             "real_data.parallel_eval_per_language=1", "eval.batch_size=256",
-            f"bench.device={'cuda' if torch.cuda.is_available() else 'cpu'}"]  # the GPU path where there is one
+            f"bench.device={'cuda' if torch.cuda.is_available() else 'cpu'}", *extra]  # the GPU path where there is one
     threads = torch.get_num_threads()
     try:
         return bench.main(["--threads", "1", "--seeds", "0", "--out-dir", str(out), "--tag", "smoke",
@@ -64,3 +64,16 @@ def test_rows_fusion_pairs_latency_and_cache(shared_data, tiny_e5, tmp_path):
     assert saved["seeds"] == [0] and (tmp_path / "plots" / "smoke.png").is_file()
     cache = json.loads((tmp_path / "results" / "smoke.partial.json").read_text())
     assert [r["seed"] for r in cache["runs"]] == [0] and cache["key"], "the seed is cached for a rerun (seed_runs)"
+
+
+def test_distillation_curve_in_the_json_and_plot(shared_data, tiny_e5, tmp_path):
+    """`student.eval_every` (+ cosine loss, cached targets, picked layers): each tower's curve is in the JSON
+    and plotted."""
+    sets = ["student.steps=4", "student.eval_every=2", "student.probe_sources=10", "student.loss=cosine",
+            "student.cache_targets=true", "student.query_layers=[1]", "student.doc_layer_indices=[1]",
+            "student.checkpoint=true"]
+    result = _run(shared_data, tiny_e5, tmp_path, sets)
+    curves = result["distil_curves"]["0"]
+    assert set(curves) == {"query", "doc"}
+    assert [p["step"] for p in curves["query"]] == [0.0, 2.0, 4.0] and "xling_top1_probe" in curves["query"][0]
+    assert (tmp_path / "plots" / "smoke_distil.png").is_file()

@@ -226,6 +226,16 @@ class StudentConfig:
     first `doc_layers` layers and distilled the same way, on the document-side texts (click documents,
     premises, English sentences), for a teacher deeper than the paper's 6-layer document encoder (the
     12-layer multilingual-e5 teacher of issue 27). `steps` / `batch_size` / `learning_rate` serve both.
+
+    Issue 27 settings (defaults reproduce the paper's recipe):
+    - `query_layers` / `doc_layer_indices`: the teacher layers each student keeps, in order (e.g. `[0, 6, 11]`,
+      DistilBERT-style spread picks); their count must be `num_layers` / `doc_layers`; null: the first ones;
+    - `loss`: "mse" (Sec. V-A's L2, `DistillationMSELoss`) or "cosine" (`DistillationCosineLoss`: the score is
+      a cosine), with `similarity_weight` x the in-batch score KL at `similarity_temperature`;
+    - `cache_targets`: the frozen teacher encodes each distinct training text once (`cache_teacher_targets`);
+    - `eval_every`: the distillation curve (held-out distance and `probe_sources` held-out translation sources'
+      cross-lingual top-1) every that many steps; with `checkpoint`, the student is saved then too, under
+      `output_dir`, and a rerun resumes from it.
     """
 
     enabled: bool = True
@@ -234,6 +244,15 @@ class StudentConfig:
     batch_size: int = 64
     learning_rate: float = 1e-3
     doc_layers: int | None = None
+    query_layers: list[int] | None = None
+    doc_layer_indices: list[int] | None = None
+    loss: str = "mse"
+    similarity_weight: float = 0.0
+    similarity_temperature: float = 0.05
+    cache_targets: bool = False
+    eval_every: int | None = None
+    probe_sources: int = 0
+    checkpoint: bool = False
 
     def __post_init__(self) -> None:
         if self.num_layers < 1 or self.steps < 0 or self.batch_size < 1 or self.learning_rate <= 0:
@@ -241,6 +260,38 @@ class StudentConfig:
                              f"got {self}")
         if self.doc_layers is not None and self.doc_layers < 1:
             raise ValueError(f"student.doc_layers must be >= 1 or null, got {self.doc_layers}")
+        _check_picks("query_layers", self.query_layers, self.num_layers, "num_layers")
+        if self.doc_layer_indices is not None and self.doc_layers is None:
+            raise ValueError("student.doc_layer_indices needs student.doc_layers (the document student's depth)")
+        _check_picks("doc_layer_indices", self.doc_layer_indices, self.doc_layers, "doc_layers")
+        if self.loss not in STUDENT_LOSSES:
+            raise ValueError(f"student.loss must be one of {', '.join(STUDENT_LOSSES)}, got {self.loss!r}")
+        if self.similarity_weight < 0 or self.similarity_temperature <= 0:
+            raise ValueError("student: need similarity_weight >= 0 and similarity_temperature > 0, got "
+                             f"{self.similarity_weight}, {self.similarity_temperature}")
+        if self.similarity_weight > 0 and self.loss != "cosine":
+            raise ValueError("student.similarity_weight is a term of the cosine loss: set student.loss: cosine")
+        if self.eval_every is not None and self.eval_every < 1:
+            raise ValueError(f"student.eval_every must be >= 1 or null, got {self.eval_every}")
+        if self.probe_sources < 0:
+            raise ValueError(f"student.probe_sources must be >= 0, got {self.probe_sources}")
+        if self.checkpoint and self.eval_every is None:
+            raise ValueError("student.checkpoint needs student.eval_every (how often the student is saved)")
+
+
+STUDENT_LOSSES = ("mse", "cosine")
+
+
+def _check_picks(name: str, picks: list[int] | None, count: int | None, count_name: str) -> None:
+    """Teacher layer indices a student keeps: distinct, increasing, >= 0, as many as its depth."""
+    if picks is None:
+        return
+    if not isinstance(picks, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in picks):
+        raise ValueError(f"student.{name} must be a list of teacher layer indices, got {picks!r}")
+    if len(picks) != count:
+        raise ValueError(f"student.{name} {picks} names {len(picks)} layers but student.{count_name} is {count}")
+    if any(i < 0 for i in picks) or any(b <= a for a, b in zip(picks, picks[1:], strict=False)):
+        raise ValueError(f"student.{name} {picks} must be distinct, increasing indices >= 0 of the teacher's layers")
 
 
 @dataclass

@@ -79,3 +79,63 @@ def test_student_serves_queries_and_round_trips(teacher, tmp_path):
     bad = make_student(BiEncoder(other, teacher.tokenizer), num_layers=3)
     with pytest.raises(ValueError, match="output size 16"):
         attach_query_student(teacher, bad)
+
+
+def test_curve_records_probe_at_each_evaluation(teacher):
+    student = make_student(teacher, num_layers=3)
+    calls = []
+
+    def probe(tower):
+        calls.append(tower.training)
+        return {"norm": float(tower.projection.weight.norm())}
+
+    history = distill(teacher, student, TRAIN, steps=20, batch_size=8, lr=3e-3, eval_texts=HELD_OUT, eval_every=10,
+                      probe=probe)
+    curve = history.curve()
+    assert [p["step"] for p in curve] == [0.0, 10.0, 20.0] and calls == [False, False, False], "eval mode, 3 points"
+    assert all({"held_out_l2", "norm"} <= set(p) for p in curve)
+    assert curve[-1]["norm"] != curve[0]["norm"], "the probe sees the student as it trains"
+
+
+def test_checkpoint_resumes_to_the_uninterrupted_run(teacher, tmp_path):
+    """A run stopped after step 10 and resumed gives the uninterrupted run's losses and weights."""
+    kwargs = {"steps": 20, "batch_size": 8, "lr": 3e-3, "eval_texts": HELD_OUT, "eval_every": 10}
+    torch.manual_seed(0)
+    full_student = make_student(teacher, num_layers=3)
+    full = distill(teacher, full_student, TRAIN, **kwargs)
+    path = tmp_path / "ckpt.pt"
+    torch.manual_seed(0)
+    frozen = make_student(teacher, num_layers=3)
+    frozen.backbone.get_input_embeddings().weight.requires_grad_(False)
+    distill(teacher, frozen, TRAIN, **{**kwargs, "steps": 15}, checkpoint=tmp_path / "frozen.pt")
+    saved = torch.load(tmp_path / "frozen.pt", weights_only=True)["student"]
+    assert saved and not any("word_embeddings" in k for k in saved), "frozen weights are not saved"
+    torch.manual_seed(0)
+    distill(teacher, make_student(teacher, num_layers=3), TRAIN, **{**kwargs, "steps": 15}, checkpoint=path)
+    assert path.is_file(), "saved at step 10"
+    torch.manual_seed(123)  # a fresh process: other random state, a fresh student
+    resumed_student = make_student(teacher, num_layers=3)
+    resumed = distill(teacher, resumed_student, TRAIN, **kwargs, checkpoint=path)
+    assert resumed.losses == pytest.approx(full.losses, rel=1e-5), "resumed losses differ"
+    assert resumed.eval_steps == [0, 10, 20] and resumed.eval_distance == pytest.approx(full.eval_distance, rel=1e-5)
+    for key, value in resumed_student.state_dict().items():
+        assert torch.allclose(value, full_student.state_dict()[key], atol=1e-6), f"{key} differs after resume"
+    with pytest.raises(ValueError, match="eval_every"):
+        distill(teacher, resumed_student, TRAIN, steps=2, checkpoint=path)
+    with pytest.raises(ValueError, match="ckpt.pt: checkpoint of other distillation settings"):
+        distill(teacher, resumed_student, TRAIN, **{**kwargs, "lr": 1e-3}, checkpoint=path)
+
+
+def test_cosine_loss_closes_the_cosine_gap_and_spread_layers_train(teacher):
+    """Spread layers (0, 2, 5) distilled on the cosine loss (+ in-batch KL): the held-out cosine distance, what
+    a cosine score sees, falls by half; the norms are left free."""
+    from madr.losses import DistillationCosineLoss
+
+    torch.manual_seed(0)
+    student = make_student(teacher, num_layers=3, layers=[0, 2, 5])
+    history = distill(teacher, student, TRAIN, steps=60, batch_size=16, lr=3e-3, eval_texts=HELD_OUT, eval_every=30,
+                      loss=DistillationCosineLoss(similarity_weight=0.5, temperature=0.1))
+    start, end = history.eval_cosine[0], history.eval_cosine[-1]
+    assert start > 1e-3, f"a cut student must start away from the teacher, got {start}"
+    assert end < 0.5 * start, f"held-out cosine distance {start:.5f} -> {end:.5f}"
+    assert [p["held_out_cosine_distance"] for p in history.curve()] == history.eval_cosine

@@ -176,3 +176,53 @@ def test_serving_pair_distils_a_shallower_document_tower_too(one_thread, tmp_pat
     for side in ("query", "doc"):
         assert report[f"{side}_held_out_l2_after"] < report[f"{side}_held_out_l2_before"], report
     assert served.encode_texts(["ein test"], "doc").shape == teacher.encode_texts(["ein test"], "doc").shape
+
+
+def test_student_settings_are_validated_naming_the_field():
+    """Issue 27's student settings: layer picks as many as the student's layers, increasing; a known loss."""
+    cfg = load_multitask_config(None, {"student": {"num_layers": 3, "query_layers": [0, 6, 11], "doc_layers": 2,
+                                                   "doc_layer_indices": [0, 5], "loss": "cosine",
+                                                   "similarity_weight": 0.5, "eval_every": 10, "checkpoint": True}})
+    assert cfg.student.query_layers == [0, 6, 11] and cfg.student.doc_layer_indices == [0, 5]
+    assert load_multitask_config(None).student.loss == "mse", "the default stays Sec. V-A's L2"
+    bad = [({"query_layers": [0, 6]}, "student.query_layers .* names 2 layers but student.num_layers is 3"),
+           ({"query_layers": [0, 6, 6]}, "student.query_layers .* distinct, increasing"),
+           ({"query_layers": [-1, 0, 1]}, "student.query_layers"),
+           ({"query_layers": "0,6,11"}, "student.query_layers must be a list"),
+           ({"doc_layer_indices": [0, 1]}, "needs student.doc_layers"),
+           ({"loss": "kl"}, "student.loss must be one of mse, cosine"),
+           ({"similarity_weight": 1.0}, "set student.loss: cosine"),
+           ({"checkpoint": True}, "needs student.eval_every"),
+           ({"eval_every": 0}, "student.eval_every")]
+    for student, message in bad:
+        with pytest.raises(ValueError, match=message):
+            load_multitask_config(None, {"student": {"num_layers": 3, **student}})
+
+
+def test_student_curve_cached_targets_picked_layers_and_checkpoint(one_thread, tmp_path):
+    """cosine loss + cached targets + picked layers: the report carries each tower's curve (held-out distance,
+    x-ling top-1 of the probe slice) and the checkpoints are written; a rerun resumes from them. (That the cosine
+    loss brings the student closer is tested in test_distill.py: this 2-layer teacher starts at cos ~ 1.)"""
+    from madr.recipes.multitask.encoders import distil_query_student
+    from madr.training.distill import num_layers
+
+    cfg = load_multitask_config(None, {**SMALL, "output_dir": str(tmp_path), "student": {
+        "num_layers": 1, "query_layers": [1], "doc_layers": 1, "doc_layer_indices": [1], "steps": 20,
+        "batch_size": 32, "learning_rate": 1e-3, "loss": "cosine", "similarity_weight": 0.5,
+        "cache_targets": True, "eval_every": 10, "probe_sources": 30, "checkpoint": True}})
+    data = build_data(cfg)
+    teacher = build_encoder(cfg, build_tokenizer(cfg, data, tmp_path / "tok"), cfg.seed).eval()
+    served, report = distil_query_student(cfg, teacher, data, cfg.seed)
+    assert (num_layers(served.query_tower), num_layers(served.doc_tower)) == (1, 1)
+    for side in ("query", "doc"):
+        curve = report[f"{side}_curve"]
+        assert [p["step"] for p in curve] == [0.0, 10.0, 20.0], f"{side} curve steps"
+        assert all(0.0 <= p["xling_top1_probe"] <= 1.0 for p in curve), curve
+        assert curve[-1]["held_out_l2"] == pytest.approx(report[f"{side}_held_out_l2_after"], rel=1e-4)
+        assert 0.0 <= report[f"{side}_teacher_xling_top1_probe"] <= 1.0
+    assert all(np.isfinite(report[f"query_held_out_cosine_{k}"]) for k in ("before", "after")), report
+    assert sorted(p.name.rsplit("_", 1)[0] for p in tmp_path.glob("distil_seed*.pt")) == ["distil_seed0_query",
+                                                                                         "distil_seed1_doc"]
+    _, again = distil_query_student(cfg, teacher, data, cfg.seed)
+    for got, want in zip(again["query_curve"], report["query_curve"], strict=True):
+        assert got == pytest.approx(want, rel=1e-4), "resumed from the step-10 checkpoint: the same curve"
