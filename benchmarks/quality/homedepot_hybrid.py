@@ -164,6 +164,28 @@ def add_fusion(run: Run, key: str, parts: list[str], label: str) -> dict:
     return {"parts": parts, "weights": list(weights), "dev": {"/".join(map(str, w)): v for w, v in curve.items()}}
 
 
+def reference_fusions(names: list[str]) -> dict[str, tuple[list[str], str]]:
+    """{row: (parts, label)} of the reference fusions: BM25 with each of the reference encoders `names`, and
+    with all of them when there are several."""
+    out = {f"bm25+{n}": (["bm25", n], f"BM25 + {n}") for n in names}
+    if len(names) > 1:
+        out["bm25+" + "+".join(names)] = (["bm25", *names], "BM25 + " + " + ".join(names))
+    return out
+
+
+def trained_fusions(row: str, seed: int, label: str, names: list[str]) -> dict[str, tuple[list[str], str]]:
+    """{name: (parts, label)} of the fusions of trained row `row` with seed `seed` (the row's lists are kept
+    under `row@seed`, a fusion's under `<name>@seed`): with BM25 on word pieces, with BM25 on the model's own
+    pieces (what is served), and with BM25 and each reference of `names` but e5 (the trained row's own start)."""
+    key = f"{row}@{seed}"
+    out = {f"bm25+{row}": (["bm25", key], f"BM25 + {label} (trained)"),
+           f"bm25_model+{row}": (["bm25_model", key],
+                                 f"BM25 (model pieces) + {label} (trained; the served configuration)")}
+    out |= {f"bm25+{ref}+{row}": (["bm25", ref, key], f"BM25 + {ref} + {label} (trained)")
+            for ref in names if ref != "e5"}
+    return out
+
+
 def reference_rows(run: Run) -> dict:
     """BM25, the untrained encoders, their fusions; returns the fusion weights."""
     cfg, b = run.cfg, run.bench
@@ -179,11 +201,8 @@ def reference_rows(run: Run) -> dict:
         run.add(name, ref.get("label", name), lambda ref=ref, name=name: model_lists(
             reference_model(cfg, ref), run.splits, run.k, b["encode_batch_size"], name),
                 {"row": name, "ref": ref, "lengths": [cfg.model.max_query_length, cfg.model.max_doc_length]})
-    fusions = {f"bm25+{n}": add_fusion(run, f"bm25+{n}", ["bm25", n], f"BM25 + {n}") for n in b["references"]}
-    if len(b["references"]) > 1:
-        names = list(b["references"])
-        key = "bm25+" + "+".join(names)
-        fusions[key] = add_fusion(run, key, ["bm25", *names], "BM25 + " + " + ".join(names))
+    fusions = {key: add_fusion(run, key, parts, label)
+               for key, (parts, label) in reference_fusions(list(b["references"])).items()}
     if "e5" in b["references"]:
         run.lists["bm25+e5 rrf"] = {s: rrf([run.lists["bm25"][s], run.lists["e5"][s]], run.k, int(b["rrf_k"]))
                                     for s in ("dev", "test")}
@@ -254,13 +273,8 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
             info[row] = json.loads(kept_info.read_text())
         if info.get(row, {}).get("aspects", {}).get("test"):
             print(f"{label} seed {seed} test aspect Accuracy@1: {json.dumps(info[row]['aspects']['test'])}")
-        info[f"bm25+{row}"] = add_fusion(run, f"bm25+{key}", ["bm25", key], f"BM25 + {label} (trained)")
-        info[f"bm25_model+{row}"] = add_fusion(run, f"bm25_model+{key}", ["bm25_model", key],
-                                               f"BM25 (model pieces) + {label} (trained; the served configuration)")
-        for ref in b["references"]:
-            if ref != "e5":  # e5 is the trained row's own start
-                info[f"bm25+{ref}+{row}"] = add_fusion(run, f"bm25+{ref}+{key}", ["bm25", ref, key],
-                                                       f"BM25 + {ref} + {label} (trained)")
+        for name, (parts, fused) in trained_fusions(row, seed, label, list(b["references"])).items():
+            info[name] = add_fusion(run, f"{name}@{seed}", parts, fused)
     return info
 
 

@@ -192,8 +192,13 @@ def report_text(ctx: Invocation, agg: dict, seeds: list[int], metrics: list[str]
                  aspect_table(order, labels, agg["aspect_accuracy"], list(cfg.model.aspects))]
     if tests["vs_baseline"]:
         text.append(f"\n## Paired tests vs {labels.get(base, base)} (seed-mean per query): diff, p_t, p_rand")
-        for key, t in tests["vs_baseline"].items():
-            text.append(f"{labels[key]}: " + "; ".join(
-                f"{header(m)} {v['diff']:+.4f} (p_t {v['p_ttest']:.2g}, p_rand {v['p_randomisation']:.2g})"
-                for m, v in t.items()))
+        text += paired_lines(tests["vs_baseline"], labels)
     return "\n".join(text)
+
+
+def paired_lines(tests: dict[str, dict[str, dict]], labels: dict) -> list[str]:
+    """One line per row of `significance`'s tests: each metric's mean difference, paired t-test p and
+    randomisation p."""
+    return [f"{labels[key]}: " + "; ".join(
+        f"{header(m)} {v['diff']:+.4f} (p_t {v['p_ttest']:.2g}, p_rand {v['p_randomisation']:.2g})"
+        for m, v in t.items()) for key, t in tests.items()]
