@@ -44,7 +44,14 @@ from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.common.results import write_result_json
 from benchmarks.common.stats import seed_mean_std
 from benchmarks.quality.aspect_models.data import EvalSet
-from benchmarks.quality.aspect_models.evaluation import Lists, bm25_lists, means, search_depth, top_run
+from benchmarks.quality.aspect_models.evaluation import (
+    Lists,
+    bm25_lists,
+    means,
+    search_depth,
+    served_pieces,
+    top_run,
+)
 from benchmarks.quality.aspect_models.report import (
     paired_lines,
     relative_table,
@@ -180,7 +187,7 @@ def reference_rows(rows: Rows, cfg, bench: dict, result: dict, path: Path, model
         rows.add(
             "bm25_model",
             "BM25 (the trained rows' pieces: the served index's)",
-            lambda: bm25_lists(lambda t: own.tokenize(t.lower()), rows.ev, rows.k),
+            lambda: bm25_lists(served_pieces(own), rows.ev, rows.k),
         )
     for name, ref in bench["references"].items():
         rows.add(

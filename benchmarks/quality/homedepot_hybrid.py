@@ -61,6 +61,7 @@ from benchmarks.quality.aspect_models.evaluation import (
     majority_accuracy,
     means,
     search_depth,
+    served_pieces,
 )
 from benchmarks.quality.aspect_models.report import header, relative_table, significance, value_table
 from benchmarks.quality.aspect_models.rows import model_config, trained_rows
@@ -195,7 +196,7 @@ def reference_rows(run: Run) -> dict:
             {"row": "bm25", "tokenizer": b["lexical_tokenizer"]})
     own = load_tokenizer(resolve_backbone_path(cfg.model.backbone.name_or_path))  # what `index.lexical` indexes
     run.add("bm25_model", f"BM25 ({Path(str(cfg.model.backbone.name_or_path)).name} pieces: the served index's)",
-            lambda: {s: bm25_lists(lambda t: own.tokenize(t.lower()), ev, run.k) for s, ev in run.splits.items()},
+            lambda: {s: bm25_lists(served_pieces(own), ev, run.k) for s, ev in run.splits.items()},
             {"row": "bm25", "tokenizer": cfg.model.backbone.name_or_path, "lowercase": True})
     for name, ref in b["references"].items():
         run.add(name, ref.get("label", name), lambda ref=ref, name=name: model_lists(

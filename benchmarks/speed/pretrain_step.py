@@ -34,11 +34,11 @@ from benchmarks.common.results import write_result_json
 from benchmarks.quality.aspect_models.data import catalog_for
 from benchmarks.quality.aspect_models.rows import model_config
 from benchmarks.quality.homedepot_hybrid import load
-from madr.modeling.batching import TextBatch, make_batch
+from madr.modeling.batching import TextBatch
 from madr.modeling.model import build_model
 from madr.recipes.aspects.experiment import prepare_tokenizer, prepare_vocabularies
 from madr.training.freezing import backbone_frozen, freeze_backbone
-from madr.training.loop import CatalogSampler, Optimisation
+from madr.training.loop import CatalogSampler, Optimisation, pretrain_batches
 from madr.training.memoised_backbone import memoised_backbones
 from madr.training.objectives import pretrain_loss
 
@@ -48,13 +48,7 @@ VARIANTS = ("mlm_full", "aspect_only", "heads_only", "heads_memoised")
 def batches(model, catalog, n: int, size: int) -> list[tuple[TextBatch, TextBatch]]:
     """`n` seeded pretraining batches (search terms, titles) with their aspect labels, as the loop draws them."""
     sampler = CatalogSampler(catalog, "train", seed=0)
-    out = []
-    for _ in range(n):
-        queries, products = sampler.pretrain_batch(size)
-        out.append((make_batch(model, [q.text for q in queries], "query", [q.aspects for q in queries]),
-                    make_batch(model, [catalog.product_text(x) for x in products], "doc",
-                               [x.aspects for x in products])))
-    return out
+    return [pretrain_batches(model, sampler, size) for _ in range(n)]
 
 
 def run_variant(variant: str, cfg, bench: dict, catalog, tokenizer, vocab, steps: int, warmup: int) -> dict:
@@ -108,8 +102,9 @@ def main(argv: list[str] | None = None) -> dict:
     for variant in args.variants:
         rows[variant] = run_variant(variant, cfg, bench, catalog, tokenizer, vocab, args.steps, args.warmup)
         print(f"{variant}: {json.dumps(rows[variant])}", flush=True)
-    base = rows.get("mlm_full") or next(iter(rows.values()))
-    lines = ["| variant | s / step | vs mlm_full | trained weights |", "|---|---|---|---|"]
+    base_name = "mlm_full" if "mlm_full" in rows else next(iter(rows))
+    base = rows[base_name]
+    lines = [f"| variant | s / step | vs {base_name} | trained weights |", "|---|---|---|---|"]
     lines += [f"| {v} | {r['s_per_step']:.3f} | {base['s_per_step'] / r['s_per_step']:.1f}x | {r['trained_weights']:,} |"
               for v, r in rows.items()]
     info = machine_info()

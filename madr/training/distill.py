@@ -140,6 +140,14 @@ def _embed(tower: Tower, enc: dict[str, torch.Tensor], device: torch.device) -> 
     return tower(enc["input_ids"].to(device), enc["attention_mask"].to(device)).embedding
 
 
+@torch.no_grad()
+def _teacher_out(t_tower: Tower, enc: dict[str, torch.Tensor], texts: list[str], targets: TeacherTargets | None,
+                 device: torch.device) -> torch.Tensor:
+    """The frozen teacher's outputs for `texts` (tokenised as `enc`): looked up in `targets` when given, else
+    computed without gradient."""
+    return targets.lookup(texts).to(device) if targets is not None else _embed(t_tower, enc, device)
+
+
 def student_teacher_distance(teacher: Tower | BiEncoder, student: Tower, texts: Sequence[str],
                              tokenize: Tokenize | None = None, batch_size: int = 64,
                              targets: TeacherTargets | None = None) -> float:
@@ -166,7 +174,7 @@ def student_teacher_gaps(teacher: Tower | BiEncoder, student: Tower, texts: Sequ
     for i in range(0, len(texts), batch_size):
         chunk = list(texts[i:i + batch_size])
         enc = tokenize(chunk)
-        target = targets.lookup(chunk).to(device) if targets is not None else _embed(t_tower, enc, device)
+        target = _teacher_out(t_tower, enc, chunk, targets, device)
         out = _embed(student, enc, device)
         l2 += float((out - target).norm(dim=-1).sum())
         cosine += float((1 - torch.nn.functional.cosine_similarity(out, target, dim=-1)).sum())
@@ -248,11 +256,7 @@ def distill(teacher: Tower | BiEncoder, student: Tower, texts: Sequence[str], st
         rows, order = order[:batch_size], order[batch_size:]
         batch = [texts[i] for i in rows]
         enc = tokenize(batch)
-        if targets is not None:
-            target = targets.lookup(batch).to(device)
-        else:
-            with torch.no_grad():
-                target = _embed(t_tower, enc, device)
+        target = _teacher_out(t_tower, enc, batch, targets, device)
         student.train()
         value = loss_fn(_embed(student, enc, device), target)
         optimisation.step(value)

@@ -177,11 +177,17 @@ class CatalogSampler:
         return out
 
 
-def pretrain_step(model: BiEncoder, sampler: CatalogSampler, stage: StageConfig,
-                  generator: torch.Generator | None = None) -> LossParts:
-    queries, products = sampler.pretrain_batch(stage.batch_size)
+def pretrain_batches(model: BiEncoder, sampler: CatalogSampler, size: int) -> tuple[TextBatch, TextBatch]:
+    """The next pretraining batch: `size` search terms and `size` product texts with their aspect labels."""
+    queries, products = sampler.pretrain_batch(size)
     qb = make_batch(model, [q.text for q in queries], "query", [q.aspects for q in queries])
     db = make_batch(model, [sampler.catalog.product_text(p) for p in products], "doc", [p.aspects for p in products])
+    return qb, db
+
+
+def pretrain_step(model: BiEncoder, sampler: CatalogSampler, stage: StageConfig,
+                  generator: torch.Generator | None = None) -> LossParts:
+    qb, db = pretrain_batches(model, sampler, stage.batch_size)
     return pretrain_loss(model, qb, db, stage, generator)
 
 

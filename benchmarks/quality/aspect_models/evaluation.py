@@ -78,6 +78,12 @@ def dense_lists(q: torch.Tensor, d: torch.Tensor, ev: EvalSet, k: int, chunk: in
     return Lists(np.concatenate(scores).astype(np.float32), np.concatenate(ids).astype(np.int64), judged)
 
 
+def served_pieces(tokenizer) -> Callable[[str], list[str]]:
+    """`tokenizer`'s word pieces of the lower-cased text: what an index built with `index.lexical: bm25` holds
+    for that tokenizer (`madr.index.lexical.word_pieces` lower-cases first)."""
+    return lambda text: tokenizer.tokenize(text.lower())
+
+
 def bm25_lists(tokenize: Callable[[str], list[str]], ev: EvalSet, k: int) -> Lists:
     """BM25 (`madr.search.sparse.BM25Index`, Anserini k1 / b) over the word pieces of the split's corpus."""
     index = BM25Index().fit([tokenize(t) for t in ev.doc_texts])
