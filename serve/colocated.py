@@ -22,7 +22,9 @@ search that asks for more. Numba's pool, a thread per core, once ran beside the 
 slowed it 2-5x (encode p50 19-49 ms vs 9 ms at concurrency 1, 1M docs; RESULTS).
 
 Failures: there is no handle hop for `serve.calls` to bound; a dead replica is Serve's proxy's to route
-around, so run 2 replicas where a death must stay invisible (fan-out's SIGKILL tests do not cover this layout).
+around. With 2 replicas a SIGKILL fails only the requests in flight on the dead one (Serve's proxy answers them
+500 at once) and the other replica answers the rest; with none alive, the proxy holds each request until a
+replacement takes it (no 503: nothing of ours is alive to answer; tests/serve/test_serve_replica_death.py).
 """
 
 from __future__ import annotations
@@ -113,6 +115,10 @@ class ColocatedSearch:
 
     def __serve_build_asgi_app__(self) -> Any:
         return create_api(self.backend, self.settings, self.docs)
+
+    def info(self) -> dict[str, Any]:
+        """The shards this replica holds and its process (`ShardSearcher.info`: the same process)."""
+        return self.searcher.info()
 
     def check_health(self) -> None:
         self.searcher.check_health()
