@@ -25,6 +25,7 @@ MODEL_NAMES = ("bibert", "mpbert", "mtbert", "dssm", "madr", "madral", "mur", "m
 FUSIONS = ("weighted_sum", "presence", "cls_gating")
 GROUPINGS = ("single", "granularity", "aspect")
 LR_SCHEDULES = ("linear", "cosine", "constant")
+NEGATIVE_SOURCES = ("judged", "mined")
 
 
 @dataclass
@@ -206,6 +207,11 @@ class StageConfig:
     aspect_weight: float = 1.0
     pointwise_weight: float = 1.0
     hard_negatives: int = 1
+    negatives: str = "judged"         # finetune: where the hard negative comes from: "judged" (a lower-judged product
+                                      # of the query, else a random one; paper 001 Sec. 5.3.2) or "mined" (BM25's
+                                      # top `mined_depth` for the query minus its relevant products; DPR Sec. 3.2,
+                                      # madr.training.negatives)
+    mined_depth: int = 30
     mlm_probability: float = 0.15
     mlm_weight: float = 1.0           # pretrain: weight of L_MLM; 0 = aspect losses only (no masking, no vocabulary
                                       # projection: the cheap step for a backbone shipped without its MLM head)
@@ -224,10 +230,11 @@ class StageConfig:
 
     def __post_init__(self) -> None:
         _check_choice("train.<stage>.lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        _check_choice("train.<stage>.negatives", self.negatives, NEGATIVE_SOURCES)
         for name in ("grad_accum",):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.<stage>.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("gradcache_chunk", "validate_every", "checkpoint_every", "steps", "mlm_weight"):
+        for name in ("gradcache_chunk", "validate_every", "checkpoint_every", "steps", "mlm_weight", "mined_depth"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.<stage>.{name} must be >= 0, got {getattr(self, name)}")
 

@@ -95,12 +95,13 @@ class Rows:
         shown = {m: round(v, 4) for m, v in means(self.metrics(key)).items()}
         print(f"{label} [{key}]: {json.dumps(shown)} ({self.seconds[key]:.0f} s)", flush=True)
 
-    def fused(self, key: str, parts: list[str], weights: list[float], label: str) -> None:
+    def fused(self, key: str, parts: list[str], weights: list[float], label: str, normalisation: str) -> None:
         shown = " / ".join(f"{w:g}" for w in weights)
+        norm = "" if normalisation == "minmax" else f"{normalisation} "  # min-max unless said
         self.add(
             key,
-            f"{label}, weights {shown} (Home Depot dev)",
-            lambda: fuse([self.lists[p] for p in parts], weights, self.k),
+            f"{label}, {norm}weights {shown} (Home Depot dev)",
+            lambda: fuse([self.lists[p] for p in parts], weights, self.k, normalisation),
         )
 
     def metrics(self, key: str) -> dict[str, dict[str, float]]:
@@ -117,9 +118,10 @@ def read_hybrid_result(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def dev_weights(result: dict, path: Path, where: tuple[str, ...], parts: list[str]) -> list[float]:
-    """The Home Depot dev weights of the fusion at result[where[0]][where[1]]..., which must fuse `parts`;
-    SystemExit naming the file and the key when it is missing or was tuned for other parts."""
+def dev_weights(result: dict, path: Path, where: tuple[str, ...], parts: list[str]) -> tuple[list[float], str]:
+    """The Home Depot dev weights and normalisation (min-max when the JSON names none) of the fusion at
+    result[where[0]][where[1]]..., which must fuse `parts`; SystemExit naming the file and the key when it is
+    missing or was tuned for other parts."""
     node: Any = result
     for depth, key in enumerate(where):
         if not isinstance(node, dict) or key not in node:
@@ -136,7 +138,7 @@ def dev_weights(result: dict, path: Path, where: tuple[str, ...], parts: list[st
         raise SystemExit(
             f"{path}: {at} fuses {node.get('parts')} with weights {node['weights']}, expected {parts}"
         )
-    return [float(w) for w in node["weights"]]
+    return [float(w) for w in node["weights"]], str(node.get("normalisation", "minmax"))
 
 
 def check_result(result: dict, path: Path, bench: dict) -> None:
@@ -199,8 +201,8 @@ def reference_rows(rows: Rows, cfg, bench: dict, result: dict, path: Path, model
         )
     weights = {}
     for key, (parts, label) in reference_fusions(list(bench["references"])).items():
-        weights[key] = dev_weights(result, path, ("fusions", key), parts)
-        rows.fused(key, parts, weights[key], label)
+        weights[key], norm = dev_weights(result, path, ("fusions", key), parts)
+        rows.fused(key, parts, weights[key], label, norm)
     if "e5" in bench["references"]:
         rows.add(
             "bm25+e5 rrf",
@@ -230,8 +232,8 @@ def trained_rows_of_seed(
             )["test"],
         )
         for name, (parts, fused) in trained_fusions(row, seed, label, list(bench["references"])).items():
-            weights[name] = dev_weights(result, path, ("training", str(seed), name), parts)
-            rows.fused(f"{name}@{seed}", parts, weights[name], fused)
+            weights[name], norm = dev_weights(result, path, ("training", str(seed), name), parts)
+            rows.fused(f"{name}@{seed}", parts, weights[name], fused, norm)
     return weights
 
 

@@ -95,13 +95,13 @@ def cached_lists(path: Path, key: str, compute: Callable[[], dict[str, Lists]]) 
 # ---- fusion and scoring -------------------------------------------------------------------------------------
 
 
-def fuse(parts: Sequence[Lists], weights: Sequence[float], k: int) -> Lists:
-    """Weighted sum of per-query min-max normalised scores over the union of the top lists
-    (`madr.search.score_fusion.weighted_fusion`), and over each query's judged products."""
-    scores, ids = weighted_fusion([p.topk for p in parts], weights, k, normalisation="minmax")
+def fuse(parts: Sequence[Lists], weights: Sequence[float], k: int, normalisation: str = "minmax") -> Lists:
+    """Weighted sum of per-query normalised scores (min-max by default, or z-scores) over the union of the top
+    lists (`madr.search.score_fusion.weighted_fusion`), and over each query's judged products."""
+    scores, ids = weighted_fusion([p.topk for p in parts], weights, k, normalisation=normalisation)
     judged = np.zeros(parts[0].judged.shape)
     for w, p in zip(weights, parts, strict=True):
-        judged += w * np.nan_to_num(normalise(np.where(np.isnan(p.judged), -np.inf, p.judged), "minmax"),
+        judged += w * np.nan_to_num(normalise(np.where(np.isnan(p.judged), -np.inf, p.judged), normalisation),
                                     neginf=0.0)
     return Lists(scores, ids, np.where(np.isnan(parts[0].judged), np.nan, judged))
 
@@ -143,12 +143,15 @@ def retrieval_means(scores: np.ndarray, ids: np.ndarray, ev: EvalSet, cfg: Exper
 
 
 def tune_weights(parts: Sequence[Lists], ev: EvalSet, cfg: ExperimentConfig, metric: str, step: float,
-                 k: int) -> tuple[tuple[float, ...], dict[tuple[float, ...], float]]:
-    """The fusion weights (grid of `weight_grid`) with the best mean retrieval `metric` on `ev` (the dev
-    split); ties go to the first in grid order. Returns (weights, {weights: mean metric})."""
+                 k: int, normalisations: Sequence[str] = ("minmax",)
+                 ) -> tuple[tuple[str, tuple[float, ...]], dict[tuple[str, tuple[float, ...]], float]]:
+    """The normalisation (of `normalisations`) and fusion weights (grid of `weight_grid`) with the best mean
+    retrieval `metric` on `ev` (the dev split); ties go to the first in order (normalisations, then grid).
+    Returns ((normalisation, weights), {(normalisation, weights): mean metric})."""
     seen = {}
-    for w in weight_grid(len(parts), step):
-        scores, ids = weighted_fusion([p.topk for p in parts], w, k, normalisation="minmax")
-        seen[w] = retrieval_means(scores, ids, ev, cfg, [metric])[metric]
-    best = max(seen, key=lambda w: seen[w])
+    for norm in normalisations:
+        for w in weight_grid(len(parts), step):
+            scores, ids = weighted_fusion([p.topk for p in parts], w, k, normalisation=norm)
+            seen[norm, w] = retrieval_means(scores, ids, ev, cfg, [metric])[metric]
+    best = max(seen, key=lambda nw: seen[nw])
     return best, seen

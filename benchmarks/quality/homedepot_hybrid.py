@@ -64,7 +64,7 @@ from benchmarks.quality.aspect_models.evaluation import (
     served_pieces,
 )
 from benchmarks.quality.aspect_models.report import header, relative_table, significance, value_table
-from benchmarks.quality.aspect_models.rows import model_config, trained_rows
+from benchmarks.quality.aspect_models.rows import model_config, trained_rows, training_changes
 from benchmarks.quality.aspect_models.training import train_row
 from benchmarks.quality.fusion_lists import (
     cached_lists,
@@ -86,7 +86,8 @@ BENCH_DEFAULTS: dict[str, Any] = {
     "references": {}, "trained": ["bibert"], "fusion_step": 0.1, "tune_metric": "recall@10", "rrf_k": 60,
     "target": "bm25+e5", "alpha": 0.01, "draws": 10000, "encode_batch_size": 128, "freeze_word_embeddings": True,
     "freeze_layers": 0, "save_models": [], "curve_every": 0, "curve_seeds": [0],
-    "pretrain_frozen_backbone": False, "pretrain_frozen_params": []}
+    "pretrain_frozen_backbone": False, "pretrain_frozen_params": [], "fusion_normalisations": ["minmax"]}
+NORM_LABELS = {"minmax": "min-max", "zscore": "z-scores"}
 
 
 def load(path: Path, sets: list[str]) -> tuple[dict | None, ExperimentConfig, dict]:
@@ -157,12 +158,15 @@ class Run:
 def add_fusion(run: Run, key: str, parts: list[str], label: str) -> dict:
     """Fusion row `key` of the `parts` retrievers with weights tuned on dev; returns the weights and dev curve."""
     b = run.bench
-    weights, curve = tune_weights([run.lists[p]["dev"] for p in parts], run.splits["dev"], run.cfg,
-                                  b["tune_metric"], float(b["fusion_step"]), run.k)
-    run.lists[key] = {s: fuse([run.lists[p][s] for p in parts], weights, run.k) for s in ("dev", "test")}
-    run.labels[key] = f"{label}, weights {' / '.join(f'{w:g}' for w in weights)} (dev)"
+    (norm, weights), curve = tune_weights([run.lists[p]["dev"] for p in parts], run.splits["dev"], run.cfg,
+                                          b["tune_metric"], float(b["fusion_step"]), run.k,
+                                          list(b["fusion_normalisations"]))
+    run.lists[key] = {s: fuse([run.lists[p][s] for p in parts], weights, run.k, norm) for s in ("dev", "test")}
+    shown = "" if norm == "minmax" else f" {NORM_LABELS.get(norm, norm)}"  # min-max unless said
+    run.labels[key] = f"{label},{shown} weights {' / '.join(f'{w:g}' for w in weights)} (dev)"
     print(f"{run.labels[key]}: test {json.dumps(run.summary(key))}", flush=True)
-    return {"parts": parts, "weights": list(weights), "dev": {"/".join(map(str, w)): v for w, v in curve.items()}}
+    return {"parts": parts, "weights": list(weights), "normalisation": norm,
+            "dev": {f"{n}:" + "/".join(map(str, w)): v for (n, w), v in curve.items()}}
 
 
 def reference_fusions(names: list[str]) -> dict[str, tuple[list[str], str]]:
@@ -244,6 +248,8 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
     for row in b["trained"]:
         key, label = f"{row}@{seed}", trained_rows(cfg)[row][0]
         settings = {k: v for k, v in cfg.to_dict().items() if k in ("train", "data")}  # what training reads
+        if training_changes(row):
+            settings["row_training"] = training_changes(row)
         kept_info = run.out / "lists" / f"{key.replace('+', '_')}.info.json"
         saved = Path(cfg.output_dir) / f"seed{seed}" / row / "model"
 

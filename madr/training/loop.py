@@ -23,6 +23,7 @@ from madr.data.schema import Catalog
 from madr.losses import PointwiseCELoss
 from madr.modeling.batching import TextBatch, make_batch
 from madr.modeling.model import BiEncoder
+from madr.training.negatives import MinedNegatives, check_mined, mine_negatives
 from madr.training.objectives import LossParts, finetune_loss, pretrain_loss
 
 Schedule = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
@@ -133,12 +134,14 @@ class CatalogSampler:
     Pretraining draws queries (query tower) and products (document tower) with their annotations.
     Fine-tuning draws a training query, one judged positive (relevance >= `min_relevance`) and one hard
     negative: a judged product of that query with lower relevance when there is one (paper 001 Sec.
-    5.3.2: "a hard negative sample for each query besides in-batch negatives"), else a random product.
+    5.3.2: "a hard negative sample for each query besides in-batch negatives"), else a random product;
+    with `mined` (`madr.training.negatives.mine_negatives`), one of the query's mined products instead
+    (relevance 0: not judged relevant), falling back to the above for a query with none.
     Queries in one batch are distinct, so no query sees its own positive as an in-batch negative.
     """
 
     def __init__(self, catalog: Catalog, split: str = "train", seed: int = 0, min_relevance: int = 3,
-                 max_relevance: int = 4) -> None:
+                 max_relevance: int = 4, mined: MinedNegatives | None = None) -> None:
         self.catalog = catalog
         self.rng = random.Random(seed)
         self.products = list(catalog.products)
@@ -152,6 +155,8 @@ class CatalogSampler:
         self.neg = {q.query_id: [(p, r) for p, r in judged.get(q.query_id, []) if r < min_relevance]
                     for q in self.queries}
         self.train_queries = [q for q in self.queries if self.pos[q.query_id]]
+        self.mined = dict(mined or {})
+        check_mined(self.mined, set(self.by_id))
         if not self.train_queries:
             raise ValueError(f"catalog has no {split} query with a product of relevance >= {min_relevance}")
 
@@ -167,7 +172,9 @@ class CatalogSampler:
         out = []
         for q in self.rng.sample(self.train_queries, min(size, len(self.train_queries))):
             pos = self.by_id[self.rng.choice(self.pos[q.query_id])]
-            if self.neg[q.query_id]:
+            if self.mined.get(q.query_id):
+                neg_id, rel = self.rng.choice(self.mined[q.query_id]), 0
+            elif self.neg[q.query_id]:
                 neg_id, rel = self.rng.choice(self.neg[q.query_id])
             else:
                 neg_id, rel = self.rng.choice(self.products).product_id, 0
@@ -175,6 +182,14 @@ class CatalogSampler:
             out.append(FinetuneExample(q.text, q.aspects, self.catalog.product_text(pos), pos.aspects,
                                        self.catalog.product_text(neg), neg.aspects, rel / self.max_relevance))
         return out
+
+
+def catalog_sampler(catalog: Catalog, stage: StageConfig, tokenizer, seed: int, split: str = "train"
+                    ) -> CatalogSampler:
+    """The sampler of a fine-tuning `stage`: with `stage.negatives == "mined"`, its hard negatives are BM25's top
+    `stage.mined_depth` for each query on `tokenizer`'s lower-cased word pieces (`mine_negatives`)."""
+    mined = mine_negatives(catalog, split, tokenizer, stage.mined_depth) if stage.negatives == "mined" else None
+    return CatalogSampler(catalog, split, seed=seed, mined=mined)
 
 
 def pretrain_batches(model: BiEncoder, sampler: CatalogSampler, size: int) -> tuple[TextBatch, TextBatch]:

@@ -7,7 +7,9 @@ files of `rows_per_file` rows (a file is a Ray Data block, the unit handed to a 
   aspect objectives); a held-out set of products (and the dev queries) is kept for validation;
 * finetune (Eq. 8 / Eq. 10): one row per judged (train query, positive) with a hard negative, a lower-judged
   product of the same query when there is one (paper 001 Sec. 5.3.2), else a random product (relevance 0);
-  rows come in rounds (the k-th positive of every query), so a batch rarely holds one query twice;
+  rows come in rounds (the k-th positive of every query), so a batch rarely holds one query twice; with
+  `train.finetune.negatives: mined`, the hard negative is one of BM25's top products for the query that is not
+  judged relevant (`madr.training.negatives`), as in process;
 * distill (paper 004 Sec. V-A): the training queries' texts.
 
 Aspect annotations travel as JSON strings; `decode_batch` tokenises a batch of rows for the model inside
@@ -31,6 +33,7 @@ import torch
 from madr.data.schema import Catalog
 from madr.modeling.batching import make_batch
 from madr.modeling.model import BiEncoder
+from madr.training.negatives import MinedNegatives, check_mined
 from pipelines.train.objectives import DistillBatch, FinetuneBatch, PretrainBatch
 
 COLUMNS = {
@@ -63,7 +66,12 @@ def pretrain_rows(catalog: Catalog, seed: int) -> Iterator[dict[str, Any]]:
                "doc_aspects": json.dumps(p.aspects)}
 
 
-def finetune_rows(catalog: Catalog, seed: int, min_relevance: int = 3, max_relevance: int = 4) -> Iterator[dict]:
+def finetune_rows(catalog: Catalog, seed: int, min_relevance: int = 3, max_relevance: int = 4,
+                  mined: MinedNegatives | None = None) -> Iterator[dict]:
+    """Fine-tuning rows (module docstring); with `mined` (`madr.training.negatives`), a query's hard negative is one
+    of its mined products (relevance 0) instead, as `madr.training.loop.CatalogSampler` draws them."""
+    mined = dict(mined or {})
+    check_mined(mined, {p.product_id for p in catalog.products})
     rng = random.Random(seed)
     by_id = catalog.product_by_id()
     products = sorted(by_id)
@@ -82,7 +90,10 @@ def finetune_rows(catalog: Catalog, seed: int, min_relevance: int = 3, max_relev
         members = [plan for plan in plans if len(plan[1]) > k]
         rng.shuffle(members)
         for q, pos, neg in members:
-            neg_id, rel = rng.choice(neg) if neg else (rng.choice(products), 0)
+            if mined.get(q.query_id):
+                neg_id, rel = rng.choice(mined[q.query_id]), 0
+            else:
+                neg_id, rel = rng.choice(neg) if neg else (rng.choice(products), 0)
             p, n = by_id[pos[k]], by_id[neg_id]
             yield {"query": q.text, "query_aspects": json.dumps(q.aspects),
                    "positive": catalog.product_text(p), "positive_aspects": json.dumps(p.aspects),

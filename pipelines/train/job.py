@@ -31,9 +31,10 @@ from madr.config import ExperimentConfig, config_hash
 from madr.modeling.model import build_model
 from madr.recipes.aspects.experiment import catalog_dir as catalog_dir_of
 from madr.recipes.aspects.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies
+from madr.training.negatives import mine_negatives
 from pipelines.runtime import exit_on_sigterm, start_reaper
 from pipelines.train.config import distributed_config
-from pipelines.train.examples import ROWS, write_examples
+from pipelines.train.examples import ROWS, finetune_rows, write_examples
 from pipelines.train.loop import MODEL_DIR, JobSpec, train_loop_per_worker
 from pipelines.train.metrics import MetricsLogger, plot_curves, read_history
 from pipelines.train.trainer import TrainerSettings, torch_trainer
@@ -88,6 +89,16 @@ def _starting_model(cfg: ExperimentConfig, kind: str, catalog: Any, out: Path) -
     return str(init)
 
 
+def _example_rows(cfg: ExperimentConfig, kind: str, catalog: Any):
+    """The stage's training rows (`pipelines.train.examples.ROWS`); fine-tuning with `negatives: mined` mines its
+    hard negatives with BM25 on the model's tokenizer first, as the in-process loop does."""
+    stage = cfg.train.finetune
+    if kind == "finetune" and stage.negatives == "mined":
+        mined = mine_negatives(catalog, "train", prepare_tokenizer(cfg, catalog), stage.mined_depth)
+        return finetune_rows(catalog, cfg.train.seed, mined=mined)
+    return ROWS[kind](catalog, cfg.train.seed)
+
+
 def prepare_stage(cfg: ExperimentConfig, kind: str) -> JobSpec:
     """Everything the workers read, under `<output_dir>/<kind>` (see the module docstring, step 1)."""
     if kind not in KINDS:
@@ -111,8 +122,9 @@ def prepare_stage(cfg: ExperimentConfig, kind: str) -> JobSpec:
         spec.teacher = str(teacher)
     else:
         spec.init_model = _starting_model(cfg, kind, catalog, out)
-    fingerprint = config_hash({"data": asdict(cfg.data), "seed": cfg.train.seed, "kind": kind})
-    write_examples(kind, ROWS[kind](catalog, cfg.train.seed), out / "examples", fingerprint=fingerprint)
+    fingerprint = config_hash({"data": asdict(cfg.data), "seed": cfg.train.seed, "kind": kind,
+                               **({"negatives": [stage.negatives, stage.mined_depth]} if kind == "finetune" else {})})
+    write_examples(kind, _example_rows(cfg, kind, catalog), out / "examples", fingerprint=fingerprint)
     return spec
 
 

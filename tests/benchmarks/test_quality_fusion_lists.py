@@ -43,11 +43,17 @@ def test_weight_grid_covers_the_simplex():
 def test_tuning_picks_the_list_that_ranks_the_relevant_first():
     good = _lists([[1, 0, 2], [2, 3, 0]], [[2.0, 1.0], [2.0, 1.0]])  # relevant first for both queries
     bad = _lists([[0, 1, 3], [3, 2, 1]], [[1.0, 2.0], [1.0, 2.0]])
-    weights, seen = tune_weights([bad, good], _ev(), _cfg(), "recall@1", 0.5, 3)
-    assert weights == (0.0, 1.0) and seen[(0.0, 1.0)] == 1.0 and seen[(1.0, 0.0)] == 0.0
+    (norm, weights), seen = tune_weights([bad, good], _ev(), _cfg(), "recall@1", 0.5, 3)
+    assert (norm, weights) == ("minmax", (0.0, 1.0))
+    assert seen[("minmax", (0.0, 1.0))] == 1.0 and seen[("minmax", (1.0, 0.0))] == 0.0
     fused = fuse([bad, good], weights, 3)
     np.testing.assert_array_equal(fused.ids[:, 0], [1, 2])
     np.testing.assert_allclose(fused.judged, [[1.0, 0.0], [1.0, 0.0]])  # min-max over the judged
+    (norm, weights), seen = tune_weights([bad, good], _ev(), _cfg(), "recall@1", 0.5, 3, ["zscore", "minmax"])
+    assert (norm, weights) == ("zscore", (0.0, 1.0)), "ties go to the first normalisation"
+    assert set(seen) == {(n, w) for n in ("zscore", "minmax") for w in weight_grid(2, 0.5)}
+    z = fuse([bad, good], weights, 3, "zscore")
+    np.testing.assert_allclose(z.judged, [[1.0, -1.0], [1.0, -1.0]])  # z-scores over the judged
     both = rrf([bad, good], 3, rrf_k=60)
     assert both.ids.shape == (2, 3) and np.isfinite(both.judged).all()
 

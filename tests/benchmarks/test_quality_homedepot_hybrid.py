@@ -30,6 +30,7 @@ from benchmarks.quality.aspect_models.rows import ROWS as ROW_LABELS
 from benchmarks.quality.fusion_lists import weight_grid
 
 STEP = 0.25  # bench.fusion_step: 5 weight pairs, 15 weight triples
+NORMS = ["minmax", "zscore"]  # bench.fusion_normalisations: each with every weight vector
 REFERENCES = ["minilm", "e5"]
 TRAINED = ["bibert", "madral_pw"]
 SEEDS = [0, 1]
@@ -83,6 +84,7 @@ def user_config(catalog, tokenizer, tmp_path_factory) -> Path:
             },
             "trained": TRAINED,
             "fusion_step": STEP,
+            "fusion_normalisations": NORMS,
             "target": "bm25+e5",
             "draws": 200,
             "encode_batch_size": 64,
@@ -246,6 +248,10 @@ def _fusions(result: dict) -> dict[str, dict]:
     return out
 
 
+def _dev_key(normalisation: str, weights) -> str:
+    return f"{normalisation}:" + "/".join(map(str, weights))
+
+
 def test_fusion_weights_are_on_the_grid_and_the_best_on_dev(runs):
     result, _ = runs["first"]
     fusions = _fusions(result)
@@ -262,13 +268,13 @@ def test_fusion_weights_are_on_the_grid_and_the_best_on_dev(runs):
     }
     assert set(fusions) == expected, sorted(set(fusions) ^ expected)
     for key, f in fusions.items():
-        grid = weight_grid(len(f["parts"]), STEP)
-        assert set(f["dev"]) == {"/".join(map(str, w)) for w in grid}, (key, sorted(f["dev"]))
-        chosen = "/".join(map(str, f["weights"]))
+        grid = [(n, w) for n in NORMS for w in weight_grid(len(f["parts"]), STEP)]
+        assert set(f["dev"]) == {_dev_key(n, w) for n, w in grid}, (key, sorted(f["dev"]))
+        chosen = _dev_key(f["normalisation"], f["weights"])
         best = max(f["dev"].values())
         assert f["dev"][chosen] == best, (key, chosen, f["dev"])
-        first_best = next("/".join(map(str, w)) for w in grid if f["dev"]["/".join(map(str, w))] == best)
-        assert chosen == first_best, f"{key}: ties go to the first in grid order"
+        first_best = next(_dev_key(n, w) for n, w in grid if f["dev"][_dev_key(n, w)] == best)
+        assert chosen == first_best, f"{key}: ties go to the first normalisation, then the first in grid order"
         assert all(0.0 <= v <= 1.0 for v in f["dev"].values())
     assert fusions["bm25+minilm+e5"]["parts"] == ["bm25", "minilm", "e5"]
     assert fusions["bm25_model+madral_pw@1"]["parts"] == ["bm25_model", "madral_pw@1"]

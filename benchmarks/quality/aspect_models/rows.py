@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from madr.config import ExperimentConfig
+from madr.config import ExperimentConfig, StageConfig
 
 # key -> (row label, ModelConfig fields over the config's `model:`)
 ROWS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -22,6 +22,10 @@ ROWS: dict[str, tuple[str, dict[str, Any]]] = {
     "mural": ("MURAL", {"name": "mural"}),
 }
 GRANULARITIES = ("phrase", "word", "token")
+# key -> changes of `train.<stage>` for the rows that differ from their model's row in training only
+ROW_TRAINING: dict[str, tuple[str, str, dict[str, dict[str, Any]]]] = {
+    "bibert_mined": ("BiBERT, BM25-mined negatives", "bibert", {"finetune": {"negatives": "mined"}}),
+}
 
 
 def ablation_rows(aspects: list[str]) -> dict[str, tuple[str, dict[str, Any]]]:
@@ -38,8 +42,20 @@ def ablation_rows(aspects: list[str]) -> dict[str, tuple[str, dict[str, Any]]]:
 
 
 def trained_rows(cfg: ExperimentConfig) -> dict[str, tuple[str, dict[str, Any]]]:
-    """Every trainable row for the config's aspects: the papers' models (ROWS) and the ablations."""
-    return {**ROWS, **ablation_rows(list(cfg.model.aspects))}
+    """Every trainable row for the config's aspects: the papers' models (ROWS), the ablations and the training
+    variants (ROW_TRAINING)."""
+    variants = {key: (label, ROWS[base][1]) for key, (label, base, _) in ROW_TRAINING.items()}
+    return {**ROWS, **ablation_rows(list(cfg.model.aspects)), **variants}
+
+
+def training_changes(key: str) -> dict[str, dict[str, Any]]:
+    """{stage: field changes} of row `key`'s training over the config's `train:` (empty for most rows)."""
+    return ROW_TRAINING[key][2] if key in ROW_TRAINING else {}
+
+
+def stage_config(cfg: ExperimentConfig, key: str, kind: str) -> StageConfig:
+    """`train.<kind>` of the config with row `key`'s changes (`training_changes`)."""
+    return dataclasses.replace(getattr(cfg.train, kind), **training_changes(key).get(kind, {}))
 
 
 ABLATION_BASES = {"madral_no_": "madral_pw", "mural_only_": "mural"}  # Table 6 / Table 5: relative to these

@@ -23,12 +23,12 @@ from benchmarks.quality.aspect_models.evaluation import (
     per_query_metrics,
     search_depth,
 )
-from benchmarks.quality.aspect_models.rows import label_of, model_config
+from benchmarks.quality.aspect_models.rows import label_of, model_config, stage_config, training_changes
 from madr.config import ExperimentConfig, config_hash
 from madr.data.schema import Catalog
 from madr.modeling.model import BiEncoder, build_model
 from madr.training.freezing import backbone_frozen, freeze_backbone
-from madr.training.loop import CatalogSampler, stage_runs, train_stage
+from madr.training.loop import catalog_sampler, stage_runs, train_stage
 from madr.training.memoised_backbone import memoised_backbones
 
 
@@ -48,11 +48,12 @@ def train_row(key: str, cfg: ExperimentConfig, catalog: Catalog, tokenizer, voca
     model = build_model(mcfg, tokenizer, vocab)
     # word embeddings: 12M of all-MiniLM's 23M weights, a third of the step time on 2 CPU cores
     freeze_backbone(model, freeze_embeddings, freeze_layers)
-    sampler = CatalogSampler(catalog, "train", seed=seed)
+    stages = {kind: stage_config(cfg, key, kind) for kind in ("pretrain", "finetune")}
+    sampler = catalog_sampler(catalog, stages["finetune"], tokenizer, seed)
     if on_log is not None:
         on_log(model, "start", 0, {})
     history = {}
-    for kind, stage in (("pretrain", cfg.train.pretrain), ("finetune", cfg.train.finetune)):
+    for kind, stage in stages.items():
         if stage_runs(kind, stage, mcfg):
             hook = None if on_log is None else (lambda step, rec, kind=kind: on_log(model, kind, step, rec))
             with contextlib.ExitStack() as frozen:
@@ -101,8 +102,10 @@ def row_fingerprint(key: str, seed: int, cfg: ExperimentConfig, ev: EvalSet, ben
     frozen-embedding switch."""
     settings = {k: v for k, v in cfg.to_dict().items() if k not in ("name", "output_dir")}
     corpus = hashlib.sha256("\n".join(ev.product_ids).encode()).hexdigest()
+    changes = {"training_changes": training_changes(key)} if training_changes(key) else {}
     return config_hash({"row": key, "model": dataclasses.asdict(model_config(cfg, key)), "settings": settings,
-                        "corpus": corpus, "seed": seed, "freeze_word_embeddings": bool(bench["freeze_word_embeddings"])})
+                        "corpus": corpus, "seed": seed, "freeze_word_embeddings": bool(bench["freeze_word_embeddings"]),
+                        **changes})
 
 
 def run_row(key: str, cfg: ExperimentConfig, catalog: Catalog, ev: EvalSet, tokenizer, vocab, lengths: dict,

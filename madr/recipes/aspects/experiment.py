@@ -26,7 +26,7 @@ from madr.modeling.backbone import resolve_backbone_path
 from madr.modeling.model import BiEncoder, build_model
 from madr.modeling.tokenization import load_tokenizer, train_wordpiece_tokenizer
 from madr.recipes.aspects.evaluation import evaluate_model
-from madr.training.loop import CatalogSampler, stage_runs, train_stage
+from madr.training.loop import catalog_sampler, stage_runs, train_stage
 
 log = logging.getLogger(__name__)
 
@@ -110,7 +110,7 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True) -> ExperimentRe
     vocab = prepare_vocabularies(cfg, catalog, tokenizer)
     model: BiEncoder = build_model(cfg.model, tokenizer, vocab)
     before = evaluate_model(model, catalog, cfg.eval)
-    sampler = CatalogSampler(catalog, "train", seed=cfg.train.seed)
+    sampler = catalog_sampler(catalog, cfg.train.finetune, tokenizer, cfg.train.seed)
     history = {}
     for kind, stage in (("pretrain", cfg.train.pretrain), ("finetune", cfg.train.finetune)):
         if stage_runs(kind, stage, cfg.model):
