@@ -32,8 +32,9 @@ def relevant_products(catalog: Catalog, min_relevance: int) -> dict[str, set[str
     return out
 
 
-def mine_negatives(catalog: Catalog, split: str, tokenizer: Any, depth: int = 30,
-                   min_relevance: int = 3) -> dict[str, list[str]]:
+def mine_negatives(
+    catalog: Catalog, split: str, tokenizer: Any, depth: int = 30, min_relevance: int = 3
+) -> dict[str, list[str]]:
     """The BM25-mined negatives of every `split` query that has a relevant product (module docstring): up to
     `depth` product ids per query, best first. `tokenizer` is a transformers tokenizer (its word pieces)."""
     if depth < 1:
@@ -47,7 +48,9 @@ def mine_negatives(catalog: Catalog, split: str, tokenizer: Any, depth: int = 30
     text_of = {p.product_id: t for p, t in zip(products, texts, strict=True)}
     index = BM25Index().fit(word_pieces(tokenizer, texts))
     extra = max(len(r) for r in relevant.values())  # room for the positives (and their twins) at the top
-    _, rows = index.search(word_pieces(tokenizer, [q.text for q in queries]), k=min(len(products), depth + 4 * extra))
+    _, rows = index.search(
+        word_pieces(tokenizer, [q.text for q in queries]), k=min(len(products), depth + 4 * extra)
+    )
     out = {}
     for q, ranked in zip(queries, rows, strict=True):
         positives = relevant[q.query_id]
@@ -62,5 +65,7 @@ def check_mined(mined: MinedNegatives, known: set[str]) -> None:
     for qid, ids in mined.items():
         unknown = [p for p in ids if p not in known]
         if unknown:
-            raise ValueError(f"mined negatives of query {qid!r} name {len(unknown)} product(s) not in the catalog, "
-                             f"e.g. {unknown[0]!r}: were they mined on another catalog?")
+            raise ValueError(
+                f"mined negatives of query {qid!r} name {len(unknown)} product(s) not in the catalog, "
+                f"e.g. {unknown[0]!r}: were they mined on another catalog?"
+            )

@@ -33,14 +33,18 @@ def test_mined_negatives_are_bm25_top_minus_relevant(catalog, tokenizer, mined):
         assert 0 < len(got) <= 10 and len(set(got)) == len(got)
         assert not set(got) & relevant[q.query_id]
         assert not {texts[p] for p in got} & {texts[p] for p in relevant[q.query_id]}
-        scores = index.index.score(index.encode_queries(word_pieces(tokenizer, [q.text])),
-                                   np.array([[ids.index(p) for p in got]]))[0]
+        scores = index.index.score(
+            index.encode_queries(word_pieces(tokenizer, [q.text])), np.array([[ids.index(p) for p in got]])
+        )[0]
         assert np.all(np.diff(scores) <= 1e-6), scores  # best BM25 first
         # nothing left out scores above the last kept one, except relevant products and their twins
         top, rows = index.search(word_pieces(tokenizer, [q.text]), k=len(ids))
         above = {ids[r] for s, r in zip(top[0], rows[0], strict=True) if s > scores[-1] + 1e-6}
-        assert above - set(got) <= {p for p in ids if p in relevant[q.query_id]
-                                    or texts[p] in {texts[x] for x in relevant[q.query_id]}}
+        assert above - set(got) <= {
+            p
+            for p in ids
+            if p in relevant[q.query_id] or texts[p] in {texts[x] for x in relevant[q.query_id]}
+        }
 
 
 def test_sampler_draws_mined_negatives_with_relevance_zero(catalog, tokenizer, mined):
@@ -51,7 +55,9 @@ def test_sampler_draws_mined_negatives_with_relevance_zero(catalog, tokenizer, m
     by_query: dict[str, set[str]] = {}  # query text -> mined products (synthetic queries may share a text)
     for q in catalog.queries_in("train"):
         by_query.setdefault(q.text, set()).update(mined.get(q.query_id, []))
-    examples = [e for e in sampler.finetune_batch(64) if by_query[e.query]]  # others: judged (BM25 found none)
+    examples = [
+        e for e in sampler.finetune_batch(64) if by_query[e.query]
+    ]  # others: judged (BM25 found none)
     assert len(examples) > 32
     assert all(e.negative in {texts[p] for p in by_query[e.query]} for e in examples)
     assert all(e.negative_relevance == 0 for e in examples)
