@@ -33,7 +33,13 @@ from benchmarks.quality.aspect_models.evaluation import (
 from madr.config import ExperimentConfig
 from madr.metrics import evaluate
 from madr.modeling.model import BiEncoder
-from madr.search.score_fusion import normalise, reciprocal_rank_fusion, weighted_fusion
+from madr.search.score_fusion import (
+    fuse_candidates,
+    fusion_candidates,
+    normalise,
+    reciprocal_rank_fusion,
+    weighted_fusion,
+)
 
 
 def encode_split(model: BiEncoder, texts: list[str], side: str, bs: int, desc: str
@@ -150,8 +156,9 @@ def tune_weights(parts: Sequence[Lists], ev: EvalSet, cfg: ExperimentConfig, met
     Returns ((normalisation, weights), {(normalisation, weights): mean metric})."""
     seen = {}
     for norm in normalisations:
+        candidates = fusion_candidates([p.topk for p in parts], norm)  # = weighted_fusion, once per normalisation
         for w in weight_grid(len(parts), step):
-            scores, ids = weighted_fusion([p.topk for p in parts], w, k, normalisation=norm)
+            scores, ids = fuse_candidates(candidates, w, k)
             seen[norm, w] = retrieval_means(scores, ids, ev, cfg, [metric])[metric]
     best = max(seen, key=lambda nw: seen[nw])
     return best, seen

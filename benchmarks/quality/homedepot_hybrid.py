@@ -386,6 +386,12 @@ def plot_curves(training: dict, rows: list[str], labels: dict, path: Path) -> No
     save_figure(fig, path, dpi=110)
 
 
+def short_label(label: str) -> str:
+    """A row's label for a plot axis: without "(dev)" and the served-configuration note, so that weighted and
+    reciprocal rank fusions of the same parts stay apart."""
+    return label.replace(" (dev)", "").replace("; the served configuration", "").replace("weights ", "")
+
+
 def plot(order: list[str], labels: dict, mean: dict, std: dict, metrics: list[str], path: Path, target: str) -> None:
     plt = pyplot()
     if plt is None:
@@ -396,7 +402,7 @@ def plot(order: list[str], labels: dict, mean: dict, std: dict, metrics: list[st
         y = np.arange(len(order))[::-1]
         ax.barh(y, [mean[k][m] for k in order], xerr=[std[k][m] for k in order], capsize=2,
                 color=["#c44e52" if k == target else "#4c72b0" if "+" in k else "#999999" for k in order])
-        ax.set_yticks(y, [labels[k].split(",")[0] for k in order] if ax is np.atleast_1d(axes)[0] else [], fontsize=7)
+        ax.set_yticks(y, [short_label(labels[k]) for k in order] if ax is np.atleast_1d(axes)[0] else [], fontsize=7)
         lo = min(mean[k][m] for k in order)
         ax.set_xlim(max(0.0, lo - 0.1), None)
         ax.set_xlabel(f"test {header(m)}")

@@ -171,6 +171,38 @@ def hybrid_merge(dense: TopK, sparse: TopK, lam: float, k: int, normalisation: s
     return pad_rows(rows, k)
 
 
+def fusion_candidates(lists: Sequence[TopK], normalisation: str = "minmax", fn: str = "fusion_candidates"
+                      ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """What ``weighted_fusion`` fuses, before any weight: per query, the sorted union of the lists' candidate ids
+    [C] and their normalised scores in each list [n_lists, C] (a candidate missing from a list gets that list's
+    minimum score for the query). Computed once, it serves any number of weight vectors (``fuse_candidates``)."""
+    _check_normalisation(normalisation, fn)
+    checked, n_queries = _check_lists(lists, fn)
+    out = []
+    for q in range(n_queries):
+        valid = [_valid(s[q], i[q], f"{fn}: list {n}", q) for n, (s, i) in enumerate(checked)]
+        cand = np.unique(np.concatenate([i for _, i in valid]))
+        out.append((cand, np.stack([normalise(_lookup(cand, i, s), normalisation) for s, i in valid])))
+    return out
+
+
+def fuse_candidates(candidates: Sequence[tuple[np.ndarray, np.ndarray]], weights: Sequence[float], k: int) -> TopK:
+    """Top ``k`` per query of ``sum_i weights[i] * score_i`` over ``fusion_candidates``' output, ties by id
+    ascending; (scores [Q, k] float32, ids [Q, k] int64), padded with -inf / -1."""
+    _check_k(k, "weighted_fusion")
+    w = np.asarray(weights, dtype=np.float64)
+    rows = []
+    for cand, normed in candidates:
+        if normed.shape[0] != w.size:
+            raise ValueError(f"weighted_fusion: {normed.shape[0]} lists but {w.size} weights")
+        final = np.zeros(cand.size)
+        for weight, scores in zip(w, normed, strict=True):
+            if weight:
+                final += weight * scores
+        rows.append(_sorted_topk(final, cand, k))
+    return pad_rows(rows, k)
+
+
 def weighted_fusion(lists: Sequence[TopK], weights: Sequence[float], k: int, normalisation: str = "minmax"
                     ) -> TopK:
     """Several retrievers' top lists of the same queries in one ranking (paper 002 Eq. 1 for any number of
@@ -184,18 +216,7 @@ def weighted_fusion(lists: Sequence[TopK], weights: Sequence[float], k: int, nor
     if len(lists) != len(weights):
         raise ValueError(f"weighted_fusion: {len(lists)} lists but {len(weights)} weights")
     _check_k(k, "weighted_fusion")
-    _check_normalisation(normalisation, "weighted_fusion")
-    checked, n_queries = _check_lists(lists, "weighted_fusion")
-    rows = []
-    for q in range(n_queries):
-        valid = [_valid(s[q], i[q], f"weighted_fusion: list {n}", q) for n, (s, i) in enumerate(checked)]
-        cand = np.unique(np.concatenate([i for _, i in valid]))
-        final = np.zeros(cand.size)
-        for w, (s, i) in zip(weights, valid, strict=True):
-            if w:
-                final += w * normalise(_lookup(cand, i, s), normalisation)
-        rows.append(_sorted_topk(final, cand, k))
-    return pad_rows(rows, k)
+    return fuse_candidates(fusion_candidates(lists, normalisation, "weighted_fusion"), weights, k)
 
 
 def reciprocal_rank_fusion(lists: Sequence[TopK], k: int, rrf_k: int = 60) -> TopK:
