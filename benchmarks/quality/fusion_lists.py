@@ -155,10 +155,12 @@ def tune_weights(parts: Sequence[Lists], ev: EvalSet, cfg: ExperimentConfig, met
     retrieval `metric` on `ev` (the dev split); ties go to the first in order (normalisations, then grid).
     Returns ((normalisation, weights), {(normalisation, weights): mean metric})."""
     seen = {}
+    cutoff = metric.partition("@")[2]
+    depth = min(k, int(cutoff)) if cutoff.isdigit() else k  # metric@n reads the top n only
     for norm in normalisations:
         candidates = fusion_candidates([p.topk for p in parts], norm)  # = weighted_fusion, once per normalisation
         for w in weight_grid(len(parts), step):
-            scores, ids = fuse_candidates(candidates, w, k)
+            scores, ids = fuse_candidates(candidates, w, depth)
             seen[norm, w] = retrieval_means(scores, ids, ev, cfg, [metric])[metric]
     best = max(seen, key=lambda nw: seen[nw])
     return best, seen
