@@ -2,13 +2,14 @@
 
 The untouched 12-layer multilingual-e5-small with its own recipe (the "untouched" row of
 `benchmarks.quality.multilingual_e5`: mean pooling, "passage: " on ads / passages, "query: " on every other text,
-64 tokens) run four ways through madr's serving encoders (`madr.search.query_encoder.LeanQueryEncoder` and
+64 tokens) run six ways through madr's serving encoders (`madr.search.query_encoder.LeanQueryEncoder` and
 its ONNX / int8 versions, `madr.export.quantize`):
 
 - fp32 torch: the peer, what Serve runs by default;
 - int8 torch: the Linear layers dynamically quantised to qint8 (`Int8QueryEncoder`);
 - fp32 onnxruntime: the tower exported (`madr.export.onnx`), to separate the backend from the precision;
-- int8 onnxruntime: that graph's MatMul weights dynamically quantised by onnxruntime (`quantize_onnx_int8`).
+- int8 onnxruntime: that graph's MatMul weights dynamically quantised by onnxruntime (`quantize_onnx_int8`);
+- both int8 ones again with a weight scale per output channel instead of one per matrix (`per_channel`).
 
 Held-out data, splits and metrics are `multilingual_e5`'s (`prepare` with `configs/real/multitask_e5.yaml`):
 click AUC on QADSM + QAM dev (2,000 pairs), SNLI / XNLI-de / 3-way NLI AUC, cross-lingual top-1 over
@@ -40,9 +41,11 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
+from benchmarks.common.machine import versions
+from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.quality import multilingual_scores as item
 from benchmarks.quality.multilingual import e5_reference_embedder, encoder, prepare, write_result
-from benchmarks.quality.multilingual_e5 import COLUMNS, plot, row_metrics
+from benchmarks.quality.multilingual_e5 import COLUMNS, row_metrics
 from madr.data.records import MultilingualData
 from madr.export.onnx import OnnxQueryEncoder, export_onnx
 from madr.export.quantize import Int8QueryEncoder, count_int8_linears, quantize_onnx_int8
@@ -55,7 +58,9 @@ FP32 = "fp32 torch (peer)"
 INT8 = "int8 torch (dynamic qint8 Linear)"
 ONNX = "fp32 onnxruntime"
 ONNX_INT8 = "int8 onnxruntime (dynamic int8 MatMul)"
-VARIANTS = (FP32, INT8, ONNX, ONNX_INT8)
+INT8_PC = "int8 torch, per-channel scales"
+ONNX_INT8_PC = "int8 onnxruntime, per-channel scales"
+VARIANTS = (FP32, INT8, INT8_PC, ONNX, ONNX_INT8, ONNX_INT8_PC)
 SIDES = ("query", "doc")
 HEADLINE = ("click_auc", "xling_top1")
 ISSUE_ASK = (
@@ -64,7 +69,7 @@ ISSUE_ASK = (
 Encoders = dict[str, LeanQueryEncoder]  # side -> encoder
 
 
-# ---- the four encoders ------------------------------------------------------------------------------------------
+# ---- the six encoders ------------------------------------------------------------------------------------------
 
 
 def untouched_e5(run) -> BiEncoder:
@@ -86,14 +91,17 @@ def build_variants(model: BiEncoder, workdir: Path) -> tuple[dict[str, Encoders]
         t0 = time.perf_counter()
         out[INT8][side] = Int8QueryEncoder(model, side=side)
         seconds[f"{side}: quantise torch"] = time.perf_counter() - t0
+        out[INT8_PC][side] = Int8QueryEncoder(model, side=side, per_channel=True)
         t0 = time.perf_counter()
         fp32_path = export_onnx(model, workdir / f"{side}.onnx", side)
         seconds[f"{side}: export onnx"] = time.perf_counter() - t0
         t0 = time.perf_counter()
         int8_path = quantize_onnx_int8(fp32_path, workdir / f"{side}.int8.onnx")
         seconds[f"{side}: quantise onnx"] = time.perf_counter() - t0
+        int8_pc_path = quantize_onnx_int8(fp32_path, workdir / f"{side}.int8pc.onnx", per_channel=True)
         out[ONNX][side] = OnnxQueryEncoder(model, fp32_path, side, threads=1)
         out[ONNX_INT8][side] = OnnxQueryEncoder(model, int8_path, side, threads=1)
+        out[ONNX_INT8_PC][side] = OnnxQueryEncoder(model, int8_pc_path, side, threads=1)
         seconds[f"{side}: onnx fp32 MiB"] = fp32_path.stat().st_size / 2**20
         seconds[f"{side}: onnx int8 MiB"] = int8_path.stat().st_size / 2**20
     print(
@@ -229,6 +237,36 @@ def verdict(rows: dict[str, dict], lat: dict[str, dict]) -> dict[str, dict]:
     }
 
 
+def plot(rows: dict[str, dict], lat: dict[str, dict], path: Path, title: str) -> bool:
+    """Click AUC and x-ling top-1 against ms per query, with issue 27's bar: 97% of fp32 torch's value (dashed)
+    and half its query time (dotted); the points up and to the left of both meet it."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, (key, label) in zip(
+        axes, (("click_auc", "Click AUC (QADSM + QAM)"), ("xling_top1", "X-ling top-1")), strict=True
+    ):
+        for v, r in rows.items():
+            ax.scatter(lat[v]["query_ms"], r["metrics"][key], s=30)
+            ax.annotate(
+                v.split(" (")[0],
+                (lat[v]["query_ms"], r["metrics"][key]),
+                fontsize=7,
+                xytext=(4, 3),
+                textcoords="offset points",
+            )
+        ax.axhline(0.97 * rows[FP32]["metrics"][key], ls="--", c="grey", lw=0.8, label="97% of fp32 torch")
+        ax.axvline(lat[FP32]["query_ms"] / 2, ls=":", c="grey", lw=0.8, label="2x fp32 torch's query speed")
+        ax.set_xlabel("query encode ms (1 thread, one query at a time)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(title, fontsize=9)
+    save_figure(fig, path)
+    return True
+
+
 def click_subset(data: MultilingualData, n: int | None, seed: int = 0) -> MultilingualData:
     """`data` with `n` of its held-out click pairs, drawn without replacement with `seed` and kept in file order
     (None or >= all: every pair); the other held-out sets whole."""
@@ -249,7 +287,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument(
         "--build-backbone", action="store_true", help="build the e5 directory first if it is missing"
     )
-    p.add_argument("--rounds", type=int, default=3, help="timed passes over the latency texts per variant")
+    p.add_argument("--rounds", type=int, default=2, help="timed passes over the latency texts per variant")
     p.add_argument(
         "--click-subset",
         type=int,
@@ -275,6 +313,7 @@ def main(argv: list[str] | None = None) -> dict:
         rows = quality(variants, data, cfg.tasks.click.field_order, cfg.eval.ndcg_at, int(bench["bootstrap"]))
     text = table(rows, lat)
     print(text)
+    print(f"versions: {versions('torch', 'onnxruntime', 'onnx', 'onnxscript')}")
     result = write_result(
         run,
         __spec__.name,
@@ -293,10 +332,11 @@ def main(argv: list[str] | None = None) -> dict:
         threads={"torch": torch.get_num_threads(), "onnxruntime_intra_op": 1},
         click_subset=args.click_subset,
         held_out_clicks=len(data.clicks_eval),
+        versions=versions("onnxruntime", "onnx", "onnxscript"),
     )
     png = Path(args.out_dir) / "plots" / f"{args.tag}.png"
     if plot(
-        {v: r["metrics"] for v, r in rows.items()},
+        rows,
         lat,
         png,
         "untouched multilingual-e5-small: fp32 / int8, torch / onnxruntime (1 thread)",

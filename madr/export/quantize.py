@@ -58,15 +58,18 @@ def shared_copy(module: nn.Module) -> nn.Module:
     return copy.deepcopy(module, memo)
 
 
-def quantize_linear_int8(module: nn.Module) -> nn.Module:
+def quantize_linear_int8(module: nn.Module, per_channel: bool = False) -> nn.Module:
     """A copy of `module` (eval mode) with every `nn.Linear` replaced by a dynamic qint8 Linear
-    (`torch.ao.quantization.quantize_dynamic`); the other tensors are shared with `module`, which is unchanged."""
+    (`torch.ao.quantization.quantize_dynamic`); the other tensors are shared with `module`, which is unchanged.
+    `per_channel`: one weight scale per output row instead of one per matrix (finer rounding, same int8 kernels)."""
     if torch.backends.quantized.engine == "none":
         raise RuntimeError("torch has no quantized engine on this machine (torch.backends.quantized.engine)")
     out = shared_copy(module).eval()
     with warnings.catch_warnings():  # torch.ao.quantization's deprecation notices (module docstring)
         warnings.filterwarnings("ignore", message=".*(deprecated|will be removed).*")
-        return torch.ao.quantization.quantize_dynamic(out, {nn.Linear}, dtype=torch.qint8, inplace=True)
+        q = torch.ao.quantization
+        qconfig = q.per_channel_dynamic_qconfig if per_channel else q.default_dynamic_qconfig
+        return q.quantize_dynamic(out, {nn.Linear: qconfig}, dtype=torch.qint8, inplace=True)
 
 
 def count_int8_linears(module: nn.Module) -> int:
@@ -84,25 +87,35 @@ class Int8QueryEncoder(LeanQueryEncoder):
         term_ids: Sequence[int] | np.ndarray | None = None,
         side: str = "query",
         batch_size: int = 64,
+        per_channel: bool = False,
     ) -> None:
         super().__init__(model, term_ids, side, batch_size)
         if self.device.type != "cpu":
             raise ValueError(f"int8 dynamic quantisation runs on the CPU; the model is on {self.device}")
-        self.tower = quantize_linear_int8(self.tower)
+        self.tower = quantize_linear_int8(self.tower, per_channel)
         if count_int8_linears(self.tower) == 0:
             raise ValueError(f"model {model.config.name!r}: its {side} tower has no Linear layer to quantise")
 
 
-def quantize_onnx_int8(src: str | Path, dst: str | Path, ops: Sequence[str] = ONNX_OPS) -> Path:
+def quantize_onnx_int8(
+    src: str | Path, dst: str | Path, ops: Sequence[str] = ONNX_OPS, per_channel: bool = False
+) -> Path:
     """Write `src` (an ONNX tower) with its `ops` weights dynamically quantised to int8 at `dst`
-    (`onnxruntime.quantization.quantize_dynamic`, signed int8 weights, per-tensor scales). ValueError when no
-    node was quantised (a graph whose weights are not initialisers of those ops)."""
+    (`onnxruntime.quantization.quantize_dynamic`, signed int8 weights, per-tensor scales or, with `per_channel`,
+    one per output column). ValueError when no node was quantised (a graph whose weights are not initialisers of
+    those ops)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     dst = Path(dst)
     dst.parent.mkdir(parents=True, exist_ok=True)
-    quantize_dynamic(str(src), str(dst), op_types_to_quantize=list(ops), weight_type=QuantType.QInt8)
+    quantize_dynamic(
+        str(src),
+        str(dst),
+        op_types_to_quantize=list(ops),
+        weight_type=QuantType.QInt8,
+        per_channel=per_channel,
+    )
     kinds = {node.op_type for node in onnx.load(str(dst), load_external_data=False).graph.node}
     if not kinds & {"MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"}:
         raise ValueError(f"{src}: no {'/'.join(ops)} node was quantised")
@@ -115,6 +128,7 @@ def onnx_int8_encoder(
     threads: int = 1,
     batch_size: int = 64,
     workdir: str | Path | None = None,
+    per_channel: bool = False,
 ) -> LeanQueryEncoder:
     """`model`'s `side` tower exported (`export_onnx`), quantised (`quantize_onnx_int8`) and loaded in
     onnxruntime (`OnnxQueryEncoder`); the files go in `workdir` (None: a temporary directory, removed once the
@@ -125,10 +139,10 @@ def onnx_int8_encoder(
 
     if workdir is not None:
         fp32 = export_onnx(model, Path(workdir) / f"{side}.onnx", side)
-        int8 = quantize_onnx_int8(fp32, Path(workdir) / f"{side}.int8.onnx")
+        int8 = quantize_onnx_int8(fp32, Path(workdir) / f"{side}.int8.onnx", per_channel=per_channel)
         return OnnxQueryEncoder(model, int8, side, batch_size, threads)
     with tempfile.TemporaryDirectory(prefix="madr-int8-") as tmp:
-        return onnx_int8_encoder(model, side, threads, batch_size, tmp)
+        return onnx_int8_encoder(model, side, threads, batch_size, tmp, per_channel)
 
 
 def int8_encoder(
@@ -138,15 +152,16 @@ def int8_encoder(
     side: str = "query",
     threads: int = 1,
     batch_size: int = 64,
+    per_channel: bool = False,
 ) -> LeanQueryEncoder:
     """The int8 `side` encoder of `model` in `backend` ("torch": `Int8QueryEncoder`; "onnx": `onnx_int8_encoder`,
-    whole vocabulary only, so no `term_ids`)."""
+    whole vocabulary only, so no `term_ids`); `per_channel`: a weight scale per output channel."""
     if backend == "torch":
-        return Int8QueryEncoder(model, term_ids, side, batch_size)
+        return Int8QueryEncoder(model, term_ids, side, batch_size, per_channel)
     if backend != "onnx":
         raise ValueError(f"int8 encoder backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     if term_ids is not None:
         raise ValueError(
             "the ONNX int8 encoder projects onto the whole vocabulary (term_ids needs backend 'torch')"
         )
-    return onnx_int8_encoder(model, side, threads, batch_size)
+    return onnx_int8_encoder(model, side, threads, batch_size, per_channel=per_channel)

@@ -1,6 +1,6 @@
 """Wiring of benchmarks.quality.multilingual_int8 (issue 27 item 2) on the real sources with a tiny saved backbone
 (a 2-layer BERT with the session's WordPiece stands in for multilingual-e5-small, as in
-test_quality_multilingual_e5): the four variants, their metrics, kept fractions, paired tests against fp32, latency,
+test_quality_multilingual_e5): the six variants, their metrics, kept fractions, paired tests against fp32, latency,
 agreement, the reference check, the JSON and the plot. Not quality. Skips without ../shared."""
 
 from __future__ import annotations

@@ -67,10 +67,12 @@ def assert_close_directions(got: np.ndarray, want: np.ndarray) -> None:
     )
 
 
-@pytest.mark.parametrize("side", ["query", "doc"])
-def test_torch_int8_vectors_agree_with_fp32(model, texts, side):
+@pytest.mark.parametrize("side, per_channel", [("query", False), ("doc", False), ("query", True)])
+def test_torch_int8_vectors_agree_with_fp32(model, texts, side, per_channel):
     want, _ = LeanQueryEncoder(model, side=side).encode(texts)
-    encoder = Int8QueryEncoder(model, side=side)
+    encoder = Int8QueryEncoder(model, side=side, per_channel=per_channel)
+    scheme = encoder.tower.backbone.encoder.layer[0].attention.self.query.weight().qscheme()
+    assert scheme == (torch.per_channel_affine if per_channel else torch.per_tensor_affine)
     assert count_int8_linears(encoder.tower) == 2 * 6 + 1, (
         "Q, K, V, attention out, FFN in / out per layer, pooler"
     )
@@ -90,13 +92,14 @@ def test_the_float_model_is_left_alone_and_shares_its_tables(model, texts):
     np.testing.assert_array_equal(after, before)
 
 
-def test_onnx_int8_vectors_agree_with_fp32(model, texts, tmp_path):
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_onnx_int8_vectors_agree_with_fp32(model, texts, tmp_path, per_channel):
     pytest.importorskip("onnxruntime")
     pytest.importorskip("onnxscript")
     from madr.export.quantize import onnx_int8_encoder
 
     want, _ = LeanQueryEncoder(model).encode(texts)
-    encoder = onnx_int8_encoder(model, "query", workdir=tmp_path)
+    encoder = onnx_int8_encoder(model, "query", workdir=tmp_path, per_channel=per_channel)
     assert (tmp_path / "query.int8.onnx").stat().st_size < 0.8 * (tmp_path / "query.onnx").stat().st_size
     for batch_size in (64, 5, 1):
         got, _ = encoder.encode(texts, batch_size=batch_size)
