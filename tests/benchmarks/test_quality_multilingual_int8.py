@@ -46,6 +46,7 @@ def test_variants_metrics_latency_and_outputs(shared_data, tiny_e5, tmp_path):
         "real_data.parallel_languages=[deu,fra,spa]",
         "real_data.parallel_eval_per_language=3",
         "real_data.parallel_train_per_language=3",
+        "real_data.snli_eval_fraction=0.1",
         "eval.batch_size=256",
     ]
     threads = torch.get_num_threads()
