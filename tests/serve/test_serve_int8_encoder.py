@@ -57,3 +57,18 @@ def test_bad_precision_settings_are_refused(served_index):
         ServeSettings(encoder_precision="int4")
     with pytest.raises(ValueError, match="precision must be 'fp32' or 'int8', got 'fp16'"):
         query_encoder(served_index["model"], precision="fp16")
+
+
+def test_the_ray_query_encoder_gets_the_precision(served_index):
+    """The arguments the co-located replica and the fan-out `QueryEncoder` deployment are built with
+    (`serve.colocated.encoder_args`, positional like `serve.app.build_app`'s bind) carry `encoder_precision`."""
+    from madr.index.manifest import Manifest
+    from serve.colocated import encoder_args
+    from serve.deployments import QueryEncoder
+
+    manifest = served_index["manifest"]
+    settings = ServeSettings(
+        manifest_path=str(manifest), model_dir=str(served_index["model_dir"]), encoder_precision="int8"
+    )
+    replica = QueryEncoder.func_or_class(*encoder_args(settings, Manifest.load(manifest)))
+    assert isinstance(replica.encoder, Int8QueryEncoder)
