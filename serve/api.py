@@ -338,5 +338,5 @@ def plain_app(settings: ServeSettings) -> FastAPI:
 
     manifest = settings.require_manifest()
     backend = LocalBackend(manifest, settings.model_dir, settings.mmap, settings.verify, settings.torch_threads,
-                           settings.encoder_index_vocabulary, settings.encoder_backend)
+                           settings.encoder_index_vocabulary, settings.encoder_backend, settings.encoder_precision)
     return create_api(backend, settings, Docs.open(manifest))

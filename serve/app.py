@@ -72,7 +72,7 @@ def build_app(args: dict[str, Any] | ServeSettings | None = None) -> Application
     encoder = QueryEncoder.options(name="QueryEncoder", **s.encoder.options()).bind(
         s.model_dir, s.torch_threads, s.encoder_max_batch_size, s.encoder_batch_wait_timeout_s,
         lexical_vocab(manifest), lexical_tokenizer_dir(s.manifest_path),
-        s.manifest_path if s.encoder_index_vocabulary else None, s.verify, s.encoder_backend,
+        s.manifest_path if s.encoder_index_vocabulary else None, s.verify, s.encoder_backend, s.encoder_precision,
         stuck_after_s=s.request_timeout_s)
     searchers = [
         ShardSearcher.options(name=f"searcher-{g}", **s.searcher.options()).bind(

@@ -126,27 +126,37 @@ def load_model(model_dir: str | Path, threads: int = 1) -> BiEncoder:
 
 
 def query_encoder(model: BiEncoder, manifest_path: str | Path | None = None, verify: bool = True,
-                  backend: str = "torch", threads: int = 1) -> LeanQueryEncoder:
+                  backend: str = "torch", threads: int = 1, precision: str = "fp32") -> LeanQueryEncoder:
     """The lean query encoder of `model` (puts it in eval mode once); with `manifest_path` (a hybrid index) its
     queries are projected onto the terms the index's sparse shards hold (`madr.search.sharded.sparse_term_ids`).
     `backend="onnx"`: the query tower exported now and run in onnxruntime with `threads` threads
-    (`madr.export.onnx.OnnxQueryEncoder`, the same vectors; whole vocabulary, so no `manifest_path`)."""
+    (`madr.export.onnx.OnnxQueryEncoder`, the same vectors; whole vocabulary, so no `manifest_path`).
+    `precision="int8"`: the tower's Linear layers dynamically quantised to int8 in that backend
+    (`madr.export.quantize.int8_encoder`)."""
     from madr.search.query_encoder import LeanQueryEncoder
     from madr.search.sharded import sparse_term_ids
 
+    if precision not in ("fp32", "int8"):
+        raise ValueError(f"query encoder precision must be 'fp32' or 'int8', got {precision!r}")
     if backend == "onnx":
-        return onnx_query_encoder(model, manifest_path, threads)
+        return onnx_query_encoder(model, manifest_path, threads, precision)
     if backend != "torch":
         raise ValueError(f"query encoder backend must be 'torch' or 'onnx', got {backend!r}")
     terms = None
     if manifest_path is not None and model.config.has_sparse:
         terms = sparse_term_ids(manifest_path, verify=verify)
+    if precision == "int8":
+        from madr.export.quantize import Int8QueryEncoder
+
+        return Int8QueryEncoder(model, terms)
     return LeanQueryEncoder(model, terms)
 
 
-def onnx_query_encoder(model: BiEncoder, manifest_path: str | Path | None, threads: int) -> LeanQueryEncoder:
-    """`model`'s query tower exported to a temporary ONNX file and loaded in onnxruntime (the file goes once the
-    session holds it); exported at start, so it can never be stale against the served model."""
+def onnx_query_encoder(model: BiEncoder, manifest_path: str | Path | None, threads: int,
+                       precision: str = "fp32") -> LeanQueryEncoder:
+    """`model`'s query tower exported to a temporary ONNX file (int8: then quantised,
+    `madr.export.quantize.onnx_int8_encoder`) and loaded in onnxruntime (the file goes once the session holds it);
+    exported at start, so it can never be stale against the served model."""
     import tempfile
 
     from madr.export.onnx import OnnxQueryEncoder, export_onnx
@@ -154,6 +164,10 @@ def onnx_query_encoder(model: BiEncoder, manifest_path: str | Path | None, threa
     if manifest_path is not None and model.config.has_sparse:
         raise ValueError("the ONNX query encoder projects onto the whole vocabulary, not the index's terms "
                          "(encoder_index_vocabulary needs encoder_backend 'torch')")
+    if precision == "int8":
+        from madr.export.quantize import onnx_int8_encoder
+
+        return onnx_int8_encoder(model, "query", threads)
     with tempfile.TemporaryDirectory(prefix="madr-query-onnx-") as tmp:
         return OnnxQueryEncoder(model, export_onnx(model, Path(tmp) / "query.onnx"), threads=threads)
 
@@ -316,7 +330,7 @@ class LocalBackend:
 
     def __init__(self, manifest_path: str | Path, model_dir: str | None = None, mmap: bool = False,
                  verify: bool = True, threads: int = 1, index_vocabulary: bool = False,
-                 encoder_backend: str = "torch") -> None:
+                 encoder_backend: str = "torch", encoder_precision: str = "fp32") -> None:
         import faiss
 
         from madr.search.query_encoder import LeanQueryEncoder
@@ -325,11 +339,11 @@ class LocalBackend:
         self.model = load_model(resolve_model_dir(manifest_path, model_dir), threads)
         self.index = ShardedIndex.open(manifest_path, mmap=mmap, verify=verify)
         terms = self.index.sparse_term_ids() if index_vocabulary and self.model.config.has_sparse else None
-        if encoder_backend == "torch":
+        if encoder_backend == "torch" and encoder_precision == "fp32":
             self.encoder = LeanQueryEncoder(self.model, terms)
-        else:  # onnx: refuses index_vocabulary (it projects onto the whole vocabulary)
+        else:  # onnx refuses index_vocabulary (it projects onto the whole vocabulary); int8 quantises a copy
             self.encoder = query_encoder(self.model, manifest_path if index_vocabulary else None, verify,
-                                         encoder_backend, threads)
+                                         encoder_backend, threads, encoder_precision)
         self.lexical_vocab = lexical_vocab(self.index.manifest)
         self.lexical_tokenizer = self.index.lexical_tokenizer  # None: the model's splits the queries
         self._lock = asyncio.Lock()

@@ -91,7 +91,7 @@ def encoder_args(s: ServeSettings, manifest: Manifest) -> tuple[Any, ...]:
     """`QueryEncoder(...)` arguments for these settings (the fan-out deployment's, `serve.app.build_app`)."""
     return (s.model_dir, s.torch_threads, s.encoder_max_batch_size, s.encoder_batch_wait_timeout_s,
             lexical_vocab(manifest), lexical_tokenizer_dir(s.manifest_path),
-            s.manifest_path if s.encoder_index_vocabulary else None, s.verify, s.encoder_backend)
+            s.manifest_path if s.encoder_index_vocabulary else None, s.verify, s.encoder_backend, s.encoder_precision)
 
 
 @serve.deployment(name=DEPLOYMENT)

@@ -21,6 +21,7 @@ from madr.search.params import SearchParams
 DEFAULT_API_KEY_ENV = "MADR_API_KEY"
 TOPOLOGIES = ("colocated", "fanout")
 ENCODER_BACKENDS = ("torch", "onnx")  # what runs the query tower's forward pass (ServeSettings.encoder_backend)
+ENCODER_PRECISIONS = ("fp32", "int8")  # its weights' precision (ServeSettings.encoder_precision)
 
 
 @dataclass
@@ -84,7 +85,10 @@ class ServeSettings:
     `encoder_backend`: "torch" (default) or "onnx": the query tower exported at replica start
     (`madr.export.onnx`) and run in onnxruntime with `torch_threads` threads, the same vectors (benchmarks/RESULTS.md,
     "ONNX query encoder"); "onnx" needs `pip install "madr[export]"` and projects onto the whole vocabulary
-    (not with `encoder_index_vocabulary`).
+    (not with `encoder_index_vocabulary`). `encoder_precision`: "fp32" (default) or "int8": the query tower's Linear
+    layers dynamically quantised to int8 at replica start (`madr.export.quantize`; with "torch" a qint8 copy of the
+    tower, with "onnx" the exported graph quantised by onnxruntime); vectors close to, not equal to, fp32's
+    (benchmarks/RESULTS.md, "Int8 multilingual-e5-small").
     Search settings: `search` (`madr.search.params.SearchParams`, YAML section `search:`): `candidates`,
     `nprobe`, `ef_search` for every shard (None: the index defaults) and `lam` for requests that do not send
     one (None: the index's `hybrid_lambda`); `k` comes with each request.
@@ -138,6 +142,7 @@ class ServeSettings:
     encoder_batch_wait_timeout_s: float = 0.003
     encoder_index_vocabulary: bool = False
     encoder_backend: str = "torch"
+    encoder_precision: str = "fp32"
     searcher_max_batch_size: int = 16
     searcher_batch_wait_timeout_s: float = 0.001
     request_timeout_s: float = 10.0
@@ -177,6 +182,9 @@ class ServeSettings:
         if self.encoder_backend == "onnx" and self.encoder_index_vocabulary:
             raise ValueError("serve settings: encoder_backend 'onnx' projects onto the whole vocabulary; "
                              "encoder_index_vocabulary needs the torch encoder")
+        if self.encoder_precision not in ENCODER_PRECISIONS:
+            raise ValueError(f"serve settings: encoder_precision must be one of {', '.join(ENCODER_PRECISIONS)}, "
+                             f"got {self.encoder_precision!r}")
 
     def resolved_api_key(self) -> str | None:
         """The key requests must carry, or None when the API is open."""

@@ -60,12 +60,14 @@ class QueryEncoder:
     def __init__(self, model_dir: str, threads: int = 1, max_batch_size: int = 16,
                  batch_wait_timeout_s: float = 0.003, lexical_vocab: int | None = None,
                  lexical_tokenizer: str | None = None, vocabulary_manifest: str | None = None,
-                 verify: bool = True, backend: str = "torch", stuck_after_s: float | None = None) -> None:
+                 verify: bool = True, backend: str = "torch", precision: str = "fp32",
+                 stuck_after_s: float | None = None) -> None:
         self.watchdog = Watchdog("QueryEncoder", stuck_after_s)  # check_health fails while a batch is stuck
         self.model = load_model(model_dir, threads)
         # eval mode set once; with `vocabulary_manifest` a hybrid model projects onto the index's terms only;
-        # backend "onnx": the forward pass in onnxruntime (ServeSettings.encoder_backend)
-        self.encoder = query_encoder(self.model, vocabulary_manifest, verify, backend, threads)
+        # backend "onnx": the forward pass in onnxruntime (ServeSettings.encoder_backend); precision "int8": its
+        # Linear layers quantised (ServeSettings.encoder_precision)
+        self.encoder = query_encoder(self.model, vocabulary_manifest, verify, backend, threads, precision)
         self.lexical_vocab = lexical_vocab  # an index with a BM25 part: also count the queries' word pieces
         # ... split by the index's own lexical tokenizer (a directory of the index) when it has one
         self.lexical_tokenizer = load_lexical_tokenizer(lexical_tokenizer, lexical_vocab)

@@ -1,0 +1,351 @@
+"""Issue 27 item 2: int8 multilingual-e5-small, quality kept per metric against encode latency on this CPU.
+
+The untouched 12-layer multilingual-e5-small with its own recipe (the "untouched" row of
+`benchmarks.quality.multilingual_e5`: mean pooling, "passage: " on ads / passages, "query: " on every other text,
+64 tokens) run six ways through madr's serving encoders (`madr.search.query_encoder.LeanQueryEncoder` and
+its ONNX / int8 versions, `madr.export.quantize`):
+
+- fp32 torch: the peer, what Serve runs by default;
+- int8 torch: the Linear layers dynamically quantised to qint8 (`Int8QueryEncoder`), one scale per matrix;
+- fp32 onnxruntime: the tower exported (`madr.export.onnx`), to separate the backend from the precision;
+- int8 onnxruntime: that graph's MatMul weights dynamically quantised by onnxruntime (`quantize_onnx_int8`), one
+  scale per matrix;
+- both int8 ones again with a weight scale per output channel (`per_channel`, the library's and serving's default).
+
+Held-out data, splits and metrics are `multilingual_e5`'s (`prepare` with `configs/real/multitask_e5.yaml`):
+click AUC on QADSM + QAM dev (2,000 pairs), SNLI / XNLI-de / 3-way NLI AUC, cross-lingual top-1 over
+Tatoeba's 112 languages (2,240 sources against 2,101 English sentences). Each variant: every metric, the
+fraction of fp32 torch's it keeps, the paired bootstrap difference to fp32 torch (`bench.bootstrap` resamples
+of the held-out items), the vectors' cosine to fp32 torch's on the timed texts, and encode latency (1 thread:
+`--threads 1` for torch, 1 intra-op thread for onnxruntime): ms per query one at a time and ms per document in
+batches of 64, on `bench.latency_texts` held-out click texts, the variants alternating over `--rounds` rounds
+(median per text). A check that madr's fp32 path is e5's own recipe: its vectors against the plain
+transformers e5 (`e5_reference_embedder`) on the timed texts.
+
+    OMP_NUM_THREADS=1 python -m benchmarks.quality.multilingual_int8 --threads 1
+
+Writes benchmarks/results/<tag>.json (default tag real_multilingual_int8) and benchmarks/plots/<tag>.png
+(click AUC and cross-lingual top-1 against ms per query). The ONNX files go to a temporary directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
+from benchmarks.common.machine import versions
+from benchmarks.common.plotting import pyplot, save_figure
+from benchmarks.quality import multilingual_scores as item
+from benchmarks.quality.multilingual import e5_reference_embedder, encoder, prepare, write_result
+from benchmarks.quality.multilingual_e5 import COLUMNS, row_metrics
+from madr.data.records import MultilingualData
+from madr.export.onnx import OnnxQueryEncoder, export_onnx
+from madr.export.quantize import Int8QueryEncoder, count_int8_linears, quantize_onnx_int8
+from madr.modeling.backbone import resolve_backbone_path
+from madr.modeling.model import BiEncoder
+from madr.recipes.multitask.data import doc_text
+from madr.search.query_encoder import LeanQueryEncoder
+
+FP32 = "fp32 torch (peer)"
+INT8 = "int8 torch (dynamic qint8 Linear)"
+ONNX = "fp32 onnxruntime"
+ONNX_INT8 = "int8 onnxruntime (dynamic int8 MatMul)"
+INT8_PC = "int8 torch, per-channel scales"
+ONNX_INT8_PC = "int8 onnxruntime, per-channel scales"
+VARIANTS = (FP32, INT8, INT8_PC, ONNX, ONNX_INT8, ONNX_INT8_PC)
+SIDES = ("query", "doc")
+HEADLINE = ("click_auc", "xling_top1")
+ISSUE_ASK = (
+    "issue 27 item 2: >= 97% of the 12-layer model's click AUC and x-ling top-1 at >= 2x its query speed"
+)
+Encoders = dict[str, LeanQueryEncoder]  # side -> encoder
+
+
+# ---- the six encoders ------------------------------------------------------------------------------------------
+
+
+def untouched_e5(run) -> BiEncoder:
+    """multilingual-e5-small through madr, untrained: mean pooling, e5's prefixes, 64 tokens on both sides (the
+    length `e5_reference_embedder` cuts at)."""
+    cfg = run.cfg
+    cfg = dataclasses.replace(
+        cfg, model=dataclasses.replace(cfg.model, max_query_length=cfg.model.max_doc_length)
+    )
+    return encoder(cfg, run.tokenizer, 0, "mean").eval()
+
+
+def build_variants(model: BiEncoder, workdir: Path) -> tuple[dict[str, Encoders], dict[str, float]]:
+    """variant -> {side: encoder}, and the seconds each took to build (export, quantisation) and file sizes."""
+    out: dict[str, Encoders] = {v: {} for v in VARIANTS}
+    seconds: dict[str, float] = {}
+    for side in SIDES:
+        out[FP32][side] = LeanQueryEncoder(model, side=side)
+        t0 = time.perf_counter()
+        out[INT8][side] = Int8QueryEncoder(model, side=side, per_channel=False)
+        seconds[f"{side}: quantise torch"] = time.perf_counter() - t0
+        out[INT8_PC][side] = Int8QueryEncoder(model, side=side, per_channel=True)
+        t0 = time.perf_counter()
+        fp32_path = export_onnx(model, workdir / f"{side}.onnx", side)
+        seconds[f"{side}: export onnx"] = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        int8_path = quantize_onnx_int8(fp32_path, workdir / f"{side}.int8.onnx", per_channel=False)
+        seconds[f"{side}: quantise onnx"] = time.perf_counter() - t0
+        int8_pc_path = quantize_onnx_int8(fp32_path, workdir / f"{side}.int8pc.onnx", per_channel=True)
+        out[ONNX][side] = OnnxQueryEncoder(model, fp32_path, side, threads=1)
+        out[ONNX_INT8][side] = OnnxQueryEncoder(model, int8_path, side, threads=1)
+        out[ONNX_INT8_PC][side] = OnnxQueryEncoder(model, int8_pc_path, side, threads=1)
+        seconds[f"{side}: onnx fp32 MiB"] = fp32_path.stat().st_size / 2**20
+        seconds[f"{side}: onnx int8 MiB"] = int8_path.stat().st_size / 2**20
+    print(
+        f"built: {seconds}; int8 Linear layers per torch tower: {count_int8_linears(out[INT8]['query'].tower)}",
+        flush=True,
+    )
+    return out, seconds
+
+
+def embedder(encoders: Encoders) -> item.Embedder:
+    """e5's own recipe over madr encoders: ads / passages through the doc side ("passage: "), all else "query: "."""
+
+    def embed(texts: list[str], role: str) -> torch.Tensor:
+        dense, _ = encoders["doc" if role == "ad" else "query"].encode(list(texts))
+        return F.normalize(torch.from_numpy(dense), dim=-1)
+
+    return embed
+
+
+# ---- latency and agreement --------------------------------------------------------------------------------------
+
+
+def per_text_ms(encode: Callable[[list[str]], object], texts: Sequence[str], batch: int) -> list[float]:
+    """Milliseconds per text of `encode` on `texts` in chunks of `batch`, one number per chunk."""
+    out = []
+    for i in range(0, len(texts), batch):
+        chunk = list(texts[i : i + batch])
+        t0 = time.perf_counter()
+        encode(chunk)
+        out.append((time.perf_counter() - t0) * 1000 / len(chunk))
+    return out
+
+
+def latency(
+    variants: dict[str, Encoders], queries: list[str], docs: list[str], rounds: int
+) -> dict[str, dict]:
+    """Median ms per query (one at a time) and per document (batches of 64) of each variant, the variants
+    alternating in each round after one warm-up pass each."""
+    times = {v: {"query": [], "doc": []} for v in variants}
+    for enc in variants.values():  # warm-up
+        enc["query"].encode(queries[:8], batch_size=1)
+        enc["doc"].encode(docs[:64], batch_size=64)
+    for _ in range(rounds):
+        for v, enc in variants.items():
+            times[v]["query"] += per_text_ms(lambda t, e=enc: e["query"].encode(t, batch_size=1), queries, 1)
+            times[v]["doc"] += per_text_ms(lambda t, e=enc: e["doc"].encode(t, batch_size=64), docs, 64)
+    return {
+        v: {
+            "query_ms": float(np.median(t["query"])),
+            "doc_ms": float(np.median(t["doc"])),
+            "query_ms_p90": float(np.percentile(t["query"], 90)),
+            "doc_ms_p90": float(np.percentile(t["doc"], 90)),
+        }
+        for v, t in times.items()
+    }
+
+
+def cosine_to(reference: np.ndarray, other: np.ndarray) -> dict[str, float]:
+    """Mean and minimum row cosine of `other` to `reference`."""
+    a = reference / np.linalg.norm(reference, axis=1, keepdims=True)
+    b = other / np.linalg.norm(other, axis=1, keepdims=True)
+    cos = (a * b).sum(axis=1)
+    return {"mean_cosine": float(cos.mean()), "min_cosine": float(cos.min())}
+
+
+def agreement(variants: dict[str, Encoders], queries: list[str], docs: list[str]) -> dict[str, dict]:
+    """Each variant's query and document vectors against fp32 torch's on the same texts."""
+    want = {s: variants[FP32][s].encode(t)[0] for s, t in (("query", queries), ("doc", docs))}
+    return {
+        v: {s: cosine_to(want[s], enc[s].encode(t)[0]) for s, t in (("query", queries), ("doc", docs))}
+        for v, enc in variants.items()
+    }
+
+
+def reference_check(
+    run, variants: dict[str, Encoders], queries: list[str], docs: list[str]
+) -> dict[str, dict]:
+    """madr's fp32 path against the plain transformers e5 with its own recipe, on the timed texts."""
+    cfg = run.cfg
+    path = resolve_backbone_path(cfg.model.backbone.name_or_path)
+    e5 = e5_reference_embedder(path, cfg.model.max_doc_length, cfg.eval.batch_size)
+    ours = embedder(variants[FP32])
+    return {
+        role: cosine_to(e5(texts, role).numpy(), ours(texts, role).numpy())
+        for role, texts in (("query", queries), ("ad", docs))
+    }
+
+
+# ---- quality ------------------------------------------------------------------------------------------------------
+
+
+def quality(variants: dict[str, Encoders], data: MultilingualData, order, ks, draws: int) -> dict[str, dict]:
+    """Per variant: the metrics, the fraction of fp32's kept, the paired bootstrap vs fp32, eval seconds."""
+    scores, out = {}, {}
+    for v, enc in variants.items():
+        t0 = time.perf_counter()
+        scores[v] = item.item_scores(embedder(enc), data, order)
+        out[v] = {"metrics": row_metrics(scores[v], data, ks), "eval_s": time.perf_counter() - t0}
+        print(
+            f"{v}: {out[v]['eval_s']:.0f} s " + " ".join(f"{k} {out[v]['metrics'][k]:.4f}" for k in HEADLINE),
+            flush=True,
+        )
+    base = out[FP32]["metrics"]
+    for v in variants:
+        out[v]["kept"] = {k: out[v]["metrics"][k] / base[k] for k, _ in COLUMNS if k in base}
+        if v != FP32:
+            out[v]["paired_minus_fp32"] = item.paired_bootstrap(scores[v], scores[FP32], data, draws, 0)
+    return out
+
+
+def table(rows: dict[str, dict], lat: dict[str, dict]) -> str:
+    """Markdown: each metric (fraction of fp32 kept), ms per query / document and the query speed-up."""
+    head = [h for _, h in COLUMNS] + ["ms / query", "ms / doc", "query speed-up"]
+    lines = ["| encoder | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+    for v, r in rows.items():
+        cells = [f"{r['metrics'][k]:.3f} ({100 * r['kept'][k]:.1f}%)" for k, _ in COLUMNS]
+        speed = lat[FP32]["query_ms"] / lat[v]["query_ms"]
+        cells += [f"{lat[v]['query_ms']:.2f}", f"{lat[v]['doc_ms']:.2f}", f"{speed:.2f}x"]
+        lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def verdict(rows: dict[str, dict], lat: dict[str, dict]) -> dict[str, dict]:
+    """Whether each variant meets issue 27's bar: >= 97% of click AUC and x-ling top-1 at >= 2x query speed."""
+    return {
+        v: {
+            "speed_up": lat[FP32]["query_ms"] / lat[v]["query_ms"],
+            **{f"kept_{k}": rows[v]["kept"][k] for k in HEADLINE},
+            "meets": all(rows[v]["kept"][k] >= 0.97 for k in HEADLINE)
+            and lat[FP32]["query_ms"] / lat[v]["query_ms"] >= 2.0,
+        }
+        for v in rows
+    }
+
+
+def plot(rows: dict[str, dict], lat: dict[str, dict], path: Path, title: str) -> bool:
+    """Click AUC and x-ling top-1 against ms per query, with issue 27's bar: 97% of fp32 torch's value (dashed)
+    and half its query time (dotted); the points up and to the left of both meet it."""
+    plt = pyplot()
+    if plt is None:
+        return False
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for ax, (key, label) in zip(
+        axes, (("click_auc", "Click AUC (QADSM + QAM)"), ("xling_top1", "X-ling top-1")), strict=True
+    ):
+        for v, r in rows.items():
+            ax.scatter(lat[v]["query_ms"], r["metrics"][key], s=30)
+            ax.annotate(
+                v.split(" (")[0],
+                (lat[v]["query_ms"], r["metrics"][key]),
+                fontsize=7,
+                xytext=(4, 3),
+                textcoords="offset points",
+            )
+        ax.axhline(0.97 * rows[FP32]["metrics"][key], ls="--", c="grey", lw=0.8, label="97% of fp32 torch")
+        ax.axvline(lat[FP32]["query_ms"] / 2, ls=":", c="grey", lw=0.8, label="2x fp32 torch's query speed")
+        ax.set_xlabel("query encode ms (1 thread, one query at a time)")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle(title, fontsize=9)
+    save_figure(fig, path)
+    return True
+
+
+def click_subset(data: MultilingualData, n: int | None, seed: int = 0) -> MultilingualData:
+    """`data` with `n` of its held-out click pairs, drawn without replacement with `seed` and kept in file order
+    (None or >= all: every pair); the other held-out sets whole."""
+    if n is None or n >= len(data.clicks_eval):
+        return data
+    keep = np.sort(np.random.default_rng(seed).choice(len(data.clicks_eval), n, replace=False))
+    return dataclasses.replace(data, clicks_eval=[data.clicks_eval[i] for i in keep])
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(
+        prog=f"python -m {__spec__.name}",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_run_args(p, ROOT / "configs" / "real" / "multitask_e5.yaml", "real_multilingual_int8")
+    p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
+    p.add_argument(
+        "--build-backbone", action="store_true", help="build the e5 directory first if it is missing"
+    )
+    p.add_argument("--rounds", type=int, default=2, help="timed passes over the latency texts per variant")
+    p.add_argument(
+        "--click-subset",
+        type=int,
+        default=None,
+        help="score a seeded sample of this many held-out "
+        "click pairs (default: all 2,000; a few hundred or more, or no query keeps both labels for NDCG); the "
+        "NLI and translation sets stay whole",
+    )
+    args = p.parse_args(argv)
+    run = prepare(args)
+    run.data = data = click_subset(run.data, args.click_subset)
+    bench, cfg = run.bench, run.cfg
+    model = untouched_e5(run)
+    n = int(bench["latency_texts"])
+    queries = [r.query for r in data.clicks_eval][:n]
+    docs = [doc_text(r, cfg.tasks.click.field_order) for r in data.clicks_eval][:n]
+    with tempfile.TemporaryDirectory(prefix="madr-int8-bench-") as tmp:
+        variants, build_s = build_variants(model, Path(tmp))
+        check = reference_check(run, variants, queries[:64], docs[:64])
+        print(f"madr fp32 vs transformers e5: {check}", flush=True)
+        agree = agreement(variants, queries, docs)
+        lat = latency(variants, queries, docs, args.rounds)
+        print(f"latency: {lat}", flush=True)
+        rows = quality(variants, data, cfg.tasks.click.field_order, cfg.eval.ndcg_at, int(bench["bootstrap"]))
+    text = table(rows, lat)
+    print(text)
+    print(f"versions: {versions('torch', 'onnxruntime', 'onnx', 'onnxscript')}")
+    result = write_result(
+        run,
+        __spec__.name,
+        [{"seed": 0, "rows": {v: r["metrics"] for v, r in rows.items()}}],
+        args.out_dir,
+        args.tag,
+        issue=ISSUE_ASK,
+        variants=rows,
+        latency=lat,
+        agreement=agree,
+        reference_check=check,
+        build_seconds=build_s,
+        verdict=verdict(rows, lat),
+        rounds=args.rounds,
+        table=text,
+        threads={"torch": torch.get_num_threads(), "onnxruntime_intra_op": 1},
+        click_subset=args.click_subset,
+        held_out_clicks=len(data.clicks_eval),
+        versions=versions("onnxruntime", "onnx", "onnxscript"),
+    )
+    png = Path(args.out_dir) / "plots" / f"{args.tag}.png"
+    if plot(
+        rows,
+        lat,
+        png,
+        "untouched multilingual-e5-small: fp32 / int8, torch / onnxruntime (1 thread)",
+    ):
+        print(f"plot: {png}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""Wiring of benchmarks.quality.multilingual_int8 (issue 27 item 2) on the real sources with a tiny saved backbone
+(a 2-layer BERT with the session's WordPiece stands in for multilingual-e5-small, as in
+test_quality_multilingual_e5): the six variants, their metrics, kept fractions, paired tests against fp32, latency,
+agreement, the reference check, the JSON and the plot. Not quality. Skips without ../shared."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from transformers import BertConfig, BertModel
+
+pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxscript")
+from benchmarks.quality import multilingual_int8 as bench  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_e5(tokenizer, tmp_path_factory):
+    path = tmp_path_factory.mktemp("tiny_e5")
+    torch.manual_seed(0)
+    BertModel(
+        BertConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=128,
+        )
+    ).save_pretrained(str(path))
+    tokenizer.save_pretrained(str(path))
+    return path
+
+
+def test_variants_metrics_latency_and_outputs(shared_data, tiny_e5, tmp_path):
+    sets = [
+        f"model.backbone.name_or_path={tiny_e5}",
+        "model.doc_layers=2",
+        "bench.bootstrap=30",
+        "bench.latency_texts=8",
+        f"output_dir={tmp_path / 'run'}",
+        f"real_data.data_dir={shared_data}",
+        "real_data.parallel_languages=[deu,fra,spa]",
+        "real_data.parallel_eval_per_language=3",
+        "real_data.parallel_train_per_language=3",
+        "real_data.snli_eval_fraction=0.1",
+        "eval.batch_size=256",
+    ]
+    threads = torch.get_num_threads()
+    try:
+        result = bench.main(
+            [
+                "--threads",
+                "1",
+                "--rounds",
+                "1",
+                "--click-subset",
+                "300",
+                "--out-dir",
+                str(tmp_path),
+                "--tag",
+                "smoke",
+                *[a for s in sets for a in ("--set", s)],
+            ]
+        )
+    finally:
+        torch.set_num_threads(threads)
+    assert list(result["variants"]) == list(bench.VARIANTS)
+    for name in bench.VARIANTS:
+        assert f"| {name} |" in result["table"], name
+        row = result["variants"][name]
+        assert {"click_auc_qadsm", "click_auc_qam", "nli_auc_en", "xling_top1"} <= set(row["metrics"])
+        assert all(lat > 0 for lat in result["latency"][name].values())
+        assert result["agreement"][name]["query"]["min_cosine"] > 0.99
+    assert result["variants"][bench.FP32]["kept"]["click_auc"] == 1.0
+    paired = result["variants"][bench.ONNX_INT8]["paired_minus_fp32"]
+    assert all(math.isfinite(v["diff"]) and 0.0 <= v["p_bootstrap"] <= 1.0 for v in paired.values())
+    assert result["agreement"][bench.ONNX]["doc"]["min_cosine"] > 0.9999, "fp32 onnxruntime is the same model"
+    assert result["reference_check"]["query"]["min_cosine"] > 0.9999, "madr's fp32 path is e5's own recipe"
+    assert set(result["verdict"][bench.INT8]) == {"speed_up", "kept_click_auc", "kept_xling_top1", "meets"}
+    assert (
+        json.loads((tmp_path / "results" / "smoke.json").read_text())["variants"].keys()
+        == result["variants"].keys()
+    )
+    assert (tmp_path / "plots" / "smoke.png").is_file()
+    assert result["held_out_clicks"] == 300
