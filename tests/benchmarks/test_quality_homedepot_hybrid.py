@@ -274,7 +274,9 @@ def test_fusion_weights_are_on_the_grid_and_the_best_on_dev(runs):
         best = max(f["dev"].values())
         assert f["dev"][chosen] == best, (key, chosen, f["dev"])
         first_best = next(_dev_key(n, w) for n, w in grid if f["dev"][_dev_key(n, w)] == best)
-        assert chosen == first_best, f"{key}: ties go to the first normalisation, then the first in grid order"
+        assert chosen == first_best, (
+            f"{key}: ties go to the first normalisation, then the first in grid order"
+        )
         assert all(0.0 <= v <= 1.0 for v in f["dev"].values())
     assert fusions["bm25+minilm+e5"]["parts"] == ["bm25", "minilm", "e5"]
     assert fusions["bm25_model+madral_pw@1"]["parts"] == ["bm25_model", "madral_pw@1"]
@@ -399,3 +401,39 @@ def test_a_bad_bench_setting_fails_naming_the_file(user_config, tmp_path):
     ):
         _main(user_config, tmp_path, "bad", "bench.curve_every=3")
     assert not (tmp_path / "results").exists(), "nothing ran"
+
+
+def test_the_shipped_product_search_config_runs_on_a_user_catalog(user_config, tmp_path):
+    """configs/real/product_search.yaml (the configuration to use, issue 26) as a user runs it: their
+    `data.catalog_dir`, every setting of the shipped file but the backbones (tiny ones here), the sizes and the step
+    count; its row, BiBERT fine-tuned on BM25-mined negatives, is trained, saved, fused and tested against BM25 + e5."""
+    tiny = yaml.safe_load(user_config.read_text())
+    refs = tiny["bench"]["references"]
+    shipped = bench.ROOT / "configs" / "real" / "product_search.yaml"
+    result, printed = _main(
+        shipped,
+        tmp_path,
+        "shipped",
+        f"data.catalog_dir={tiny['data']['catalog_dir']}",
+        f"output_dir={tmp_path / 'run'}",
+        f"model.backbone.name_or_path={refs['e5']['backbone']}",
+        f"bench.lexical_tokenizer={refs['minilm']['backbone']}",
+        f"bench.references.minilm.backbone={refs['minilm']['backbone']}",
+        f"bench.references.e5.backbone={refs['e5']['backbone']}",
+        "bench.corpus_size=300",
+        "bench.dev_corpus_size=320",
+        "bench.fusion_step=0.5",
+        "bench.draws=100",
+        "bench.freeze_layers=1",
+        "train.finetune.steps=2",
+        "train.finetune.batch_size=8",
+        "model.max_doc_length=40",
+        "eval.top_k=50",
+        "eval.retrieval_metrics=[recall@10, mrr@10]",
+    )
+    assert result["config"]["train"]["finetune"]["negatives"] == "mined"
+    assert {"bibert_mined", "bm25+bibert_mined", "bm25_model+bibert_mined", "bm25+e5"} <= set(result["mean"])
+    assert "bm25+bibert_mined" in result["tests"], "tested against the target"
+    assert "BiBERT, BM25-mined negatives" in result["labels"]["bibert_mined"]
+    assert (tmp_path / "run" / "seed0" / "bibert_mined" / "model" / "config.json").is_file()
+    assert "Relative to BM25 + e5" in printed
