@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from transformers import BertConfig, BertModel
 
 from benchmarks.common.config import RESULTS
 from benchmarks.quality import esci_hybrid as bench
@@ -19,6 +18,7 @@ from benchmarks.quality.aspect_models.rows import model_config
 from benchmarks.quality.homedepot_hybrid import load, reference_fusions, trained_fusions
 from madr.modeling.model import build_model
 from tests.benchmarks.test_quality_esci_transfer import _esci_dir
+from tests.benchmarks.tiny_backbone import save_tiny_bert
 
 TRAINED = ["bibert", "madral_pw"]
 REFS = ["minilm", "e5"]
@@ -27,20 +27,7 @@ SEEDS = [0, 1]
 
 def _reference(tokenizer, where: Path, seed: int) -> str:
     """A random 2-layer BERT and its tokenizer in one directory: an "untrained encoder" to load by path."""
-    torch.manual_seed(seed)
-    BertModel(
-        BertConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=64,
-        ),
-        add_pooling_layer=False,
-    ).save_pretrained(str(where))
-    tokenizer.save_pretrained(str(where))
-    return str(where)
+    return save_tiny_bert(where, tokenizer, seed, max_positions=64, pooling_layer=False)
 
 
 @pytest.fixture

@@ -23,11 +23,11 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from transformers import BertConfig, BertModel
 
 from benchmarks.quality import homedepot_hybrid as bench
 from benchmarks.quality.aspect_models.rows import ROWS as ROW_LABELS
 from benchmarks.quality.fusion_lists import weight_grid
+from tests.benchmarks.tiny_backbone import save_tiny_bert
 
 STEP = 0.25  # bench.fusion_step: 5 weight pairs, 15 weight triples
 NORMS = ["minmax", "zscore"]  # bench.fusion_normalisations: each with every weight vector
@@ -50,19 +50,7 @@ ROWS = {
 
 
 def _backbone(path: Path, tokenizer, seed: int) -> str:
-    torch.manual_seed(seed)
-    BertModel(
-        BertConfig(
-            vocab_size=len(tokenizer),
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=64,
-        )
-    ).save_pretrained(str(path))
-    tokenizer.save_pretrained(str(path))
-    return str(path)
+    return save_tiny_bert(path, tokenizer, seed, max_positions=64)
 
 
 @pytest.fixture(scope="module")

@@ -13,20 +13,15 @@ import math
 
 import pytest
 import torch
-from transformers import BertConfig, BertModel
 
 from benchmarks.quality import multilingual_e5 as bench
 from benchmarks.quality.multilingual_fusion import GRID
+from tests.benchmarks.tiny_backbone import save_tiny_bert
 
 
 @pytest.fixture(scope="module")
 def tiny_e5(tokenizer, tmp_path_factory):
-    path = tmp_path_factory.mktemp("tiny_e5")
-    torch.manual_seed(0)
-    BertModel(BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                         intermediate_size=64, max_position_embeddings=128)).save_pretrained(str(path))
-    tokenizer.save_pretrained(str(path))
-    return path
+    return save_tiny_bert(tmp_path_factory.mktemp("tiny_e5"), tokenizer)
 
 
 def _run(shared_data, tiny_e5, out, extra=()):
