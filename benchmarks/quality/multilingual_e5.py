@@ -25,6 +25,9 @@ quality against query latency.
 
     flock /tmp/madr_bench.lock python -m benchmarks.quality.multilingual_e5 --threads 2
     python -m benchmarks.quality.multilingual_e5 --seeds 0 --set steps=3 --set student.steps=2 --tag smoke
+    # the teachers only (no distillation), saved under output_dir/seed<N>/teacher for multilingual_int8:
+    python -m benchmarks.quality.multilingual_e5 --set student.enabled=false --set bench.save_models=true \
+        --set output_dir=runs/real_multitask_e5_teacher --tag real_multitask_e5_teacher
 
 Each finished seed is cached in benchmarks/results/<tag>.partial.json and skipped when the command is rerun
 (delete it to start over); writes benchmarks/results/<tag>.json and benchmarks/plots/<tag>.png.
@@ -171,22 +174,29 @@ def shared_rows(cfg, bench: dict, data: MultilingualData, tokenizer) -> dict[str
 
 
 def run_seed(cfg, bench: dict, data: MultilingualData, tokenizer, seed: int, shared: dict) -> dict[str, Any]:
-    """Teacher, serving pair and query-student-only rows of one seed, their latency and the paired tests."""
+    """Teacher, serving pair and query-student-only rows of one seed, their latency and the paired tests.
+    With `student.enabled: false` only the teacher is trained, saved (`bench.save_models`) and evaluated: no
+    distillation, no serving-pair rows."""
     order, ks, bs = cfg.tasks.click.field_order, cfg.eval.ndcg_at, cfg.eval.batch_size
     rows, seconds, scores, lat = {}, {}, {}, {}
     t0 = time.perf_counter()
     teacher, training = train_model(cfg, tokenizer, data, cfg.tasks.enabled, seed, bench)
     seconds["train teacher"] = time.perf_counter() - t0
     print(f"seed {seed}: teacher trained in {seconds['train teacher']:.0f} s", flush=True)
-    t0 = time.perf_counter()
-    pair, distilled = distil_query_student(cfg, teacher, data, seed)
-    seconds["distil serving pair"] = time.perf_counter() - t0
-    print(f"seed {seed}: serving pair distilled in {seconds['distil serving pair']:.0f} s {distilled}", flush=True)
-    student_only = attach_query_student(teacher, pair.query_tower).eval()
-    if bench.get("save_models"):  # for later distillation runs: e5-small is ~0.5 GB per model
-        for name, model in (("teacher", teacher), ("serving_pair", pair)):
-            model.save(str(Path(cfg.output_dir) / f"seed{seed}" / name))
-    for name, model in ((TEACHER, teacher), (PAIR, pair), (STUDENT_ONLY, student_only)):
+    models, reports = {TEACHER: teacher}, {TEACHER: training}
+    if cfg.student.enabled:
+        t0 = time.perf_counter()
+        pair, distilled = distil_query_student(cfg, teacher, data, seed)
+        seconds["distil serving pair"] = time.perf_counter() - t0
+        print(f"seed {seed}: serving pair distilled in {seconds['distil serving pair']:.0f} s {distilled}",
+              flush=True)
+        models.update({PAIR: pair, STUDENT_ONLY: attach_query_student(teacher, pair.query_tower).eval()})
+        reports[PAIR] = distilled
+    if bench.get("save_models"):  # for later distillation / int8 runs: e5-small is ~0.5 GB per model
+        for name, label in (("teacher", TEACHER), ("serving_pair", PAIR)):
+            if label in models:
+                models[label].save(str(Path(cfg.output_dir) / f"seed{seed}" / name))
+    for name, model in models.items():
         t0 = time.perf_counter()
         scores[name] = madr_item_scores(model, data, order, bs)
         rows[name] = row_metrics(scores[name], data, ks)
@@ -195,13 +205,16 @@ def run_seed(cfg, bench: dict, data: MultilingualData, tokenizer, seed: int, sha
         print(f"seed {seed} {name}: {json.dumps({k: round(v, 4) for k, v in rows[name].items()})[:600]} "
               f"latency {lat[name]}", flush=True)
     draws = int(bench["bootstrap"])
-    return {"seed": seed, "rows": {**shared["rows"], **rows}, "latency": {**shared["latency"], **lat},
-            "paired_teacher_minus_e5": item.paired_bootstrap(scores[TEACHER], shared["scores"][E5], data, draws, seed),
-            "paired_teacher_minus_zero_shot": item.paired_bootstrap(scores[TEACHER], shared["scores"][ZERO_SHOT], data,
-                                                               draws, seed),
-            "paired_pair_minus_teacher": item.paired_bootstrap(scores[PAIR], scores[TEACHER], data, draws, seed),
-            "paired_pair_minus_e5": item.paired_bootstrap(scores[PAIR], shared["scores"][E5], data, draws, seed),
-            "seconds": seconds, "training": {TEACHER: training, PAIR: distilled}}
+    paired = {"paired_teacher_minus_e5": item.paired_bootstrap(scores[TEACHER], shared["scores"][E5], data, draws,
+                                                               seed),
+              "paired_teacher_minus_zero_shot": item.paired_bootstrap(scores[TEACHER], shared["scores"][ZERO_SHOT],
+                                                                      data, draws, seed)}
+    if PAIR in scores:
+        paired.update(
+            paired_pair_minus_teacher=item.paired_bootstrap(scores[PAIR], scores[TEACHER], data, draws, seed),
+            paired_pair_minus_e5=item.paired_bootstrap(scores[PAIR], shared["scores"][E5], data, draws, seed))
+    return {"seed": seed, "rows": {**shared["rows"], **rows}, "latency": {**shared["latency"], **lat}, **paired,
+            "seconds": seconds, "training": reports}
 
 
 # ---- seeds, cache, table, plot -------------------------------------------------------------------------------
