@@ -25,9 +25,10 @@ quality against query latency.
 
     flock /tmp/madr_bench.lock python -m benchmarks.quality.multilingual_e5 --threads 2
     python -m benchmarks.quality.multilingual_e5 --seeds 0 --set steps=3 --set student.steps=2 --tag smoke
-    # the teachers only (no distillation), saved under output_dir/seed<N>/teacher for multilingual_int8:
+    # the teachers only (no distillation, no evaluation), saved under output_dir/seed<N>/teacher for
+    # `benchmarks.quality.multilingual_int8 --model-dir`:
     python -m benchmarks.quality.multilingual_e5 --set student.enabled=false --set bench.save_models=true \
-        --set output_dir=runs/real_multitask_e5_teacher --tag real_multitask_e5_teacher
+        --set bench.evaluate=false --set output_dir=runs/real_multitask_e5_teacher --tag real_multitask_e5_teacher
 
 Each finished seed is cached in benchmarks/results/<tag>.partial.json and skipped when the command is rerun
 (delete it to start over); writes benchmarks/results/<tag>.json and benchmarks/plots/<tag>.png.
@@ -275,6 +276,34 @@ def plot_curves(curves: dict[str, dict[str, list[dict]]], path: Path, title: str
     return True
 
 
+def train_only(run, args: argparse.Namespace) -> dict:
+    """`bench.evaluate: false`: each seed's teacher (and, with `student.enabled`, its serving pair) trained and
+    saved under output_dir/seed<N>/ (needs `bench.save_models`), nothing scored or timed: the models for a
+    later evaluation (e.g. `benchmarks.quality.multilingual_int8 --model-dir`). Seeds cached as in `main`."""
+    cfg, bench, data, tokenizer = run.cfg, run.bench, run.data, run.tokenizer
+    if not bench.get("save_models"):
+        raise ValueError("bench.evaluate false trains models only to save them: set bench.save_models true")
+
+    def one(seed: int) -> dict[str, Any]:
+        seconds, reports, models = {}, {}, {}
+        t0 = time.perf_counter()
+        models["teacher"], reports[TEACHER] = train_model(cfg, tokenizer, data, cfg.tasks.enabled, seed, bench)
+        seconds["train teacher"] = time.perf_counter() - t0
+        print(f"seed {seed}: teacher trained in {seconds['train teacher']:.0f} s", flush=True)
+        if cfg.student.enabled:
+            t0 = time.perf_counter()
+            models["serving_pair"], reports[PAIR] = distil_query_student(cfg, models["teacher"], data, seed)
+            seconds["distil serving pair"] = time.perf_counter() - t0
+        saved = {name: str(model.save(Path(cfg.output_dir) / f"seed{seed}" / name)) for name, model in models.items()}
+        print(f"seed {seed}: saved {saved}", flush=True)
+        return {"seed": seed, "seconds": seconds, "training": reports, "saved": saved}
+
+    key = json.dumps(settings(run), sort_keys=True, default=str)
+    runs = seed_runs(run.seeds, one, Path(args.out_dir) / "results" / f"{args.tag}.partial.json", data.summary, [],
+                     key)
+    return write_result(run, __spec__.name, runs, args.out_dir, args.tag, issue=ISSUE_ASK + " (models only)")
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -284,6 +313,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     run = prepare(args)
     cfg, bench, data, tokenizer = run.cfg, run.bench, run.data, run.tokenizer
+    if not bench.get("evaluate", True):
+        return train_only(run, args)
     shared = shared_rows(cfg, bench, data, tokenizer)
     print(f"shared rows ({shared['seconds']:.0f} s): {json.dumps(shared['rows'], default=float)[:1500]}", flush=True)
     kept = {k: v for k, v in bench.items() if k not in ("seeds", "save_models")}  # what the numbers depend on
