@@ -460,15 +460,17 @@ def teachers_main(args: argparse.Namespace, run) -> dict:
                            "click_subset": args.click_subset}, sort_keys=True, default=str)
     e5_model = untouched_e5(run)
     e5_enc = {side: LeanQueryEncoder(e5_model, side=side) for side in SIDES}
-    e5_scores = untouched_scores(run, e5_enc, data, model_dir / f"untouched_e5_scores_{args.tag}.npz", data_key)
+    e5_scores = untouched_scores(run, e5_enc, data, model_dir / "untouched_e5_scores.npz", data_key)
     e5_metrics = row_metrics(e5_scores, data, cfg.eval.ndcg_at)
     e5 = {"scores": e5_scores, "encoders": e5_enc}
+    merged = {r["seed"] for path in args.merge for r in json.loads(Path(path).read_text())["runs"]}
+    seeds = [s for s in seeds if s not in merged]
     ready = [s for s in seeds if (model_dir / f"seed{s}" / "teacher" / "heads.safetensors").is_file()]
     if args.ready_only and ready != list(seeds):
         print(f"teachers saved for seeds {ready} of {list(seeds)}: running those", flush=True)
         seeds = ready
     runs = seed_runs(seeds, lambda seed: teacher_seed(run, model_dir, seed, names, e5, args.rounds),
-                     Path(args.out_dir) / "results" / f"{args.tag}.partial.json", data.summary, [], key)
+                     Path(args.out_dir) / "results" / f"{args.tag}.partial.json", data.summary, args.merge, key)
     if not runs:  # --ready-only before any teacher is saved: the untouched e5's scores are cached, nothing else
         print(f"no teacher saved under {model_dir} for seeds {list(run.seeds)}", flush=True)
         return {"seeds": [], "untouched_e5": e5_metrics}
@@ -538,6 +540,14 @@ def main(argv: list[str] | None = None) -> dict:
     )
     p.add_argument(
         "--ready-only", action="store_true", help="with --model-dir: only the seeds whose teacher is saved"
+    )
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        default=[],
+        metavar="JSON",
+        help="with --model-dir: the seeds of these earlier results (e.g. one run per seed in parallel, each with "
+        "its own --tag) are taken from them instead of run",
     )
     args = p.parse_args(argv)
     if args.model_dir is not None and args.tag == "real_multilingual_int8":

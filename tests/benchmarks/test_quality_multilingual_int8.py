@@ -92,7 +92,8 @@ def test_variants_metrics_latency_and_outputs(shared_data, tiny_e5, tmp_path):
 def test_saved_teachers_per_seed(shared_data, tiny_e5, tmp_path):
     """--model-dir: a teacher trained and saved by multilingual_e5 (student.enabled false: no distillation) is
     evaluated fp32 / int8 with madr's sides, per seed (--ready-only: the seeds whose teacher is saved), against
-    its fp32 and the untouched e5, which is timed in the same rounds; a rerun takes the seed from the cache."""
+    its fp32 and the untouched e5, which is timed in the same rounds; a rerun takes the seed from the cache, and
+    --merge from an earlier result."""
     from benchmarks.quality import multilingual_e5
 
     sets = [
@@ -123,6 +124,8 @@ def test_saved_teachers_per_seed(shared_data, tiny_e5, tmp_path):
         argv += ["--ready-only", "--variants", "onnx_int8_pc", "--out-dir", str(tmp_path), *flags]
         result = bench.main(argv)
         again = bench.main(argv)
+        first = str(tmp_path / "results" / "real_multitask_e5_teacher_int8.json")
+        merged = bench.main([*argv, "--merge", first, "--tag", "combined"])
     finally:
         torch.set_num_threads(threads)
     assert multilingual_e5.PAIR not in trained["mean"], "no serving pair without the student"
@@ -146,3 +149,7 @@ def test_saved_teachers_per_seed(shared_data, tiny_e5, tmp_path):
     assert set(result["meets_every_seed"]) == {bench.FP32, bench.ONNX_INT8_PC}
     assert (tmp_path / "plots" / "real_multitask_e5_teacher_int8.png").is_file()
     assert again["runs"][0]["latency"] == run["latency"], "the seed comes from the cache"
+    assert merged["seeds"] == [0] and merged["runs"][0]["latency"] == run["latency"], "the seed comes from --merge"
+    assert not (tmp_path / "results" / "combined.partial.json").exists() or not json.loads(
+        (tmp_path / "results" / "combined.partial.json").read_text()
+    )["runs"], "nothing run again"
