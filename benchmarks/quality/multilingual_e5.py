@@ -25,6 +25,10 @@ quality against query latency.
 
     flock /tmp/madr_bench.lock python -m benchmarks.quality.multilingual_e5 --threads 2
     python -m benchmarks.quality.multilingual_e5 --seeds 0 --set steps=3 --set student.steps=2 --tag smoke
+    # the teachers only (no distillation, no evaluation), saved under output_dir/seed<N>/teacher for
+    # `benchmarks.quality.multilingual_int8 --model-dir`:
+    python -m benchmarks.quality.multilingual_e5 --set student.enabled=false --set bench.save_models=true \
+        --set bench.evaluate=false --set output_dir=runs/real_multitask_e5_teacher --tag real_multitask_e5_teacher
 
 Each finished seed is cached in benchmarks/results/<tag>.partial.json and skipped when the command is rerun
 (delete it to start over); writes benchmarks/results/<tag>.json and benchmarks/plots/<tag>.png.
@@ -171,22 +175,29 @@ def shared_rows(cfg, bench: dict, data: MultilingualData, tokenizer) -> dict[str
 
 
 def run_seed(cfg, bench: dict, data: MultilingualData, tokenizer, seed: int, shared: dict) -> dict[str, Any]:
-    """Teacher, serving pair and query-student-only rows of one seed, their latency and the paired tests."""
+    """Teacher, serving pair and query-student-only rows of one seed, their latency and the paired tests.
+    With `student.enabled: false` only the teacher is trained, saved (`bench.save_models`) and evaluated: no
+    distillation, no serving-pair rows."""
     order, ks, bs = cfg.tasks.click.field_order, cfg.eval.ndcg_at, cfg.eval.batch_size
     rows, seconds, scores, lat = {}, {}, {}, {}
     t0 = time.perf_counter()
     teacher, training = train_model(cfg, tokenizer, data, cfg.tasks.enabled, seed, bench)
     seconds["train teacher"] = time.perf_counter() - t0
     print(f"seed {seed}: teacher trained in {seconds['train teacher']:.0f} s", flush=True)
-    t0 = time.perf_counter()
-    pair, distilled = distil_query_student(cfg, teacher, data, seed)
-    seconds["distil serving pair"] = time.perf_counter() - t0
-    print(f"seed {seed}: serving pair distilled in {seconds['distil serving pair']:.0f} s {distilled}", flush=True)
-    student_only = attach_query_student(teacher, pair.query_tower).eval()
-    if bench.get("save_models"):  # for later distillation runs: e5-small is ~0.5 GB per model
-        for name, model in (("teacher", teacher), ("serving_pair", pair)):
-            model.save(str(Path(cfg.output_dir) / f"seed{seed}" / name))
-    for name, model in ((TEACHER, teacher), (PAIR, pair), (STUDENT_ONLY, student_only)):
+    models, reports = {TEACHER: teacher}, {TEACHER: training}
+    if cfg.student.enabled:
+        t0 = time.perf_counter()
+        pair, distilled = distil_query_student(cfg, teacher, data, seed)
+        seconds["distil serving pair"] = time.perf_counter() - t0
+        print(f"seed {seed}: serving pair distilled in {seconds['distil serving pair']:.0f} s {distilled}",
+              flush=True)
+        models.update({PAIR: pair, STUDENT_ONLY: attach_query_student(teacher, pair.query_tower).eval()})
+        reports[PAIR] = distilled
+    if bench.get("save_models"):  # for later distillation / int8 runs: e5-small is ~0.5 GB per model
+        for name, label in (("teacher", TEACHER), ("serving_pair", PAIR)):
+            if label in models:
+                models[label].save(str(Path(cfg.output_dir) / f"seed{seed}" / name))
+    for name, model in models.items():
         t0 = time.perf_counter()
         scores[name] = madr_item_scores(model, data, order, bs)
         rows[name] = row_metrics(scores[name], data, ks)
@@ -195,13 +206,16 @@ def run_seed(cfg, bench: dict, data: MultilingualData, tokenizer, seed: int, sha
         print(f"seed {seed} {name}: {json.dumps({k: round(v, 4) for k, v in rows[name].items()})[:600]} "
               f"latency {lat[name]}", flush=True)
     draws = int(bench["bootstrap"])
-    return {"seed": seed, "rows": {**shared["rows"], **rows}, "latency": {**shared["latency"], **lat},
-            "paired_teacher_minus_e5": item.paired_bootstrap(scores[TEACHER], shared["scores"][E5], data, draws, seed),
-            "paired_teacher_minus_zero_shot": item.paired_bootstrap(scores[TEACHER], shared["scores"][ZERO_SHOT], data,
-                                                               draws, seed),
-            "paired_pair_minus_teacher": item.paired_bootstrap(scores[PAIR], scores[TEACHER], data, draws, seed),
-            "paired_pair_minus_e5": item.paired_bootstrap(scores[PAIR], shared["scores"][E5], data, draws, seed),
-            "seconds": seconds, "training": {TEACHER: training, PAIR: distilled}}
+    paired = {"paired_teacher_minus_e5": item.paired_bootstrap(scores[TEACHER], shared["scores"][E5], data, draws,
+                                                               seed),
+              "paired_teacher_minus_zero_shot": item.paired_bootstrap(scores[TEACHER], shared["scores"][ZERO_SHOT],
+                                                                      data, draws, seed)}
+    if PAIR in scores:
+        paired.update(
+            paired_pair_minus_teacher=item.paired_bootstrap(scores[PAIR], scores[TEACHER], data, draws, seed),
+            paired_pair_minus_e5=item.paired_bootstrap(scores[PAIR], shared["scores"][E5], data, draws, seed))
+    return {"seed": seed, "rows": {**shared["rows"], **rows}, "latency": {**shared["latency"], **lat}, **paired,
+            "seconds": seconds, "training": reports}
 
 
 # ---- seeds, cache, table, plot -------------------------------------------------------------------------------
@@ -262,6 +276,34 @@ def plot_curves(curves: dict[str, dict[str, list[dict]]], path: Path, title: str
     return True
 
 
+def train_only(run, args: argparse.Namespace) -> dict:
+    """`bench.evaluate: false`: each seed's teacher (and, with `student.enabled`, its serving pair) trained and
+    saved under output_dir/seed<N>/ (needs `bench.save_models`), nothing scored or timed: the models for a
+    later evaluation (e.g. `benchmarks.quality.multilingual_int8 --model-dir`). Seeds cached as in `main`."""
+    cfg, bench, data, tokenizer = run.cfg, run.bench, run.data, run.tokenizer
+    if not bench.get("save_models"):
+        raise ValueError("bench.evaluate false trains models only to save them: set bench.save_models true")
+
+    def one(seed: int) -> dict[str, Any]:
+        seconds, reports, models = {}, {}, {}
+        t0 = time.perf_counter()
+        models["teacher"], reports[TEACHER] = train_model(cfg, tokenizer, data, cfg.tasks.enabled, seed, bench)
+        seconds["train teacher"] = time.perf_counter() - t0
+        print(f"seed {seed}: teacher trained in {seconds['train teacher']:.0f} s", flush=True)
+        if cfg.student.enabled:
+            t0 = time.perf_counter()
+            models["serving_pair"], reports[PAIR] = distil_query_student(cfg, models["teacher"], data, seed)
+            seconds["distil serving pair"] = time.perf_counter() - t0
+        saved = {name: str(model.save(Path(cfg.output_dir) / f"seed{seed}" / name)) for name, model in models.items()}
+        print(f"seed {seed}: saved {saved}", flush=True)
+        return {"seed": seed, "seconds": seconds, "training": reports, "saved": saved}
+
+    key = json.dumps(settings(run), sort_keys=True, default=str)
+    runs = seed_runs(run.seeds, one, Path(args.out_dir) / "results" / f"{args.tag}.partial.json", data.summary, [],
+                     key)
+    return write_result(run, __spec__.name, runs, args.out_dir, args.tag, issue=ISSUE_ASK + " (models only)")
+
+
 def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -271,6 +313,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = p.parse_args(argv)
     run = prepare(args)
     cfg, bench, data, tokenizer = run.cfg, run.bench, run.data, run.tokenizer
+    if not bench.get("evaluate", True):
+        return train_only(run, args)
     shared = shared_rows(cfg, bench, data, tokenizer)
     print(f"shared rows ({shared['seconds']:.0f} s): {json.dumps(shared['rows'], default=float)[:1500]}", flush=True)
     kept = {k: v for k, v in bench.items() if k not in ("seeds", "save_models")}  # what the numbers depend on

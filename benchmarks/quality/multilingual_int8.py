@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -44,8 +45,17 @@ import torch.nn.functional as F
 from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
 from benchmarks.common.machine import versions
 from benchmarks.common.plotting import pyplot, save_figure
+from benchmarks.common.stats import seed_mean_std
 from benchmarks.quality import multilingual_scores as item
-from benchmarks.quality.multilingual import e5_reference_embedder, encoder, prepare, write_result
+from benchmarks.quality.multilingual import (
+    QUERY_ROLES,
+    e5_reference_embedder,
+    encoder,
+    prepare,
+    seed_runs,
+    settings,
+    write_result,
+)
 from benchmarks.quality.multilingual_e5 import COLUMNS, row_metrics
 from madr.data.records import MultilingualData
 from madr.export.onnx import OnnxQueryEncoder, export_onnx
@@ -83,40 +93,67 @@ def untouched_e5(run) -> BiEncoder:
     return encoder(cfg, run.tokenizer, 0, "mean").eval()
 
 
-def build_variants(model: BiEncoder, workdir: Path) -> tuple[dict[str, Encoders], dict[str, float]]:
-    """variant -> {side: encoder}, and the seconds each took to build (export, quantisation) and file sizes."""
-    out: dict[str, Encoders] = {v: {} for v in VARIANTS}
+def build_variants(
+    model: BiEncoder, workdir: Path, names: Sequence[str] = VARIANTS
+) -> tuple[dict[str, Encoders], dict[str, float]]:
+    """variant -> {side: encoder} for the `names` variants (default all six, in VARIANTS' order), and the
+    seconds each took to build (export, quantisation) and file sizes."""
+    names = [v for v in VARIANTS if v in names]
+    out: dict[str, Encoders] = {v: {} for v in names}
     seconds: dict[str, float] = {}
+    onnx_names = {ONNX, ONNX_INT8, ONNX_INT8_PC} & set(names)
     for side in SIDES:
-        out[FP32][side] = LeanQueryEncoder(model, side=side)
-        t0 = time.perf_counter()
-        out[INT8][side] = Int8QueryEncoder(model, side=side, per_channel=False)
-        seconds[f"{side}: quantise torch"] = time.perf_counter() - t0
-        out[INT8_PC][side] = Int8QueryEncoder(model, side=side, per_channel=True)
+        if FP32 in out:
+            out[FP32][side] = LeanQueryEncoder(model, side=side)
+        if INT8 in out:
+            t0 = time.perf_counter()
+            out[INT8][side] = Int8QueryEncoder(model, side=side, per_channel=False)
+            seconds[f"{side}: quantise torch"] = time.perf_counter() - t0
+        if INT8_PC in out:
+            t0 = time.perf_counter()
+            out[INT8_PC][side] = Int8QueryEncoder(model, side=side, per_channel=True)
+            seconds[f"{side}: quantise torch per channel"] = time.perf_counter() - t0
+        if not onnx_names:
+            continue
         t0 = time.perf_counter()
         fp32_path = export_onnx(model, workdir / f"{side}.onnx", side)
         seconds[f"{side}: export onnx"] = time.perf_counter() - t0
-        t0 = time.perf_counter()
-        int8_path = quantize_onnx_int8(fp32_path, workdir / f"{side}.int8.onnx", per_channel=False)
-        seconds[f"{side}: quantise onnx"] = time.perf_counter() - t0
-        int8_pc_path = quantize_onnx_int8(fp32_path, workdir / f"{side}.int8pc.onnx", per_channel=True)
-        out[ONNX][side] = OnnxQueryEncoder(model, fp32_path, side, threads=1)
-        out[ONNX_INT8][side] = OnnxQueryEncoder(model, int8_path, side, threads=1)
-        out[ONNX_INT8_PC][side] = OnnxQueryEncoder(model, int8_pc_path, side, threads=1)
         seconds[f"{side}: onnx fp32 MiB"] = fp32_path.stat().st_size / 2**20
-        seconds[f"{side}: onnx int8 MiB"] = int8_path.stat().st_size / 2**20
-    print(
-        f"built: {seconds}; int8 Linear layers per torch tower: {count_int8_linears(out[INT8]['query'].tower)}",
-        flush=True,
-    )
+        if ONNX in out:
+            out[ONNX][side] = OnnxQueryEncoder(model, fp32_path, side, threads=1)
+        if ONNX_INT8 in out:
+            t0 = time.perf_counter()
+            int8_path = quantize_onnx_int8(fp32_path, workdir / f"{side}.int8.onnx", per_channel=False)
+            seconds[f"{side}: quantise onnx"] = time.perf_counter() - t0
+            seconds[f"{side}: onnx int8 MiB"] = int8_path.stat().st_size / 2**20
+            out[ONNX_INT8][side] = OnnxQueryEncoder(model, int8_path, side, threads=1)
+        if ONNX_INT8_PC in out:
+            t0 = time.perf_counter()
+            int8_pc_path = quantize_onnx_int8(fp32_path, workdir / f"{side}.int8pc.onnx", per_channel=True)
+            seconds[f"{side}: quantise onnx per channel"] = time.perf_counter() - t0
+            seconds[f"{side}: onnx int8 per channel MiB"] = int8_pc_path.stat().st_size / 2**20
+            out[ONNX_INT8_PC][side] = OnnxQueryEncoder(model, int8_pc_path, side, threads=1)
+    torch_int8 = next((out[v]["query"].tower for v in (INT8, INT8_PC) if v in out), None)
+    linears = count_int8_linears(torch_int8) if torch_int8 is not None else 0
+    print(f"built: {seconds}; int8 Linear layers per torch tower: {linears}", flush=True)
     return out, seconds
 
 
-def embedder(encoders: Encoders) -> item.Embedder:
-    """e5's own recipe over madr encoders: ads / passages through the doc side ("passage: "), all else "query: "."""
+def embedder(encoders: Encoders, recipe: str = "e5") -> item.Embedder:
+    """Held-out texts through madr encoders. "e5": e5's own recipe, ads / passages through the doc side
+    ("passage: "), all else "query: "; "madr": how a trained madr model is evaluated (`madr_item_scores`):
+    queries, hypotheses and translation sources through the query side, ads, premises and English candidates
+    through the doc side (each side's prefix and token limit)."""
+    if recipe not in ("e5", "madr"):
+        raise ValueError(f"recipe must be 'e5' or 'madr', got {recipe!r}")
+
+    def side(role: str) -> str:
+        if recipe == "e5":
+            return "doc" if role == "ad" else "query"
+        return "query" if role in QUERY_ROLES else "doc"
 
     def embed(texts: list[str], role: str) -> torch.Tensor:
-        dense, _ = encoders["doc" if role == "ad" else "query"].encode(list(texts))
+        dense, _ = encoders[side(role)].encode(list(texts))
         return F.normalize(torch.from_numpy(dense), dim=-1)
 
     return embed
@@ -194,12 +231,25 @@ def reference_check(
 # ---- quality ------------------------------------------------------------------------------------------------------
 
 
-def quality(variants: dict[str, Encoders], data: MultilingualData, order, ks, draws: int) -> dict[str, dict]:
-    """Per variant: the metrics, the fraction of fp32's kept, the paired bootstrap vs fp32, eval seconds."""
-    scores, out = {}, {}
+def quality(
+    variants: dict[str, Encoders],
+    data: MultilingualData,
+    order,
+    ks,
+    draws: int,
+    recipe: str = "e5",
+    references: dict[str, dict[str, np.ndarray]] | None = None,
+    seed: int = 0,
+    scores: dict[str, dict[str, np.ndarray]] | None = None,
+) -> dict[str, dict]:
+    """Per variant: the metrics, the fraction of fp32's kept, the paired bootstrap vs fp32 (and vs each of
+    `references`' item scores: `paired_minus_<name>`), eval seconds. `scores`, when given, receives each
+    variant's item scores."""
+    scores = {} if scores is None else scores
+    out = {}
     for v, enc in variants.items():
         t0 = time.perf_counter()
-        scores[v] = item.item_scores(embedder(enc), data, order)
+        scores[v] = item.item_scores(embedder(enc, recipe), data, order)
         out[v] = {"metrics": row_metrics(scores[v], data, ks), "eval_s": time.perf_counter() - t0}
         print(
             f"{v}: {out[v]['eval_s']:.0f} s " + " ".join(f"{k} {out[v]['metrics'][k]:.4f}" for k in HEADLINE),
@@ -209,7 +259,9 @@ def quality(variants: dict[str, Encoders], data: MultilingualData, order, ks, dr
     for v in variants:
         out[v]["kept"] = {k: out[v]["metrics"][k] / base[k] for k, _ in COLUMNS if k in base}
         if v != FP32:
-            out[v]["paired_minus_fp32"] = item.paired_bootstrap(scores[v], scores[FP32], data, draws, 0)
+            out[v]["paired_minus_fp32"] = item.paired_bootstrap(scores[v], scores[FP32], data, draws, seed)
+        for name, ref in (references or {}).items():
+            out[v][f"paired_minus_{name}"] = item.paired_bootstrap(scores[v], ref, data, draws, seed)
     return out
 
 
@@ -238,9 +290,10 @@ def verdict(rows: dict[str, dict], lat: dict[str, dict]) -> dict[str, dict]:
     }
 
 
-def plot(rows: dict[str, dict], lat: dict[str, dict], path: Path, title: str) -> bool:
-    """Click AUC and x-ling top-1 against ms per query, with issue 27's bar: 97% of fp32 torch's value (dashed)
-    and half its query time (dotted); the points up and to the left of both meet it."""
+def plot(rows: dict[str, dict], lat: dict[str, dict], path: Path, title: str, peer: str = FP32) -> bool:
+    """Click AUC and x-ling top-1 against ms per query, with issue 27's bar: 97% of the `peer` row's value
+    (dashed; default fp32 torch) and half its query time (dotted); the points up and to the left of both meet
+    it."""
     plt = pyplot()
     if plt is None:
         return False
@@ -257,8 +310,8 @@ def plot(rows: dict[str, dict], lat: dict[str, dict], path: Path, title: str) ->
                 xytext=(4, 3),
                 textcoords="offset points",
             )
-        ax.axhline(0.97 * rows[FP32]["metrics"][key], ls="--", c="grey", lw=0.8, label="97% of fp32 torch")
-        ax.axvline(lat[FP32]["query_ms"] / 2, ls=":", c="grey", lw=0.8, label="2x fp32 torch's query speed")
+        ax.axhline(0.97 * rows[peer]["metrics"][key], ls="--", c="grey", lw=0.8, label=f"97% of {peer}")
+        ax.axvline(lat[peer]["query_ms"] / 2, ls=":", c="grey", lw=0.8, label=f"2x {peer}'s query speed")
         ax.set_xlabel("query encode ms (1 thread, one query at a time)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
@@ -275,6 +328,180 @@ def click_subset(data: MultilingualData, n: int | None, seed: int = 0) -> Multil
         return data
     keep = np.sort(np.random.default_rng(seed).choice(len(data.clicks_eval), n, replace=False))
     return dataclasses.replace(data, clicks_eval=[data.clicks_eval[i] for i in keep])
+
+
+# ---- trained teachers (--model-dir) ----------------------------------------------------------------------------
+
+E5_PEER = "untouched e5, fp32 torch"
+TEACHER_VARIANTS = (FP32, INT8_PC, ONNX_INT8_PC)
+VARIANT_KEYS = {"fp32": FP32, "int8": INT8, "int8_pc": INT8_PC, "onnx": ONNX, "onnx_int8": ONNX_INT8,
+                "onnx_int8_pc": ONNX_INT8_PC}
+PUBLISHED_PAIR = "distilled serving pair (published, at its speed-up)"
+
+
+def untouched_scores(
+    run, encoders: Encoders, data: MultilingualData, cache: Path | None, key: str
+) -> dict[str, np.ndarray]:
+    """Item scores of the untouched e5 (`encoders`: fp32 torch of `untouched_e5`, its own recipe), read from
+    `cache` (an .npz) when it holds the same `key`, else computed and written there."""
+    if cache is not None and cache.is_file():
+        stored = np.load(cache)
+        if str(stored["key"]) == key:
+            print(f"untouched e5 scores: cached in {cache}", flush=True)
+            return {k: stored[k] for k in stored.files if k != "key"}
+    t0 = time.perf_counter()
+    scores = item.item_scores(embedder(encoders, "e5"), data, run.cfg.tasks.click.field_order)
+    print(f"untouched e5 scored in {time.perf_counter() - t0:.0f} s", flush=True)
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(cache, key=np.array(key), **scores)
+    return scores
+
+
+def teacher_seed(run, model_dir: Path, seed: int, names: Sequence[str], e5: dict, rounds: int) -> dict:
+    """One saved teacher (`model_dir`/seed<N>/teacher, as `multilingual_e5` with `bench.save_models` writes it)
+    through the `names` variants, evaluated the way the teacher is (madr's sides, `embedder(.., "madr")`): metrics,
+    kept fractions, paired bootstrap vs its fp32 torch and vs the untouched e5 (`e5`: its models and item scores),
+    latency with the untouched e5's fp32 torch encoders timed in the same rounds, agreement with fp32."""
+    data, cfg, bench = run.data, run.cfg, run.bench
+    t0 = time.perf_counter()
+    model = BiEncoder.load(model_dir / f"seed{seed}" / "teacher").eval()
+    n = int(bench["latency_texts"])
+    queries = [r.query for r in data.clicks_eval][:n]
+    docs = [doc_text(r, cfg.tasks.click.field_order) for r in data.clicks_eval][:n]
+    with tempfile.TemporaryDirectory(prefix="madr-int8-teacher-") as tmp:
+        variants, build_s = build_variants(model, Path(tmp), names)
+        agree = agreement(variants, queries, docs)
+        lat = latency({**variants, E5_PEER: e5["encoders"]}, queries, docs, rounds)
+        print(f"seed {seed} latency: {lat}", flush=True)
+        rows = quality(variants, data, cfg.tasks.click.field_order, cfg.eval.ndcg_at, int(bench["bootstrap"]),
+                       "madr", {"e5": e5["scores"]}, seed)
+    return {"seed": seed, "rows": {v: r["metrics"] for v, r in rows.items()}, "variants": rows, "latency": lat,
+            "agreement": agree, "build_seconds": build_s, "verdict": verdict(rows, lat),
+            "seconds": time.perf_counter() - t0}
+
+
+def seed_summary(runs: list[dict], e5_metrics: dict[str, float]) -> tuple[dict, dict]:
+    """Mean and sample std over the seeds of each variant's metrics, kept fractions (kept_<metric>), ms per
+    query / document and query speed-up, and the untouched e5's row (its metrics, its latency in each run)."""
+    per_seed = []
+    for r in runs:
+        lat = r["latency"]
+        flat = {v: {**row["metrics"], **{f"kept_{k}": x for k, x in row["kept"].items()},
+                    "query_ms": lat[v]["query_ms"], "doc_ms": lat[v]["doc_ms"],
+                    "speed_up": lat[FP32]["query_ms"] / lat[v]["query_ms"]} for v, row in r["variants"].items()}
+        flat[E5_PEER] = {**e5_metrics, **{f"kept_{k}": e5_metrics[k] / r["rows"][FP32][k] for k, _ in COLUMNS},
+                         "query_ms": lat[E5_PEER]["query_ms"], "doc_ms": lat[E5_PEER]["doc_ms"],
+                         "speed_up": lat[FP32]["query_ms"] / lat[E5_PEER]["query_ms"]}
+        per_seed.append(flat)
+    return seed_mean_std(per_seed)
+
+
+def _pm(mean: dict, std: dict, key: str, fmt: str = ".3f") -> str:
+    return f"{mean[key]:{fmt}} ± {std[key]:{fmt}}"
+
+
+def _diff(p: dict) -> str:
+    pv = "p < 0.001" if p["p_bootstrap"] < 0.001 else f"p {p['p_bootstrap']:.3f}"
+    return f"{p['diff']:+.3f} [{p['ci_low']:+.3f}, {p['ci_high']:+.3f}] {pv}"
+
+
+def teacher_tables(mean: dict, std: dict, runs: list[dict]) -> str:
+    """Markdown: mean ± std over the seeds (kept fraction of the teacher's fp32 in brackets), latency, speed-up;
+    then per seed the verdict and the paired differences to the fp32 teacher and to the untouched e5."""
+    head = [h for _, h in COLUMNS] + ["ms / query", "ms / doc", "query speed-up"]
+    lines = ["| encoder | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+    for v, m in mean.items():
+        cells = [f"{_pm(m, std[v], k)} ({100 * m[f'kept_{k}']:.1f}%)" for k, _ in COLUMNS]
+        cells += [_pm(m, std[v], "query_ms", ".2f"), _pm(m, std[v], "doc_ms", ".2f"), f"{m['speed_up']:.2f}x"]
+        lines.append(f"| {v} | " + " | ".join(cells) + " |")
+    lines += ["", "| seed | encoder | kept click AUC | kept x-ling top-1 | query speed-up | meets the bar | "
+              "click AUC minus fp32 teacher | x-ling minus fp32 teacher | click AUC minus untouched e5 | "
+              "x-ling minus untouched e5 | NLI 3-way minus untouched e5 |", "|---|" + "---|" * 10]
+    for r in runs:
+        for v, row in r["variants"].items():
+            ver, e5 = r["verdict"][v], row["paired_minus_e5"]
+            fp = row.get("paired_minus_fp32")
+            vs_fp = [_diff(fp[k]) if fp else "0" for k in HEADLINE]
+            lines.append(f"| {r['seed']} | {v} | {100 * ver['kept_click_auc']:.1f}% | "
+                         f"{100 * ver['kept_xling_top1']:.1f}% | {ver['speed_up']:.2f}x | "
+                         f"{'yes' if ver['meets'] else 'no'} | " + " | ".join(vs_fp) + " | "
+                         + " | ".join(_diff(e5[k]) for k in (*HEADLINE, "nli_auc_all3")) + " |")
+    return "\n".join(lines)
+
+
+def published_pair(path: Path) -> dict | None:
+    """The distilled serving pair's mean metrics and its query speed-up over its teacher from
+    `multilingual_e5`'s published JSON (None when it is missing)."""
+    if not path.is_file():
+        return None
+    from benchmarks.quality.multilingual_e5 import PAIR, TEACHER
+
+    raw = json.loads(path.read_text())
+    if PAIR not in raw.get("mean", {}):
+        return None
+    lat = raw["latency"]
+    return {"metrics": raw["mean"][PAIR], "speed_up": lat[TEACHER]["query_ms"] / lat[PAIR]["query_ms"],
+            "source": str(path)}
+
+
+def teachers_main(args: argparse.Namespace, run) -> dict:
+    """`--model-dir`: each seed's saved teacher, cached per seed in results/<tag>.partial.json."""
+    model_dir = Path(args.model_dir)
+    data, cfg = run.data, run.cfg
+    names = [VARIANT_KEYS[k] for k in args.variants] if args.variants else list(TEACHER_VARIANTS)
+    if FP32 not in names:
+        names.insert(0, FP32)
+    names = [v for v in VARIANTS if v in names]
+    seeds = run.seeds
+    key = json.dumps({**settings(run), "model_dir": str(model_dir), "variants": names, "rounds": args.rounds,
+                      "click_subset": args.click_subset}, sort_keys=True, default=str)
+    data_key = json.dumps({**settings(run)["real_data"], "model": run.cfg.to_dict()["model"],
+                           "click_subset": args.click_subset}, sort_keys=True, default=str)
+    e5_model = untouched_e5(run)
+    e5_enc = {side: LeanQueryEncoder(e5_model, side=side) for side in SIDES}
+    e5_scores = untouched_scores(run, e5_enc, data, model_dir / "untouched_e5_scores.npz", data_key)
+    e5_metrics = row_metrics(e5_scores, data, cfg.eval.ndcg_at)
+    e5 = {"scores": e5_scores, "encoders": e5_enc}
+    merged = {r["seed"] for path in args.merge for r in json.loads(Path(path).read_text())["runs"]}
+    seeds = [s for s in seeds if s not in merged]
+    ready = [s for s in seeds if (model_dir / f"seed{s}" / "teacher" / "heads.safetensors").is_file()]
+    if args.ready_only and ready != list(seeds):
+        print(f"teachers saved for seeds {ready} of {list(seeds)}: running those", flush=True)
+        seeds = ready
+    runs = seed_runs(seeds, lambda seed: teacher_seed(run, model_dir, seed, names, e5, args.rounds),
+                     Path(args.out_dir) / "results" / f"{args.tag}.partial.json", data.summary, args.merge, key)
+    if not runs:  # --ready-only before any teacher is saved: the untouched e5's scores are cached, nothing else
+        print(f"no teacher saved under {model_dir} for seeds {list(run.seeds)}", flush=True)
+        return {"seeds": [], "untouched_e5": e5_metrics}
+    mean, std = seed_summary(runs, e5_metrics)
+    text = teacher_tables(mean, std, runs)
+    print(text)
+    every = {v: all(r["verdict"][v]["meets"] for r in runs) for v in names}
+    beats = {v: {k: all(r["variants"][v]["paired_minus_e5"][k]["diff"] > 0
+                        and r["variants"][v]["paired_minus_e5"][k]["p_bootstrap"] < 0.01 for r in runs)
+                 for k in HEADLINE} for v in names}
+    pair = published_pair(Path(args.out_dir) / "results" / "real_multitask_e5.json")
+    result = write_result(
+        run, __spec__.name, runs, args.out_dir, args.tag,
+        issue=ISSUE_ASK + " (of the trained multi-task teacher: configs/real/multitask_e5.yaml)",
+        model_dir=str(model_dir), variants=names, mean=mean, std=std, untouched_e5=e5_metrics,
+        meets_every_seed=every, beats_untouched_e5_every_seed_p01=beats, published_pair=pair, rounds=args.rounds,
+        table=text, threads={"torch": torch.get_num_threads(), "onnxruntime_intra_op": 1},
+        click_subset=args.click_subset, held_out_clicks=len(data.clicks_eval),
+        versions=versions("onnxruntime", "onnx", "onnxscript"),
+    )
+    rows = {f"teacher, {v}": {"metrics": mean[v]} for v in names}
+    lat = {f"teacher, {v}": {"query_ms": mean[v]["query_ms"]} for v in names}
+    rows[E5_PEER], lat[E5_PEER] = {"metrics": mean[E5_PEER]}, {"query_ms": mean[E5_PEER]["query_ms"]}
+    if pair is not None:
+        rows[PUBLISHED_PAIR] = {"metrics": pair["metrics"]}
+        lat[PUBLISHED_PAIR] = {"query_ms": mean[FP32]["query_ms"] / pair["speed_up"]}
+    png = Path(args.out_dir) / "plots" / f"{args.tag}.png"
+    if plot(rows, lat, png, f"multi-task e5 teacher: fp32 / int8 (1 thread; mean over seeds {result['seeds']})",
+            peer=f"teacher, {FP32}"):
+        print(f"plot: {png}")
+    return result
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -297,9 +524,38 @@ def main(argv: list[str] | None = None) -> dict:
         "click pairs (default: all 2,000; a few hundred or more, or no query keeps both labels for NDCG); the "
         "NLI and translation sets stay whole",
     )
+    p.add_argument(
+        "--model-dir",
+        default=None,
+        help="a multilingual_e5 output_dir with seed<N>/teacher (bench.save_models): evaluate each seed's trained "
+        "teacher (madr's sides) instead of the untouched e5, cached per seed; default tag "
+        "real_multitask_e5_teacher_int8",
+    )
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        choices=sorted(VARIANT_KEYS),
+        default=None,
+        help="with --model-dir: the variants (fp32 always; default fp32 int8_pc onnx_int8_pc)",
+    )
+    p.add_argument(
+        "--ready-only", action="store_true", help="with --model-dir: only the seeds whose teacher is saved"
+    )
+    p.add_argument(
+        "--merge",
+        nargs="+",
+        default=[],
+        metavar="JSON",
+        help="with --model-dir: the seeds of these earlier results (e.g. one run per seed in parallel, each with "
+        "its own --tag) are taken from them instead of run",
+    )
     args = p.parse_args(argv)
+    if args.model_dir is not None and args.tag == "real_multilingual_int8":
+        args.tag = "real_multitask_e5_teacher_int8"
     run = prepare(args)
     run.data = data = click_subset(run.data, args.click_subset)
+    if args.model_dir is not None:
+        return teachers_main(args, run)
     bench, cfg = run.bench, run.cfg
     model = untouched_e5(run)
     n = int(bench["latency_texts"])

@@ -72,3 +72,20 @@ def test_distillation_curve_in_the_json_and_plot(shared_data, tiny_e5, tmp_path)
     assert set(curves) == {"query", "doc"}
     assert [p["step"] for p in curves["query"]] == [0.0, 2.0, 4.0] and "xling_top1_probe" in curves["query"][0]
     assert (tmp_path / "plots" / "smoke_distil.png").is_file()
+
+
+def test_train_only_saves_the_teacher_without_distillation(shared_data, tiny_e5, tmp_path):
+    """`bench.evaluate: false` + `student.enabled: false`: the teacher is trained and saved, nothing distilled
+    or scored; the seed is cached for a rerun. Without `bench.save_models` it refuses."""
+    from madr.modeling.model import BiEncoder
+
+    extra = ["student.enabled=false", "bench.evaluate=false", "bench.save_models=true"]
+    result = _run(shared_data, tiny_e5, tmp_path, extra)
+    saved = tmp_path / "run" / "seed0"
+    assert result["seeds"] == [0] and "rows" not in result["runs"][0]
+    assert [p.name for p in saved.iterdir()] == ["teacher"], "no serving pair without the student"
+    assert BiEncoder.load(saved / "teacher").config.text_prefixes == {"query": "query: ", "doc": "passage: "}
+    cache = json.loads((tmp_path / "results" / "smoke.partial.json").read_text())
+    assert [r["seed"] for r in cache["runs"]] == [0]
+    with pytest.raises(ValueError, match="save_models"):
+        _run(shared_data, tiny_e5, tmp_path / "nosave", ["bench.evaluate=false"])
