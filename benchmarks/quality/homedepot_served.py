@@ -33,10 +33,11 @@ from benchmarks.quality.homedepot_hybrid import load
 from madr.search.params import SearchParams
 
 
-def served_row_weight(results: dict, seed: int, row: str, lexical: str) -> float:
-    """The dense weight of "<lexical BM25 row> + <row>" chosen on dev in the benchmark's run."""
+def served_row_weight(results: dict, seed: int, row: str, lexical: str) -> tuple[float, str]:
+    """The dense weight and the normalisation (min-max when the JSON names none) of "<lexical BM25 row> + <row>"
+    chosen on dev in the benchmark's run."""
     fused = results["training"][str(seed)][f"{lexical}+{row}"]
-    return float(fused["weights"][-1])
+    return float(fused["weights"][-1]), str(fused.get("normalisation", "minmax"))
 
 
 def write_corpus(ev: EvalSet, path: Path) -> Path:
@@ -47,15 +48,15 @@ def write_corpus(ev: EvalSet, path: Path) -> Path:
     return path
 
 
-def in_script_metrics(lists_dir: Path, lexical: str, row: str, seed: int, lam: float, ev: EvalSet, cfg, k: int
-                      ) -> dict:
+def in_script_metrics(lists_dir: Path, lexical: str, row: str, seed: int, lam: float, ev: EvalSet, cfg, k: int,
+                      normalisation: str = "minmax") -> dict:
     """The benchmark's row, recomputed from its cached lists: the `lexical` BM25 row's and the trained row's
     lists, fused with the same weights."""
     parts = []
     for name in (lexical, f"{row}@{seed}"):
         with np.load(lists_dir / f"{name}.npz", allow_pickle=False) as z:
             parts.append(Lists(z["test_scores"], z["test_ids"], z["test_judged"]))
-    fused = fuse(parts, [1.0 - lam, lam], k)
+    fused = fuse(parts, [1.0 - lam, lam], k, normalisation)
     return retrieval_means(fused.scores, fused.ids, ev, cfg, cfg.eval.retrieval_metrics)
 
 
@@ -80,8 +81,8 @@ def main(argv: list[str] | None = None) -> dict:
     ev = EvalSet.of(catalog_for(home, cfg), "test", cfg.eval.relevance_threshold, bench["corpus_size"])
     results = json.loads(Path(args.results).read_text())
     lexical = "bm25_model" if args.lexical_tokenizer is None else "bm25"
-    lam = served_row_weight(results, seed, args.row, lexical)
-    where = Path(cfg.output_dir) / f"served-seed{seed}-{lexical}"
+    lam, norm = served_row_weight(results, seed, args.row, lexical)
+    where = Path(cfg.output_dir) / f"served-seed{seed}-{lexical}{'' if norm == 'minmax' else '-' + norm}"
     model_dir = Path(cfg.output_dir) / f"seed{seed}" / args.row / "model"
     if args.ray:
         from pipelines.runtime import init_ray
@@ -99,19 +100,19 @@ def main(argv: list[str] | None = None) -> dict:
 
     model, index = BiEncoder.load(model_dir).eval(), ShardedIndex.open(where / "index")
     t1 = time.perf_counter()
-    scores, ids = search_texts(model, index, ev.query_texts, k, SearchSpec(search=SearchParams(k=k, candidates=k)))
+    scores, ids = search_texts(model, index, ev.query_texts, k, SearchSpec(search=SearchParams(k=k, candidates=k, normalisation=norm)))
     search_s = time.perf_counter() - t1
     served = retrieval_means(scores, ids, ev, cfg, cfg.eval.retrieval_metrics)
-    in_script = in_script_metrics(Path(cfg.output_dir) / "lists", lexical, args.row, seed, lam, ev, cfg, k)
+    in_script = in_script_metrics(Path(cfg.output_dir) / "lists", lexical, args.row, seed, lam, ev, cfg, k, norm)
     table = ["| path | " + " | ".join(served) + " |", "|---" * (len(served) + 1) + "|",
              "| benchmark (in script) | " + " | ".join(f"{in_script[m]:.4f}" for m in served) + " |",
              "| encode job -> ShardedIndex fused search | " + " | ".join(f"{served[m]:.4f}" for m in served) + " |"]
     text = (f"# served configuration, seed {seed}: {model_dir}, BM25 on {args.lexical_tokenizer or 'the model'}'s "
-            f"pieces, lam {lam:g} (dense), {len(ev.product_ids)} docs, "
+            f"pieces, lam {lam:g} (dense), {norm} normalisation, {len(ev.product_ids)} docs, "
             f"{len(ev.query_ids)} test queries; encode job {encode_s:.0f} s ({'Ray' if args.ray else 'in process'}), "
             f"search {search_s:.1f} s\n" + "\n".join(table))
     print(text, flush=True)
-    out = {"benchmark": __spec__.name, "command": run_command(__spec__.name), "seed": seed, "lam": lam,
+    out = {"benchmark": __spec__.name, "command": run_command(__spec__.name), "seed": seed, "lam": lam, "normalisation": norm,
            "served": served, "in_script": in_script, "encode_s": encode_s, "search_s": search_s,
            "machine": machine_info(), "table": text}
     path = Path(args.out_dir) / "results" / f"{args.tag}.json"
