@@ -215,7 +215,7 @@ def weighted_fusion(lists: Sequence[TopK], weights: Sequence[float], k: int, nor
     Returns (scores [Q, k] float32, ids [Q, k] int64), padded with -inf / -1."""
     if len(lists) != len(weights):
         raise ValueError(f"weighted_fusion: {len(lists)} lists but {len(weights)} weights")
-    _check_k(k, "weighted_fusion")
+    _check_k(k, "weighted_fusion")  # before the per-query work (fuse_candidates checks it too)
     return fuse_candidates(fusion_candidates(lists, normalisation, "weighted_fusion"), weights, k)
 
 

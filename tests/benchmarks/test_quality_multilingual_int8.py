@@ -17,6 +17,19 @@ from benchmarks.quality import multilingual_int8 as bench  # noqa: E402
 from tests.benchmarks.tiny_backbone import save_tiny_bert
 
 
+def _small_real_data(shared_data, tmp_path) -> list[str]:
+    """`--set`s of a small slice of the real sources and a run directory under `tmp_path`."""
+    return [
+        f"output_dir={tmp_path / 'run'}",
+        f"real_data.data_dir={shared_data}",
+        "real_data.parallel_languages=[deu,fra,spa]",
+        "real_data.parallel_eval_per_language=3",
+        "real_data.parallel_train_per_language=3",
+        "real_data.snli_eval_fraction=0.1",
+        "eval.batch_size=256",
+    ]
+
+
 @pytest.fixture(scope="module")
 def tiny_e5(tokenizer, tmp_path_factory):
     return save_tiny_bert(tmp_path_factory.mktemp("tiny_e5"), tokenizer)
@@ -28,13 +41,7 @@ def test_variants_metrics_latency_and_outputs(shared_data, tiny_e5, tmp_path):
         "model.doc_layers=2",
         "bench.bootstrap=30",
         "bench.latency_texts=8",
-        f"output_dir={tmp_path / 'run'}",
-        f"real_data.data_dir={shared_data}",
-        "real_data.parallel_languages=[deu,fra,spa]",
-        "real_data.parallel_eval_per_language=3",
-        "real_data.parallel_train_per_language=3",
-        "real_data.snli_eval_fraction=0.1",
-        "eval.batch_size=256",
+        *_small_real_data(shared_data, tmp_path),
     ]
     threads = torch.get_num_threads()
     try:
@@ -93,13 +100,7 @@ def test_saved_teachers_per_seed(shared_data, tiny_e5, tmp_path):
         "bench.latency_texts=8",
         "bench.fusion_held_in_clicks=60",
         "bench.fusion_held_in_per_language=1",
-        f"output_dir={tmp_path / 'run'}",
-        f"real_data.data_dir={shared_data}",
-        "real_data.parallel_languages=[deu,fra,spa]",
-        "real_data.parallel_eval_per_language=3",
-        "real_data.parallel_train_per_language=3",
-        "real_data.snli_eval_fraction=0.1",
-        "eval.batch_size=256",
+        *_small_real_data(shared_data, tmp_path),
     ]
     flags = [a for s in sets for a in ("--set", s)]
     threads = torch.get_num_threads()
@@ -136,7 +137,10 @@ def test_saved_teachers_per_seed(shared_data, tiny_e5, tmp_path):
     assert set(result["meets_every_seed"]) == {bench.FP32, bench.ONNX_INT8_PC}
     assert (tmp_path / "plots" / "real_multitask_e5_teacher_int8.png").is_file()
     assert again["runs"][0]["latency"] == run["latency"], "the seed comes from the cache"
-    assert merged["seeds"] == [0] and merged["runs"][0]["latency"] == run["latency"], "the seed comes from --merge"
-    assert not (tmp_path / "results" / "combined.partial.json").exists() or not json.loads(
-        (tmp_path / "results" / "combined.partial.json").read_text()
-    )["runs"], "nothing run again"
+    assert merged["seeds"] == [0] and merged["runs"][0]["latency"] == run["latency"], (
+        "the seed comes from --merge"
+    )
+    assert (
+        not (tmp_path / "results" / "combined.partial.json").exists()
+        or not json.loads((tmp_path / "results" / "combined.partial.json").read_text())["runs"]
+    ), "nothing run again"
