@@ -314,6 +314,19 @@ def plot(rows: dict[str, dict], lat: dict[str, dict], path: Path, title: str, pe
     return True
 
 
+def run_fields(args: argparse.Namespace, text: str, data: MultilingualData) -> dict:
+    """What every result JSON of this benchmark records of its run: timing rounds, the table, thread counts, the
+    click sample and the onnxruntime versions."""
+    return {
+        "rounds": args.rounds,
+        "table": text,
+        "threads": {"torch": torch.get_num_threads(), "onnxruntime_intra_op": 1},
+        "click_subset": args.click_subset,
+        "held_out_clicks": len(data.clicks_eval),
+        "versions": versions("onnxruntime", "onnx", "onnxscript"),
+    }
+
+
 def click_subset(data: MultilingualData, n: int | None, seed: int = 0) -> MultilingualData:
     """`data` with `n` of its held-out click pairs, drawn without replacement with `seed` and kept in file order
     (None or >= all: every pair); the other held-out sets whole."""
@@ -417,12 +430,7 @@ def main(argv: list[str] | None = None) -> dict:
         reference_check=check,
         build_seconds=build_s,
         verdict=verdict(rows, lat),
-        rounds=args.rounds,
-        table=text,
-        threads={"torch": torch.get_num_threads(), "onnxruntime_intra_op": 1},
-        click_subset=args.click_subset,
-        held_out_clicks=len(data.clicks_eval),
-        versions=versions("onnxruntime", "onnx", "onnxscript"),
+        **run_fields(args, text, data),
     )
     png = Path(args.out_dir) / "plots" / f"{args.tag}.png"
     if plot(

@@ -15,9 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import torch
 
-from benchmarks.common.machine import versions
 from benchmarks.common.stats import seed_mean_std
 from benchmarks.quality import multilingual_scores as item
 from benchmarks.quality.multilingual import seed_runs, settings, write_result
@@ -39,6 +37,7 @@ from benchmarks.quality.multilingual_int8 import (
     latency,
     plot,
     quality,
+    run_fields,
     untouched_e5,
     verdict,
 )
@@ -281,12 +280,7 @@ def teachers_main(args: argparse.Namespace, run) -> dict:
         meets_every_seed=every,
         beats_untouched_e5_every_seed_p01=beats,
         published_pair=pair,
-        rounds=args.rounds,
-        table=text,
-        threads={"torch": torch.get_num_threads(), "onnxruntime_intra_op": 1},
-        click_subset=args.click_subset,
-        held_out_clicks=len(data.clicks_eval),
-        versions=versions("onnxruntime", "onnx", "onnxscript"),
+        **run_fields(args, text, data),
     )
     rows = {f"teacher, {v}": {"metrics": mean[v]} for v in names}
     lat = {f"teacher, {v}": {"query_ms": mean[v]["query_ms"]} for v in names}
