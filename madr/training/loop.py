@@ -23,7 +23,7 @@ from madr.data.schema import Catalog
 from madr.losses import PointwiseCELoss
 from madr.modeling.batching import TextBatch, make_batch
 from madr.modeling.model import BiEncoder
-from madr.training.negatives import MinedNegatives, check_mined, mine_negatives
+from madr.training.negatives import MinedNegatives, check_mined, hard_negative, mine_negatives
 from madr.training.objectives import LossParts, finetune_loss, pretrain_loss
 
 Schedule = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
@@ -145,6 +145,7 @@ class CatalogSampler:
         self.catalog = catalog
         self.rng = random.Random(seed)
         self.products = list(catalog.products)
+        self.product_ids = [p.product_id for p in self.products]
         self.by_id = {p.product_id: p for p in self.products}
         self.queries = list(catalog.queries_in(split))
         self.max_relevance = max_relevance
@@ -172,12 +173,8 @@ class CatalogSampler:
         out = []
         for q in self.rng.sample(self.train_queries, min(size, len(self.train_queries))):
             pos = self.by_id[self.rng.choice(self.pos[q.query_id])]
-            if self.mined.get(q.query_id):
-                neg_id, rel = self.rng.choice(self.mined[q.query_id]), 0
-            elif self.neg[q.query_id]:
-                neg_id, rel = self.rng.choice(self.neg[q.query_id])
-            else:
-                neg_id, rel = self.rng.choice(self.products).product_id, 0
+            neg_id, rel = hard_negative(self.rng, self.mined.get(q.query_id, []), self.neg[q.query_id],
+                                        self.product_ids)
             neg = self.by_id[neg_id]
             out.append(FinetuneExample(q.text, q.aspects, self.catalog.product_text(pos), pos.aspects,
                                        self.catalog.product_text(neg), neg.aspects, rel / self.max_relevance))

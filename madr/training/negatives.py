@@ -13,6 +13,7 @@ the text of one of its relevant products (catalogs list the same title under sev
 
 from __future__ import annotations
 
+import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -58,6 +59,20 @@ def mine_negatives(
         kept = [products[r].product_id for r in ranked if r >= 0]
         out[q.query_id] = [p for p in kept if p not in positives and text_of[p] not in twins][:depth]
     return out
+
+
+def hard_negative(
+    rng: random.Random, mined: Sequence[str], judged: Sequence[tuple[str, int]], product_ids: Sequence[str]
+) -> tuple[str, int]:
+    """(product id, relevance) of one query's hard negative: one of its `mined` products (relevance 0) when it has
+    any, else a lower-judged product of it (`judged`: (id, relevance) pairs; paper 001 Sec. 5.3.2), else a random
+    product of `product_ids` (relevance 0). The in-process sampler and the Ray job's fine-tuning rows both draw
+    with it."""
+    if mined:
+        return rng.choice(mined), 0
+    if judged:
+        return rng.choice(judged)
+    return rng.choice(product_ids), 0
 
 
 def check_mined(mined: MinedNegatives, known: set[str]) -> None:

@@ -33,7 +33,7 @@ import torch
 from madr.data.schema import Catalog
 from madr.modeling.batching import make_batch
 from madr.modeling.model import BiEncoder
-from madr.training.negatives import MinedNegatives, check_mined
+from madr.training.negatives import MinedNegatives, check_mined, hard_negative
 from pipelines.train.objectives import DistillBatch, FinetuneBatch, PretrainBatch
 
 COLUMNS = {
@@ -90,10 +90,7 @@ def finetune_rows(catalog: Catalog, seed: int, min_relevance: int = 3, max_relev
         members = [plan for plan in plans if len(plan[1]) > k]
         rng.shuffle(members)
         for q, pos, neg in members:
-            if mined.get(q.query_id):
-                neg_id, rel = rng.choice(mined[q.query_id]), 0
-            else:
-                neg_id, rel = rng.choice(neg) if neg else (rng.choice(products), 0)
+            neg_id, rel = hard_negative(rng, mined.get(q.query_id, []), neg, products)
             p, n = by_id[pos[k]], by_id[neg_id]
             yield {"query": q.text, "query_aspects": json.dumps(q.aspects),
                    "positive": catalog.product_text(p), "positive_aspects": json.dumps(p.aspects),
