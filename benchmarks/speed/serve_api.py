@@ -151,9 +151,12 @@ def start_serve(manifest: Path, port: int, nprobe: int | None, shards: int, tuni
     from madr.search.params import SearchParams
     from serve.app import run_local
     from serve.config import DeploymentSettings, ServeSettings
+    from serve.direct_ingress import throughput_env
 
     if tuning == "latency":  # before ray.init: the cluster's processes inherit the driver's environment
         os.environ.update(LATENCY_ENV)
+    if tuning == "throughput":  # Ray Serve's throughput mode: ingress replicas also serve HTTP on their own port
+        throughput_env()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     urls = {}
     waits = {} if batch_wait_ms is None else {"encoder_batch_wait_timeout_s": batch_wait_ms / 1000,
@@ -168,7 +171,21 @@ def start_serve(manifest: Path, port: int, nprobe: int | None, shards: int, tuni
                                  colocated=DeploymentSettings(num_cpus=0.25, max_ongoing_requests=256), **waits)
         run_local(settings, name=f"madr_{topology}", route_prefix=f"/{topology}")
         urls[topology] = f"http://127.0.0.1:{port}/{topology}"
+        if tuning == "throughput" and topology == "colocated":  # the same replica, called on its own port
+            urls["colocated-direct"] = direct_url(f"madr_{topology}")
     return urls
+
+
+def direct_url(app_name: str, timeout: float = 60.0) -> str:
+    """The one replica of `app_name` that serves HTTP itself (`serve.direct_ingress`), once Serve lists it."""
+    from serve.direct_ingress import replica_urls
+
+    deadline = time.monotonic() + timeout
+    while not (found := replica_urls(app_name)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    if len(found) != 1:
+        raise RuntimeError(f"expected one direct-ingress replica of {app_name}, Serve lists {found}")
+    return found[0]
 
 
 # ---- load -----------------------------------------------------------------------------------------------
@@ -236,8 +253,10 @@ def main() -> None:
     p.add_argument("--batch-wait-ms", type=float, default=None,
                    help="Serve's @serve.batch wait for the encoder and searchers (default: the settings', 3 / 1 ms)")
     p.add_argument("--topologies", default="fanout,colocated", help="Serve topologies to deploy (serve/colocated.py)")
-    p.add_argument("--serve-tuning", choices=("default", "latency"), default="default",
-                   help=f"latency: {' '.join(f'{k}={v}' for k, v in LATENCY_ENV.items())} for the Ray cluster")
+    p.add_argument("--serve-tuning", choices=("default", "latency", "throughput"), default="default",
+                   help=f"latency: {' '.join(f'{k}={v}' for k, v in LATENCY_ENV.items())} for the Ray cluster; "
+                        "throughput: Ray Serve's throughput mode (serve/direct_ingress.py), which adds the "
+                        "'colocated-direct' app: the co-located replica called on its own port, no proxy")
     args = p.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     print(machine_info(), flush=True)
@@ -250,12 +269,13 @@ def main() -> None:
     plain_port, serve_port = 18431, 18432
     topologies = args.topologies.split(",")
     plain = start_plain(manifest, plain_port, args.nprobe)
-    results: dict[str, dict[int, dict]] = {name: {} for name in ("plain", *topologies)}
+    results: dict[str, dict[int, dict]] = {}
     try:
         t0 = time.perf_counter()
         urls = {"plain": f"http://127.0.0.1:{plain_port}",
                 **start_serve(manifest, serve_port, args.nprobe, args.shards, args.serve_tuning, topologies,
                                  args.batch_wait_ms)}
+        results = {name: {} for name in urls}
         for name, u in urls.items():
             wait_ready(u, 600, plain if name == "plain" else None)
         print(f"all apps ready in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -264,7 +284,7 @@ def main() -> None:
                 r = asyncio.run(closed_loop(urls[name], queries, c, args.warmup, args.duration, args.k))
                 results[name][c] = r
                 inside = " ".join(f"{k} {v:.1f}" for k, v in r["inside_p50_ms"].items())
-                print(f"{name:9s} c={c:3d}: {r['qps']:7.1f} q/s  p50 {r['p50_ms']:7.1f} ms  "
+                print(f"{name:16s} c={c:3d}: {r['qps']:7.1f} q/s  p50 {r['p50_ms']:7.1f} ms  "
                       f"p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}  (in the API, p50 ms: {inside})", flush=True)
     finally:
         plain.send_signal(signal.SIGTERM)
