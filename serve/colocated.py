@@ -25,6 +25,8 @@ Failures: there is no handle hop for `serve.calls` to bound; a dead replica is S
 around. With 2 replicas a SIGKILL fails only the requests in flight on the dead one (Serve's proxy answers them
 500 at once) and the other replica answers the rest; with none alive, the proxy holds each request until a
 replacement takes it (no 503: nothing of ours is alive to answer; tests/serve/test_serve_replica_death.py).
+A replica whose encoder or searcher batch has run longer than `request_timeout_s` fails its health check (the
+watchdog of the fan-out deployments), so Serve replaces a hung replica (tests/serve/test_serve_replica_hang.py).
 """
 
 from __future__ import annotations
@@ -103,13 +105,14 @@ class ColocatedSearch:
         self.settings = settings_from_dict(settings)
         s = self.settings
         manifest = Manifest.load(s.require_manifest())
-        encoder = QueryEncoder.func_or_class(*encoder_args(s, manifest))
+        # stuck_after_s as in fan-out: the health check fails while a batch has run past the request deadline
+        self.encoder = QueryEncoder.func_or_class(*encoder_args(s, manifest), stuck_after_s=s.request_timeout_s)
         self.searcher = ShardSearcher.func_or_class(
             s.manifest_path, list(range(len(manifest.shards))), s.mmap, s.verify, s.faiss_threads,
-            s.searcher_max_batch_size, s.searcher_batch_wait_timeout_s)
+            s.searcher_max_batch_size, s.searcher_batch_wait_timeout_s, stuck_after_s=s.request_timeout_s)
         lam = manifest.lexical["fusion_lambda"] if manifest.has_lexical else None
         policy = CallPolicy(s.route_timeout_s, s.replica_retries)
-        self.backend = ColocatedBackend(LocalHandle(encoder), [LocalHandle(self.searcher)], lam,
+        self.backend = ColocatedBackend(LocalHandle(self.encoder), [LocalHandle(self.searcher)], lam,
                                         manifest.search_mode, policy)
         self.docs = Docs.open(s.require_manifest())
 
@@ -121,6 +124,9 @@ class ColocatedSearch:
         return self.searcher.info()
 
     def check_health(self) -> None:
+        """Fails while the encoder or the searcher has a batch stuck past `request_timeout_s` (`serve.watchdog`),
+        so Serve replaces a replica whose event loop still answers but whose work does not end."""
+        self.encoder.check_health()
         self.searcher.check_health()
 
 

@@ -8,7 +8,8 @@
 2. A deployment whose method sleeps, called through `serve.calls.call`: `BackendTimeout` (HTTP 504 +
    Retry-After) after (retries + 1) x `call_timeout_s`, not after the request's whole deadline.
 3. A searcher whose batch is stuck in a long call (its event loop free, so a plain health check passes) fails
-   its health check once the batch has run `stuck_after_s`, and passes again when the call returns.
+   its health check once the batch has run `stuck_after_s`, and passes again when the call returns; so does a
+   co-located replica (encoder + every shard, issue 23) whose shard search is stuck past `request_timeout_s`.
 """
 
 from __future__ import annotations
@@ -143,5 +144,37 @@ def test_a_searcher_with_a_stuck_batch_fails_its_health_check(served_index):
         ((scores, ids),) = await asyncio.wait_for(task, 10)
         assert len(ids) == 3
         searcher.check_health()  # answered: healthy again
+
+    asyncio.run(scenario())
+
+
+def test_a_colocated_replica_with_a_stuck_search_fails_its_health_check(served_index):
+    import dataclasses
+
+    from madr.search.params import SearchParams
+    from serve.colocated import ColocatedSearch
+    from serve.deployments import QueryEncoder, ShardSearcher
+
+    settings = ServeSettings(manifest_path=str(served_index["manifest"]), model_dir=str(served_index["model_dir"]),
+                             topology="colocated",
+                             request_timeout_s=0.3)
+    # the class under Serve's ingress wrapper (whose constructor also builds the ASGI app inside a replica)
+    user_class = ColocatedSearch.func_or_class.__mro__[1]
+    replica = object.__new__(user_class)
+    user_class.__init__(replica, dataclasses.asdict(settings))
+    batch = ShardSearcher.func_or_class._search_batch.__wrapped__
+    stuck = replica.searcher.group = _StuckGroup(replica.searcher.group)
+
+    async def scenario() -> None:
+        replica.check_health()  # idle
+        (query,) = await QueryEncoder.func_or_class._encode_batch.__wrapped__(replica.encoder, ["red shoes"])
+        task = asyncio.ensure_future(batch(replica.searcher, [(query, SearchParams(k=3))]))
+        await asyncio.sleep(0.5)
+        with pytest.raises(RuntimeError, match=r"ShardSearcher: a batch has run 0\.\d s \(stuck after 0.3 s\)"):
+            replica.check_health()
+        stuck.release.set()
+        ((scores, ids),) = await asyncio.wait_for(task, 10)
+        assert len(ids) == 3
+        replica.check_health()  # answered: healthy again
 
     asyncio.run(scenario())
