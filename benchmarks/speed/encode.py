@@ -12,6 +12,9 @@ subprocess on the same ``--threads`` CPUs:
 - ``ray_staged``: the same job with the stages of a GPU run on CPU (a tokenise actor in front of the encode
              actors, ``tokenize_in_encoder: false``) and the encode actors started one after another
              (``min_encode_actors: 1``): the job's layout before issue 23.
+- ``ray_bf16`` / ``st_bf16``: the job with ``encode.dtype: bfloat16`` and sentence-transformers ``encode`` under
+             the same ``torch.autocast("cpu", bfloat16)`` (CPUs with AVX512-BF16 / AMX run the matmuls in bf16;
+             vectors within ~1e-5 cosine of fp32's).
 - ``torch``: a plain single-process loop: ``BiEncoder.encode_texts`` in batches of 128 (tokenising
              included) + the same FAISS add and write.
 
@@ -201,7 +204,9 @@ def child_torch(corpus: Path, model_dir: Path, out: Path, threads: int, **_) -> 
     return {"seconds": time.perf_counter() - start}
 
 
-def child_st(corpus: Path, model_dir: Path, out: Path, threads: int, **_) -> dict:
+def child_st(corpus: Path, model_dir: Path, out: Path, threads: int, dtype: str = "float32", **_) -> dict:
+    import contextlib
+
     import torch
     from sentence_transformers import SentenceTransformer, models
 
@@ -213,13 +218,15 @@ def child_st(corpus: Path, model_dir: Path, out: Path, threads: int, **_) -> dic
                                       models.Normalize()], device="cpu")
     start = time.perf_counter()
     texts, ids = _texts_ids(corpus)
-    vecs = st.encode(texts, batch_size=128, convert_to_numpy=True)
-    _faiss_write(vecs, ids, out)
+    low = torch.autocast("cpu", dtype=getattr(torch, dtype)) if dtype != "float32" else contextlib.nullcontext()
+    with low:  # st_bf16: the same autocast the job's `encode.dtype` applies
+        vecs = st.encode(texts, batch_size=128, convert_to_numpy=True)
+    _faiss_write(vecs.astype(np.float32), ids, out)
     return {"seconds": time.perf_counter() - start}
 
 
 def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: int = 4,
-              max_docs_per_shard: int | None = None, staged: bool = False, **_) -> dict:
+              max_docs_per_shard: int | None = None, staged: bool = False, dtype: str = "auto", **_) -> dict:
     from pipelines.encode import trace
 
     trace_path = out.parent / f".{out.name}.trace"
@@ -239,7 +246,7 @@ def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: in
                        max_docs_per_shard=max_docs_per_shard, index_factory="Flat", store_docs=False,
                        rows_per_read=1024, batch_size=128, tokenize_actors=1, tokenize_cpus=0.5,
                        encode_actors=threads, encode_cpus=0.75, torch_threads=1, overwrite=True,
-                       tokenize_in_encoder=not staged, min_encode_actors=1 if staged else None)
+                       tokenize_in_encoder=not staged, min_encode_actors=1 if staged else None, dtype=dtype)
     from pipelines.encode.executors import RayExecutor
 
     arrivals: list[tuple[float, int]] = []  # (time, rows) of every encoded piece the driver sees
@@ -294,7 +301,16 @@ def child_ray_staged(*args, **kw) -> dict:
     return child_ray(*args, **kw, staged=True)
 
 
-CHILDREN = {"torch": child_torch, "st": child_st, "ray": child_ray, "ray_staged": child_ray_staged}
+def child_ray_bf16(*args, **kw) -> dict:
+    return child_ray(*args, **kw, dtype="bfloat16")
+
+
+def child_st_bf16(*args, **kw) -> dict:
+    return child_st(*args, **kw, dtype="bfloat16")
+
+
+CHILDREN = {"torch": child_torch, "st": child_st, "ray": child_ray, "ray_staged": child_ray_staged,
+            "ray_bf16": child_ray_bf16, "st_bf16": child_st_bf16}
 
 
 def run_child(method: str, corpus: Path, model_dir: Path, out: Path, args: argparse.Namespace) -> dict:
@@ -318,11 +334,12 @@ def report(rows: list[dict], sizes: list[int], methods: list[str]) -> None:
     print("\nratios (ray / peer docs/s) and memory growth (largest / smallest corpus):")
     for n in sizes:
         by = {r["method"]: r for r in rows if r["docs"] == n}
-        if "ray" in by:
-            steady = by["ray"].get("steady_docs_per_s")
+        for job in (m for m in ("ray", "ray_bf16") if m in by):
+            steady = by[job].get("steady_docs_per_s")
             print(f"  {n:>8} docs: " + ", ".join(
-                f"ray/{m} {by['ray']['docs_per_s'] / by[m]['docs_per_s']:.2f} end-to-end"
-                + (f", {steady / by[m]['docs_per_s']:.2f} steady" if steady else "") for m in by if m != "ray"))
+                f"{job}/{m} {by[job]['docs_per_s'] / by[m]['docs_per_s']:.2f} end-to-end"
+                + (f", {steady / by[m]['docs_per_s']:.2f} steady" if steady else "")
+                for m in by if not m.startswith("ray")))
     if len(sizes) > 1:
         for m in methods:
             mem = [r["peak_pss_mb"] for r in rows if r["method"] == m]
@@ -405,7 +422,7 @@ def main() -> None:
                      f"steady {f'{steady:.0f}' if steady else '-'} docs/s; {res['shards']} shards; Ray start "
                      f"{res['ray_start_s']:.1f} s, not counted)\n    start-up: {json.dumps(res['startup'])}"
                      if method.startswith("ray") else "")
-            print(f"  {n:>8} docs  {method:<6} {n / res['seconds']:>8.0f} docs/s  {res['seconds']:>7.1f} s  "
+            print(f"  {n:>8} docs  {method:<8} {n / res['seconds']:>8.0f} docs/s  {res['seconds']:>7.1f} s  "
                   f"peak PSS {res['peak_pss_mb']:>6.0f} MB  RSS {res['peak_rss_mb']:>6.0f} MB  CPU {res['cpu_s']:.0f} s"
                   f"{extra}", flush=True)
         ref = checks[args.methods[0]]
