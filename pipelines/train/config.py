@@ -66,7 +66,7 @@ class DistributedConfig:
         if self.num_workers < 1 or self.cpus_per_worker <= 0 or self.keep_last < 1:
             raise ValueError(f"distributed: need num_workers >= 1, cpus_per_worker > 0 and keep_last >= 1, got "
                              f"{self.num_workers}, {self.cpus_per_worker}, {self.keep_last}")
-        if not 0 <= self.fail_rank < self.num_workers:
+        if self.fail_at_step is not None and not 0 <= self.fail_rank < self.num_workers:  # only a drill needs it
             raise ValueError(f"distributed.fail_rank={self.fail_rank} is not a worker rank "
                              f"(num_workers={self.num_workers})")
 
