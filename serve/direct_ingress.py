@@ -18,6 +18,7 @@ on a node with the ``haproxy`` binary; not used here).
 from __future__ import annotations
 
 import os
+import time
 from typing import Any
 
 THROUGHPUT_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
@@ -51,4 +52,13 @@ def replica_urls(app_name: str, host: str = "127.0.0.1", details: dict[str, Any]
     return sorted(urls)
 
 
-__all__ = ["THROUGHPUT_ENV", "replica_urls", "throughput_env"]
+def wait_for_replica_urls(app_name: str, timeout_s: float = 60.0, host: str = "127.0.0.1") -> list[str]:
+    """`replica_urls` once Serve lists at least one (a replica allocates its port after it starts), polled every
+    0.5 s; empty when none is listed within `timeout_s` (direct ingress off, or no replica up)."""
+    deadline = time.monotonic() + timeout_s
+    while not (urls := replica_urls(app_name, host)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    return urls
+
+
+__all__ = ["THROUGHPUT_ENV", "replica_urls", "throughput_env", "wait_for_replica_urls"]

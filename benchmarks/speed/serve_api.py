@@ -178,11 +178,9 @@ def start_serve(manifest: Path, port: int, nprobe: int | None, shards: int, tuni
 
 def direct_url(app_name: str, timeout: float = 60.0) -> str:
     """The one replica of `app_name` that serves HTTP itself (`serve.direct_ingress`), once Serve lists it."""
-    from serve.direct_ingress import replica_urls
+    from serve.direct_ingress import wait_for_replica_urls
 
-    deadline = time.monotonic() + timeout
-    while not (found := replica_urls(app_name)) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    found = wait_for_replica_urls(app_name, timeout)
     if len(found) != 1:
         raise RuntimeError(f"expected one direct-ingress replica of {app_name}, Serve lists {found}")
     return found[0]

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from pipelines.runtime import apply_ray_env
@@ -38,7 +37,7 @@ def main(manifest: str, proxy_port: int, queries: list[str]) -> dict:
 
     from serve.app import run_local
     from serve.config import DeploymentSettings, ServeSettings
-    from serve.direct_ingress import replica_urls, throughput_env
+    from serve.direct_ingress import throughput_env, wait_for_replica_urls
 
     throughput_env()
     # Serve restarts a proxy that is not ready within 5 s, three times over, then gives up; on a loaded 2-core box
@@ -48,9 +47,7 @@ def main(manifest: str, proxy_port: int, queries: list[str]) -> dict:
     settings = ServeSettings(manifest_path=manifest, port=proxy_port, api_key=KEY, topology="colocated",
                              colocated=DeploymentSettings(num_cpus=0.2), log_level="WARNING", access_log=False)
     run_local(settings)
-    deadline = time.monotonic() + 60
-    while not (urls := replica_urls("madr")) and time.monotonic() < deadline:
-        time.sleep(0.5)
+    urls = wait_for_replica_urls("madr")
     key = {"X-API-Key": KEY}
     out: dict = {"urls": urls}
     for name, base in (("proxy", f"http://127.0.0.1:{proxy_port}"), ("direct", urls[0] if urls else None)):
