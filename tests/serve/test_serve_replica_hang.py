@@ -121,60 +121,54 @@ class _StuckGroup:
         return self.group.search(*args, **kw)
 
 
-def test_a_searcher_with_a_stuck_batch_fails_its_health_check(served_index):
+def _stuck_search_fails_then_passes(check_health, searcher, query) -> None:
+    """`searcher`'s shard search blocks (`_StuckGroup`): `check_health` passes while idle and 0.1 s into the batch,
+    raises once it has run past 0.3 s (`stuck_after_s`), and passes again once the search returns."""
     from madr.search.params import SearchParams
-    from serve.backend import encode_texts, query_encoder
     from serve.deployments import ShardSearcher
 
-    searcher = ShardSearcher.func_or_class(str(served_index["manifest"]), [0], stuck_after_s=0.3)
     batch = ShardSearcher.func_or_class._search_batch.__wrapped__
     stuck = searcher.group = _StuckGroup(searcher.group)
-    query = encode_texts(query_encoder(served_index["model"], None, False), ["red shoes"], None, None)[0]
 
     async def scenario() -> None:
-        searcher.check_health()  # idle
+        check_health()  # idle
         # the batch handler itself (`@serve.batch` queues only inside a replica)
         task = asyncio.ensure_future(batch(searcher, [(query, SearchParams(k=3))]))
         await asyncio.sleep(0.1)
-        searcher.check_health()  # running, not yet stuck
+        check_health()  # running, not yet stuck
         await asyncio.sleep(0.4)
         with pytest.raises(RuntimeError, match=r"ShardSearcher: a batch has run 0\.\d s \(stuck after 0.3 s\)"):
-            searcher.check_health()
+            check_health()
         stuck.release.set()
         ((scores, ids),) = await asyncio.wait_for(task, 10)
         assert len(ids) == 3
-        searcher.check_health()  # answered: healthy again
+        check_health()  # answered: healthy again
 
     asyncio.run(scenario())
+
+
+def _query(served_index):
+    from serve.backend import encode_texts, query_encoder
+
+    return encode_texts(query_encoder(served_index["model"], None, False), ["red shoes"], None, None)[0]
+
+
+def test_a_searcher_with_a_stuck_batch_fails_its_health_check(served_index):
+    from serve.deployments import ShardSearcher
+
+    searcher = ShardSearcher.func_or_class(str(served_index["manifest"]), [0], stuck_after_s=0.3)
+    _stuck_search_fails_then_passes(searcher.check_health, searcher, _query(served_index))
 
 
 def test_a_colocated_replica_with_a_stuck_search_fails_its_health_check(served_index):
     import dataclasses
 
-    from madr.search.params import SearchParams
     from serve.colocated import ColocatedSearch
-    from serve.deployments import QueryEncoder, ShardSearcher
 
     settings = ServeSettings(manifest_path=str(served_index["manifest"]), model_dir=str(served_index["model_dir"]),
-                             topology="colocated",
-                             request_timeout_s=0.3)
+                             topology="colocated", request_timeout_s=0.3)
     # the class under Serve's ingress wrapper (whose constructor also builds the ASGI app inside a replica)
     user_class = ColocatedSearch.func_or_class.__mro__[1]
     replica = object.__new__(user_class)
     user_class.__init__(replica, dataclasses.asdict(settings))
-    batch = ShardSearcher.func_or_class._search_batch.__wrapped__
-    stuck = replica.searcher.group = _StuckGroup(replica.searcher.group)
-
-    async def scenario() -> None:
-        replica.check_health()  # idle
-        (query,) = await QueryEncoder.func_or_class._encode_batch.__wrapped__(replica.encoder, ["red shoes"])
-        task = asyncio.ensure_future(batch(replica.searcher, [(query, SearchParams(k=3))]))
-        await asyncio.sleep(0.5)
-        with pytest.raises(RuntimeError, match=r"ShardSearcher: a batch has run 0\.\d s \(stuck after 0.3 s\)"):
-            replica.check_health()
-        stuck.release.set()
-        ((scores, ids),) = await asyncio.wait_for(task, 10)
-        assert len(ids) == 3
-        replica.check_health()  # answered: healthy again
-
-    asyncio.run(scenario())
+    _stuck_search_fails_then_passes(replica.check_health, replica.searcher, _query(served_index))
