@@ -136,6 +136,8 @@ class Run:
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     chance: dict[str, float] = dataclasses.field(default_factory=dict)  # test aspect Accuracy@1 of the majority
+    device: str = "cpu"  # where the trained rows train and encode
+    export: Path | None = None  # per-query test metrics of each trained row-seed are written under it (`export_row`)
 
     def add(self, key: str, label: str, compute, depends: dict, refresh: bool = False) -> None:
         """Lists of retriever `key`: kept ones while `depends` (and the data) match, else `compute()`; `refresh`
@@ -260,7 +262,7 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
             model, info[row] = train_row(row, cfg, catalog, tokenizer, vocab, seed, bool(b["freeze_word_embeddings"]),
                                          int(b["freeze_layers"]), on_log=curve,
                                          pretrain_frozen=bool(b["pretrain_frozen_backbone"]),
-                                         pretrain_frozen_params=list(b["pretrain_frozen_params"]))
+                                         pretrain_frozen_params=list(b["pretrain_frozen_params"]), device=run.device)
             info[row]["train_s"] = time.perf_counter() - t0 - (curve.seconds if curve else 0.0)  # without the curve
             if row in b["save_models"]:
                 print(f"saved {row} -> {model.save(saved)}")
@@ -280,9 +282,31 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
             info[row] = json.loads(kept_info.read_text())
         if info.get(row, {}).get("aspects", {}).get("test"):
             print(f"{label} seed {seed} test aspect Accuracy@1: {json.dumps(info[row]['aspects']['test'])}")
+        fused_keys = []
         for name, (parts, fused) in trained_fusions(row, seed, label, list(b["references"])).items():
             info[name] = add_fusion(run, f"{name}@{seed}", parts, fused)
+            fused_keys.append(name)
+        if run.export is not None:
+            export_row(run, row, seed, [row, *fused_keys], info)
     return info
+
+
+def export_row(run: Run, row: str, seed: int, keys: list[str], info: dict) -> Path:
+    """<export>/seed<seed>/<row>.json: the per-query test metrics of trained row `row` alone and of its fusions
+    (`keys`, kept as `<key>@<seed>`), their labels, the fusion weights and the training info: what
+    `benchmarks.quality.homedepot_claims` needs to test rows trained elsewhere (a GPU machine) against the
+    references of this machine's run, without carrying the lists back."""
+    path = run.export / f"seed{seed}" / f"{row}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    per_query = {key: metrics_of(run.lists[f"{key}@{seed}"]["test"], run.splits["test"], run.cfg) for key in keys}
+    payload = {"row": row, "seed": seed, "per_query": per_query,
+               "labels": {key: run.labels[f"{key}@{seed}"] for key in keys},
+               "info": {key: info.get(key) for key in keys}, "device": run.device,
+               "accelerator": torch.cuda.get_device_name() if run.device.startswith("cuda") else None,
+               "machine": machine_info(load_average=load_average())}
+    path.write_text(json.dumps(payload))
+    print(f"exported {path}", flush=True)
+    return path
 
 
 def seed_rows(run: Run, seeds: list[int]) -> tuple[dict, dict, dict]:
@@ -415,6 +439,10 @@ def main(argv: list[str] | None = None) -> dict:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(p, ROOT / "configs" / "real" / "homedepot_hybrid.yaml", "real_homedepot_hybrid")
     p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
+    p.add_argument("--device", default="cpu", help="where the trained rows train and encode (cpu, cuda)")
+    p.add_argument("--export", default=None,
+                   help="write each trained row-seed's per-query test metrics under this folder (`export_row`) "
+                        "instead of the tables: rows trained on another machine, for benchmarks.quality.homedepot_claims")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
@@ -427,9 +455,11 @@ def main(argv: list[str] | None = None) -> dict:
               "test": EvalSet.of(catalog, "test", thr, bench["corpus_size"])}
     sizes = {f"{s}_{x}": len(getattr(ev, f"{y}_ids")) for s, ev in splits.items()
              for x, y in (("queries", "query"), ("corpus", "product"))}
-    run = Run(cfg, bench, splits, Path(cfg.output_dir), search_depth(cfg))
+    run = Run(cfg, bench, splits, Path(cfg.output_dir), search_depth(cfg), device=args.device,
+              export=Path(args.export) if args.export else None)
     fusions = reference_rows(run)
-    result = publish(run, seeds, fusions, {}, args.tag, Path(args.out_dir), start, sizes)
+    publishing = run.export is None
+    result = publish(run, seeds, fusions, {}, args.tag, Path(args.out_dir), start, sizes) if publishing else {}
     if bench["trained"]:
         tokenizer = prepare_tokenizer(cfg, catalog)
         vocab = prepare_vocabularies(cfg, catalog, tokenizer)
@@ -437,7 +467,8 @@ def main(argv: list[str] | None = None) -> dict:
         training = {}
         for seed in seeds:
             training[seed] = trained_rows_of_seed(run, catalog, tokenizer, vocab, seed)
-            result = publish(run, seeds, fusions, training, args.tag, Path(args.out_dir), start, sizes)
+            if publishing:
+                result = publish(run, seeds, fusions, training, args.tag, Path(args.out_dir), start, sizes)
     return result
 
 

@@ -36,11 +36,12 @@ def pad_labels(rows: Sequence[Sequence[int]]) -> torch.Tensor:
 
 def make_batch(model: BiEncoder, texts: Sequence[str], side: str,
                aspects: Sequence[dict[str, list[str]]] | None = None) -> TextBatch:
-    """Tokenise `texts` for `side` and encode their annotations with the model's vocabularies."""
+    """Tokenise `texts` for `side` and encode their annotations with the model's vocabularies, on the model's
+    device."""
     enc = model.tokenize(list(texts), side)
     batch = TextBatch(enc["input_ids"], enc["attention_mask"])
     if aspects is None:
-        return batch
+        return batch_to(batch, model_device(model))
     if len(aspects) != len(texts):
         raise ValueError(f"make_batch: {len(texts)} texts but {len(aspects)} aspect annotations")
     names = model.config.aspects
@@ -51,4 +52,18 @@ def make_batch(model: BiEncoder, texts: Sequence[str], side: str,
     for key, aspect, gran in objective_keys(model.config):
         voc = vocab.get(aspect, gran)
         batch.aspect_labels[key] = pad_labels([voc.encode(ann.get(aspect, [])) for ann in aspects])
-    return batch
+    return batch_to(batch, model_device(model))
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    """Where the model's weights are (the CPU for a model without any)."""
+    return next(model.parameters(), torch.empty(0)).device
+
+
+def batch_to(batch: TextBatch, device: torch.device) -> TextBatch:
+    """`batch` with every tensor on `device` (itself when already there)."""
+    if batch.input_ids.device == device:
+        return batch
+    return TextBatch(batch.input_ids.to(device), batch.attention_mask.to(device),
+                     {k: v.to(device) for k, v in batch.aspect_labels.items()},
+                     None if batch.aspect_present is None else batch.aspect_present.to(device))

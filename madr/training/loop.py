@@ -21,7 +21,7 @@ from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_wi
 from madr.config import ModelConfig, StageConfig
 from madr.data.schema import Catalog
 from madr.losses import PointwiseCELoss
-from madr.modeling.batching import TextBatch, make_batch
+from madr.modeling.batching import TextBatch, make_batch, model_device
 from madr.modeling.model import BiEncoder
 from madr.training.negatives import MinedNegatives, check_mined, hard_negative, mine_negatives
 from madr.training.objectives import LossParts, finetune_loss, pretrain_loss
@@ -235,7 +235,8 @@ def train_stage(model: BiEncoder, sampler: CatalogSampler, stage: StageConfig, k
         raise ValueError(f"stage kind must be pretrain or finetune, got {kind!r}")
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
-    pointwise = PointwiseCELoss(similarity=model.config.similarity) if kind == "finetune" else None
+    pointwise = PointwiseCELoss(similarity=model.config.similarity).to(model_device(model)) if kind == "finetune" \
+        else None
     params = list(model.parameters()) + (list(pointwise.parameters()) if pointwise is not None else [])
 
     def step_fn(step: int) -> LossParts:

@@ -58,7 +58,8 @@ class MemoisedBackbone(nn.Module):
         if inputs_embeds is not None or input_ids is None or attention_mask is None:
             raise ValueError("a memoised backbone takes input_ids and attention_mask only (MUR / MURAL put aspect "
                              "tokens into the backbone's input: their states depend on trained weights)")
-        keys = [self._key(i, m) for i, m in zip(input_ids, attention_mask, strict=True)]
+        ids, mask = input_ids.cpu(), attention_mask.cpu().bool()  # one transfer each, not one per row
+        keys = [self._key(i, m) for i, m in zip(ids, mask, strict=True)]
         missing = [r for r, k in enumerate(keys) if k not in self.states]
         self.hits += len(keys) - len(missing)
         self.misses += len(missing)
@@ -70,11 +71,12 @@ class MemoisedBackbone(nn.Module):
                 seq = self.backbone(input_ids=input_ids[rows], attention_mask=attention_mask[rows])
             finally:
                 self.backbone.train(training)
-            for j, r in enumerate(missing):
-                self.states[keys[r]] = seq.last_hidden_state[j][attention_mask[r].bool()].to(self.dtype).clone()
+            kept = seq.last_hidden_state[attention_mask[rows].bool()].to(self.dtype)  # the rows' tokens, in order
+            for r, state in zip(missing, kept.split(mask[missing].sum(1).tolist()), strict=True):
+                self.states.setdefault(keys[r], state.clone())  # a text twice in one batch: its first state
+        # every row's kept tokens in row order fill the mask's positions in one assignment (no per-row copies)
         out = torch.zeros(*input_ids.shape, self.config.hidden_size, device=input_ids.device)
-        for r, k in enumerate(keys):
-            out[r][attention_mask[r].bool()] = self.states[k].float()
+        out[attention_mask.bool()] = torch.cat([self.states[k] for k in keys]).float()
         return _Output(out)
 
 

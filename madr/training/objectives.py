@@ -72,7 +72,7 @@ def aspect_loss(model: BiEncoder, out: TowerOutput, batch: TextBatch, side: str)
         n = len(cfg.aspects)
         labels = torch.zeros_like(out.presence_logits)
         labels[:, :n] = batch.aspect_present
-        mask = torch.zeros(out.presence_logits.shape[1], dtype=torch.bool)
+        mask = torch.zeros(out.presence_logits.shape[1], dtype=torch.bool, device=labels.device)
         mask[:n] = True  # components after the explicit aspects (OTHER) get no loss
         app = AspectPresenceLoss()(out.presence_logits, labels, aspect_mask=mask) * n  # mean -> sum over aspects
         parts["app"] = _value(app)
@@ -152,10 +152,10 @@ def finetune_loss(model: BiEncoder, queries: TextBatch, positives: TextBatch, ne
     if pointwise is not None and stage.pointwise_weight > 0:
         docs = p.embedding if n is None else torch.cat([p.embedding, n.embedding])
         qs = q.embedding if n is None else torch.cat([q.embedding, q.embedding])
-        target = torch.ones(len(p.embedding))
+        target = torch.ones(len(p.embedding), device=p.embedding.device)
         if n is not None:
             neg_t = neg_relevance if neg_relevance is not None else torch.zeros(len(n.embedding))
-            target = torch.cat([target, neg_t.float()])
+            target = torch.cat([target, neg_t.float().to(target.device)])
         ce = pointwise(qs, docs, target)
         parts["ce"] = _value(ce)
         total = total + stage.pointwise_weight * ce

@@ -425,3 +425,34 @@ def test_the_shipped_product_search_config_runs_on_a_user_catalog(user_config, t
     assert "BiBERT, BM25-mined negatives" in result["labels"]["bibert_mined"]
     assert (tmp_path / "run" / "seed0" / "bibert_mined" / "model" / "config.json").is_file()
     assert "Relative to BM25 + e5" in printed
+
+
+def test_exported_rows_are_tested_against_this_machines_references(runs, user_config, tmp_path):
+    """`--export` (rows trained on another machine, e.g. a GPU) writes each trained row-seed's per-query test
+    metrics; `homedepot_claims` pairs them query by query with the references of this machine's cached lists:
+    the same means as the full run's table, the target tests, and the papers' claims for the rows there are."""
+    from benchmarks.quality import homedepot_claims as claims
+
+    lr = "train.finetune.learning_rate=2.0e-3"  # the settings of the last run: every list is kept
+    export = tmp_path / "export"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        bench.main(["--config", str(user_config), "--out-dir", str(tmp_path), "--tag", "export", "--threads", "1",
+                    "--set", lr, "--export", str(export)])
+        result = claims.main(["--config", str(user_config), "--out-dir", str(tmp_path), "--tag", "claims",
+                              "--threads", "1", "--export", str(export)])
+    torch.set_num_threads(1)
+    assert "s train" not in printed.getvalue(), "the export reused the kept lists: nothing was retrained"
+    assert sorted(p.relative_to(export).as_posix() for p in export.rglob("*.json")) == sorted(
+        f"seed{s}/{row}.json" for s in SEEDS for row in TRAINED)
+    full = runs["resumed"][0]
+    for key in [*TRAINED, *[f"bm25+{row}" for row in TRAINED], *[f"bm25+minilm+{row}" for row in TRAINED], "bm25+e5"]:
+        for m, v in full["mean"][key].items():
+            assert result["mean"][key][m] == pytest.approx(v, abs=1e-12), (key, m)
+    assert set(result["tests"]) == set(result["mean"]) - {"bm25+e5"}, "every row is tested against the target"
+    pair = result["claims"]["madral_pw vs bibert"]
+    for m, t in pair.items():
+        assert t["n"] == full["data"]["test_queries"]
+        assert t["diff"] == pytest.approx(result["mean"]["madral_pw"][m] - result["mean"]["bibert"][m], abs=1e-9)
+    assert "paper 000 Table 4: MADRAL > BiBERT" in result["table"]
+    assert (tmp_path / "results" / "claims.json").is_file()

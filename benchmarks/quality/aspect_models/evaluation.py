@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 from benchmarks.quality.aspect_models.data import EvalSet
 from madr.config import ExperimentConfig
 from madr.metrics import evaluate
+from madr.modeling.batching import model_device
 from madr.modeling.model import BiEncoder, objective_keys
 from madr.search.sparse.bm25 import BM25Index
 
@@ -26,6 +27,7 @@ def encode(model: BiEncoder, texts: list[str], lengths: np.ndarray, side: str, b
     """Search vectors [N, d] (L2-normalised for cosine models) and the top-1 phrase value of each aspect the
     model predicts, in ONE pass in length order."""
     model.eval()
+    device = model_device(model)
     keys = [k for k, _, g in objective_keys(model.config) if g == "phrase"]
     order = np.argsort(lengths, kind="stable")
     emb = torch.empty(len(texts), model.embedding_dim)
@@ -33,11 +35,11 @@ def encode(model: BiEncoder, texts: list[str], lengths: np.ndarray, side: str, b
     for start in tqdm(range(0, len(texts), batch_size), desc=desc, leave=False, mininterval=5):
         idx = order[start:start + batch_size]
         enc = model.tokenize([texts[i] for i in idx], side)
-        out = model.encode(enc["input_ids"], enc["attention_mask"], side)
-        e = out.embedding.float()
+        out = model.encode(enc["input_ids"].to(device), enc["attention_mask"].to(device), side)
+        e = out.embedding.float().cpu()
         emb[torch.from_numpy(idx)] = F.normalize(e, dim=-1) if model.config.similarity == "cosine" else e
         for k in keys:
-            preds[k][idx] = out.aspect_logits[k].argmax(-1).numpy()
+            preds[k][idx] = out.aspect_logits[k].argmax(-1).cpu().numpy()
     return emb, preds
 
 

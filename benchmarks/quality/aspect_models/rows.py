@@ -25,6 +25,9 @@ GRANULARITIES = ("phrase", "word", "token")
 # key -> changes of `train.<stage>` for the rows that differ from their model's row in training only
 ROW_TRAINING: dict[str, tuple[str, str, dict[str, dict[str, Any]]]] = {
     "bibert_mined": ("BiBERT, BM25-mined negatives", "bibert", {"finetune": {"negatives": "mined"}}),
+    "madral_pw_mined": ("MADRAL (Presence Weighting), BM25-mined negatives", "madral_pw",
+                        {"finetune": {"negatives": "mined"}}),
+    "mural_mined": ("MURAL, BM25-mined negatives", "mural", {"finetune": {"negatives": "mined"}}),
 }
 
 

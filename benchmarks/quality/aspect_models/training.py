@@ -35,17 +35,20 @@ from madr.training.memoised_backbone import memoised_backbones
 def train_row(key: str, cfg: ExperimentConfig, catalog: Catalog, tokenizer, vocab, seed: int,
               freeze_embeddings: bool, freeze_layers: int = 0,
               on_log: Callable[[BiEncoder, str, int, dict], None] | None = None,
-              pretrain_frozen: bool = False, pretrain_frozen_params: Sequence[str] = ()) -> tuple[BiEncoder, dict]:
+              pretrain_frozen: bool = False, pretrain_frozen_params: Sequence[str] = (),
+              device: str | torch.device = "cpu") -> tuple[BiEncoder, dict]:
     """Build row `key` from the shared start weights with torch seeded by `seed` (word embeddings frozen when
     `freeze_embeddings`, and the lowest `freeze_layers` layers, `madr.training.freezing`), then pretrain (when
     `madr.training.loop.stage_runs`; never DSSM, as `run_experiment`) and fine-tune on the train queries.
     `on_log(model, stage, step, losses)` is called every `log_every` steps of each stage (a learning curve).
     `pretrain_frozen`: the whole backbone stays frozen while pretraining and each distinct text runs through it
     once (`madr.training.memoised_backbone`): the heads train on cached token states; the weights named by
-    `pretrain_frozen_params` (substrings, e.g. "aen.w_v") stay frozen too."""
+    `pretrain_frozen_params` (substrings, e.g. "aen.w_v") stay frozen too. MUR / MURAL put their aspect tokens
+    into the backbone's input, so their frozen backbone runs every step (no memo): the aspect tokens and heads
+    train through it. `device`: where the model trains (the batches follow the model)."""
     mcfg = model_config(cfg, key)
     torch.manual_seed(seed)
-    model = build_model(mcfg, tokenizer, vocab)
+    model = build_model(mcfg, tokenizer, vocab).to(device)
     # word embeddings: 12M of all-MiniLM's 23M weights, a third of the step time on 2 CPU cores
     freeze_backbone(model, freeze_embeddings, freeze_layers)
     stages = {kind: stage_config(cfg, key, kind) for kind in ("pretrain", "finetune")}
@@ -59,7 +62,7 @@ def train_row(key: str, cfg: ExperimentConfig, catalog: Catalog, tokenizer, voca
             with contextlib.ExitStack() as frozen:
                 if kind == "pretrain":
                     frozen.enter_context(backbone_frozen(model, pretrain_frozen, pretrain_frozen_params))
-                    if pretrain_frozen:  # heads only, on cached token states
+                    if pretrain_frozen and not mcfg.uses_granularities:  # heads only, on cached token states
                         frozen.enter_context(memoised_backbones(model))
                 history[kind] = train_stage(model, sampler, stage, kind, seed=seed, on_log=hook)
     info = {kind: {"steps": len(h), "final_loss": float(np.mean([r["loss"] for r in h[-20:]]))}
