@@ -4,8 +4,8 @@ MURAL vs MUR and MURAL vs MADRAL (paper 001 Table 3), each paired over the test 
 every row alone and fused with BM25 against the target, BM25 + untouched e5.
 
 The trained rows come from `benchmarks.quality.homedepot_hybrid --export DIR` (same config, data and split; on a
-GPU machine with `--device cuda`): <DIR>/seed<s>/<row>.json holds the per-query test metrics of the row alone
-and of its fusions with BM25 (weights chosen on dev there). The reference rows (BM25, the untrained encoders and
+GPU machine with `--device cuda`), one or more folders (`benchmarks.quality.row_export`): the per-query test
+metrics of each row alone and of its fusions with BM25 (weights chosen on dev there). The reference rows (BM25, the untrained encoders and
 their dev-tuned fusions) are this machine's run of `homedepot_hybrid` (its cached lists): the same corpus and
 queries, so the tests pair query by query.
 
@@ -15,7 +15,6 @@ queries, so the tests pair query by query.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from benchmarks.quality.aspect_models.evaluation import means, search_depth
 from benchmarks.quality.aspect_models.report import header, relative_table, significance, value_table
 from benchmarks.quality.fusion_lists import metrics_of
 from benchmarks.quality.homedepot_hybrid import Run, load, plot, reference_rows
+from benchmarks.quality.row_export import read_rows
 
 # (row, compared with, the claim): paper 000 Tables 4 / 7, paper 001 Table 3
 CLAIMS = [
@@ -46,24 +46,6 @@ CLAIMS = [
     ("bibert_mined", "bibert", "BM25-mined hard negatives (BiBERT)"),
     ("madral_pw_mined", "bibert_mined", "aspect learning with BM25-mined negatives (MADRAL PW vs BiBERT)"),
 ]
-
-
-def imported_rows(export: Path) -> tuple[dict, dict, dict, dict]:
-    """From <export>/seed<s>/<row>.json: ({key: {seed: per-query metrics}}, {key: label}, {row: {seed: info}},
-    {seed: machine})."""
-    per_seed, labels, info, machines = {}, {}, {}, {}
-    for path in sorted(export.glob("seed*/*.json")):
-        data = json.loads(path.read_text())
-        seed = int(data["seed"])
-        machines[seed] = {"device": data.get("device"), "accelerator": data.get("accelerator"),
-                          **data.get("machine", {})}
-        for key, values in data["per_query"].items():
-            per_seed.setdefault(key, {})[seed] = values
-            labels[key] = data["labels"][key].replace(" (trained, multilingual-e5-small)", "")
-        info.setdefault(data["row"], {})[seed] = data["info"].get(data["row"]) or {}
-    if not per_seed:
-        raise SystemExit(f"{export}: no seed*/<row>.json (run homedepot_hybrid with --export {export})")
-    return per_seed, labels, info, machines
 
 
 def seed_means(per_seed: dict[int, dict]) -> tuple[dict, dict, dict]:
@@ -117,7 +99,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(p, ROOT / "configs" / "real" / "homedepot_hybrid.yaml", "real_homedepot_claims")
-    p.add_argument("--export", required=True, help="the folder homedepot_hybrid --export wrote")
+    p.add_argument("--export", required=True, nargs="+", help="the folders homedepot_hybrid --export wrote")
     p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
     args = p.parse_args(argv)
     start = time.perf_counter()
@@ -132,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
     mean = {key: means(v) for key, v in pooled.items()}
     std = {key: {m: 0.0 for m in v} for key, v in mean.items()}
     labels = dict(run.labels)
-    per_seed, imported_labels, info, machines = imported_rows(Path(args.export))
+    per_seed, imported_labels, info, machines = read_rows([Path(e) for e in args.export])
     seeds = sorted({s for v in per_seed.values() for s in v})
     for key, each in per_seed.items():
         pooled[key], mean[key], std[key] = seed_means(each)
@@ -143,7 +125,7 @@ def main(argv: list[str] | None = None) -> dict:
     order = sorted(mean, key=lambda k: (k in per_seed, -mean[k][bench["tune_metric"]]))
     claims, claim_tests = claim_lines(pooled, mean, metrics, draws, alpha, labels)
     text = [f"# Home Depot test: {len(splits['test'].query_ids)} queries over {len(splits['test'].product_ids)} "
-            f"products; trained rows from {args.export} (seeds {seeds}), references from this machine's cached lists",
+            f"products; trained rows from {' + '.join(args.export)} (seeds {seeds}), references from this machine's cached lists",
             "\n## Values (trained rows: mean ± std over seeds)", value_table(order, labels, mean, std, metrics,
                                                                           set(per_seed)),
             f"\n## Relative to {labels[target]} († paired t-test p < {alpha:g}, seed-mean per query)",
@@ -153,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict:
              *aspect_lines(info, labels)]
     machine = machine_info()
     text.append("\nreferences: " + "; ".join(f"{k} {v}" for k, v in machine.items()))
-    text += [f"trained rows (seed {s}): " + "; ".join(f"{k} {v}" for k, v in m.items()) for s, m in machines.items()]
+    text += [f"trained rows ({where}): " + "; ".join(f"{k} {v}" for k, v in m.items()) for where, m in machines.items()]
     print("\n".join(text), flush=True)
     result = {"benchmark": __spec__.name, "config": cfg.to_dict(), "bench": bench, "seeds": seeds, "labels": labels,
               "mean": mean, "std": std, "tests": tests, "claims": claim_tests, "fusions": fusions, "training": info,

@@ -76,6 +76,7 @@ from benchmarks.quality.fusion_lists import (
     rrf,
     tune_weights,
 )
+from benchmarks.quality.row_export import write_row
 from madr.config import ExperimentConfig, from_dict
 from madr.modeling.model import build_model
 from madr.modeling.tokenization import load_tokenizer
@@ -292,19 +293,12 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
 
 
 def export_row(run: Run, row: str, seed: int, keys: list[str], info: dict) -> Path:
-    """<export>/seed<seed>/<row>.json: the per-query test metrics of trained row `row` alone and of its fusions
-    (`keys`, kept as `<key>@<seed>`), their labels, the fusion weights and the training info: what
-    `benchmarks.quality.homedepot_claims` needs to test rows trained elsewhere (a GPU machine) against the
-    references of this machine's run, without carrying the lists back."""
-    path = run.export / f"seed{seed}" / f"{row}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    per_query = {key: metrics_of(run.lists[f"{key}@{seed}"]["test"], run.splits["test"], run.cfg) for key in keys}
-    payload = {"row": row, "seed": seed, "per_query": per_query,
-               "labels": {key: run.labels[f"{key}@{seed}"] for key in keys},
-               "info": {key: info.get(key) for key in keys}, "device": run.device,
-               "accelerator": torch.cuda.get_device_name() if run.device.startswith("cuda") else None,
-               "machine": machine_info(load_average=load_average())}
-    path.write_text(json.dumps(payload))
+    """`benchmarks.quality.row_export.write_row` of trained row `row` and its fusions (`keys`, kept as
+    `<key>@<seed>`): their per-query test metrics, for `benchmarks.quality.homedepot_claims`."""
+    path = write_row(run.export, row, seed,
+                     {key: metrics_of(run.lists[f"{key}@{seed}"]["test"], run.splits["test"], run.cfg) for key in keys},
+                     {key: run.labels[f"{key}@{seed}"] for key in keys}, {key: info.get(key) for key in keys},
+                     run.device)
     print(f"exported {path}", flush=True)
     return path
 
