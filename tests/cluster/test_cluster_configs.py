@@ -377,3 +377,16 @@ def test_local_cluster_token_file_is_private_from_creation(tmp_path):
     assert (tmp_path / "auth_token").read_text() == "s3cret"
     with pytest.raises(FileExistsError):  # never writes into a file someone else made
         write_secret(tmp_path / "auth_token", "other")
+
+
+def test_local_cluster_stops_without_waiting_for_a_drain(tmp_path, monkeypatch):
+    """The one-node loopback cluster has nowhere to drain to: its `ray start` gets a drain timeout of 0 (Ray 2.60
+    otherwise waits 30 s on SIGTERM before the same teardown), unless the environment asks for one."""
+    from pipelines.jobs.local_cluster import cluster_env
+
+    monkeypatch.delenv("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", raising=False)
+    env = cluster_env(str(tmp_path / "token"))
+    assert env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "0"
+    assert env["RAY_AUTH_TOKEN_PATH"] == str(tmp_path / "token") and env["RAY_AUTH_MODE"] == "token"
+    monkeypatch.setenv("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "12")
+    assert cluster_env(str(tmp_path / "token"))["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "12"
