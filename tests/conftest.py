@@ -18,6 +18,11 @@ ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "e2e: the demo's flow through `ray job submit` (2+ min); `make test` leaves it "
+                                       "out, .ci/run runs it as its own required step: pytest -m e2e tests/cluster")
+
+
 @pytest.fixture(scope="session")
 def catalog():
     from madr.data.synthetic.catalog import generate_catalog

@@ -16,7 +16,8 @@ from pipelines import demo
 from pipelines.jobs.local_cluster import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = [pytest.mark.ray, pytest.mark.slow]
+# e2e: `make test` leaves it out (2+ minutes); .ci/run runs it as its own required step (`pytest -m e2e`)
+pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.e2e]
 STAGES = ("data", "pretrain", "finetune", "encode", "evaluate")
 
 
