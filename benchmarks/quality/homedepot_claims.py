@@ -23,12 +23,12 @@ import numpy as np
 from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
 from benchmarks.common.machine import machine_info
 from benchmarks.common.results import write_result_json
-from benchmarks.common.stats import paired_tests
+from benchmarks.common.stats import mean_std, paired_tests
 from benchmarks.quality.aspect_models.data import EvalSet, catalog_for
 from benchmarks.quality.aspect_models.evaluation import means, search_depth
 from benchmarks.quality.aspect_models.report import header, relative_table, significance, value_table
 from benchmarks.quality.fusion_lists import metrics_of
-from benchmarks.quality.homedepot_hybrid import Run, load, plot, reference_rows
+from benchmarks.quality.homedepot_hybrid import Run, aspect_table, load, plot, reference_rows
 from benchmarks.quality.row_export import read_rows
 
 # (row, compared with, the claim): paper 000 Tables 4 / 7, paper 001 Table 3
@@ -54,12 +54,11 @@ def seed_means(per_seed: dict[int, dict]) -> tuple[dict, dict, dict]:
     first = per_seed[seeds[0]]
     pooled = {m: {q: float(np.mean([per_seed[s][m][q] for s in seeds])) for q in v} for m, v in first.items()}
     vals = [means(per_seed[s]) for s in seeds]
-    mean = {m: float(np.mean([v[m] for v in vals])) for m in vals[0]}
-    std = {m: float(np.std([v[m] for v in vals], ddof=1)) if len(vals) > 1 else 0.0 for m in vals[0]}
-    return pooled, mean, std
+    pairs = {m: mean_std([v[m] for v in vals]) for m in vals[0]}
+    return pooled, {m: p[0] for m, p in pairs.items()}, {m: p[1] for m, p in pairs.items()}
 
 
-def claim_lines(pooled: dict, mean: dict, metrics: list[str], draws: int, alpha: float, labels: dict,
+def claim_lines(pooled: dict, metrics: list[str], draws: int, alpha: float, labels: dict,
                 claims=CLAIMS) -> tuple[list[str], dict]:
     """Markdown table of each claim present in `pooled` (row - other: mean difference, paired t-test p) and the
     tests."""
@@ -75,24 +74,6 @@ def claim_lines(pooled: dict, mean: dict, metrics: list[str], draws: int, alpha:
                  for m in metrics]
         lines.append(f"| {claim} | {labels[row]} - {labels[other]} | " + " | ".join(cells) + " |")
     return lines, tests
-
-
-def aspect_lines(info: dict, labels: dict, chance: dict | None = None) -> list[str]:
-    """Test aspect Accuracy@1 per row (mean over its seeds)."""
-    acc = {row: [i["aspects"]["test"] for i in seeds.values() if i.get("aspects", {}).get("test")]
-           for row, seeds in info.items()}
-    acc = {row: each for row, each in acc.items() if each}
-    if not acc:
-        return []
-    cols = sorted({c for each in acc.values() for a in each for c in a})
-    lines = ["| Model | " + " | ".join(c.replace("_acc@1_", " ") for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    if chance:
-        lines.append("| chance (most frequent training value) | " + " | ".join(
-            f"{chance.get(c, float('nan')):.3f}" for c in cols) + " |")
-    for row, each in acc.items():
-        lines.append(f"| {labels.get(row, row)} | " + " | ".join(
-            f"{np.mean([a[c] for a in each if c in a]):.3f}" for c in cols) + " |")
-    return lines
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -123,7 +104,7 @@ def main(argv: list[str] | None = None) -> dict:
     alpha, draws, target = float(bench["alpha"]), int(bench["draws"]), bench["target"]
     tests = significance(pooled, target, draws)
     order = sorted(mean, key=lambda k: (k in per_seed, -mean[k][bench["tune_metric"]]))
-    claims, claim_tests = claim_lines(pooled, mean, metrics, draws, alpha, labels)
+    claims, claim_tests = claim_lines(pooled, metrics, draws, alpha, labels)
     text = [f"# Home Depot test: {len(splits['test'].query_ids)} queries over {len(splits['test'].product_ids)} "
             f"products; trained rows from {' + '.join(args.export)} (seeds {seeds}), references from this machine's cached lists",
             "\n## Values (trained rows: mean ± std over seeds)", value_table(order, labels, mean, std, metrics,
@@ -131,8 +112,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"\n## Relative to {labels[target]} († paired t-test p < {alpha:g}, seed-mean per query)",
             relative_table(order, labels, mean, metrics, target, tests, alpha),
             f"\n## The papers' claims (row - compared, seed-mean per query; † paired t-test p < {alpha:g})", *claims]
-    text += ["\n## Aspect Accuracy@1 (test queries and corpus, mean over seeds)",
-             *aspect_lines(info, labels)]
+    seeds_info = {s: {row: each[s] for row, each in info.items() if s in each} for s in seeds}
+    text += aspect_table(seeds_info, list(info), labels)
     machine = machine_info()
     text.append("\nreferences: " + "; ".join(f"{k} {v}" for k, v in machine.items()))
     text += [f"trained rows ({where}): " + "; ".join(f"{k} {v}" for k, v in m.items()) for where, m in machines.items()]
