@@ -4,6 +4,7 @@
                 answered over HTTP (pipelines/demo.py; configs/demo.yaml)
     experiment  one experiment in this process, without Ray: train, then print metrics before / after
     export      a saved model as a sentence-transformers directory and / or an ONNX tower (pipelines/export.py)
+    calibrate   fit an aspect model's confidence temperatures on a catalog split, for /explain (pipelines/calibrate.py)
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     export = sub.add_parser("export", add_help=False,
                             help="a model as a sentence-transformers directory / ONNX (python -m pipelines.export -h)")
     export.add_argument("args", nargs=argparse.REMAINDER)
+    calibration = sub.add_parser("calibrate", add_help=False, help="an aspect model's confidence temperatures "
+                                 "(python -m pipelines.calibrate -h)")
+    calibration.add_argument("args", nargs=argparse.REMAINDER)
     for p in (demo, exp):
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a config value, e.g. --set model.name=mural")
@@ -65,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         from pipelines.export import main as export_main
 
         return export_main(args.args)
+    if args.command == "calibrate":
+        from pipelines.calibrate import main as calibrate_main
+
+        return calibrate_main(args.args)
     if args.command == "demo":
         from pipelines.demo import run_demo
 

@@ -78,8 +78,9 @@ from benchmarks.quality.fusion_lists import (
 )
 from benchmarks.quality.row_export import write_row
 from madr.config import ExperimentConfig, from_dict
-from madr.modeling.model import build_model
+from madr.modeling.model import build_model, objective_keys
 from madr.modeling.tokenization import load_tokenizer
+from madr.recipes.aspects.calibration import calibrate
 from madr.recipes.aspects.experiment import prepare_tokenizer, prepare_vocabularies, resolve_backbone_path
 
 BENCH_DEFAULTS: dict[str, Any] = {
@@ -266,6 +267,7 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
                                          pretrain_frozen_params=list(b["pretrain_frozen_params"]), device=run.device)
             info[row]["train_s"] = time.perf_counter() - t0 - (curve.seconds if curve else 0.0)  # without the curve
             if row in b["save_models"]:
+                info[row]["calibration"] = calibrate_dev(model, run.splits["dev"])
                 print(f"saved {row} -> {model.save(saved)}")
             acc: dict[str, dict[str, float]] = {}
             lists = model_lists(model, run.splits, run.k, b["encode_batch_size"], f"{label} seed {seed}", aspects=acc)
@@ -290,6 +292,17 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
         if run.export is not None:
             export_row(run, row, seed, [row, *fused_keys], info)
     return info
+
+
+def calibrate_dev(model, dev: EvalSet) -> dict:
+    """An aspect model's confidence temperatures fitted on the dev queries and corpus (`/explain` reads them from
+    the saved model); returns the report, {} for a model without aspect predictions."""
+    if model.vocabularies is None or not objective_keys(model.config):
+        return {}
+    model.calibration, report = calibrate(model, {"query": dev.query_texts, "doc": dev.doc_texts},
+                                          {"query": dev.query_aspects, "doc": dev.doc_aspects},
+                                          f"dev split: {len(dev.query_texts):,} queries, {len(dev.doc_texts):,} products")
+    return report
 
 
 def export_row(run: Run, row: str, seed: int, keys: list[str], info: dict) -> Path:

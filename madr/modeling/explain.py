@@ -3,7 +3,8 @@
 Hybrid models (paper 002 "interpretability"): the terms both sparse vectors share, with their query and
 document weights and contribution, marking expansion terms (weighted by the model but absent from the
 text). Aspect models (paper 000 Table 8): per aspect the top predicted value with its confidence, the
-presence probability and the fusion weight.
+presence probability and the fusion weight. The confidence is the softmax of the value logits divided by
+the model's fitted temperature for that side and aspect (`madr.modeling.calibration`; 1 when it has none).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from madr.modeling.calibration import top_confidence
 from madr.modeling.model import BiEncoder
 from madr.modeling.outputs import TowerOutput
 
@@ -76,8 +78,9 @@ def expansion_terms(model: BiEncoder, out: TowerOutput, input_ids: torch.Tensor,
     return list(zip(model.tokenizer.convert_ids_to_tokens(ids.tolist()), vals.tolist(), strict=True))
 
 
-def aspect_summary(model: BiEncoder, out: TowerOutput, row: int = 0) -> list[dict]:
-    """Paper 000 Table 8 for one text: per component its top value, confidence, presence and weight."""
+def aspect_summary(model: BiEncoder, out: TowerOutput, row: int = 0, side: str = "query") -> list[dict]:
+    """Paper 000 Table 8 for one text of `side`: per component its top value, confidence (calibrated when the
+    model has a calibration, `calibrated` says which), presence and weight."""
     rows = []
     presence = out.presence
     for k, name in enumerate(out.component_names):
@@ -86,13 +89,15 @@ def aspect_summary(model: BiEncoder, out: TowerOutput, row: int = 0) -> list[dic
             entry["weight"] = float(out.fusion_weights[row, k])
         if presence is not None:
             entry["presence"] = float(presence[row, k])
-        logits = out.aspect_logits.get(name) if name in out.aspect_logits else out.aspect_logits.get(f"{name}/phrase")
+        key = name if name in out.aspect_logits else f"{name}/phrase"
+        logits = out.aspect_logits.get(key)
         if logits is not None and model.vocabularies is not None:
             aspect = name.split("/")[0]
-            probs = torch.softmax(logits[row], -1)
-            conf, idx = probs.max(-1)
-            entry["prediction"] = model.vocabularies.get(aspect, "phrase").decode([int(idx)])[0]
-            entry["confidence"] = float(conf)
+            t = model.calibration.temperature(side, key) if model.calibration is not None else 1.0
+            conf, idx = top_confidence(logits[row:row + 1], t)
+            entry["prediction"] = model.vocabularies.get(aspect, "phrase").decode([int(idx[0])])[0]
+            entry["confidence"] = float(conf[0])
+            entry["calibrated"] = model.calibration is not None
         rows.append(entry)
     return rows
 
@@ -109,7 +114,7 @@ def explain_pair(model: BiEncoder, query: str, doc: str) -> dict:
     with torch.no_grad():
         for side, enc in encs.items():
             outs[side] = model.encode(enc["input_ids"], enc["attention_mask"], side)
-            result[side] = {"aspects": aspect_summary(model, outs[side]),
+            result[side] = {"aspects": aspect_summary(model, outs[side], side=side),
                             "expansion_terms": expansion_terms(model, outs[side], enc["input_ids"])}
         result["score"] = float(model.similarity(outs["query"].embedding, outs["doc"].embedding)[0, 0])
         if outs["query"].sparse is not None:

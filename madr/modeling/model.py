@@ -10,7 +10,8 @@ starts its embedding table from the configured pretrained backbone's word embedd
 fills `TowerOutput.aspect_logits` from the tower's aspect representations.
 
 A saved model is a directory: the config that built it (`config.json`), the tokenizer, each backbone in
-HF form (safetensors), every other weight in `heads.safetensors`, and the aspect vocabularies as JSON.
+HF form (safetensors), every other weight in `heads.safetensors`, the aspect vocabularies as JSON, and
+the aspect confidences' temperatures when fitted (`aspect_calibration.json`, `madr.modeling.calibration`).
 Loading reads only those formats: nothing is unpickled.
 
 Multi-field documents (paper 004 Sec. IV): a bi-encoder built with `field_attention="additive" | "bilinear"`
@@ -39,6 +40,7 @@ from madr.modeling.backbone import (
     load_pretrained_backbone,
     max_positions,
 )
+from madr.modeling.calibration import CALIBRATION_FILE, AspectCalibration
 from madr.modeling.heads import (
     AspectAttentionHead,
     AspectTokensHead,
@@ -159,6 +161,7 @@ class BiEncoder(nn.Module):
         self.config = cfg
         self.tokenizer = tokenizer
         self.vocabularies = vocabularies
+        self.calibration: AspectCalibration | None = None  # temperatures of the aspect confidences (`explain`)
         if not cfg.has_backbone and dssm_embeddings is None and cfg.backbone.name_or_path and backbone_paths is None:
             dssm_embeddings = build_backbone(cfg.backbone).get_input_embeddings().weight.detach()
         self.query_tower = self._tower("query", backbone_paths, dssm_embeddings)
@@ -332,6 +335,10 @@ class BiEncoder(nn.Module):
             (path / FIELD_ATTENTION_FILE).write_text(json.dumps({"scorer": self.field_attention.scorer}))
         else:
             (path / FIELD_ATTENTION_FILE).unlink(missing_ok=True)
+        if self.calibration is not None:
+            self.calibration.save(path)
+        else:
+            (path / CALIBRATION_FILE).unlink(missing_ok=True)
         return path
 
     @classmethod
@@ -356,6 +363,7 @@ class BiEncoder(nn.Module):
         missing = [k for k in missing if ".backbone." not in k]
         if missing or unexpected:
             raise ValueError(f"{path / HEADS_FILE}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+        model.calibration = AspectCalibration.load(path)
         return model
 
 

@@ -329,6 +329,11 @@ def test_a_stopped_run_resumes_and_the_curve_only_observes(runs, user_config):
     assert all((run / f"seed{s}" / row / "model").is_dir() for s in SEEDS for row in TRAINED), (
         "bench.save_models"
     )
+    # a saved aspect model carries its dev-fitted confidence temperatures (what `/explain` reads); BiBERT has none
+    assert all((run / f"seed{s}" / "madral_pw" / "model" / "aspect_calibration.json").is_file() for s in SEEDS)
+    assert not any((run / f"seed{s}" / "bibert" / "model" / "aspect_calibration.json").exists() for s in SEEDS)
+    fitted = info["madral_pw@1"]["calibration"]
+    assert fitted and all(r["nll_after"] <= r["nll_before"] and r["temperature"] > 0 for r in fitted.values())
     curves = {k: [(p["stage"], p["step"]) for p in v["curve"]] for k, v in info.items()}
     assert curves["madral_pw@1"] == curves["madral_pw@0"] and len(curves["madral_pw@0"]) == 5, curves
     assert curves["bibert@1"] == [("start", 0), ("finetune", 2), ("finetune", 4)] and curves["bibert@0"] == []

@@ -1,4 +1,5 @@
-"""One experiment, in process: data -> tokenizer -> aspect vocabularies -> model -> pretrain -> fine-tune -> eval.
+"""One experiment, in process: data -> tokenizer -> aspect vocabularies -> model -> pretrain -> fine-tune -> eval
+-> (aspect models) the confidences' temperatures fitted on the dev split (`madr.recipes.aspects.calibration`).
 
 This is the single-process form of the pipeline; the Ray jobs in `pipelines/` run the same steps
 distributed. Everything it writes goes under `cfg.output_dir`.
@@ -23,8 +24,9 @@ from madr.data.synthetic.catalog import generate_catalog
 from madr.layout import RunLayout, prepared_catalog
 from madr.modeling.aspect_vocabulary import AspectVocabularies, build_vocabularies
 from madr.modeling.backbone import resolve_backbone_path
-from madr.modeling.model import BiEncoder, build_model
+from madr.modeling.model import BiEncoder, build_model, objective_keys
 from madr.modeling.tokenization import load_tokenizer, train_wordpiece_tokenizer
+from madr.recipes.aspects.calibration import calibrate, dev_texts
 from madr.recipes.aspects.evaluation import evaluate_model
 from madr.training.loop import catalog_sampler, stage_runs, train_stage
 
@@ -99,6 +101,20 @@ def prepare_vocabularies(cfg: ExperimentConfig, catalog: Catalog,
                               tokenize=tokenizer.tokenize, min_freq=cfg.model.vocab_min_freq)
 
 
+def calibrate_on_dev(model: BiEncoder, catalog: Catalog) -> dict:
+    """Fit `model.calibration` on the dev split when the model predicts aspect values and the catalog has dev
+    queries with annotations; returns the calibration report ({} when there was nothing to fit)."""
+    if model.vocabularies is None or not objective_keys(model.config) or not any(catalog.queries_in("dev")):
+        return {}
+    texts, annotations = dev_texts(catalog, "dev")
+    try:
+        model.calibration, report = calibrate(model, texts, annotations, "dev split")
+    except ValueError as err:  # no dev item has an annotation in the vocabularies
+        log.warning("no aspect calibration: %s", err)
+        return {}
+    return report
+
+
 def run_experiment(cfg: ExperimentConfig, progress: bool = True) -> ExperimentResult:
     start = time.perf_counter()
     torch.manual_seed(cfg.train.seed)
@@ -116,9 +132,10 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True) -> ExperimentRe
         if stage_runs(kind, stage, cfg.model):
             history[kind] = train_stage(model, sampler, stage, kind, seed=cfg.train.seed, progress=progress)
     after = evaluate_model(model, catalog, cfg.eval)
+    calibration = calibrate_on_dev(model, catalog)
     model_dir = model.save(out_dir / "model")
     result = ExperimentResult(before, after, history, str(model_dir), time.perf_counter() - start)
-    (out_dir / "metrics.json").write_text(json.dumps({"before": before, "after": after,
+    (out_dir / "metrics.json").write_text(json.dumps({"before": before, "after": after, "calibration": calibration,
                                                       "seconds": result.seconds}, indent=2))
     (out_dir / "history.json").write_text(json.dumps(history))
     return result
