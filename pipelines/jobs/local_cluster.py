@@ -34,6 +34,7 @@ class LocalCluster:
     temp_dir: str
     token_file: str
     log_file: str
+    owns_temp_dir: bool = False  # `start` made temp_dir (no --temp-dir given): `stop` removes it
 
     @property
     def address(self) -> str:
@@ -75,9 +76,9 @@ def free_port() -> int:
 
 def start(num_cpus: int | None = None, num_gpus: int | None = None, temp_dir: str | None = None,
           object_store_memory: int | None = None, timeout_s: float = 180.0) -> LocalCluster:
-    """Start the head and wait until its dashboard answers an authenticated request."""
-    temp = Path(temp_dir or tempfile.mkdtemp(prefix="madr-ray-"))
-    temp.mkdir(parents=True, exist_ok=True)
+    """Start the head and wait until its dashboard answers an authenticated request. Without `temp_dir` the
+    head's session files (logs, sockets, the token) go to a new /tmp/madr-ray-* directory that `stop` removes."""
+    temp, owned = head_temp_dir(temp_dir)
     token_file = temp / "auth_token"
     token_file.unlink(missing_ok=True)  # a fresh token per start (a reused --temp-dir keeps the old file)
     write_secret(token_file, secrets.token_hex(24))
@@ -96,13 +97,22 @@ def start(num_cpus: int | None = None, num_gpus: int | None = None, temp_dir: st
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, env=cluster_env(str(token_file)), stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    cluster = LocalCluster(proc.pid, gcs, dash, str(temp), str(token_file), str(log))
+    cluster = LocalCluster(proc.pid, gcs, dash, str(temp), str(token_file), str(log), owned)
     try:
         _wait_ready(cluster, proc, timeout_s)
     except BaseException:
         stop(cluster)
         raise
     return cluster
+
+
+def head_temp_dir(temp_dir: str | None) -> tuple[Path, bool]:
+    """(the head's --temp-dir, whether this start created it and so owns it)."""
+    if temp_dir is None:
+        return Path(tempfile.mkdtemp(prefix="madr-ray-")), True
+    path = Path(temp_dir)
+    path.mkdir(parents=True, exist_ok=True)
+    return path, False
 
 
 def write_secret(path: str | Path, text: str) -> None:
@@ -132,7 +142,16 @@ def cluster_env(token_file: str) -> dict[str, str]:
 
 
 def stop(cluster: LocalCluster, timeout_s: float = 60.0) -> None:
-    """SIGTERM `ray start --block` (it stops its own processes), then SIGKILL its process group if needed."""
+    """SIGTERM `ray start --block` (it stops its own processes), then SIGKILL its process group if needed; then
+    remove the head's temp dir when `start` created it (a --temp-dir given by the caller is kept)."""
+    try:
+        _terminate(cluster, timeout_s)
+    finally:
+        if cluster.owns_temp_dir and not cluster.alive():
+            shutil.rmtree(cluster.temp_dir, ignore_errors=True)
+
+
+def _terminate(cluster: LocalCluster, timeout_s: float) -> None:
     try:
         os.kill(cluster.pid, signal.SIGTERM)
     except ProcessLookupError:

@@ -390,3 +390,26 @@ def test_local_cluster_stops_without_waiting_for_a_drain(tmp_path, monkeypatch):
     assert env["RAY_AUTH_TOKEN_PATH"] == str(tmp_path / "token") and env["RAY_AUTH_MODE"] == "token"
     monkeypatch.setenv("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "12")
     assert cluster_env(str(tmp_path / "token"))["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "12"
+
+
+def test_local_cluster_removes_the_temp_dir_it_made_and_keeps_a_given_one(tmp_path, monkeypatch):
+    """`start` without --temp-dir makes a /tmp/madr-ray-* directory that `stop` removes once the head is gone (every
+    start used to leave one behind); a directory the caller named is the caller's, and stays."""
+    import subprocess
+
+    from pipelines.jobs.local_cluster import LocalCluster, head_temp_dir, stop
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    made, owned = head_temp_dir(None)
+    given, given_owned = head_temp_dir(str(tmp_path / "mine"))
+    assert owned and made.parent == tmp_path and made.name.startswith("madr-ray-")
+    assert not given_owned and given.is_dir()
+    for path, own in ((made, owned), (given, given_owned)):
+        (path / "session_latest").mkdir()
+        head = subprocess.Popen(["sleep", "30"], start_new_session=True)  # stands in for `ray start --block`
+        cluster = LocalCluster(head.pid, 1, 2, str(path), str(path / "auth_token"), str(path / "log"), own)
+        stop(cluster, timeout_s=5)
+        head.wait(timeout=5)
+        assert not cluster.alive() and path.exists() != own
+    old = {"pid": 1, "gcs_port": 1, "dashboard_port": 2, "temp_dir": "t", "token_file": "k", "log_file": "l"}
+    assert not LocalCluster(**old).owns_temp_dir  # a state file written before the field: nothing is removed
