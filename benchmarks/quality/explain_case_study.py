@@ -81,6 +81,19 @@ def build_served_index(model_dir: Path, products: list[Product], out: Path) -> P
                             model_dir=str(model_dir.resolve()), docs=docs_table(products, ids)))
 
 
+def calibration_line(model_dir: Path) -> str:
+    """What the confidences are: softmax over the value vocabulary, or calibrated with the model's temperatures."""
+    from madr.modeling.calibration import AspectCalibration
+
+    cal = AspectCalibration.load(model_dir)
+    if cal is None:
+        return "Confidences: the softmax over each aspect's value vocabulary (the model has no calibration)."
+    temps = "; ".join(f"{side} " + ", ".join(f"{k} {t:.3f}" for k, t in per.items())
+                      for side, per in cal.temperatures.items())
+    return (f"Confidences: calibrated by temperature scaling (`python -m pipelines.calibrate`; fitted on "
+            f"{cal.fitted_on}): T = {temps}.")
+
+
 def _fmt_side(rows: list[dict]) -> dict[str, str]:
     """component -> "value (confidence) / presence / weight" cells."""
     out = {}
@@ -138,7 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     products = corpus_for(catalog, queries, args.corpus, args.seed)
     lines = [f"Model: `{args.model_dir}`; {len(products):,} indexed products (the queries' judged ones + a "
              f"seeded sample); answers from `POST /search` and `POST /explain` of the Ray Serve app. Query and "
-             f"product texts are quoted from `{args.catalog}`'s source data under its licence.", ""]
+             f"product texts are quoted from `{args.catalog}`'s source data under its licence.", "",
+             calibration_line(args.model_dir), ""]
     with tempfile.TemporaryDirectory() as tmp:
         manifest = build_served_index(args.model_dir, products, Path(tmp) / "index")
         small = DeploymentSettings(num_cpus=0.5)  # all three fit a 2-CPU machine
