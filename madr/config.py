@@ -25,7 +25,7 @@ MODEL_NAMES = ("bibert", "mpbert", "mtbert", "dssm", "madr", "madral", "mur", "m
 FUSIONS = ("weighted_sum", "presence", "cls_gating")
 GROUPINGS = ("single", "granularity", "aspect")
 LR_SCHEDULES = ("linear", "cosine", "constant")
-NEGATIVE_SOURCES = ("judged", "mined")
+NEGATIVE_SOURCES = ("judged", "mined", "index")
 
 
 @dataclass
@@ -210,7 +210,8 @@ class StageConfig:
     negatives: str = "judged"         # finetune: where the hard negative comes from: "judged" (a lower-judged product
                                       # of the query, else a random one; paper 001 Sec. 5.3.2) or "mined" (BM25's
                                       # top `mined_depth` for the query minus its relevant products; DPR Sec. 3.2,
-                                      # madr.training.negatives)
+                                      # madr.training.negatives) or "index" (the mine stage's output: the trained
+                                      # model's own index, <output_dir>/mine/negatives.parquet; a second round)
     mined_depth: int = 30
     mlm_probability: float = 0.15
     mlm_weight: float = 1.0           # pretrain: weight of L_MLM; 0 = aspect losses only (no masking, no vocabulary

@@ -13,6 +13,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from tqdm.auto import tqdm
@@ -23,7 +24,13 @@ from madr.data.schema import Catalog
 from madr.losses import PointwiseCELoss
 from madr.modeling.batching import TextBatch, make_batch, model_device
 from madr.modeling.model import BiEncoder
-from madr.training.negatives import MinedNegatives, check_mined, hard_negative, mine_negatives
+from madr.training.negatives import (
+    MinedNegatives,
+    check_mined,
+    hard_negative,
+    mine_negatives,
+    read_index_negatives,
+)
 from madr.training.objectives import LossParts, finetune_loss, pretrain_loss
 
 Schedule = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
@@ -181,12 +188,25 @@ class CatalogSampler:
         return out
 
 
-def catalog_sampler(catalog: Catalog, stage: StageConfig, tokenizer, seed: int, split: str = "train"
-                    ) -> CatalogSampler:
-    """The sampler of a fine-tuning `stage`: with `stage.negatives == "mined"`, its hard negatives are BM25's top
-    `stage.mined_depth` for each query on `tokenizer`'s lower-cased word pieces (`mine_negatives`)."""
-    mined = mine_negatives(catalog, split, tokenizer, stage.mined_depth) if stage.negatives == "mined" else None
-    return CatalogSampler(catalog, split, seed=seed, mined=mined)
+def stage_negatives(catalog: Catalog, stage: StageConfig, tokenizer, split: str = "train",
+                    index_negatives: str | Path | None = None) -> MinedNegatives | None:
+    """The hard negatives `stage.negatives` asks for: BM25's top `stage.mined_depth` per query on `tokenizer`'s
+    lower-cased word pieces ("mined", `mine_negatives`), the mine stage's file `index_negatives` ("index",
+    `read_index_negatives`), or None ("judged": the sampler's judged / random ones)."""
+    if stage.negatives == "mined":
+        return mine_negatives(catalog, split, tokenizer, stage.mined_depth)
+    if stage.negatives == "index":
+        if index_negatives is None:
+            raise ValueError("train.finetune.negatives: index needs the mine stage's output file")
+        return read_index_negatives(index_negatives)
+    return None
+
+
+def catalog_sampler(catalog: Catalog, stage: StageConfig, tokenizer, seed: int, split: str = "train",
+                    index_negatives: str | Path | None = None) -> CatalogSampler:
+    """The sampler of a fine-tuning `stage`, its hard negatives those of `stage_negatives`."""
+    return CatalogSampler(catalog, split, seed=seed,
+                          mined=stage_negatives(catalog, stage, tokenizer, split, index_negatives))
 
 
 def pretrain_batches(model: BiEncoder, sampler: CatalogSampler, size: int) -> tuple[TextBatch, TextBatch]:

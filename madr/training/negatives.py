@@ -1,4 +1,5 @@
-"""Hard negatives mined with BM25 for fine-tuning (`train.finetune.negatives: mined`).
+"""Hard negatives for fine-tuning: mined with BM25 (`train.finetune.negatives: mined`) or read from the mine
+stage's search of the model's own index (`negatives: index`, `read_index_negatives`).
 
 Paper 001 Sec. 5.3.2 trains with "a hard negative sample for each query besides in-batch negatives"; the default
 (`negatives: judged`) takes a lower-judged product of the query, else a random one, which is an easy negative
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from madr.data.schema import Catalog
@@ -73,6 +75,35 @@ def hard_negative(
     if judged:
         return rng.choice(judged)
     return rng.choice(product_ids), 0
+
+
+def read_index_negatives(path: str | Path) -> dict[str, list[str]]:
+    """Query id -> product ids (best rank first) of the mine stage's output (`pipelines/mine`: the index's results
+    for each training query at ranks rank_min..rank_max, minus its positives; the ANCE-style second round: negatives
+    the trained model itself ranks high). Reads `query_id` and `negative_keys` (the products' `doc_key`, which
+    the pipeline sets to product_id). Errors name the file, the row and the field."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no mined negatives; `negatives: index` reads the mine stage's output: run "
+                                f"the pipeline's encode and mine stages first (python -m pipelines.jobs pipeline "
+                                f"--stages encode,mine), or use `negatives: mined` (BM25)")
+    table = pq.read_table(path)
+    missing = [c for c in ("query_id", "negative_keys") if c not in table.column_names]
+    if missing:
+        raise ValueError(f"{path}: no column {missing[0]!r} (has {table.column_names}); the mine stage writes it "
+                         f"when its doc_key is set")
+    out: dict[str, list[str]] = {}
+    for row, (qid, keys) in enumerate(zip(table.column("query_id").to_pylist(),
+                                          table.column("negative_keys").to_pylist(), strict=True)):
+        if not isinstance(qid, str) or not qid:
+            raise ValueError(f"{path}: row {row}: field 'query_id' is {qid!r}, not a query id")
+        if keys is None or any(not isinstance(k, str) for k in keys):
+            raise ValueError(f"{path}: row {row} (query {qid!r}): field 'negative_keys' must be a list of product "
+                             f"ids, got {keys!r}")
+        out[qid] = list(keys)
+    return out
 
 
 def check_mined(mined: MinedNegatives, known: set[str]) -> None:

@@ -7,7 +7,8 @@ with ``rank_min <= rank <= rank_max`` that are not positives of the query; ``num
 drawn uniformly without replacement with a generator seeded by (``seed``, the query id), so the choice
 does not depend on batching or on the number of actors. Queries with fewer candidates keep all of them.
 
-Output (Parquet, one row per query that has a positive), read by the fine-tuning stage:
+Output (Parquet, one row per query that has a positive), read by fine-tuning with ``train.finetune.negatives:
+index`` (``madr.training.negatives.read_index_negatives``: ``query_id`` and ``negative_keys``):
 
 | column | type | meaning |
 |---|---|---|

@@ -28,10 +28,12 @@ from typing import Any
 import torch
 
 from madr.config import ExperimentConfig, config_hash
+from madr.index.manifest import sha256_file
+from madr.layout import RunLayout
 from madr.modeling.model import build_model
 from madr.recipes.aspects.experiment import catalog_dir as catalog_dir_of
 from madr.recipes.aspects.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies
-from madr.training.negatives import mine_negatives
+from madr.training.loop import stage_negatives
 from pipelines.runtime import exit_on_sigterm, start_reaper
 from pipelines.train.config import distributed_config
 from pipelines.train.examples import ROWS, finetune_rows, write_examples
@@ -91,12 +93,21 @@ def _starting_model(cfg: ExperimentConfig, kind: str, catalog: Any, out: Path) -
 
 def _example_rows(cfg: ExperimentConfig, kind: str, catalog: Any):
     """The stage's training rows (`pipelines.train.examples.ROWS`); fine-tuning with `negatives: mined` mines its
-    hard negatives with BM25 on the model's tokenizer first, as the in-process loop does."""
+    hard negatives with BM25 on the model's tokenizer first, with `negatives: index` reads the mine stage's output
+    (`<output_dir>/mine/negatives.parquet`), as the in-process loop does (`madr.training.loop.stage_negatives`)."""
     stage = cfg.train.finetune
-    if kind == "finetune" and stage.negatives == "mined":
-        mined = mine_negatives(catalog, "train", prepare_tokenizer(cfg, catalog), stage.mined_depth)
+    if kind == "finetune" and stage.negatives != "judged":
+        mined = stage_negatives(catalog, stage, prepare_tokenizer(cfg, catalog), "train", RunLayout.of(cfg).negatives)
         return finetune_rows(catalog, cfg.train.seed, mined=mined)
     return ROWS[kind](catalog, cfg.train.seed)
+
+
+def _negatives_key(cfg: ExperimentConfig) -> list:
+    """What the fine-tuning rows' hard negatives depend on: their source and depth, and for `negatives: index` the
+    mine stage's file content (a new mining round writes new rows)."""
+    stage, path = cfg.train.finetune, RunLayout.of(cfg).negatives
+    digest = sha256_file(path) if stage.negatives == "index" and path.is_file() else None
+    return [stage.negatives, stage.mined_depth, *([digest] if digest else [])]
 
 
 def prepare_stage(cfg: ExperimentConfig, kind: str) -> JobSpec:
@@ -123,7 +134,7 @@ def prepare_stage(cfg: ExperimentConfig, kind: str) -> JobSpec:
     else:
         spec.init_model = _starting_model(cfg, kind, catalog, out)
     fingerprint = config_hash({"data": asdict(cfg.data), "seed": cfg.train.seed, "kind": kind,
-                               **({"negatives": [stage.negatives, stage.mined_depth]} if kind == "finetune" else {})})
+                               **({"negatives": _negatives_key(cfg)} if kind == "finetune" else {})})
     write_examples(kind, _example_rows(cfg, kind, catalog), out / "examples", fingerprint=fingerprint)
     return spec
 

@@ -9,11 +9,15 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from madr.config import StageConfig
 from madr.modeling.model import BiEncoder
+from madr.training.loop import catalog_sampler, stage_negatives
+from madr.training.negatives import read_index_negatives
 from madr.search.sharded import ShardedIndex
 from pipelines.encode.job import run_encode
 from pipelines.evaluate.searcher import SearchSpec, search_texts
 from pipelines.mine.job import MineConfig, run_mine, sample_negatives
+from pipelines.train.examples import finetune_rows
 from tests.pipelines.test_encode import encode_config, make_corpus, make_model
 
 
@@ -32,14 +36,22 @@ def setup(tmp_path_factory, tokenizer):
     return base, catalog, table
 
 
-@pytest.mark.ray
-def test_mining_job(ray_local, setup):
-    base, catalog, table = setup
+@pytest.fixture(scope="module")
+def mined(ray_local, setup):
+    """(config, output path) of one mining run over the setup's index."""
+    base, _, _ = setup
     cfg = MineConfig(queries=str(base / "queries.parquet"), positives=str(base / "positives.parquet"),
                      run=SearchSpec(index=str(base / "index")), output=str(base / "neg.parquet"),
                      doc_key="product_id", min_relevance=2, rank_min=3, rank_max=40, num_negatives=5, seed=1,
                      text_column="title", batch_size=8)
-    out = pq.read_table(run_mine(cfg, log=lambda _: None)).to_pylist()
+    return cfg, run_mine(cfg, log=lambda _: None)
+
+
+@pytest.mark.ray
+def test_mining_job(mined, setup):
+    base, catalog, table = setup
+    cfg, path = mined
+    out = pq.read_table(path).to_pylist()
     id_of = dict(zip(table.column("product_id").to_pylist(), table.column("doc_id").to_pylist(), strict=True))
     title_of = dict(zip(table.column("doc_id").to_pylist(), table.column("title").to_pylist(), strict=True))
     positives: dict[str, set[int]] = {}
@@ -70,6 +82,31 @@ def test_mining_job(ray_local, setup):
         assert neg.tolist() == exp.tolist()  # the seeded per-query sample, whatever the batching
         assert r["negative_keys"] == [table.column("product_id")[(n - 5) // 7].as_py() for n in neg]
         assert r["negative_texts"] == [title_of[n] for n in neg]
+
+
+@pytest.mark.ray
+def test_finetuning_reads_the_mined_file(mined, setup, tokenizer):
+    """`train.finetune.negatives: index`: the fine-tuning sampler's hard negatives are the mine stage's negatives
+    of each query (by product id), in the in-process loop as in the Ray job's rows."""
+    _, catalog, _ = setup
+    _, path = mined
+    rows = pq.read_table(path).to_pylist()
+    negatives = read_index_negatives(path)
+    assert negatives == {r["query_id"]: r["negative_keys"] for r in rows} and any(negatives.values())
+    stage = StageConfig(negatives="index")
+    sampler = catalog_sampler(catalog, stage, tokenizer, seed=0, index_negatives=path)
+    by_text = {q.text: q.query_id for q in catalog.queries}
+    drawn = [ex for _ in range(20) for ex in sampler.finetune_batch(8) if negatives.get(by_text[ex.query])]
+    assert drawn, "no sampled query has mined negatives"
+    for ex in drawn:
+        texts = {catalog.product_text(sampler.by_id[p]) for p in negatives[by_text[ex.query]]}
+        assert ex.negative in texts and ex.negative_relevance == 0.0
+    ray_rows = [r for r in finetune_rows(catalog, 0, mined=stage_negatives(catalog, stage, tokenizer, "train", path))
+                if negatives.get(by_text[r["query"]])]
+    assert ray_rows, "no Ray fine-tuning row has a query with mined negatives"
+    for r in ray_rows:
+        texts = {catalog.product_text(sampler.by_id[p]) for p in negatives[by_text[r["query"]]]}
+        assert r["negative"] in texts and r["negative_relevance"] == 0.0
 
 
 def test_sample_negatives_rank_range_and_determinism():

@@ -209,3 +209,21 @@ def test_distributed_section_is_checked_by_the_train_job():
                                               "distributed.fail_at_step": 2}))
     # no failure drill: one worker is a valid run whatever fail_rank's default (it used to be refused)
     assert distributed_config(load_config(None, {"distributed.num_workers": 1})).num_workers == 1
+
+
+def test_finetune_rows_follow_a_new_mining_round(tmp_path):
+    """With `negatives: index` the fine-tuning rows' fingerprint holds the mine stage's file content: a new mining
+    round writes new rows; the other sources keep their old fingerprint (no re-write of existing runs)."""
+    from madr.config import ExperimentConfig
+    from madr.layout import RunLayout
+    from pipelines.train.job import _negatives_key
+
+    cfg = ExperimentConfig(output_dir=str(tmp_path))
+    assert _negatives_key(cfg) == ["judged", 30]
+    cfg.train.finetune.negatives = "index"
+    path = RunLayout.of(cfg).negatives
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"round 1")
+    first = _negatives_key(cfg)
+    path.write_bytes(b"round 2")
+    assert first != _negatives_key(cfg) and first[:2] == ["index", 30]

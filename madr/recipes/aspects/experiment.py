@@ -126,7 +126,8 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True) -> ExperimentRe
     vocab = prepare_vocabularies(cfg, catalog, tokenizer)
     model: BiEncoder = build_model(cfg.model, tokenizer, vocab)
     before = evaluate_model(model, catalog, cfg.eval)
-    sampler = catalog_sampler(catalog, cfg.train.finetune, tokenizer, cfg.train.seed)
+    sampler = catalog_sampler(catalog, cfg.train.finetune, tokenizer, cfg.train.seed,
+                              index_negatives=RunLayout.of(cfg).negatives)
     history = {}
     for kind, stage in (("pretrain", cfg.train.pretrain), ("finetune", cfg.train.finetune)):
         if stage_runs(kind, stage, cfg.model):

@@ -82,3 +82,30 @@ def test_bad_negative_settings_are_refused(catalog):
         StageConfig(mined_depth=-1)
     with pytest.raises(ValueError, match="not in the catalog"):
         CatalogSampler(catalog, mined={catalog.queries[0].query_id: ["no-such-product"]})
+
+
+def test_index_negatives_file_errors_name_the_file_row_and_field(tmp_path, catalog, tokenizer):
+    """`negatives: index` reads the mine stage's Parquet; a missing file says which stage writes it, a bad row
+    names its row and field, and a file that names unknown products is refused."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from madr.training.negatives import read_index_negatives
+
+    stage = StageConfig(negatives="index")
+    with pytest.raises(FileNotFoundError, match="mine stage"):
+        catalog_sampler(catalog, stage, tokenizer, seed=0, index_negatives=tmp_path / "none.parquet")
+    with pytest.raises(ValueError, match="needs the mine stage's output"):
+        catalog_sampler(catalog, stage, tokenizer, seed=0)
+    bad = tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"query_id": ["a", "b"], "negative_ids": [[1], [2]]}), bad)
+    with pytest.raises(ValueError, match=r"bad.parquet: no column 'negative_keys'"):
+        read_index_negatives(bad)
+    pq.write_table(pa.table({"query_id": ["a", "b"], "negative_keys": [["p1"], None]}), bad)
+    with pytest.raises(ValueError, match=r"bad.parquet: row 1 \(query 'b'\): field 'negative_keys'"):
+        read_index_negatives(bad)
+    other = tmp_path / "other.parquet"
+    q = catalog.queries_in("train")[0].query_id
+    pq.write_table(pa.table({"query_id": [q], "negative_keys": [["not-a-product"]]}), other)
+    with pytest.raises(ValueError, match="mined on another catalog"):
+        catalog_sampler(catalog, stage, tokenizer, seed=0, index_negatives=other)
