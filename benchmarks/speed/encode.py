@@ -15,6 +15,8 @@ subprocess on the same ``--threads`` CPUs:
 - ``ray_bf16`` / ``st_bf16``: the job with ``encode.dtype: bfloat16`` and sentence-transformers ``encode`` under
              the same ``torch.autocast("cpu", bfloat16)`` (CPUs with AVX512-BF16 / AMX run the matmuls in bf16;
              vectors within ~1e-5 cosine of fp32's).
+- ``ray_actors`` / ``ray_actors_bf16``: the job with ``encode.executor: actors`` (plain Ray actors that read,
+             tokenise and encode whole pieces; no Ray Data executor), in fp32 / bf16.
 - ``torch``: a plain single-process loop: ``BiEncoder.encode_texts`` in batches of 128 (tokenising
              included) + the same FAISS add and write.
 
@@ -226,7 +228,8 @@ def child_st(corpus: Path, model_dir: Path, out: Path, threads: int, dtype: str 
 
 
 def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: int = 4,
-              max_docs_per_shard: int | None = None, staged: bool = False, dtype: str = "auto", **_) -> dict:
+              max_docs_per_shard: int | None = None, staged: bool = False, dtype: str = "auto",
+              executor: str = "ray_data", **_) -> dict:
     from pipelines.encode import trace
 
     trace_path = out.parent / f".{out.name}.trace"
@@ -246,11 +249,13 @@ def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: in
                        max_docs_per_shard=max_docs_per_shard, index_factory="Flat", store_docs=False,
                        rows_per_read=1024, batch_size=128, tokenize_actors=1, tokenize_cpus=0.5,
                        encode_actors=threads, encode_cpus=0.75, torch_threads=1, overwrite=True,
-                       tokenize_in_encoder=not staged, min_encode_actors=1 if staged else None, dtype=dtype)
-    from pipelines.encode.executors import RayExecutor
+                       tokenize_in_encoder=not staged, min_encode_actors=1 if staged else None, dtype=dtype,
+                       executor=executor)
+    from pipelines.encode.executors import EXECUTOR_CLASSES
 
     arrivals: list[tuple[float, int]] = []  # (time, rows) of every encoded piece the driver sees
-    stream = RayExecutor.stream
+    chosen = EXECUTOR_CLASSES[executor]
+    stream = chosen.stream
     stream_start: list[float] = []
 
     def timed_stream(self, pieces, run):  # instrumentation only: the job's own stream, timestamped
@@ -259,7 +264,7 @@ def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: in
             arrivals.append((time.perf_counter(), sum(batch.column("rows").to_pylist())))
             yield batch
 
-    RayExecutor.stream = timed_stream
+    chosen.stream = timed_stream
     start, wall_start = time.perf_counter(), time.time()
     run_encode(cfg, log=lambda _: None)
     seconds = time.perf_counter() - start
@@ -309,8 +314,17 @@ def child_st_bf16(*args, **kw) -> dict:
     return child_st(*args, **kw, dtype="bfloat16")
 
 
+def child_ray_actors(*args, **kw) -> dict:
+    return child_ray(*args, **kw, executor="actors")
+
+
+def child_ray_actors_bf16(*args, **kw) -> dict:
+    return child_ray(*args, **kw, executor="actors", dtype="bfloat16")
+
+
 CHILDREN = {"torch": child_torch, "st": child_st, "ray": child_ray, "ray_staged": child_ray_staged,
-            "ray_bf16": child_ray_bf16, "st_bf16": child_st_bf16}
+            "ray_bf16": child_ray_bf16, "st_bf16": child_st_bf16, "ray_actors": child_ray_actors,
+            "ray_actors_bf16": child_ray_actors_bf16}
 
 
 def run_child(method: str, corpus: Path, model_dir: Path, out: Path, args: argparse.Namespace) -> dict:
@@ -334,7 +348,7 @@ def report(rows: list[dict], sizes: list[int], methods: list[str]) -> None:
     print("\nratios (ray / peer docs/s) and memory growth (largest / smallest corpus):")
     for n in sizes:
         by = {r["method"]: r for r in rows if r["docs"] == n}
-        for job in (m for m in ("ray", "ray_bf16") if m in by):
+        for job in (m for m in ("ray", "ray_bf16", "ray_actors", "ray_actors_bf16") if m in by):
             steady = by[job].get("steady_docs_per_s")
             print(f"  {n:>8} docs: " + ", ".join(
                 f"{job}/{m} {by[job]['docs_per_s'] / by[m]['docs_per_s']:.2f} end-to-end"

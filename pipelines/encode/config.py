@@ -12,6 +12,7 @@ from madr.config import IndexConfig
 DEVICES = ("auto", "cpu", "cuda")
 LEXICAL_KINDS = ("bm25",)  # madr.index.lexical.LEXICAL_KINDS (not imported: keeps this module light)
 DTYPES = ("auto", "float32", "float16", "bfloat16")
+EXECUTORS = ("ray_data", "actors")
 
 
 @dataclass
@@ -76,6 +77,9 @@ class EncodeConfig:
     # in a pool of their own (tokenize_actors x tokenize_cpus) in front of GPU encoders (which it keeps fed)
     tokenize_in_encoder: bool | None = None
     spread_actors: bool = False  # start every actor at once, SPREAD over nodes (see below)
+    # ray_data: the Ray Data stream (read tasks -> actor pools); actors: plain Ray actors that read, tokenise and
+    # encode whole pieces (no Ray Data executor to start: pipelines.encode.executors.ActorExecutor)
+    executor: str = "ray_data"
     tokenize_cpus: float = 0.5
     encode_cpus: float = 1.0
     io_cpus: float = 0.25  # read, write-part and shard-finalise tasks
@@ -90,6 +94,8 @@ class EncodeConfig:
             raise ValueError(f"encode.device: {self.device!r} is not one of {', '.join(DEVICES)}")
         if self.dtype not in DTYPES:
             raise ValueError(f"encode.dtype: {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"encode.executor: {self.executor!r} is not one of {', '.join(EXECUTORS)}")
         if self.format not in (None, "parquet", "jsonl"):
             raise ValueError(f"encode.format: {self.format!r} is not parquet or jsonl")
         if (self.num_shards is None) == (self.max_docs_per_shard is None):

@@ -1,7 +1,8 @@
 """Where the job's stream and tasks run: ``RayExecutor`` (Ray Data: read tasks -> ``TokenizeDocs`` actors ->
 ``EncodeDocs`` actors, GPU when present, writing part files, or read tasks -> ``TokenizeEncodeDocs`` actors on
-CPU; shard tasks as Ray tasks) and ``LocalExecutor`` (the same stages and tasks in this process). The encode
-actors all start at once (``min_encode_actors``)."""
+CPU; shard tasks as Ray tasks), ``ActorExecutor`` (``encode.executor: actors``: plain Ray actors that read,
+tokenise and encode whole pieces, without Ray Data's executor) and ``LocalExecutor`` (the same stages and tasks
+in this process). The encode actors all start at once (``min_encode_actors``)."""
 
 from __future__ import annotations
 
@@ -121,6 +122,56 @@ class RayExecutor:
         return self.ray.get(future)
 
 
+class PieceEncoder:
+    """One actor of ``ActorExecutor``: reads a piece, tokenises and encodes it (``TokenizeEncodeDocs``), writes its
+    part files and returns (shard, piece, rows), as the Ray Data stream's encode stage does."""
+
+    def __init__(self, columns: tuple[str, list[str], list[str]], tokenize: dict, encode: dict) -> None:
+        self.columns = columns
+        self.stage = TokenizeEncodeDocs(tokenize, encode)
+
+    def encode_piece(self, piece: Piece) -> pa.Table:
+        return self.stage(read_piece(piece, *self.columns))
+
+
+class ActorExecutor(RayExecutor):
+    """``RayExecutor`` with plain Ray actors in place of the Ray Data stream: ``encode_actors`` ``PieceEncoder``
+    actors (tokenising themselves, also on a GPU) start at once; each is kept `in_flight` pieces ahead, the next
+    piece going to whichever finishes; a dead actor restarts and its piece runs again (``max_restarts`` /
+    ``max_task_retries``). No Ray Data executor to start and no Ray Data import in the actors: the start-up
+    cut of issue 23. The pieces and their forward batches are those of the other executors, so are the files."""
+
+    in_flight = 2
+
+    def stream(self, pieces: list[Piece], run: str) -> Iterator[pa.Table]:
+        ray, cfg = self.ray, self.cfg
+        tokenize, encode = _stage_kwargs(cfg, self.gpu, run, self.expect)
+        columns = (cfg.id_column, cfg.text_columns, cfg.docs_columns if cfg.store_docs else [])
+        spread = {"scheduling_strategy": "SPREAD"} if cfg.spread_actors else {}
+        worker = ray.remote(PieceEncoder).options(num_cpus=0 if self.gpu else cfg.encode_cpus,
+                                                  num_gpus=1 if self.gpu else 0, max_restarts=2,
+                                                  max_task_retries=2, **spread)
+        actors = [worker.remote(columns, tokenize, encode) for _ in range(min(cfg.encode_actors, len(pieces)))]
+        todo, pending = iter(pieces), {}
+
+        def give(actor: Any) -> None:
+            piece = next(todo, None)
+            if piece is not None:
+                pending[actor.encode_piece.remote(piece)] = actor
+
+        try:
+            for _ in range(self.in_flight):
+                for actor in actors:
+                    give(actor)
+            while pending:
+                [done], _ = ray.wait(list(pending), num_returns=1)
+                give(pending.pop(done))
+                yield ray.get(done)
+        finally:
+            for actor in actors:
+                ray.kill(actor)
+
+
 class LocalExecutor:
     """The same stages and tasks in this process, one piece after the other (tests, tiny corpora, debugging);
     produces the same files as ``RayExecutor`` (one piece = one batch in both)."""
@@ -155,3 +206,6 @@ class LocalExecutor:
 @dataclass(eq=False)
 class _Done:
     value: Any
+
+
+EXECUTOR_CLASSES = {"ray_data": RayExecutor, "actors": ActorExecutor}  # encode.executor

@@ -182,6 +182,27 @@ def test_crash_resume_flat_hybrid_job(ray_local, corpus, models, tmp_path_factor
         ShardedIndex.open(out)
 
 
+@pytest.mark.ray
+def test_plain_actor_executor_equals_the_local_run(ray_local, corpus, models, tmp_path_factory):
+    """`encode.executor: actors` (plain Ray actors, no Ray Data stream): a crash after one shard, then the resume,
+    gives the files of an uninterrupted in-process run of the same plan, every id once; an unknown executor is
+    refused by name."""
+    _, table, root = corpus
+    out, ref = tmp_path_factory.mktemp("actors_index"), tmp_path_factory.mktemp("actors_local")
+    cfg = encode_config(root, out, models["hybrid"], num_shards=3, executor="actors", encode_actors=2,
+                        encode_cpus=0.5)
+    with pytest.raises(InjectedFailure):
+        run_encode(cfg, fail_after_shards=1, log=lambda _: None)
+    result = run_encode(cfg, log=lambda _: None)
+    assert len(result.shards_skipped) == 1 and sorted(result.shards_written + result.shards_skipped) == [0, 1, 2]
+    assert result.report["duplicates"] == [] and result.report["num_ids"] == N_DOCS
+    assert verify_index(cfg)["ok"]
+    run_encode(encode_config(root, ref, models["hybrid"], num_shards=3), local=True, log=lambda _: None)
+    assert [s.sha256 for s in Manifest.load(out).shards] == [s.sha256 for s in Manifest.load(ref).shards]
+    with pytest.raises(ValueError, match="encode.executor: 'dask' is not one of ray_data, actors"):
+        encode_config(root, out, models["hybrid"], num_shards=3, executor="dask")
+
+
 def _recall_at_10(index: ShardedIndex, q: np.ndarray, ids: np.ndarray, **kw) -> float:
     vecs = index.reconstruct(ids)  # Flat / IVF-Flat / HNSW store the vectors exactly
     _, exact = _topk(q.astype(np.float64) @ vecs.T.astype(np.float64), ids, 10)
