@@ -251,10 +251,10 @@ def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: in
                        encode_actors=threads, encode_cpus=0.75, torch_threads=1, overwrite=True,
                        tokenize_in_encoder=not staged, min_encode_actors=1 if staged else None, dtype=dtype,
                        executor=executor)
-    from pipelines.encode.executors import EXECUTOR_CLASSES
+    from pipelines.encode.executors import ActorExecutor, RayExecutor
 
     arrivals: list[tuple[float, int]] = []  # (time, rows) of every encoded piece the driver sees
-    chosen = EXECUTOR_CLASSES[executor]
+    chosen = ActorExecutor if executor == "actors" else RayExecutor
     stream = chosen.stream
     stream_start: list[float] = []
 

@@ -12,7 +12,7 @@ from madr.config import IndexConfig
 DEVICES = ("auto", "cpu", "cuda")
 LEXICAL_KINDS = ("bm25",)  # madr.index.lexical.LEXICAL_KINDS (not imported: keeps this module light)
 DTYPES = ("auto", "float32", "float16", "bfloat16")
-EXECUTORS = ("ray_data", "actors")
+EXECUTORS = ("auto", "ray_data", "actors")
 
 
 @dataclass
@@ -78,8 +78,9 @@ class EncodeConfig:
     tokenize_in_encoder: bool | None = None
     spread_actors: bool = False  # start every actor at once, SPREAD over nodes (see below)
     # ray_data: the Ray Data stream (read tasks -> actor pools); actors: plain Ray actors that read, tokenise and
-    # encode whole pieces (no Ray Data executor to start: pipelines.encode.executors.ActorExecutor)
-    executor: str = "ray_data"
+    # encode whole pieces (no Ray Data executor to start: pipelines.encode.executors.ActorExecutor); auto: actors
+    # when the encode actors tokenise themselves (CPU runs), ray_data when a tokenise pool feeds them (GPU runs)
+    executor: str = "auto"
     tokenize_cpus: float = 0.5
     encode_cpus: float = 1.0
     io_cpus: float = 0.25  # read, write-part and shard-finalise tasks

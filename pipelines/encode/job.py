@@ -52,7 +52,7 @@ from madr.index.manifest import MANIFEST_FILE, ShardInfo, atomic_write_text
 from madr.search.sparse.backend import SparseBackend
 from pipelines.encode.config import EncodeConfig
 from pipelines.encode.corpus import CorpusPlan, Piece, plan_corpus, read_piece
-from pipelines.encode.executors import EXECUTOR_CLASSES, LocalExecutor
+from pipelines.encode.executors import LocalExecutor, ray_executor
 from pipelines.encode.resume import (
     ModelInfo,
     clean_stale_parts,
@@ -204,7 +204,7 @@ def run_encode(cfg: EncodeConfig, fail_after_shards: int | None = None, log: Cal
                                  f"with it; re-run with overwrite to rebuild the index")
             sample = sample_pieces(plan, -(-cfg.train_size // plan.num_shards))
         expect = {"dim": info.dim, "vocab_size": info.vocab_size}  # what the manifest records: actors check it
-        executor = LocalExecutor(cfg, expect) if local else EXECUTOR_CLASSES[cfg.executor](cfg, expect)
+        executor = LocalExecutor(cfg, expect) if local else ray_executor(cfg, expect)
         fin = _Finalizer(cfg, plan, run, info, trained, sample, fail_after_shards, executor, log, lex_vocab)
         _stream(plan, pending, fin, log)
         done.update(fin.infos)

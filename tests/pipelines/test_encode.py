@@ -199,7 +199,7 @@ def test_plain_actor_executor_equals_the_local_run(ray_local, corpus, models, tm
     assert verify_index(cfg)["ok"]
     run_encode(encode_config(root, ref, models["hybrid"], num_shards=3), local=True, log=lambda _: None)
     assert [s.sha256 for s in Manifest.load(out).shards] == [s.sha256 for s in Manifest.load(ref).shards]
-    with pytest.raises(ValueError, match="encode.executor: 'dask' is not one of ray_data, actors"):
+    with pytest.raises(ValueError, match="encode.executor: 'dask' is not one of auto, ray_data, actors"):
         encode_config(root, out, models["hybrid"], num_shards=3, executor="dask")
 
 

@@ -11,9 +11,9 @@ import torch
 
 from madr.config import StageConfig
 from madr.modeling.model import BiEncoder
+from madr.search.sharded import ShardedIndex
 from madr.training.loop import catalog_sampler, stage_negatives
 from madr.training.negatives import read_index_negatives
-from madr.search.sharded import ShardedIndex
 from pipelines.encode.job import run_encode
 from pipelines.evaluate.searcher import SearchSpec, search_texts
 from pipelines.mine.job import MineConfig, run_mine, sample_negatives
