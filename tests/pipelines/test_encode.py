@@ -183,24 +183,24 @@ def test_crash_resume_flat_hybrid_job(ray_local, corpus, models, tmp_path_factor
 
 
 @pytest.mark.ray
-def test_plain_actor_executor_equals_the_local_run(ray_local, corpus, models, tmp_path_factory):
-    """`encode.executor: actors` (plain Ray actors, no Ray Data stream): a crash after one shard, then the resume,
-    gives the files of an uninterrupted in-process run of the same plan, every id once; an unknown executor is
-    refused by name."""
-    _, table, root = corpus
-    out, ref = tmp_path_factory.mktemp("actors_index"), tmp_path_factory.mktemp("actors_local")
-    cfg = encode_config(root, out, models["hybrid"], num_shards=3, executor="actors", encode_actors=2,
-                        encode_cpus=0.5)
-    with pytest.raises(InjectedFailure):
-        run_encode(cfg, fail_after_shards=1, log=lambda _: None)
-    result = run_encode(cfg, log=lambda _: None)
-    assert len(result.shards_skipped) == 1 and sorted(result.shards_written + result.shards_skipped) == [0, 1, 2]
-    assert result.report["duplicates"] == [] and result.report["num_ids"] == N_DOCS
-    assert verify_index(cfg)["ok"]
-    run_encode(encode_config(root, ref, models["hybrid"], num_shards=3), local=True, log=lambda _: None)
-    assert [s.sha256 for s in Manifest.load(out).shards] == [s.sha256 for s in Manifest.load(ref).shards]
+def test_ray_data_and_two_actor_executors_equal_the_local_run(ray_local, corpus, models, tmp_path_factory):
+    """`encode.executor`: the Ray Data stream with its fused tokenise + encode actors (no longer the CPU default) and
+    two plain actors taking pieces as they finish give the files of the in-process run (the crash-and-resume test
+    above runs the CPU default, `auto` = one plain actor); an unknown executor is refused by name."""
+    _, _, root = corpus
+    ref = tmp_path_factory.mktemp("executors_local")
+    run_encode(encode_config(root, ref, models["bibert"], num_shards=2, store_docs=False), local=True,
+               log=lambda _: None)
+    expected = [s.sha256 for s in Manifest.load(ref).shards]
+    for executor, actors in (("ray_data", 1), ("actors", 2)):
+        out = tmp_path_factory.mktemp(f"executor_{executor}")
+        cfg = encode_config(root, out, models["bibert"], num_shards=2, store_docs=False, executor=executor,
+                            encode_actors=actors, encode_cpus=1.0 / actors)
+        result = run_encode(cfg, log=lambda _: None)
+        assert result.report["duplicates"] == [] and result.report["num_ids"] == N_DOCS, executor
+        assert [s.sha256 for s in Manifest.load(out).shards] == expected, executor
     with pytest.raises(ValueError, match="encode.executor: 'dask' is not one of auto, ray_data, actors"):
-        encode_config(root, out, models["hybrid"], num_shards=3, executor="dask")
+        encode_config(root, ref, models["bibert"], num_shards=2, executor="dask")
 
 
 def _recall_at_10(index: ShardedIndex, q: np.ndarray, ids: np.ndarray, **kw) -> float:
