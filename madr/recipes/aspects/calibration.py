@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from madr.data.schema import Catalog
+from madr.modeling.batching import pad_labels
 from madr.modeling.calibration import (
     AspectCalibration,
     correct_top,
@@ -43,9 +44,7 @@ def phrase_logits(model: BiEncoder, texts: list[str], side: str, batch_size: int
 def value_labels(model: BiEncoder, aspect: str, annotations: Annotations) -> torch.Tensor:
     """[N, M] phrase value ids of each item's `aspect` annotations, padded with -1 (none: a row of -1)."""
     voc = model.vocabularies.get(aspect, "phrase")
-    ids = [voc.encode(a.get(aspect, [])) for a in annotations]
-    width = max([len(x) for x in ids] + [1])
-    return torch.tensor([x + [-1] * (width - len(x)) for x in ids], dtype=torch.long)
+    return pad_labels([voc.encode(a.get(aspect, [])) for a in annotations])
 
 
 def labelled_logits(model: BiEncoder, texts: dict[str, list[str]], annotations: dict[str, Annotations],
