@@ -78,7 +78,7 @@ from benchmarks.quality.fusion_lists import (
 )
 from benchmarks.quality.row_export import write_row
 from madr.config import ExperimentConfig, from_dict
-from madr.modeling.model import build_model, objective_keys
+from madr.modeling.model import build_model
 from madr.modeling.tokenization import load_tokenizer
 from madr.recipes.aspects.calibration import calibrate
 from madr.recipes.aspects.experiment import prepare_tokenizer, prepare_vocabularies, resolve_backbone_path
@@ -297,7 +297,7 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
 def calibrate_dev(model, dev: EvalSet) -> dict:
     """An aspect model's confidence temperatures fitted on the dev queries and corpus (`/explain` reads them from
     the saved model); returns the report, {} for a model without aspect predictions."""
-    if model.vocabularies is None or not objective_keys(model.config):
+    if not model.predicts_aspect_values:
         return {}
     model.calibration, report = calibrate(model, {"query": dev.query_texts, "doc": dev.doc_texts},
                                           {"query": dev.query_aspects, "doc": dev.doc_aspects},

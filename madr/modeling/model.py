@@ -173,6 +173,11 @@ class BiEncoder(nn.Module):
             for tower in self.towers():
                 tower.mlm_head.load_from_checkpoint(cfg.backbone.name_or_path)
 
+    @property
+    def predicts_aspect_values(self) -> bool:
+        """Whether the model scores aspect values (an aspect-learning objective and its vocabularies)."""
+        return self.vocabularies is not None and bool(objective_keys(self.config))
+
     # -- construction -------------------------------------------------------------------------
     def _tower(self, side: str, backbone_paths: dict[str, str] | None, dssm_embeddings: torch.Tensor | None) -> Tower:
         cfg = self.config

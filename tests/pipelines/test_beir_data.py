@@ -76,7 +76,9 @@ def test_data_stage_prepares_a_beir_directory_with_its_quarantine(ray_local, cat
 def test_homedepot_in_the_beir_layout_gives_the_catalog_paths_metrics(shared_data, ray_local, tokenizer, tmp_path):
     from madr.data.sources.homedepot import ASPECTS, homedepot_catalog
 
-    home = homedepot_catalog(shared_data / "product_search" / "homedepot_relevance_dev.parquet")
+    rows = pq.read_table(shared_data / "product_search" / "homedepot_relevance_dev.parquet").slice(0, 8000)
+    pq.write_table(rows, tmp_path / "homedepot.parquet")  # its first 8,000 judgments: 1/6 of the file, 2x faster
+    home = homedepot_catalog(tmp_path / "homedepot.parquet")
     home.write(tmp_path / "catalog")
     beir = write_beir(home, tmp_path / "beir")
     aspects = {"model.aspects": list(ASPECTS)}

@@ -21,24 +21,9 @@ from madr.modeling.calibration import (
     top_confidence,
 )
 from madr.modeling.model import BiEncoder, objective_keys
+from madr.recipes.aspects.evaluation import phrase_logits
 
 Annotations = list[dict[str, list[str]]]
-
-
-@torch.no_grad()
-def phrase_logits(model: BiEncoder, texts: list[str], side: str, batch_size: int = 128) -> dict[str, torch.Tensor]:
-    """{objective key: [N, V] logits} of the phrase-granularity value predictions of `texts`."""
-    keys = [k for k, _, g in objective_keys(model.config) if g == "phrase"]
-    was_training = model.training
-    model.eval()
-    parts: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
-    for i in range(0, len(texts), batch_size):
-        enc = model.tokenize(texts[i:i + batch_size], side)
-        out = model.encode(enc["input_ids"], enc["attention_mask"], side)
-        for k in keys:
-            parts[k].append(out.aspect_logits[k].float().cpu())
-    model.train(was_training)
-    return {k: torch.cat(v) if v else torch.empty(0, 0) for k, v in parts.items()}
 
 
 def value_labels(model: BiEncoder, aspect: str, annotations: Annotations) -> torch.Tensor:
@@ -51,7 +36,7 @@ def labelled_logits(model: BiEncoder, texts: dict[str, list[str]], annotations: 
                     batch_size: int = 128) -> dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]]:
     """{(side, objective key): (logits [N, V], labels [N, M])} over the items of `texts[side]` with an annotation of
     that aspect in the model's vocabularies. Raises when the model learns no aspects."""
-    if model.vocabularies is None or not objective_keys(model.config):
+    if not model.predicts_aspect_values:
         raise ValueError(f"model {model.config.name} predicts no aspect values to calibrate")
     aspect_of = {k: a for k, a, g in objective_keys(model.config) if g == "phrase"}
     out = {}

@@ -49,23 +49,31 @@ def evaluate_model(model: BiEncoder, catalog: Catalog, cfg: EvalConfig) -> dict[
 
 
 @torch.no_grad()
-def aspect_accuracy(model: BiEncoder, catalog: Catalog, texts: list[str], annotations: list[dict[str, list[str]]],
-                    side: str, batch_size: int = 128) -> dict[str, float]:
-    """Accuracy@1 per aspect at phrase granularity (only for models that learn aspects)."""
-    keys = [(k, a) for k, a, g in objective_keys(model.config) if g == "phrase"]
-    if not keys:
-        return {}
+def phrase_logits(model: BiEncoder, texts: list[str], side: str, batch_size: int = 128) -> dict[str, torch.Tensor]:
+    """{objective key: [N, V] logits} of the phrase-granularity value predictions of `texts` (Eq. 3's scores)."""
+    keys = [k for k, _, g in objective_keys(model.config) if g == "phrase"]
+    was_training = model.training
     model.eval()
-    preds: dict[str, list[int]] = {k: [] for k, _ in keys}
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in keys}
     for i in range(0, len(texts), batch_size):
         enc = model.tokenize(texts[i:i + batch_size], side)
         out = model.encode(enc["input_ids"], enc["attention_mask"], side)
-        for k, _ in keys:
-            preds[k].extend(out.aspect_logits[k].argmax(-1).tolist())
+        for k in keys:
+            parts[k].append(out.aspect_logits[k].float().cpu())
+    model.train(was_training)
+    return {k: torch.cat(v) if v else torch.empty(0, 0) for k, v in parts.items()}
+
+
+def aspect_accuracy(model: BiEncoder, catalog: Catalog, texts: list[str], annotations: list[dict[str, list[str]]],
+                    side: str, batch_size: int = 128) -> dict[str, float]:
+    """Accuracy@1 per aspect at phrase granularity (only for models that learn aspects)."""
+    aspect_of = {k: a for k, a, g in objective_keys(model.config) if g == "phrase"}
+    if not aspect_of:
+        return {}
     results = {}
-    for k, aspect in keys:
-        voc = model.vocabularies.get(aspect, "phrase")
-        gold = [set(voc.encode(ann.get(aspect, []))) for ann in annotations]
+    for k, logits in phrase_logits(model, texts, side, batch_size).items():
+        voc = model.vocabularies.get(aspect_of[k], "phrase")
+        gold = [set(voc.encode(ann.get(aspect_of[k], []))) for ann in annotations]
         if any(gold):
-            results[f"{side}_acc@1_{aspect}"] = aspect_accuracy_at_1(preds[k], gold)
+            results[f"{side}_acc@1_{aspect_of[k]}"] = aspect_accuracy_at_1(logits.argmax(-1).tolist(), gold)
     return results

@@ -24,7 +24,7 @@ from madr.data.synthetic.catalog import generate_catalog
 from madr.layout import RunLayout, prepared_catalog
 from madr.modeling.aspect_vocabulary import AspectVocabularies, build_vocabularies
 from madr.modeling.backbone import resolve_backbone_path
-from madr.modeling.model import BiEncoder, build_model, objective_keys
+from madr.modeling.model import BiEncoder, build_model
 from madr.modeling.tokenization import load_tokenizer, train_wordpiece_tokenizer
 from madr.recipes.aspects.calibration import calibrate, dev_texts
 from madr.recipes.aspects.evaluation import evaluate_model
@@ -104,7 +104,7 @@ def prepare_vocabularies(cfg: ExperimentConfig, catalog: Catalog,
 def calibrate_on_dev(model: BiEncoder, catalog: Catalog) -> dict:
     """Fit `model.calibration` on the dev split when the model predicts aspect values and the catalog has dev
     queries with annotations; returns the calibration report ({} when there was nothing to fit)."""
-    if model.vocabularies is None or not objective_keys(model.config) or not any(catalog.queries_in("dev")):
+    if not model.predicts_aspect_values or not any(catalog.queries_in("dev")):
         return {}
     texts, annotations = dev_texts(catalog, "dev")
     try:

@@ -19,7 +19,8 @@ from madr.modeling.calibration import (
 )
 from madr.modeling.explain import explain_pair
 from madr.modeling.model import BiEncoder, build_model
-from madr.recipes.aspects.calibration import calibrate, dev_texts, phrase_logits
+from madr.recipes.aspects.calibration import calibrate, dev_texts
+from madr.recipes.aspects.evaluation import phrase_logits
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
         "max_position_embeddings": 96}
