@@ -72,6 +72,12 @@ class ModelConfig:
     pooled log(1 + ReLU) vector, as SPLADE trains it (Formal et al. 2021: sparsity from the FLOPS
     regulariser, not from a cut); True also cuts in training (the cut of paper 002 Sec. 4.2 / Fig. 2 inside
     the trained model: what this code did before issue 20, and every hetPQA table before it).
+    `sparse_head` (any model with a backbone; issue 26): the model also gives paper 002's sparse vector (Eq. 2,
+    `sparse_*` as for hybrid) from an MLM head over its backbone's last states, beside its own dense vector
+    (kept as the model makes it: the fused aspect vector of MADRAL, unit length for cosine models). Fine-tuning
+    adds the sparse contrastive term and FLOPS (Eq. 3-5) to the model's own loss; pairs score by Eq. 1 with
+    `hybrid_lambda`. `sparse_vocab_size`: set by `BiEncoder.restrict_sparse_terms` (the lean head: the MLM
+    decoder holds only the word pieces of the user's catalog, e.g. ~20k of e5's 250k); None: every piece.
     """
 
     name: str = "madral"
@@ -97,6 +103,8 @@ class ModelConfig:
     sparse_pooling: str = "max"
     sparse_top_k_in_training: bool = False
     hybrid_lambda: float = 0.5
+    sparse_head: bool = False
+    sparse_vocab_size: int | None = None
     pooling: str = "cls"
     aspect_sides: list[str] = field(default_factory=lambda: ["query", "doc"])
     text_prefixes: dict[str, str] = field(default_factory=dict)
@@ -122,6 +130,10 @@ class ModelConfig:
         _check_choice("model.sparse_pooling", self.sparse_pooling, ("max", "sum"))
         if not 0.0 <= self.hybrid_lambda <= 1.0:
             raise ValueError(f"model.hybrid_lambda must be in [0, 1], got {self.hybrid_lambda}")
+        if self.sparse_head and not self.has_backbone:
+            raise ValueError(f"model.sparse_head needs a backbone with an MLM head; {self.name!r} has none")
+        if self.sparse_vocab_size is not None and (not self.has_sparse or self.sparse_vocab_size < 1):
+            raise ValueError(f"model.sparse_vocab_size={self.sparse_vocab_size} needs a sparse model and >= 1 terms")
         for g in self.granularities:
             _check_choice("model.granularities", g, ("phrase", "word", "token"))
 
@@ -138,8 +150,15 @@ class ModelConfig:
 
     @property
     def has_sparse(self) -> bool:
-        """Produces sparse term weights beside the dense vector (the hybrid model of paper 002)."""
-        return self.name == "hybrid"
+        """Produces sparse term weights beside the dense vector (the hybrid model of paper 002, or any backbone
+        model with `sparse_head`)."""
+        return self.name == "hybrid" or self.sparse_head
+
+    @property
+    def unit_dense(self) -> bool:
+        """The dense vector is L2-normalised wherever it is indexed or scored: cosine models, with or without a
+        sparse head. The hybrid model's CLS vector stays raw (paper 002 Eq. 1 trains dot products)."""
+        return self.similarity == "cosine" and self.name != "hybrid"
 
     @property
     def learns_aspects(self) -> bool:

@@ -5,7 +5,8 @@ traceable module: inputs `input_ids`, `attention_mask` [B, L] (int64; B and L dy
 
 - `dense` [B, d]: the tower's vector (L2-normalised for cosine dense models; raw for the hybrid model, as
   `encode_hybrid` and the lean encoder give it);
-- hybrid models (paper 002) also `sparse_values`, `sparse_ids` [B, k]: the k largest SPLADE term weights
+- models with sparse vectors (paper 002; `model.sparse_head`) also `sparse_values`, `sparse_ids` [B, k]: the k
+  largest SPLADE term weights (over a lean head's terms only)
   w_j = pool_i log(1 + ReLU(mlm_logit[i, j])) over the real tokens i (max or sum, `HybridHead.pooling`), special
   tokens zeroed, and their vocabulary ids, k = `HybridHead.top_k` (the whole vocabulary without one). Max pooling
   takes the max of the masked logits first, then ReLU / log1p (both monotone: the same weights).
@@ -45,7 +46,7 @@ class TowerGraph(nn.Module):
         super().__init__()
         self.tower = model.tower(side)
         self.hybrid = bool(model.config.has_sparse)
-        self.cosine = model.config.similarity == "cosine" and not self.hybrid
+        self.cosine = model.config.unit_dense
         # MpBERT pools the first K positions and pads in Python when a batch is shorter than K: a branch the
         # exported graph would freeze. K masked pad positions always appended keep every batch past K (masked
         # positions change no real position's state and get fusion weight 0).
@@ -56,10 +57,13 @@ class TowerGraph(nn.Module):
             raise ValueError(f"{model.config.name} {side} tower: {longest} tokens + {self.min_pad} pad positions exceed "
                              f"the backbone's max_position_embeddings={max_positions(self.tower.backbone)}")
         if self.hybrid:
-            head = self.tower.head
-            vocab = int(self.tower.word_embeddings.shape[0])
+            head = self.tower.sparse_terms
+            lean = self.tower.sparse_ids  # a lean head: logits of its terms only, ids mapped back to the vocabulary
+            self.register_buffer("terms", None if lean is None else lean.clone(), persistent=False)
+            vocab = int(self.tower.word_embeddings.shape[0] if lean is None else lean.numel())
             keep = torch.ones(vocab)
-            keep[head.excluded_ids] = 0.0
+            if lean is None:
+                keep[head.excluded_ids] = 0.0
             self.register_buffer("keep", keep, persistent=False)
             self.pooling = head.pooling
             self.top_k = None if head.top_k is None or head.top_k >= vocab else int(head.top_k)
@@ -74,7 +78,9 @@ class TowerGraph(nn.Module):
             return (nn.functional.normalize(emb, dim=-1) if self.cosine else emb,)
         out = tower.head(tower.backbone, input_ids, attention_mask)
         emb = out.embedding if tower.projection is None else tower.projection(out.embedding)
-        logits = tower.mlm_head(out.sequence_output, tower.word_embeddings)  # [B, L, V]
+        if self.cosine:
+            emb = nn.functional.normalize(emb, dim=-1)
+        logits = tower.mlm_head(out.sequence_output, tower.word_embeddings, self.terms)  # [B, L, V] (or T)
         real = attention_mask.bool().unsqueeze(-1)
         if self.pooling == "max":
             pooled = torch.log1p(torch.relu(logits.masked_fill(~real, float("-inf")).amax(dim=1)))
@@ -83,9 +89,9 @@ class TowerGraph(nn.Module):
         pooled = pooled * self.keep
         if self.top_k is None:
             ids = torch.arange(pooled.shape[1], device=pooled.device).expand(pooled.shape[0], -1)
-            return emb, pooled, ids
-        values, ids = torch.topk(pooled, self.top_k, dim=1)
-        return emb, values, ids
+        else:
+            pooled, ids = torch.topk(pooled, self.top_k, dim=1)
+        return emb, pooled, (ids if self.terms is None else self.terms[ids])
 
 
 def export_onnx(model: BiEncoder, path: str | Path, side: str = "query", optimize: bool = True) -> Path:
@@ -124,6 +130,7 @@ class OnnxQueryEncoder(LeanQueryEncoder):
     def __init__(self, model: BiEncoder, onnx_path: str | Path, side: str = "query", batch_size: int = 64,
                  threads: int = 1) -> None:
         super().__init__(model, None, side, batch_size)
+        self._terms_np = None  # the graph's sparse_ids are vocabulary ids already (a lean head's mapped inside)
         self.session = onnx_session(onnx_path, threads)
         names = [o.name for o in self.session.get_outputs()]
         want = output_names(self.hybrid)

@@ -88,8 +88,8 @@ def encode_token_batch(model: BiEncoder, rows: Sequence[Sequence[int]], side: st
     finally:
         model.train(was_training)
     emb = out.embedding.float()
+    if model.config.unit_dense:
+        emb = nn.functional.normalize(emb, dim=-1)
     if not model.config.has_sparse:
-        if model.config.similarity == "cosine":
-            emb = nn.functional.normalize(emb, dim=-1)
         return emb.cpu().numpy(), None
     return emb.cpu().numpy(), SparseBatch.from_dense(out.sparse.float().cpu())

@@ -115,9 +115,21 @@ class MLMHead(nn.Module):
         self.layer_norm = nn.LayerNorm(hidden, eps=layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(vocab_size))
 
-    def forward(self, sequence_output: torch.Tensor, word_embeddings: torch.Tensor) -> torch.Tensor:
+    def forward(self, sequence_output: torch.Tensor, word_embeddings: torch.Tensor,
+                terms: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits [..., V], or [..., T] over the vocabulary ids `terms` only (a lean head's decoder rows)."""
         h = self.layer_norm(nn.functional.gelu(self.dense(sequence_output)))
-        return nn.functional.linear(h, word_embeddings, self.bias)
+        if terms is None:
+            return nn.functional.linear(h, word_embeddings, self.bias)
+        return nn.functional.linear(h, word_embeddings[terms], self.bias[terms])
+
+    @torch.no_grad()
+    def start_as_identity(self) -> None:
+        """A head for a backbone that ships none (e5): the transform starts as the identity, so a token's logit
+        for piece j starts as <LayerNorm(GELU(h)), E_j>, how close the state is to j's input embedding."""
+        self.dense.weight.copy_(torch.eye(self.dense.weight.shape[0]))
+        self.dense.bias.zero_()
+        self.bias.zero_()
 
     def load_from_checkpoint(self, name_or_path: str | None) -> bool:
         """Copy `cls.predictions.*` weights from a BertForMaskedLM safetensors file when present."""

@@ -50,6 +50,7 @@ from madr.modeling.heads import (
     MultiPoolHead,
 )
 from madr.modeling.heads.field_attention import FieldAttention, FieldAttentionOutput
+from madr.modeling.heads.hybrid import SparseTerms
 from madr.modeling.outputs import TowerOutput
 
 CONFIG_FILE = "config.json"
@@ -77,6 +78,11 @@ class Tower(nn.Module):
             self.mlm_head = MLMHead(h, backbone.get_input_embeddings().weight.shape[0],
                                     getattr(backbone.config, "layer_norm_eps", 1e-12))
             out_dim = h
+        self._sparse_terms = None if isinstance(self.head, SparseTerms) or not cfg.sparse_head else SparseTerms(
+            cfg.sparse_top_k, cfg.sparse_pooling, special_ids or [], cfg.sparse_top_k_in_training)
+        # the lean head's vocabulary ids (`BiEncoder.restrict_sparse_terms`; filled by `load` from the heads file)
+        self.register_buffer("sparse_ids", None if cfg.sparse_vocab_size is None
+                             else torch.zeros(cfg.sparse_vocab_size, dtype=torch.long))
         projected = isinstance(self.head, AspectAttentionHead) and self.head.projection is not None
         self.projection = nn.Linear(out_dim, cfg.projection_dim) if cfg.projection_dim and not projected else None
 
@@ -84,16 +90,33 @@ class Tower(nn.Module):
     def word_embeddings(self) -> torch.Tensor | None:
         return None if self.backbone is None else self.backbone.get_input_embeddings().weight
 
+    @property
+    def sparse_terms(self) -> SparseTerms | None:
+        """Pooling, cut and excluded ids of the sparse vector (paper 002 Eq. 2): the hybrid model's head, or the
+        `model.sparse_head` of another model; None for dense-only models."""
+        return self.head if isinstance(self.head, SparseTerms) else self._sparse_terms
+
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TowerOutput:
         if self.backbone is None:
             out = self.head(input_ids, attention_mask)
         else:
             out = self.head(self.backbone, input_ids, attention_mask)
-            if getattr(self.head, "sparse_from_mlm", False):
-                out.sparse = self.head.sparsify(self.mlm_logits(out), attention_mask)
+            if self.sparse_terms is not None:
+                out.sparse = self.sparse_vector(out, attention_mask)
         if self.projection is not None:
             out.embedding = self.projection(out.embedding)
         return out
+
+    def sparse_vector(self, out: TowerOutput, attention_mask: torch.Tensor) -> torch.Tensor:
+        """[B, V] sparse term weights over the whole vocabulary (paper 002 Eq. 2, Sec. 4.2 cut). A lean head
+        (`sparse_ids`) computes the logits of its terms only, [B, L, T], and scatters the weights into V."""
+        terms = self.sparse_terms
+        if self.sparse_ids is None:
+            return terms.sparsify(self.mlm_logits(out), attention_mask)
+        logits = self.mlm_head(out.sequence_output, self.word_embeddings, self.sparse_ids)
+        weights = terms.sparsify(logits, attention_mask, excluded=False)  # special ids are never kept
+        full = weights.new_zeros(weights.shape[0], self.word_embeddings.shape[0])
+        return full.scatter(1, self.sparse_ids.expand(weights.shape[0], -1), weights)
 
     def mlm_logits(self, out: TowerOutput, positions: torch.Tensor | None = None) -> torch.Tensor:
         """MLM scores [B, L, vocab] over the content positions of `out` (paper 001 Eq. 8), or [N, vocab] at
@@ -169,14 +192,34 @@ class BiEncoder(nn.Module):
         self._check_lengths()
         self.aspect_predictor = self._aspect_predictor()
         self.field_attention = None if field_attention is None else FieldAttention(self.embedding_dim, field_attention)
-        if cfg.has_backbone and cfg.backbone.name_or_path and backbone_paths is None:
+        if cfg.has_backbone and backbone_paths is None:
             for tower in self.towers():
-                tower.mlm_head.load_from_checkpoint(cfg.backbone.name_or_path)
+                loaded = bool(cfg.backbone.name_or_path) and tower.mlm_head.load_from_checkpoint(
+                    cfg.backbone.name_or_path)
+                if cfg.sparse_head and not loaded:  # e.g. e5, which ships no MLM head
+                    tower.mlm_head.start_as_identity()
 
     @property
     def predicts_aspect_values(self) -> bool:
         """Whether the model scores aspect values (an aspect-learning objective and its vocabularies)."""
         return self.vocabularies is not None and bool(objective_keys(self.config))
+
+    def restrict_sparse_terms(self, term_ids: list[int] | torch.Tensor) -> int:
+        """The lean MLM head (`model.sparse_vocab_size`): every tower's sparse vector holds only `term_ids` (e.g.
+        `corpus_term_ids` of the catalog's texts), special tokens dropped, and its decoder computes those rows
+        only. Returns how many terms are kept."""
+        if not self.config.has_sparse:
+            raise ValueError(f"model {self.config.name} has no sparse head to restrict (model.sparse_head)")
+        vocab = int(self.query_tower.word_embeddings.shape[0])
+        ids = sorted({int(i) for i in term_ids} - set(self.tokenizer.all_special_ids))
+        if not ids or ids[0] < 0 or ids[-1] >= vocab:
+            raise ValueError(f"sparse terms must be a non-empty set of ids in [0, {vocab}), got {len(ids)} ids "
+                             f"from {ids[0] if ids else None} to {ids[-1] if ids else None}")
+        kept = torch.tensor(ids, dtype=torch.long, device=self.query_tower.word_embeddings.device)
+        for tower in self.towers():
+            tower.sparse_ids = kept.clone()
+        self.config.sparse_vocab_size = len(ids)
+        return len(ids)
 
     # -- construction -------------------------------------------------------------------------
     def _tower(self, side: str, backbone_paths: dict[str, str] | None, dssm_embeddings: torch.Tensor | None) -> Tower:
@@ -247,11 +290,14 @@ class BiEncoder(nn.Module):
     def hybrid_scores(self, q: TowerOutput, d: TowerOutput, lam: float | None = None) -> torch.Tensor:
         """Paper 002 Eq. 1: lambda * <dense_q, dense_d> + (1 - lambda) * <sparse_q, sparse_d>, [Bq, Bd]."""
         if q.sparse is None or d.sparse is None:
-            raise ValueError(f"model {self.config.name} has no sparse vectors (use model.name=hybrid)")
+            raise ValueError(f"model {self.config.name} has no sparse vectors (model.name=hybrid or model.sparse_head)")
         lam = self.config.hybrid_lambda if lam is None else lam
         if not 0.0 <= lam <= 1.0:
             raise ValueError(f"lambda must be in [0, 1], got {lam}")
-        return lam * (q.embedding @ d.embedding.T) + (1.0 - lam) * (q.sparse @ d.sparse.T)
+        qd, dd = q.embedding, d.embedding
+        if self.config.unit_dense:
+            qd, dd = nn.functional.normalize(qd, dim=-1), nn.functional.normalize(dd, dim=-1)
+        return lam * (qd @ dd.T) + (1.0 - lam) * (q.sparse @ d.sparse.T)
 
     def tokenize(self, texts: list[str], side: str) -> dict[str, torch.Tensor]:
         max_len = self.config.max_query_length if side == "query" else self.config.max_doc_length

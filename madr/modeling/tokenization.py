@@ -150,3 +150,18 @@ def load_tokenizer(name_or_path: str | os.PathLike, lowercase: bool = True,
                 "and HF_HUB_OFFLINE is set"
             ) from err
     return AutoTokenizer.from_pretrained(name)
+
+
+def corpus_term_ids(tokenizer: PreTrainedTokenizerBase, texts: Iterable[str], batch_size: int = 4096) -> list[int]:
+    """The sorted vocabulary ids that occur in `texts` (special tokens not added): the terms a lean sparse head
+    keeps (`BiEncoder.restrict_sparse_terms`)."""
+    seen: set[int] = set()
+    batch: list[str] = []
+    for text in texts:
+        batch.append(text)
+        if len(batch) == batch_size:
+            seen.update(i for ids in tokenizer(batch, add_special_tokens=False)["input_ids"] for i in ids)
+            batch = []
+    if batch:
+        seen.update(i for ids in tokenizer(batch, add_special_tokens=False)["input_ids"] for i in ids)
+    return sorted(seen)

@@ -1,6 +1,7 @@
 """A hybrid dense + sparse searcher over a document collection encoded by a hybrid BiEncoder (paper 002).
 
-Each document has a dense vector (the CLS embedding) in a FAISS index (inner product; ``IndexFlatIP`` by
+Each document has a dense vector (the CLS embedding; a `model.sparse_head` model's own vector, unit length for
+cosine models) in a FAISS index (inner product; ``IndexFlatIP`` by
 default, any ``faiss.index_factory`` string otherwise) and a sparse lexical vector (the top-k SPLADE term
 weights of ``TowerOutput.sparse``) in an exact ``InvertedIndex``. A query batch is answered by
 
@@ -33,6 +34,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 import torch
+from torch import nn
 
 from madr.modeling.model import BiEncoder
 from madr.search.params import SearchParams, resolve
@@ -102,7 +104,8 @@ def encode_hybrid(model: BiEncoder, texts: list[str], side: str, batch_size: int
     for i in range(0, len(texts), batch_size):
         enc = model.tokenize([texts[j] for j in order[i:i + batch_size]], side)
         out = model.encode(enc["input_ids"].to(device), enc["attention_mask"].to(device), side)
-        dense.append(out.embedding.float().cpu().numpy())
+        emb = out.embedding.float()
+        dense.append((nn.functional.normalize(emb, dim=-1) if model.config.unit_dense else emb).cpu().numpy())
         sparse.append(SparseBatch.from_dense(out.sparse.float().cpu()))
     model.train(was_training)
     if not dense:

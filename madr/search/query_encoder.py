@@ -21,8 +21,9 @@ onto the whole vocabulary, applies log1p / ReLU to the whole [L, V] matrix and c
   the reference's; otherwise it is a superset of the reference restricted to the index, so served scores can
   differ (opt-in: ``serve.config.ServeSettings.encoder_index_vocabulary``).
 
-The dense vector is the tower's ``TowerOutput.embedding`` (raw for hybrid models as in ``encode_hybrid``;
-L2-normalised for cosine dense models as in ``BiEncoder.encode_texts``). Texts are batched in order of length,
+The dense vector is the tower's ``TowerOutput.embedding`` (raw for the hybrid model as in ``encode_hybrid``;
+L2-normalised for cosine models, with or without a sparse head, as in ``BiEncoder.encode_texts``). A lean sparse
+head (``Tower.sparse_ids``) projects onto its own terms (and the index's among them with ``term_ids``). Texts are batched in order of length,
 rows returned in input order, as the reference does. ``side="doc"`` encodes with the document tower
 (the vectors of ``encode_documents``).
 """
@@ -56,17 +57,20 @@ class LeanQueryEncoder:
         model.eval()  # once: dropout off and the hybrid top-k cut on (madr.modeling.heads.hybrid)
         self.device = next(model.parameters()).device
         self.hybrid = bool(model.config.has_sparse)
-        self.cosine = model.config.similarity == "cosine" and not self.hybrid
+        self.cosine = model.config.unit_dense
         if not self.hybrid:
             if term_ids is not None:
                 raise ValueError(f"term_ids: model {model.config.name!r} has no sparse vectors to project")
             self.terms, self._terms_np = None, None
             return
-        head, mlm = self.tower.head, self.tower.mlm_head
+        head, mlm = self.tower.sparse_terms, self.tower.mlm_head
         self.pooling, self.top_k = head.pooling, head.top_k
         embeddings = self.tower.word_embeddings
         self.vocab_size = int(embeddings.shape[0])
         excluded = torch.tensor(head.excluded_ids, dtype=torch.long, device=self.device)
+        lean = None if self.tower.sparse_ids is None else self.tower.sparse_ids.cpu().numpy()
+        if lean is not None:  # a lean head scores its own terms only (those of the index, if given, among them)
+            term_ids = lean if term_ids is None else np.intersect1d(np.asarray(term_ids, dtype=np.int64), lean)
         if term_ids is None:
             self.terms, self._terms_np = None, None
             self.excluded = excluded  # zeroed after pooling, as term_weights does
@@ -158,6 +162,8 @@ class LeanQueryEncoder:
             return emb.float().cpu().numpy(), None
         out = tower.head(tower.backbone, ids, mask)
         emb = out.embedding if tower.projection is None else tower.projection(out.embedding)
+        if self.cosine:  # a cosine model's own vector beside its sparse head
+            emb = nn.functional.normalize(emb, dim=-1)
         seq = out.sequence_output
         if bool(mask.all()):  # no padding (one text): every position is a real token
             hidden, lengths = seq.reshape(-1, seq.shape[-1]), [seq.shape[1]] * seq.shape[0]

@@ -9,6 +9,7 @@ Fine-tuning:
     paper 001 Eq. 10: L_SCE with one hard negative per query (set pointwise_weight=0, aspect_weight=0;
         aspect_weight > 0 adds lambda * L_A, which Sec. 6.4 found to raise aspect accuracy but hurt retrieval)
     paper 002 Eq. 3-5 (hybrid): L_dense + L_sparse + lambda_q FLOPS(queries) + lambda_d FLOPS(passages)
+    a model with `model.sparse_head` (issue 26): its own loss above + L_sparse + the two FLOPS terms
 OTHER never receives an aspect loss: it has no annotations and no objective key.
 """
 
@@ -142,7 +143,7 @@ def finetune_loss(model: BiEncoder, queries: TextBatch, positives: TextBatch, ne
     q = model.encode(queries.input_ids, queries.attention_mask, "query")
     p = model.encode(positives.input_ids, positives.attention_mask, "doc")
     n = model.encode(negatives.input_ids, negatives.attention_mask, "doc") if negatives is not None else None
-    if cfg.has_sparse:
+    if cfg.name == "hybrid":
         return hybrid_loss(q, p, n, stage, step)
     temperature = cfg.temperature if cfg.similarity == "cosine" else 1.0
     sce = InBatchSoftmaxLoss(similarity=cfg.similarity, temperature=temperature)(
@@ -166,6 +167,10 @@ def finetune_loss(model: BiEncoder, queries: TextBatch, positives: TextBatch, ne
             asp, asp_parts = aspect_loss(model, out, batch, side)
             total = total + stage.aspect_weight * asp
             parts.update({f"{side}_{k}": v for k, v in asp_parts.items()})
+    if cfg.has_sparse:  # the sparse head beside the model's own dense vector
+        sparse = hybrid_loss(q, p, n, stage, step, terms=("sparse",))
+        total = total + sparse.total
+        parts.update({f"sparse_{k}": v for k, v in sparse.parts.items() if k != "loss"})
     parts["loss"] = _value(total)
     return LossParts(total, parts)
 

@@ -8,7 +8,7 @@ whose `forward` returns the loss (what DDP and DeepSpeed wrap). Ray-free: tests 
     (`madr.training.distributed.GatheredInBatchSoftmaxLoss`), plus the aspect losses (Eq. 8's lambda term; for
     MURAL the optional lambda * L_A, paper 001 Eq. 2-5, whose value scores h_a^g . E_a^g are per-row logits like
     MADRAL's) from the aspect / presence logits; for the hybrid model dense + sparse contrastive terms
-    (gathered) + FLOPS;
+    (gathered) + FLOPS; a `model.sparse_head` model adds the sparse term (gathered) + FLOPS to its own loss;
   - a *row-local* loss: pointwise L_CE on each (query, positive) / (query, hard negative) pair.
   With one worker and no chunking this is `madr.training.objectives.finetune_loss` term for term. The split lets
   GradCache (`madr.training.gradcache`) cache gradients of the representations and recompute chunk by chunk.
@@ -107,14 +107,17 @@ class StageModule(nn.Module):
             raise ValueError(f"{kind} needs a model")
         if kind == "finetune":
             cfg = model.config
-            if not cfg.has_sparse and stage.pointwise_weight > 0:
+            if cfg.name != "hybrid" and stage.pointwise_weight > 0:
                 self.pointwise = _without_scalar_parameters(PointwiseCELoss(similarity=cfg.similarity))
             temperature = cfg.temperature if cfg.similarity == "cosine" else 1.0
-            if cfg.has_sparse:
+            if cfg.name == "hybrid":
                 self.sce = GatheredInBatchSoftmaxLoss("dot", stage.sparse_temperature, gather=gather)
                 self.hybrid = HybridLoss.from_stage(stage, contrastive=self.sce)
             else:
                 self.sce = GatheredInBatchSoftmaxLoss(cfg.similarity, temperature, gather=gather)
+                if cfg.has_sparse:  # `model.sparse_head`: + the sparse term and FLOPS of Eq. 3-5
+                    self.hybrid = HybridLoss.from_stage(
+                        stage, GatheredInBatchSoftmaxLoss("dot", stage.sparse_temperature, gather=gather), ("sparse",))
         if kind == "distill":
             if student is None or teacher is None:
                 raise ValueError("distill needs a student and a teacher tower")
@@ -170,7 +173,7 @@ class StageModule(nn.Module):
         return q, p, n
 
     def _aspect_terms(self) -> list[str]:
-        if self.stage.aspect_weight <= 0 or self.model.config.has_sparse:
+        if self.stage.aspect_weight <= 0 or self.model.config.name == "hybrid":
             return []
         return [k for k, _, _ in objective_keys(self.model.config)]
 
@@ -195,7 +198,7 @@ class StageModule(nn.Module):
         """The batch-coupled part of the fine-tuning loss, from representations only (see module docstring)."""
         cfg = self.model.config
         q, p, n = _float(reps["q"]), _float(reps["p"]), _float(reps.get("n"))
-        if cfg.has_sparse:
+        if cfg.name == "hybrid":
             return self._hybrid(reps, step)
         sce = self.sce(q, p, n)
         total, parts = sce, {"sce": float(sce.detach())}
@@ -207,6 +210,10 @@ class StageModule(nn.Module):
                 asp, asp_parts = aspect_loss(self.model, out, tb, side)
                 total = total + self.stage.aspect_weight * asp
                 parts.update({f"{side}_{k}": v for k, v in asp_parts.items()})
+        if cfg.has_sparse:  # the sparse head beside the model's own vector
+            sparse, sparse_parts = self._hybrid(reps, step)
+            total = total + sparse
+            parts.update({f"sparse_{k}": v for k, v in sparse_parts.items() if k != "loss"})
         return total, parts
 
     def _hybrid(self, reps: Reps, step: int) -> tuple[torch.Tensor, dict[str, float]]:

@@ -54,10 +54,10 @@ def top_k_sparsify(weights: torch.Tensor, k: int | None) -> torch.Tensor:
     return torch.zeros_like(weights).scatter(-1, idx, values)
 
 
-class HybridHead(nn.Module):
-    """CLS as the dense vector; the tower adds the sparse vector from its MLM head (see `Tower`)."""
-
-    sparse_from_mlm = True
+class SparseTerms(nn.Module):
+    """Paper 002 Eq. 2 and the Sec. 4.2 cut: pooled log(1 + ReLU) term weights of MLM logits, top-k kept where
+    `active_top_k` says. The hybrid model's head is one; any other backbone model gets one with
+    `model.sparse_head` (`Tower.sparse_terms`)."""
 
     def __init__(self, top_k: int | None, pooling: str, excluded_ids: list[int],
                  top_k_in_training: bool = False) -> None:
@@ -69,16 +69,22 @@ class HybridHead(nn.Module):
         self.pooling = pooling
         self.excluded_ids = sorted(set(excluded_ids))
 
-    def forward(self, backbone: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TowerOutput:
-        seq = run_backbone(backbone, input_ids, attention_mask)
-        return TowerOutput(embedding=seq[:, 0], cls=seq[:, 0], sequence_output=seq)
-
     @property
     def active_top_k(self) -> int | None:
         """The k the current mode cuts at: `top_k` in eval mode or with `top_k_in_training`, else None."""
         return self.top_k if self.top_k_in_training or not self.training else None
 
-    def sparsify(self, mlm_logits: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Term weights (Eq. 2), cut to the top-k where `active_top_k` says (Sec. 4.2)."""
-        w = term_weights(mlm_logits, attention_mask, self.pooling, self.excluded_ids)
+    def sparsify(self, mlm_logits: torch.Tensor, attention_mask: torch.Tensor,
+                 excluded: bool = True) -> torch.Tensor:
+        """Term weights (Eq. 2), cut to the top-k where `active_top_k` says (Sec. 4.2); `excluded=False` when
+        the logits' columns hold no special token (a lean head's terms)."""
+        w = term_weights(mlm_logits, attention_mask, self.pooling, self.excluded_ids if excluded else None)
         return top_k_sparsify(w, self.active_top_k)
+
+
+class HybridHead(SparseTerms):
+    """CLS as the dense vector; the tower adds the sparse vector from its MLM head (see `Tower`)."""
+
+    def forward(self, backbone: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TowerOutput:
+        seq = run_backbone(backbone, input_ids, attention_mask)
+        return TowerOutput(embedding=seq[:, 0], cls=seq[:, 0], sequence_output=seq)

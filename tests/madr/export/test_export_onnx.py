@@ -83,6 +83,19 @@ def test_aspect_model_query_towers(tokenizer, vocabularies, queries, tmp_path, n
     assert_same_encoding(model, export_onnx(model, tmp_path / "q.onnx", optimize=False), queries)
 
 
+def test_madral_with_a_lean_sparse_head(tokenizer, vocabularies, catalog, queries, tmp_path):
+    """Issue 26: MADRAL's unit-length vector and the top-k of a lean sparse head (its decoder rows only; the
+    graph maps them back to vocabulary ids)."""
+    from madr.modeling.tokenization import corpus_term_ids
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(name="madral", backbone=BackboneConfig(tiny=TINY), aspects=catalog.aspect_names,
+                      max_query_length=24, max_doc_length=48, sparse_head=True, sparse_top_k=8)
+    model = build_model(cfg, tokenizer, vocabularies)
+    model.restrict_sparse_terms(corpus_term_ids(tokenizer, [catalog.product_text(p) for p in catalog.products[:200]]))
+    assert_same_encoding(model.eval(), export_onnx(model, tmp_path / "q.onnx", optimize=False), queries)
+
+
 def test_a_graph_of_another_model_kind_is_refused(tokenizer, dense_graph):
     with pytest.raises(ValueError, match="outputs.*hybrid"):
         OnnxQueryEncoder(tiny(tokenizer, "hybrid"), dense_graph[1])

@@ -23,8 +23,10 @@ NO_DROPOUT = {**TINY, "hidden_dropout_prob": 0, "attention_probs_dropout_prob": 
 
 
 def _model(catalog, tokenizer, vocabularies, name: str = "madral", tiny: dict = NO_DROPOUT):
-    cfg = ModelConfig(name=name, aspects=catalog.aspect_names, projection_dim=None if name == "hybrid" else 16,
-                      max_query_length=16, max_doc_length=32, sparse_top_k=64)
+    """`name` "madral+sparse": MADRAL with `model.sparse_head` (issue 26)."""
+    base, _, sparse = name.partition("+")
+    cfg = ModelConfig(name=base, aspects=catalog.aspect_names, projection_dim=None if base == "hybrid" else 16,
+                      max_query_length=16, max_doc_length=32, sparse_top_k=64, sparse_head=bool(sparse))
     cfg.backbone.tiny = dict(tiny)
     torch.manual_seed(0)
     return build_model(cfg, tokenizer, vocabularies)
@@ -40,7 +42,7 @@ def test_chunk_slices_cover_rows_once():
     assert chunk_slices(3, 0) == [slice(0, 3)] and chunk_slices(3, 8) == [slice(0, 3)]
 
 
-@pytest.mark.parametrize("name", ["madral", "hybrid"])
+@pytest.mark.parametrize("name", ["madral", "hybrid", "madral+sparse"])
 def test_gradcache_gradients_equal_plain_backprop(catalog, tokenizer, vocabularies, name):
     """Chunks of 3 rows of a 10-row batch (uneven last chunk): L_SCE + pointwise L_CE + aspect losses
     (MADRAL) or dense + sparse + FLOPS (hybrid, paper 002) give the plain-backprop gradients."""
@@ -88,10 +90,12 @@ def test_gradcache_replays_dropout(catalog, tokenizer, vocabularies):
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters())
 
 
-def test_stage_objective_equals_finetune_loss(catalog, tokenizer, vocabularies):
-    """One process, gather on: the job's fine-tuning objective is madr.training.objectives.finetune_loss (Eq. 8)."""
-    model = _model(catalog, tokenizer, vocabularies)
-    stage = StageConfig(aspect_weight=0.3, pointwise_weight=1.0)
+@pytest.mark.parametrize("name", ["madral", "madral+sparse"])
+def test_stage_objective_equals_finetune_loss(catalog, tokenizer, vocabularies, name):
+    """One process, gather on: the job's fine-tuning objective is madr.training.objectives.finetune_loss (Eq. 8;
+    with a sparse head, + the sparse term and FLOPS of paper 002 Eq. 3-5)."""
+    model = _model(catalog, tokenizer, vocabularies, name)
+    stage = StageConfig(aspect_weight=0.3, pointwise_weight=1.0, flops_query_weight=0.01, flops_doc_weight=0.01)
     module = StageModule("finetune", stage, model).eval()
     batch = _batch(model, catalog, 8)
     ours, parts = module("loss", batch, 0)
@@ -100,5 +104,6 @@ def test_stage_objective_equals_finetune_loss(catalog, tokenizer, vocabularies):
     ref = finetune_loss(model, batch.queries, batch.positives, batch.negatives, stage, pointwise,
                         batch.neg_relevance)
     assert float(ours) == pytest.approx(float(ref.total), rel=1e-5)
-    for key in ("sce", "ce"):
+    keys = ("sce", "ce") + (("sparse_sparse", "sparse_flops_q", "sparse_flops_d") if "sparse" in name else ())
+    for key in keys:
         assert parts[key] == pytest.approx(ref.parts[key], rel=1e-5), key
