@@ -26,8 +26,10 @@ from benchmarks.quality.aspect_models.evaluation import (
     aspect_accuracy,
     dense_lists,
     encode,
+    means,
     per_query_metrics,
     run_dicts,
+    score_lists,
     top_run,
 )
 from madr.config import ExperimentConfig
@@ -42,13 +44,14 @@ from madr.search.score_fusion import (
 )
 
 
-def encode_split(model: BiEncoder, texts: list[str], side: str, bs: int, desc: str
+def encode_split(model: BiEncoder, texts: list[str], side: str, bs: int, desc: str, sparse: list | None = None
                  ) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
     """Search vectors of `texts` (length-sorted batches; L2-normalised for cosine models) and the model's top-1
-    phrase value per aspect (`benchmarks.quality.aspect_models.evaluation.encode`)."""
+    phrase value per aspect (`benchmarks.quality.aspect_models.evaluation.encode`; `sparse` receives the sparse
+    vectors of a model with them)."""
     max_len = model.config.max_query_length if side == "query" else model.config.max_doc_length
     lengths = token_lengths(model.tokenizer, model.config.prefixed(texts, side), max_len)
-    return encode(model, texts, lengths, side, bs, desc)
+    return encode(model, texts, lengths, side, bs, desc, sparse)
 
 
 def model_lists(model: BiEncoder, splits: dict[str, EvalSet], k: int, bs: int, label: str,
@@ -69,6 +72,46 @@ def model_lists(model: BiEncoder, splits: dict[str, EvalSet], k: int, bs: int, l
                              **aspect_accuracy(model, {a: p[rows] for a, p in doc_preds.items()}, ev.doc_aspects,
                                                "doc")}
     return out
+
+
+def eq1_lists(model: BiEncoder, splits: dict[str, EvalSet], k: int, bs: int, label: str, cfg: ExperimentConfig,
+              metric: str, step: float, aspects: dict[str, dict[str, float]] | None = None
+              ) -> tuple[dict[str, Lists], dict]:
+    """Lists of a model with sparse vectors (`model.sparse_head`) scored as it is served: paper 002 Eq. 1,
+    lam * <dense_q, dense_d> + (1 - lam) * <sparse_q, sparse_d> over the whole corpus (dense unit-length for cosine
+    models, sparse cut to the top-k), lam on a grid of `step` chosen on the dev split by mean `metric` (ties: the
+    larger lam). Returns the lists of every split at that lam and {"lambda", "dev": {lam: metric}, "test_dense",
+    "test_sparse" (the test means at lam = 1 and 0: the two halves alone), "terms" (non-zero terms per vector)}."""
+    texts = sorted({t for ev in splits.values() for t in ev.doc_texts})
+    row = {t: i for i, t in enumerate(texts)}
+    got: list = []
+    docs, doc_preds = encode_split(model, texts, "doc", bs, f"{label}: corpus", sparse=got)
+    doc_sparse = got.pop()
+    terms = {"doc": float(np.diff(doc_sparse.indptr).mean())}  # non-zero terms per vector
+    matrices = {}
+    for name, ev in splits.items():
+        q, q_preds = encode_split(model, ev.query_texts, "query", bs, f"{label}: {name} queries", sparse=got)
+        rows = np.array([row[t] for t in ev.doc_texts])
+        qs = got.pop()
+        terms[f"{name}_query"] = float(np.diff(qs.indptr).mean())
+        sparse = torch.from_numpy((qs @ doc_sparse[rows].T).toarray()).float()
+        matrices[name] = (q @ docs[torch.from_numpy(rows)].T, sparse)
+        if aspects is not None and doc_preds:
+            aspects[name] = {**aspect_accuracy(model, q_preds, ev.query_aspects, "query"),
+                             **aspect_accuracy(model, {a: p[rows] for a, p in doc_preds.items()}, ev.doc_aspects,
+                                               "doc")}
+
+    def lists_at(name: str, lam: float) -> Lists:
+        dense, sparse = matrices[name]
+        return score_lists(lambda s, e: lam * dense[s:e] + (1.0 - lam) * sparse[s:e], len(dense), splits[name], k)
+
+    grid = [round(i * step, 6) for i in range(round(1 / step), -1, -1)]  # 1.0 first: ties keep more dense
+    dev = {lam: means(metrics_of(lists_at("dev", lam), splits["dev"], cfg))[metric] for lam in grid}
+    best = max(grid, key=lambda lam: dev[lam])
+    info = {"lambda": best, "dev": dev,
+            **{f"test_{part}": means(metrics_of(lists_at("test", lam), splits["test"], cfg))
+               for part, lam in (("dense", 1.0), ("sparse", 0.0))}, "terms": terms}
+    return {name: lists_at(name, best) for name in splits}, info
 
 
 def fingerprint(parts: dict) -> str:

@@ -69,6 +69,7 @@ from benchmarks.quality.aspect_models.training import train_row
 from benchmarks.quality.fusion_lists import (
     cached_lists,
     corpus_key,
+    eq1_lists,
     fingerprint,
     fuse,
     metrics_of,
@@ -266,11 +267,20 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
                                          pretrain_frozen=bool(b["pretrain_frozen_backbone"]),
                                          pretrain_frozen_params=list(b["pretrain_frozen_params"]), device=run.device)
             info[row]["train_s"] = time.perf_counter() - t0 - (curve.seconds if curve else 0.0)  # without the curve
+            acc: dict[str, dict[str, float]] = {}
+            if model.config.has_sparse:  # served by Eq. 1 with the lam chosen on dev (the index's hybrid_lambda)
+                lists, info[row]["eq1"] = eq1_lists(model, run.splits, run.k, b["encode_batch_size"],
+                                                    f"{label} seed {seed}", run.cfg, b["tune_metric"],
+                                                    float(b["fusion_step"]), aspects=acc)
+                model.config.hybrid_lambda = info[row]["eq1"]["lambda"]
+                print(f"{label} seed {seed}: Eq. 1 lam {model.config.hybrid_lambda} (dev); "
+                      f"{json.dumps({k: info[row]['eq1'][k] for k in ('test_dense', 'test_sparse', 'terms')})}")
+            else:
+                lists = model_lists(model, run.splits, run.k, b["encode_batch_size"], f"{label} seed {seed}",
+                                    aspects=acc)
             if row in b["save_models"]:
                 info[row]["calibration"] = calibrate_dev(model, run.splits["dev"])
                 print(f"saved {row} -> {model.save(saved)}")
-            acc: dict[str, dict[str, float]] = {}
-            lists = model_lists(model, run.splits, run.k, b["encode_batch_size"], f"{label} seed {seed}", aspects=acc)
             info[row] |= {"aspects": acc, "curve": curve.points if curve else []}
             kept_info.parent.mkdir(parents=True, exist_ok=True)
             kept_info.write_text(json.dumps(info[row]))

@@ -461,3 +461,39 @@ def test_exported_rows_are_tested_against_this_machines_references(runs, user_co
         assert t["diff"] == pytest.approx(result["mean"]["madral_pw"][m] - result["mean"]["bibert"][m], abs=1e-9)
     assert "paper 000 Table 4: MADRAL > BiBERT" in result["table"]
     assert (tmp_path / "results" / "claims.json").is_file()
+
+
+def test_a_sparse_head_row_is_served_by_equation_1_with_the_dev_lambda(user_config, tmp_path):
+    """Issue 26 item 1a: MADRAL with a lean sparse head (`madral_pw_sparse`, the catalog's pieces only) is scored by
+    paper 002 Eq. 1 with the lam that is best on dev, as the saved model (the index's `hybrid_lambda`) serves it:
+    its test lists are brute force Eq. 1 at that lam, and the dense-only and sparse-only halves are reported."""
+    from benchmarks.quality.aspect_models.evaluation import means
+    from benchmarks.quality.fusion_lists import metrics_of
+    from madr.modeling.model import BiEncoder
+
+    result, printed = _main(user_config, tmp_path, "sparse", f"output_dir={tmp_path / 'run'}", "bench.seeds=[0]",
+                            "bench.trained=[madral_pw_sparse]", "bench.save_models=[madral_pw_sparse]",
+                            "bench.curve_every=0", "bench.fusion_normalisations=[minmax]")
+    info = json.loads((tmp_path / "run" / "lists" / "madral_pw_sparse@0.info.json").read_text())
+    eq1 = info["eq1"]
+    grid = [i * STEP for i in range(int(1 / STEP) + 1)]
+    assert sorted(map(float, eq1["dev"])) == grid and eq1["lambda"] in grid
+    assert eq1["dev"][str(eq1["lambda"])] == max(eq1["dev"].values()), "the best lam on dev"
+    assert 0 < eq1["terms"]["doc"] <= 256 and 0 < eq1["terms"]["test_query"] <= 256
+    assert eq1["test_dense"] != eq1["test_sparse"]
+    model = BiEncoder.load(tmp_path / "run" / "seed0" / "madral_pw_sparse" / "model").eval()
+    assert model.config.hybrid_lambda == eq1["lambda"] and model.config.sparse_vocab_size < len(model.tokenizer)
+    assert {"madral_pw_sparse", "bm25+madral_pw_sparse", "bm25_model+madral_pw_sparse"} <= set(result["mean"])
+    assert "MADRAL (Presence Weighting) + sparse head (Eq. 1)" in result["labels"]["madral_pw_sparse"]
+
+    cfg = bench.load(user_config, [])[1]
+    ev = bench.EvalSet.of(bench.catalog_for(None, cfg), "test", 3.0, 300)  # the run's test split and corpus
+    with torch.no_grad():
+        q = model.encode(*model.tokenize(ev.query_texts, "query").values(), "query")
+        d = model.encode(*model.tokenize(ev.doc_texts, "doc").values(), "doc")
+        want = torch.topk(model.hybrid_scores(q, d), 10, dim=1).values.numpy()
+    with np.load(tmp_path / "run" / "lists" / "madral_pw_sparse@0.npz") as z:
+        np.testing.assert_allclose(z["test_scores"][:, :10], want, rtol=1e-4, atol=1e-5)
+        kept = bench.Lists(z["test_scores"], z["test_ids"], z["test_judged"])
+    assert result["mean"]["madral_pw_sparse"]["recall@10"] == pytest.approx(
+        means(metrics_of(kept, ev, cfg))["recall@10"]), "the table's row is these lists"
