@@ -56,8 +56,13 @@ def encode_split(model: BiEncoder, texts: list[str], side: str, bs: int, desc: s
 
 def model_lists(model: BiEncoder, splits: dict[str, EvalSet], k: int, bs: int, label: str,
                 aspects: dict[str, dict[str, float]] | None = None) -> dict[str, Lists]:
-    """Dense lists of `model` on every split; products shared by the splits' corpora are encoded once. For a
-    model that predicts aspects, `aspects` (when given) receives each split's Accuracy@1 per aspect and side."""
+    """Lists of `model` on every split; products shared by the splits' corpora are encoded once. Dense models:
+    exact inner-product top-k; models with sparse vectors: Eq. 1 at the model's `hybrid_lambda` (as an index of it
+    serves them; `eq1_lists` chooses the lam on dev). For a model that predicts aspects, `aspects` (when given)
+    receives each split's Accuracy@1 per aspect and side."""
+    if model.config.has_sparse:
+        matrices, _ = eq1_matrices(model, splits, bs, label, aspects)
+        return {name: eq1_at(matrices[name], splits[name], k, model.config.hybrid_lambda) for name in splits}
     texts = sorted({t for ev in splits.values() for t in ev.doc_texts})
     row = {t: i for i, t in enumerate(texts)}
     docs, doc_preds = encode_split(model, texts, "doc", bs, f"{label}: corpus")
@@ -65,53 +70,64 @@ def model_lists(model: BiEncoder, splits: dict[str, EvalSet], k: int, bs: int, l
     for name, ev in splits.items():
         q, q_preds = encode_split(model, ev.query_texts, "query", bs, f"{label}: {name} queries")
         rows = np.array([row[t] for t in ev.doc_texts])
-        d = docs[torch.from_numpy(rows)]
-        out[name] = dense_lists(q, d, ev, k)
+        out[name] = dense_lists(q, docs[torch.from_numpy(rows)], ev, k)
         if aspects is not None and doc_preds:
-            aspects[name] = {**aspect_accuracy(model, q_preds, ev.query_aspects, "query"),
-                             **aspect_accuracy(model, {a: p[rows] for a, p in doc_preds.items()}, ev.doc_aspects,
-                                               "doc")}
+            aspects[name] = split_accuracy(model, q_preds, doc_preds, rows, ev)
     return out
 
 
-def eq1_lists(model: BiEncoder, splits: dict[str, EvalSet], k: int, bs: int, label: str, cfg: ExperimentConfig,
-              metric: str, step: float, aspects: dict[str, dict[str, float]] | None = None
-              ) -> tuple[dict[str, Lists], dict]:
-    """Lists of a model with sparse vectors (`model.sparse_head`) scored as it is served: paper 002 Eq. 1,
-    lam * <dense_q, dense_d> + (1 - lam) * <sparse_q, sparse_d> over the whole corpus (dense unit-length for cosine
-    models, sparse cut to the top-k), lam on a grid of `step` chosen on the dev split by mean `metric` (ties: the
-    larger lam). Returns the lists of every split at that lam and {"lambda", "dev": {lam: metric}, "test_dense",
-    "test_sparse" (the test means at lam = 1 and 0: the two halves alone), "terms" (non-zero terms per vector)}."""
+def split_accuracy(model: BiEncoder, q_preds: dict, doc_preds: dict, rows: np.ndarray, ev: EvalSet) -> dict:
+    """Aspect Accuracy@1 of a split's queries and of its corpus (rows `rows` of the encoded products)."""
+    return {**aspect_accuracy(model, q_preds, ev.query_aspects, "query"),
+            **aspect_accuracy(model, {a: p[rows] for a, p in doc_preds.items()}, ev.doc_aspects, "doc")}
+
+
+def eq1_matrices(model: BiEncoder, splits: dict[str, EvalSet], bs: int, label: str,
+                 aspects: dict[str, dict[str, float]] | None = None
+                 ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, float]]:
+    """{split: (dense [Q, N], sparse [Q, N] scores)} of a model with sparse vectors over each split's corpus
+    (dense unit-length for cosine models, sparse cut to the top-k as indexed) and the non-zero terms per vector."""
     texts = sorted({t for ev in splits.values() for t in ev.doc_texts})
     row = {t: i for i, t in enumerate(texts)}
     got: list = []
     docs, doc_preds = encode_split(model, texts, "doc", bs, f"{label}: corpus", sparse=got)
     doc_sparse = got.pop()
-    terms = {"doc": float(np.diff(doc_sparse.indptr).mean())}  # non-zero terms per vector
+    terms = {"doc": float(np.diff(doc_sparse.indptr).mean())}
     matrices = {}
     for name, ev in splits.items():
         q, q_preds = encode_split(model, ev.query_texts, "query", bs, f"{label}: {name} queries", sparse=got)
         rows = np.array([row[t] for t in ev.doc_texts])
         qs = got.pop()
         terms[f"{name}_query"] = float(np.diff(qs.indptr).mean())
-        sparse = torch.from_numpy((qs @ doc_sparse[rows].T).toarray()).float()
-        matrices[name] = (q @ docs[torch.from_numpy(rows)].T, sparse)
+        matrices[name] = (q @ docs[torch.from_numpy(rows)].T,
+                          torch.from_numpy((qs @ doc_sparse[rows].T).toarray()).float())
         if aspects is not None and doc_preds:
-            aspects[name] = {**aspect_accuracy(model, q_preds, ev.query_aspects, "query"),
-                             **aspect_accuracy(model, {a: p[rows] for a, p in doc_preds.items()}, ev.doc_aspects,
-                                               "doc")}
+            aspects[name] = split_accuracy(model, q_preds, doc_preds, rows, ev)
+    return matrices, terms
 
-    def lists_at(name: str, lam: float) -> Lists:
-        dense, sparse = matrices[name]
-        return score_lists(lambda s, e: lam * dense[s:e] + (1.0 - lam) * sparse[s:e], len(dense), splits[name], k)
 
+def eq1_at(matrices: tuple[torch.Tensor, torch.Tensor], ev: EvalSet, k: int, lam: float) -> Lists:
+    """Paper 002 Eq. 1 lists: lam * dense + (1 - lam) * sparse scores."""
+    dense, sparse = matrices
+    return score_lists(lambda s, e: lam * dense[s:e] + (1.0 - lam) * sparse[s:e], len(dense), ev, k)
+
+
+def eq1_lists(model: BiEncoder, splits: dict[str, EvalSet], k: int, bs: int, label: str, cfg: ExperimentConfig,
+              metric: str, step: float, aspects: dict[str, dict[str, float]] | None = None
+              ) -> tuple[dict[str, Lists], dict]:
+    """Lists of a model with sparse vectors (`model.sparse_head`) scored as it is served, paper 002 Eq. 1
+    (`eq1_matrices`, `eq1_at`), with lam on a grid of `step` chosen on the dev split by mean `metric` (ties: the
+    larger lam). Returns the lists of every split at that lam and {"lambda", "dev": {lam: metric}, "test_dense",
+    "test_sparse" (the test means at lam = 1 and 0: the two halves alone), "terms" (non-zero terms per vector)}."""
+    matrices, terms = eq1_matrices(model, splits, bs, label, aspects)
     grid = [round(i * step, 6) for i in range(round(1 / step), -1, -1)]  # 1.0 first: ties keep more dense
-    dev = {lam: means(metrics_of(lists_at("dev", lam), splits["dev"], cfg))[metric] for lam in grid}
+    dev = {lam: means(metrics_of(eq1_at(matrices["dev"], splits["dev"], k, lam), splits["dev"], cfg))[metric]
+           for lam in grid}
     best = max(grid, key=lambda lam: dev[lam])
-    info = {"lambda": best, "dev": dev,
-            **{f"test_{part}": means(metrics_of(lists_at("test", lam), splits["test"], cfg))
-               for part, lam in (("dense", 1.0), ("sparse", 0.0))}, "terms": terms}
-    return {name: lists_at(name, best) for name in splits}, info
+    info = {"lambda": best, "dev": dev, "terms": terms,
+            **{f"test_{part}": means(metrics_of(eq1_at(matrices["test"], splits["test"], k, lam), splits["test"], cfg))
+               for part, lam in (("dense", 1.0), ("sparse", 0.0))}}
+    return {name: eq1_at(matrices[name], splits[name], k, best) for name in splits}, info
 
 
 def fingerprint(parts: dict) -> str:

@@ -468,7 +468,7 @@ def test_a_sparse_head_row_is_served_by_equation_1_with_the_dev_lambda(user_conf
     paper 002 Eq. 1 with the lam that is best on dev, as the saved model (the index's `hybrid_lambda`) serves it:
     its test lists are brute force Eq. 1 at that lam, and the dense-only and sparse-only halves are reported."""
     from benchmarks.quality.aspect_models.evaluation import means
-    from benchmarks.quality.fusion_lists import metrics_of
+    from benchmarks.quality.fusion_lists import metrics_of, model_lists
     from madr.modeling.model import BiEncoder
 
     result, printed = _main(user_config, tmp_path, "sparse", f"output_dir={tmp_path / 'run'}", "bench.seeds=[0]",
@@ -497,3 +497,5 @@ def test_a_sparse_head_row_is_served_by_equation_1_with_the_dev_lambda(user_conf
         kept = bench.Lists(z["test_scores"], z["test_ids"], z["test_judged"])
     assert result["mean"]["madral_pw_sparse"]["recall@10"] == pytest.approx(
         means(metrics_of(kept, ev, cfg))["recall@10"]), "the table's row is these lists"
+    again = model_lists(model, {"test": ev}, 50, 64, "saved")["test"]  # e.g. ESCI's: the saved model's own lam
+    np.testing.assert_allclose(again.scores, kept.scores, rtol=1e-4, atol=1e-5)
