@@ -155,10 +155,16 @@ class ModelConfig:
         return self.name == "hybrid" or self.sparse_head
 
     @property
+    def hybrid_objective(self) -> bool:
+        """Trained by paper 002's objective alone (Eq. 3-5: dense + sparse contrastive terms + FLOPS, no pointwise
+        or aspect terms) on a raw CLS vector: the hybrid model. A `sparse_head` model keeps its own objective."""
+        return self.name == "hybrid"
+
+    @property
     def unit_dense(self) -> bool:
         """The dense vector is L2-normalised wherever it is indexed or scored: cosine models, with or without a
         sparse head. The hybrid model's CLS vector stays raw (paper 002 Eq. 1 trains dot products)."""
-        return self.similarity == "cosine" and self.name != "hybrid"
+        return self.similarity == "cosine" and not self.hybrid_objective
 
     @property
     def learns_aspects(self) -> bool:

@@ -143,7 +143,7 @@ def finetune_loss(model: BiEncoder, queries: TextBatch, positives: TextBatch, ne
     q = model.encode(queries.input_ids, queries.attention_mask, "query")
     p = model.encode(positives.input_ids, positives.attention_mask, "doc")
     n = model.encode(negatives.input_ids, negatives.attention_mask, "doc") if negatives is not None else None
-    if cfg.name == "hybrid":
+    if cfg.hybrid_objective:
         return hybrid_loss(q, p, n, stage, step)
     temperature = cfg.temperature if cfg.similarity == "cosine" else 1.0
     sce = InBatchSoftmaxLoss(similarity=cfg.similarity, temperature=temperature)(

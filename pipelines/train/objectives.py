@@ -107,10 +107,10 @@ class StageModule(nn.Module):
             raise ValueError(f"{kind} needs a model")
         if kind == "finetune":
             cfg = model.config
-            if cfg.name != "hybrid" and stage.pointwise_weight > 0:
+            if not cfg.hybrid_objective and stage.pointwise_weight > 0:
                 self.pointwise = _without_scalar_parameters(PointwiseCELoss(similarity=cfg.similarity))
             temperature = cfg.temperature if cfg.similarity == "cosine" else 1.0
-            if cfg.name == "hybrid":
+            if cfg.hybrid_objective:
                 self.sce = GatheredInBatchSoftmaxLoss("dot", stage.sparse_temperature, gather=gather)
                 self.hybrid = HybridLoss.from_stage(stage, contrastive=self.sce)
             else:
@@ -173,7 +173,7 @@ class StageModule(nn.Module):
         return q, p, n
 
     def _aspect_terms(self) -> list[str]:
-        if self.stage.aspect_weight <= 0 or self.model.config.name == "hybrid":
+        if self.stage.aspect_weight <= 0 or self.model.config.hybrid_objective:
             return []
         return [k for k, _, _ in objective_keys(self.model.config)]
 
@@ -198,7 +198,7 @@ class StageModule(nn.Module):
         """The batch-coupled part of the fine-tuning loss, from representations only (see module docstring)."""
         cfg = self.model.config
         q, p, n = _float(reps["q"]), _float(reps["p"]), _float(reps.get("n"))
-        if cfg.name == "hybrid":
+        if cfg.hybrid_objective:
             return self._hybrid(reps, step)
         sce = self.sce(q, p, n)
         total, parts = sce, {"sce": float(sce.detach())}
