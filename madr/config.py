@@ -77,7 +77,9 @@ class ModelConfig:
     (kept as the model makes it: the fused aspect vector of MADRAL, unit length for cosine models). Fine-tuning
     adds the sparse contrastive term and FLOPS (Eq. 3-5) to the model's own loss; pairs score by Eq. 1 with
     `hybrid_lambda`. `sparse_vocab_size`: set by `BiEncoder.restrict_sparse_terms` (the lean head: the MLM
-    decoder holds only the word pieces of the user's catalog, e.g. 9,742 of e5's 250k for Home Depot); None: every piece.
+    decoder holds only the word pieces of the user's catalog, e.g. 9,742 of e5's 250k for Home Depot), which
+    `run_experiment`, the Ray training job and the benchmarks call for every `sparse_head` model
+    (`madr.recipes.aspects.experiment.build_catalog_model`); None: every piece.
     """
 
     name: str = "madral"

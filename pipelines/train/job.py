@@ -30,9 +30,13 @@ import torch
 from madr.config import ExperimentConfig, config_hash
 from madr.index.manifest import sha256_file
 from madr.layout import RunLayout
-from madr.modeling.model import build_model
+from madr.recipes.aspects.experiment import (
+    build_catalog_model,
+    load_catalog,
+    prepare_tokenizer,
+    prepare_vocabularies,
+)
 from madr.recipes.aspects.experiment import catalog_dir as catalog_dir_of
-from madr.recipes.aspects.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies
 from madr.training.loop import stage_negatives
 from pipelines.runtime import exit_on_sigterm, start_reaper
 from pipelines.train.config import distributed_config
@@ -86,7 +90,7 @@ def _starting_model(cfg: ExperimentConfig, kind: str, catalog: Any, out: Path) -
     if not (init / "config.json").is_file():
         torch.manual_seed(cfg.train.seed)
         tokenizer = prepare_tokenizer(cfg, catalog)
-        model = build_model(cfg.model, tokenizer, prepare_vocabularies(cfg, catalog, tokenizer))
+        model = build_catalog_model(cfg.model, catalog, tokenizer, prepare_vocabularies(cfg, catalog, tokenizer))
         model.save(init)
     return str(init)
 

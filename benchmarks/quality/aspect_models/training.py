@@ -27,7 +27,7 @@ from benchmarks.quality.aspect_models.rows import label_of, model_config, stage_
 from madr.config import ExperimentConfig, config_hash
 from madr.data.schema import Catalog
 from madr.modeling.model import BiEncoder, build_model
-from madr.modeling.tokenization import corpus_term_ids
+from madr.recipes.aspects.experiment import build_catalog_model
 from madr.training.freezing import backbone_frozen, freeze_backbone
 from madr.training.loop import catalog_sampler, stage_runs, train_stage
 from madr.training.memoised_backbone import memoised_backbones
@@ -49,10 +49,7 @@ def train_row(key: str, cfg: ExperimentConfig, catalog: Catalog, tokenizer, voca
     train through it. `device`: where the model trains (the batches follow the model)."""
     mcfg = model_config(cfg, key)
     torch.manual_seed(seed)
-    model = build_model(mcfg, tokenizer, vocab)
-    if mcfg.has_sparse and mcfg.sparse_vocab_size is None:  # the lean MLM head: the pieces of the catalog's products
-        model.restrict_sparse_terms(corpus_term_ids(tokenizer, [catalog.product_text(p) for p in catalog.products]))
-    model = model.to(device)
+    model = build_catalog_model(mcfg, catalog, tokenizer, vocab).to(device)  # a sparse head: the catalog's pieces
     # word embeddings: 12M of all-MiniLM's 23M weights, a third of the step time on 2 CPU cores
     freeze_backbone(model, freeze_embeddings, freeze_layers)
     stages = {kind: stage_config(cfg, key, kind) for kind in ("pretrain", "finetune")}

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from transformers import PreTrainedTokenizerBase
 
-from madr.config import ExperimentConfig
+from madr.config import ExperimentConfig, ModelConfig
 from madr.data.beir import read_beir
 from madr.data.quarantine import IngestSummary
 from madr.data.schema import Catalog
@@ -25,7 +25,7 @@ from madr.layout import RunLayout, prepared_catalog
 from madr.modeling.aspect_vocabulary import AspectVocabularies, build_vocabularies
 from madr.modeling.backbone import resolve_backbone_path
 from madr.modeling.model import BiEncoder, build_model
-from madr.modeling.tokenization import load_tokenizer, train_wordpiece_tokenizer
+from madr.modeling.tokenization import corpus_term_ids, load_tokenizer, train_wordpiece_tokenizer
 from madr.recipes.aspects.calibration import calibrate, dev_texts
 from madr.recipes.aspects.evaluation import evaluate_model
 from madr.training.loop import catalog_sampler, stage_runs, train_stage
@@ -101,6 +101,19 @@ def prepare_vocabularies(cfg: ExperimentConfig, catalog: Catalog,
                               tokenize=tokenizer.tokenize, min_freq=cfg.model.vocab_min_freq)
 
 
+def build_catalog_model(cfg: ModelConfig, catalog: Catalog, tokenizer: PreTrainedTokenizerBase,
+                        vocab: AspectVocabularies | None) -> BiEncoder:
+    """`build_model`; a `sparse_head` model gets the lean MLM head of this catalog (issue 26 item 1a): its decoder
+    keeps only the word pieces of the catalog's product texts (`corpus_term_ids`, `BiEncoder.restrict_sparse_terms`;
+    e.g. 9,742 of multilingual-e5's 250k for Home Depot), the only pieces a document of the index can weigh, so
+    paper 002 Eq. 1-2 score every indexed document as the full head would, at a fraction of the projection's cost.
+    A model already restricted (`sparse_vocab_size` set) keeps its terms."""
+    model = build_model(cfg, tokenizer, vocab)
+    if cfg.sparse_head and cfg.sparse_vocab_size is None:
+        model.restrict_sparse_terms(corpus_term_ids(tokenizer, [catalog.product_text(p) for p in catalog.products]))
+    return model
+
+
 def calibrate_on_dev(model: BiEncoder, catalog: Catalog) -> dict:
     """Fit `model.calibration` on the dev split when the model predicts aspect values and the catalog has dev
     queries with annotations; returns the calibration report ({} when there was nothing to fit)."""
@@ -124,7 +137,7 @@ def run_experiment(cfg: ExperimentConfig, progress: bool = True) -> ExperimentRe
     catalog = load_catalog(cfg)
     tokenizer = prepare_tokenizer(cfg, catalog)
     vocab = prepare_vocabularies(cfg, catalog, tokenizer)
-    model: BiEncoder = build_model(cfg.model, tokenizer, vocab)
+    model = build_catalog_model(cfg.model, catalog, tokenizer, vocab)
     before = evaluate_model(model, catalog, cfg.eval)
     sampler = catalog_sampler(catalog, cfg.train.finetune, tokenizer, cfg.train.seed,
                               index_negatives=RunLayout.of(cfg).negatives)
