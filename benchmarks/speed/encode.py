@@ -17,6 +17,10 @@ subprocess on the same ``--threads`` CPUs:
              vectors within ~1e-5 cosine of fp32's).
 - ``ray_actors`` / ``ray_actors_bf16``: the job with ``encode.executor: actors`` (plain Ray actors that read,
              tokenise and encode whole pieces; no Ray Data executor), in fp32 / bf16.
+- ``ray_actors_int8`` / ``st_int8``: the job with ``encode.executor: actors`` and ``encode.dtype: int8`` (every
+             Linear weight per-channel int8, dynamic quantisation: ``madr.export.quantize.int8_model``) and
+             sentence-transformers ``encode`` of the same model quantised the same way
+             (``quantize_linear_int8`` of its modules).
 - ``torch``: a plain single-process loop: ``BiEncoder.encode_texts`` in batches of 128 (tokenising
              included) + the same FAISS add and write.
 
@@ -220,7 +224,12 @@ def child_st(corpus: Path, model_dir: Path, out: Path, threads: int, dtype: str 
                                       models.Normalize()], device="cpu")
     start = time.perf_counter()
     texts, ids = _texts_ids(corpus)
-    low = torch.autocast("cpu", dtype=getattr(torch, dtype)) if dtype != "float32" else contextlib.nullcontext()
+    if dtype == "int8":  # st_int8: the job's `encode.dtype: int8` quantisation of the same modules
+        from madr.export.quantize import quantize_linear_int8
+
+        st = quantize_linear_int8(st)
+    low = (torch.autocast("cpu", dtype=getattr(torch, dtype)) if dtype not in ("float32", "int8")
+           else contextlib.nullcontext())
     with low:  # st_bf16: the same autocast the job's `encode.dtype` applies
         vecs = st.encode(texts, batch_size=128, convert_to_numpy=True)
     _faiss_write(vecs.astype(np.float32), ids, out)
@@ -322,9 +331,18 @@ def child_ray_actors_bf16(*args, **kw) -> dict:
     return child_ray(*args, **kw, executor="actors", dtype="bfloat16")
 
 
+def child_ray_actors_int8(*args, **kw) -> dict:
+    return child_ray(*args, **kw, executor="actors", dtype="int8")
+
+
+def child_st_int8(*args, **kw) -> dict:
+    return child_st(*args, **kw, dtype="int8")
+
+
 CHILDREN = {"torch": child_torch, "st": child_st, "ray": child_ray, "ray_staged": child_ray_staged,
             "ray_bf16": child_ray_bf16, "st_bf16": child_st_bf16, "ray_actors": child_ray_actors,
-            "ray_actors_bf16": child_ray_actors_bf16}
+            "ray_actors_bf16": child_ray_actors_bf16, "ray_actors_int8": child_ray_actors_int8,
+            "st_int8": child_st_int8}
 
 
 def run_child(method: str, corpus: Path, model_dir: Path, out: Path, args: argparse.Namespace) -> dict:
@@ -348,7 +366,7 @@ def report(rows: list[dict], sizes: list[int], methods: list[str]) -> None:
     print("\nratios (ray / peer docs/s) and memory growth (largest / smallest corpus):")
     for n in sizes:
         by = {r["method"]: r for r in rows if r["docs"] == n}
-        for job in (m for m in ("ray", "ray_bf16", "ray_actors", "ray_actors_bf16") if m in by):
+        for job in (m for m in ("ray", "ray_bf16", "ray_actors", "ray_actors_bf16", "ray_actors_int8") if m in by):
             steady = by[job].get("steady_docs_per_s")
             print(f"  {n:>8} docs: " + ", ".join(
                 f"{job}/{m} {by[job]['docs_per_s'] / by[m]['docs_per_s']:.2f} end-to-end"

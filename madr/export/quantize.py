@@ -19,6 +19,8 @@ scales kept more of the fp32 quality at the same speed (x-ling top-1 98.0% vs 95
   SHARED with `module` (no second copy of the word table), and `module` itself is left as it was. torch 2.13
   marks `torch.ao.quantization` deprecated in favour of `torchao` (not a dependency here); it still runs, and
   its notices are silenced where it is called.
+- `int8_model(model)`: that copy of a whole `BiEncoder`, what the encode job's `encode.dtype: int8` encodes
+  documents with.
 - `Int8QueryEncoder`: a `madr.search.query_encoder.LeanQueryEncoder` whose tower is that copy: the same
   tokenisation, batching, outputs and sparse rows, int8 matrix products.
 - `quantize_onnx_int8(src, dst)`: `onnxruntime.quantization.quantize_dynamic` of an ONNX tower
@@ -80,6 +82,17 @@ def quantize_linear_int8(module: nn.Module, per_channel: bool = True) -> nn.Modu
 def count_int8_linears(module: nn.Module) -> int:
     """How many dynamic int8 Linear layers `module` holds (0: nothing was quantised)."""
     return sum(isinstance(m, torch.ao.nn.quantized.dynamic.Linear) for m in module.modules())
+
+
+def int8_model(model: BiEncoder, per_channel: bool = True) -> BiEncoder:
+    """An int8 copy of the whole `model` for encoding on the CPU (`quantize_linear_int8`; `model` is unchanged):
+    what the encode job's `encode.dtype: int8` encodes documents with. ValueError when it holds no Linear."""
+    if next(model.parameters()).device.type != "cpu":
+        raise ValueError("int8 dynamic quantisation runs on the CPU; the model is not on it")
+    out = quantize_linear_int8(model, per_channel)
+    if count_int8_linears(out) == 0:
+        raise ValueError(f"model {model.config.name!r} has no Linear layer to quantise")
+    return out
 
 
 class Int8QueryEncoder(LeanQueryEncoder):

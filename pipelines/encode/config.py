@@ -11,7 +11,7 @@ from madr.config import IndexConfig
 
 DEVICES = ("auto", "cpu", "cuda")
 LEXICAL_KINDS = ("bm25",)  # madr.index.lexical.LEXICAL_KINDS (not imported: keeps this module light)
-DTYPES = ("auto", "float32", "float16", "bfloat16")
+DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
 EXECUTORS = ("auto", "ray_data", "actors")
 
 
@@ -66,7 +66,9 @@ class EncodeConfig:
     rows_per_read: int = 2048  # rows per piece: one read task, and the length-bucketing window
     device: str = "auto"
     # auto: bfloat16 on GPUs that support it, float16 on others, float32 on CPU; bfloat16 on a CPU with AVX512-BF16
-    # / AMX: the forward pass under bf16 autocast, 1.7x the fp32 job at 100k docs on 2 cores (RESULTS, issue 23)
+    # / AMX: the forward pass under bf16 autocast, 1.7x the fp32 job at 100k docs on 2 cores (RESULTS, issue 23);
+    # int8 (CPU only): every Linear weight of the model as per-channel int8 (dynamic quantisation,
+    # madr.export.quantize.quantize_linear_int8), activations float32: its retrieval quality is in RESULTS
     dtype: str = "auto"
     tokenize_actors: int = 1
     encode_actors: int = 1
@@ -95,6 +97,9 @@ class EncodeConfig:
             raise ValueError(f"encode.device: {self.device!r} is not one of {', '.join(DEVICES)}")
         if self.dtype not in DTYPES:
             raise ValueError(f"encode.dtype: {self.dtype!r} is not one of {', '.join(DTYPES)}")
+        if self.dtype == "int8" and self.device == "cuda":
+            raise ValueError("encode.dtype: int8 (dynamic quantisation) runs on the CPU; use bfloat16 or float16 "
+                             "with encode.device: cuda")
         if self.executor not in EXECUTORS:
             raise ValueError(f"encode.executor: {self.executor!r} is not one of {', '.join(EXECUTORS)}")
         if self.format not in (None, "parquet", "jsonl"):

@@ -94,6 +94,8 @@ def job_identity(cfg: EncodeConfig, plan: CorpusPlan, info: ModelInfo,
         ident["lexical_tokenizer"] = lexical_tokenizer
     if cfg.sparse_backend is not None:  # likewise: the shards' files depend on it
         ident["sparse_backend"] = cfg.sparse_backend
+    if cfg.dtype == "int8":  # likewise: int8 weights give other vectors (a float dtype only rounds the same ones)
+        ident["dtype"] = cfg.dtype
     ident.update(model=info.fingerprint, plan=plan.fingerprint(), num_shards=plan.num_shards)
     ident["hash"] = hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
     return ident

@@ -51,6 +51,10 @@ def resolve_dtype(dtype: str, device: str):
         if device != "cuda":
             return torch.float32
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    if dtype == "int8":  # int8 weights (EncodeDocs quantises the model), float32 activations
+        if device == "cuda":
+            raise ValueError("encode.dtype: int8 (dynamic quantisation) runs on the CPU, not on cuda")
+        return torch.float32
     return getattr(torch, dtype)
 
 
@@ -106,6 +110,10 @@ class EncodeDocs:
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.model = BiEncoder.load(model_dir).to(self.device).eval()
+        if dtype == "int8":
+            from madr.export.quantize import int8_model
+
+            self.model = int8_model(self.model)
         got = {"dim": int(self.model.embedding_dim), "vocab_size": len(self.model.tokenizer)}
         if expect and any(got[k] != v for k, v in expect.items()):
             raise ValueError(f"{model_dir}: the loaded model has {got}, its files said {expect}")
