@@ -83,9 +83,9 @@ def retrieval_metrics(run: dict, ev: EvalSet) -> dict[str, dict[str, float]]:
 
 def dense_row(model: BiEncoder, ev: EvalSet, cfg, batch_size: int, label: str) -> dict[str, dict[str, float]]:
     lengths = eval_lengths(model.tokenizer, ev, cfg)
-    d, _ = encode(model, ev.doc_texts, lengths["doc"], "doc", batch_size, f"{label}: ESCI products")
-    q, _ = encode(model, ev.query_texts, lengths["query"], "query", batch_size, f"{label}: ESCI queries")
-    return retrieval_metrics(dense_runs(q, d, ev, DEPTH)[0], ev)
+    d = encode(model, ev.doc_texts, lengths["doc"], "doc", batch_size, f"{label}: ESCI products")
+    q = encode(model, ev.query_texts, lengths["query"], "query", batch_size, f"{label}: ESCI queries")
+    return retrieval_metrics(dense_runs(q.vectors, d.vectors, ev, DEPTH)[0], ev)
 
 
 def reference_rows(keys: list[str], cfg, ev: EvalSet, tokenizer, bench: dict) -> dict[str, dict]:

@@ -22,6 +22,7 @@ import torch
 
 from benchmarks.quality.aspect_models.data import EvalSet, token_lengths
 from benchmarks.quality.aspect_models.evaluation import (
+    Encoded,
     Lists,
     aspect_accuracy,
     dense_lists,
@@ -44,35 +45,41 @@ from madr.search.score_fusion import (
 )
 
 
-def encode_split(model: BiEncoder, texts: list[str], side: str, bs: int, desc: str, sparse: list | None = None
-                 ) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
-    """Search vectors of `texts` (length-sorted batches; L2-normalised for cosine models) and the model's top-1
-    phrase value per aspect (`benchmarks.quality.aspect_models.evaluation.encode`; `sparse` receives the sparse
-    vectors of a model with them)."""
+def encode_split(model: BiEncoder, texts: list[str], side: str, bs: int, desc: str) -> Encoded:
+    """`texts` as `model` encodes them (`benchmarks.quality.aspect_models.evaluation.encode`: length-sorted
+    batches, search vectors, top-1 aspect values, sparse vectors of a model with them)."""
     max_len = model.config.max_query_length if side == "query" else model.config.max_doc_length
     lengths = token_lengths(model.tokenizer, model.config.prefixed(texts, side), max_len)
-    return encode(model, texts, lengths, side, bs, desc, sparse)
+    return encode(model, texts, lengths, side, bs, desc)
+
+
+def encode_splits(model: BiEncoder, splits: dict[str, EvalSet], bs: int, label: str
+                  ) -> tuple[Encoded, dict[str, tuple[np.ndarray, Encoded]]]:
+    """The products of every split's corpus, encoded once (their sorted union), and {split: (the rows of that
+    union which are the split's corpus, in its order; the split's queries encoded)}."""
+    texts = sorted({t for ev in splits.values() for t in ev.doc_texts})
+    row = {t: i for i, t in enumerate(texts)}
+    docs = encode_split(model, texts, "doc", bs, f"{label}: corpus")
+    return docs, {name: (np.array([row[t] for t in ev.doc_texts]),
+                         encode_split(model, ev.query_texts, "query", bs, f"{label}: {name} queries"))
+                  for name, ev in splits.items()}
 
 
 def model_lists(model: BiEncoder, splits: dict[str, EvalSet], k: int, bs: int, label: str,
                 aspects: dict[str, dict[str, float]] | None = None) -> dict[str, Lists]:
-    """Lists of `model` on every split; products shared by the splits' corpora are encoded once. Dense models:
-    exact inner-product top-k; models with sparse vectors: Eq. 1 at the model's `hybrid_lambda` (as an index of it
-    serves them; `eq1_lists` chooses the lam on dev). For a model that predicts aspects, `aspects` (when given)
-    receives each split's Accuracy@1 per aspect and side."""
+    """Lists of `model` on every split (`encode_splits`). Dense models: exact inner-product top-k; models with
+    sparse vectors: Eq. 1 at the model's `hybrid_lambda` (as an index of it serves them; `eq1_lists` chooses the
+    lam on dev). For a model that predicts aspects, `aspects` (when given) receives each split's Accuracy@1 per
+    aspect and side."""
     if model.config.has_sparse:
         matrices, _ = eq1_matrices(model, splits, bs, label, aspects)
         return {name: eq1_at(matrices[name], splits[name], k, model.config.hybrid_lambda) for name in splits}
-    texts = sorted({t for ev in splits.values() for t in ev.doc_texts})
-    row = {t: i for i, t in enumerate(texts)}
-    docs, doc_preds = encode_split(model, texts, "doc", bs, f"{label}: corpus")
+    docs, queries = encode_splits(model, splits, bs, label)
     out = {}
-    for name, ev in splits.items():
-        q, q_preds = encode_split(model, ev.query_texts, "query", bs, f"{label}: {name} queries")
-        rows = np.array([row[t] for t in ev.doc_texts])
-        out[name] = dense_lists(q, docs[torch.from_numpy(rows)], ev, k)
-        if aspects is not None and doc_preds:
-            aspects[name] = split_accuracy(model, q_preds, doc_preds, rows, ev)
+    for name, (rows, q) in queries.items():
+        out[name] = dense_lists(q.vectors, docs.vectors[torch.from_numpy(rows)], splits[name], k)
+        if aspects is not None and docs.preds:
+            aspects[name] = split_accuracy(model, q.preds, docs.preds, rows, splits[name])
     return out
 
 
@@ -87,22 +94,15 @@ def eq1_matrices(model: BiEncoder, splits: dict[str, EvalSet], bs: int, label: s
                  ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, float]]:
     """{split: (dense [Q, N], sparse [Q, N] scores)} of a model with sparse vectors over each split's corpus
     (dense unit-length for cosine models, sparse cut to the top-k as indexed) and the non-zero terms per vector."""
-    texts = sorted({t for ev in splits.values() for t in ev.doc_texts})
-    row = {t: i for i, t in enumerate(texts)}
-    got: list = []
-    docs, doc_preds = encode_split(model, texts, "doc", bs, f"{label}: corpus", sparse=got)
-    doc_sparse = got.pop()
-    terms = {"doc": float(np.diff(doc_sparse.indptr).mean())}
+    docs, queries = encode_splits(model, splits, bs, label)
+    terms = {"doc": float(np.diff(docs.sparse.indptr).mean())}
     matrices = {}
-    for name, ev in splits.items():
-        q, q_preds = encode_split(model, ev.query_texts, "query", bs, f"{label}: {name} queries", sparse=got)
-        rows = np.array([row[t] for t in ev.doc_texts])
-        qs = got.pop()
-        terms[f"{name}_query"] = float(np.diff(qs.indptr).mean())
-        matrices[name] = (q @ docs[torch.from_numpy(rows)].T,
-                          torch.from_numpy((qs @ doc_sparse[rows].T).toarray()).float())
-        if aspects is not None and doc_preds:
-            aspects[name] = split_accuracy(model, q_preds, doc_preds, rows, ev)
+    for name, (rows, q) in queries.items():
+        terms[f"{name}_query"] = float(np.diff(q.sparse.indptr).mean())
+        matrices[name] = (q.vectors @ docs.vectors[torch.from_numpy(rows)].T,
+                          torch.from_numpy((q.sparse @ docs.sparse[rows].T).toarray()).float())
+        if aspects is not None and docs.preds:
+            aspects[name] = split_accuracy(model, q.preds, docs.preds, rows, splits[name])
     return matrices, terms
 
 
@@ -199,11 +199,17 @@ def weight_grid(n: int, step: float) -> list[tuple[float, ...]]:
     return [tuple(u / units for u in w) for w in split(units, n)]
 
 
+def retrieval_per_query(scores: np.ndarray, ids: np.ndarray, ev: EvalSet, cfg: ExperimentConfig,
+                        metrics: Sequence[str]) -> dict[str, dict[str, float]]:
+    """{metric: {query id: value}} of top lists (retrieval metrics only: no judged scores)."""
+    return evaluate(top_run(scores, ids, ev), ev.qrels, list(metrics),
+                    relevance_threshold=cfg.eval.relevance_threshold, gains=cfg.eval.gains, per_query=True)
+
+
 def retrieval_means(scores: np.ndarray, ids: np.ndarray, ev: EvalSet, cfg: ExperimentConfig,
                     metrics: Sequence[str]) -> dict[str, float]:
     """Mean over the queries of each retrieval metric of top lists (no re-ranking metrics: no judged scores)."""
-    per_q = evaluate(top_run(scores, ids, ev), ev.qrels, list(metrics),
-                     relevance_threshold=cfg.eval.relevance_threshold, gains=cfg.eval.gains, per_query=True)
+    per_q = retrieval_per_query(scores, ids, ev, cfg, metrics)
     return {m: float(np.mean(list(v.values()))) for m, v in per_q.items()}
 
 

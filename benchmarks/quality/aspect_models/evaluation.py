@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -22,12 +23,20 @@ from madr.search.sparse import SparseBatch
 from madr.search.sparse.bm25 import BM25Index
 
 
+@dataclass
+class Encoded:
+    """Texts as a model encodes them, in input order."""
+
+    vectors: torch.Tensor  # [N, d] search vectors, L2-normalised for cosine models
+    preds: dict[str, np.ndarray]  # aspect key -> [N] top-1 phrase value, for the aspects the model predicts
+    sparse: Any = None  # scipy CSR [N, V] sparse vectors (top-k cut, eval mode) of a model with them, else None
+
+
 @torch.no_grad()
 def encode(model: BiEncoder, texts: list[str], lengths: np.ndarray, side: str, batch_size: int,
-           desc: str, sparse: list | None = None) -> tuple[torch.Tensor, dict[str, np.ndarray]]:
-    """Search vectors [N, d] (L2-normalised for cosine models) and the top-1 phrase value of each aspect the
-    model predicts, in ONE pass in length order. `sparse` (a list; models with sparse vectors): receives the
-    texts' sparse vectors (top-k cut, eval mode) as one scipy CSR [N, V] in input order."""
+           desc: str) -> Encoded:
+    """`texts` encoded in ONE pass in length order: search vectors, the top-1 phrase value of each aspect the
+    model predicts and, for a model with sparse vectors, those."""
     model.eval()
     device = model_device(model)
     keys = [k for k, _, g in objective_keys(model.config) if g == "phrase"]
@@ -43,11 +52,10 @@ def encode(model: BiEncoder, texts: list[str], lengths: np.ndarray, side: str, b
         emb[torch.from_numpy(idx)] = F.normalize(e, dim=-1) if model.config.similarity == "cosine" else e
         for k in keys:
             preds[k][idx] = out.aspect_logits[k].argmax(-1).cpu().numpy()
-        if sparse is not None:
+        if model.config.has_sparse:
             parts.append(SparseBatch.from_dense(out.sparse.float().cpu()))
-    if sparse is not None:
-        sparse.append(SparseBatch.concat(parts).select(np.argsort(order)).to_scipy().tocsr())
-    return emb, preds
+    sparse = SparseBatch.concat(parts).select(np.argsort(order)).to_scipy().tocsr() if parts else None
+    return Encoded(emb, preds, sparse)
 
 
 @dataclass
@@ -181,11 +189,11 @@ def search_depth(cfg: ExperimentConfig) -> int:
 def eval_model(model: BiEncoder, ev: EvalSet, lengths: dict[str, np.ndarray], cfg: ExperimentConfig, bs: int,
                label: str) -> tuple[dict, dict]:
     k = search_depth(cfg)
-    d, d_preds = encode(model, ev.doc_texts, lengths["doc"], "doc", bs, f"{label}: corpus")
-    q, q_preds = encode(model, ev.query_texts, lengths["query"], "query", bs, f"{label}: queries")
-    pq = per_query_metrics(*dense_runs(q, d, ev, k), ev, cfg)
+    d = encode(model, ev.doc_texts, lengths["doc"], "doc", bs, f"{label}: corpus")
+    q = encode(model, ev.query_texts, lengths["query"], "query", bs, f"{label}: queries")
+    pq = per_query_metrics(*dense_runs(q.vectors, d.vectors, ev, k), ev, cfg)
     acc = {}
     if model.vocabularies is not None and objective_keys(model.config):
-        acc = {**aspect_accuracy(model, q_preds, ev.query_aspects, "query"),
-               **aspect_accuracy(model, d_preds, ev.doc_aspects, "doc")}
+        acc = {**aspect_accuracy(model, q.preds, ev.query_aspects, "query"),
+               **aspect_accuracy(model, d.preds, ev.doc_aspects, "doc")}
     return pq, acc
