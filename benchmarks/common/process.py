@@ -54,6 +54,7 @@ class ProcessTree:
         import psutil
 
         self.proc, self.interval, self.peak, self._stop = psutil.Process(), interval, 0, threading.Event()
+        self.peak_rss = 0  # summed RSS (shared pages counted in every process), beside `peak` (summed PSS)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.sampler_cpu = 0.0
         self._cpu: dict[int, float] = {}
@@ -72,14 +73,17 @@ class ProcessTree:
         return sum(self._cpu.values()) - self.sampler_cpu
 
     def _sample(self) -> int:
-        total = 0
+        """Summed PSS of the tree now (bytes); keeps the peak summed RSS."""
+        pss = rss = 0
         for p in self.members():
             try:
                 with open(f"/proc/{p.pid}/smaps_rollup") as f:
-                    total += next(int(ln.split()[1]) for ln in f if ln.startswith("Pss:")) * 1024
-            except (OSError, StopIteration):
+                    kb = {ln.split()[0]: int(ln.split()[1]) for ln in f if ln.startswith(("Pss:", "Rss:"))}
+                pss, rss = pss + kb.get("Pss:", 0) * 1024, rss + kb.get("Rss:", 0) * 1024
+            except (OSError, ValueError, IndexError):
                 pass
-        return total
+        self.peak_rss = max(self.peak_rss, rss)
+        return pss
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -5,9 +5,11 @@ subprocess on the same ``--threads`` CPUs:
 
 - ``ray``:   ``pipelines.encode`` on a local Ray (``ray.init(num_cpus=threads)``: read tasks -> tokenise
              actor -> ``threads`` encode actors with 1 torch thread each -> shard tasks), Flat shards,
-             manifest, checksums, docs table off; wall time from the job's start to its manifest.
+             manifest, checksums, docs table off, the job's own batch size (32 on CPU; 128 before 2026-11-28);
+             wall time from the job's start to its manifest.
 - ``st``:    sentence-transformers ``encode`` of the same backbone (CLS pooling + L2 norm = the madr
-             ``bibert`` document vector), batch 128, torch threads = ``threads``; then
+             ``bibert`` document vector), its default batch of 32 (128 before 2026-11-28; 32 is 5% faster for
+             it here), torch threads = ``threads``; then
              ``IndexIDMap2(IndexFlatIP).add_with_ids`` + ``write_index`` (the issue's peer).
 - ``ray_staged``: the same job with the stages of a GPU run on CPU (a tokenise actor in front of the encode
              actors, ``tokenize_in_encoder: false``) and the encode actors started one after another
@@ -30,7 +32,8 @@ max length 128) wrapped as a madr ``bibert`` with shared towers; ``tiny`` = a ra
 trained on the corpus (cheap models for the memory-vs-corpus-size curve: the forward pass costs little, so
 reading, tokenising, moving batches and writing shards dominate).
 
-Peak memory is the peak, sampled every 0.5 s, of the summed PSS (proportional set size: shared pages
+Peak memory is the peak, sampled every second (``benchmarks.common.process.ProcessTree``; before 2026-11-28:
+every 0.5 s through psutil's full smaps read), of the summed PSS (proportional set size: shared pages
 counted once across processes) and of the summed RSS of the method's process and all its descendants
 (for ``ray``: GCS, raylet, workers, object store mappings). ``--max-docs-per-shard`` fixes the shard
 size of the job, so a larger corpus means more shards, not larger ones: the job's memory should then not
@@ -56,7 +59,6 @@ import argparse
 import json
 import os
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -64,7 +66,7 @@ import numpy as np
 
 from benchmarks.common.machine import arch_cores, versions_line
 from benchmarks.common.plotting import pyplot, save_figure
-from benchmarks.common.process import child_env, module_command
+from benchmarks.common.process import ProcessTree, child_env, module_command
 
 TINY = {"tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
                  "max_position_embeddings": 128},
@@ -72,50 +74,6 @@ TINY = {"tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_head
                   "max_position_embeddings": 64}}
 MAX_LENGTH = {"minilm": 128, "tiny": 64, "micro": 48}
 CHECK_ROWS = 256  # vectors compared between methods (same model -> same vectors)
-
-
-class PeakMemory:
-    """Peak summed PSS and RSS of this process and its descendants, and the CPU seconds (user + system) they
-    used (the last reading of each process; one that lives < 0.5 s can be missed), sampled in a thread. On a
-    machine other jobs load, CPU seconds compare methods better than wall time."""
-
-    def __init__(self, interval: float = 0.5) -> None:
-        import psutil
-
-        self.proc, self.interval, self._stop = psutil.Process(), interval, threading.Event()
-        self.peak_pss = self.peak_rss = 0
-        self.cpu: dict[tuple[int, float], float] = {}  # (pid, create time) -> CPU seconds
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    @property
-    def cpu_seconds(self) -> float:
-        return sum(self.cpu.values())
-
-    def _sample(self) -> None:
-        pss = rss = 0
-        for p in [self.proc, *self.proc.children(recursive=True)]:
-            try:
-                info = p.memory_full_info()
-                pss, rss = pss + info.pss, rss + info.rss
-                t = p.cpu_times()
-                self.cpu[(p.pid, p.create_time())] = t.user + t.system
-            except Exception:  # noqa: BLE001 (a process that just exited, or no access)
-                pass
-        self.peak_pss, self.peak_rss = max(self.peak_pss, pss), max(self.peak_rss, rss)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            self._sample()
-            time.sleep(self.interval)
-
-    def __enter__(self) -> PeakMemory:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._sample()
 
 
 # ---- inputs ----------------------------------------------------------------------------------------------
@@ -231,7 +189,7 @@ def child_st(corpus: Path, model_dir: Path, out: Path, threads: int, dtype: str 
     low = (torch.autocast("cpu", dtype=getattr(torch, dtype)) if dtype not in ("float32", "int8")
            else contextlib.nullcontext())
     with low:  # st_bf16: the same autocast the job's `encode.dtype` applies
-        vecs = st.encode(texts, batch_size=128, convert_to_numpy=True)
+        vecs = st.encode(texts, convert_to_numpy=True)  # its default batch size (32)
     _faiss_write(vecs.astype(np.float32), ids, out)
     return {"seconds": time.perf_counter() - start}
 
@@ -256,7 +214,7 @@ def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: in
     cfg = EncodeConfig(input=[str(corpus)], output=str(out), model_dir=str(model_dir),
                        text_columns=["title", "description"], num_shards=None if max_docs_per_shard else shards,
                        max_docs_per_shard=max_docs_per_shard, index_factory="Flat", store_docs=False,
-                       rows_per_read=1024, batch_size=128, tokenize_actors=1, tokenize_cpus=0.5,
+                       rows_per_read=1024, batch_size=None, tokenize_actors=1, tokenize_cpus=0.5,
                        encode_actors=threads, encode_cpus=0.75, torch_threads=1, overwrite=True,
                        tokenize_in_encoder=not staged, min_encode_actors=1 if staged else None, dtype=dtype,
                        executor=executor)
@@ -422,11 +380,11 @@ def main() -> None:
         plot_memory(args.plot, args.png)
         return
     if args.child:
-        with PeakMemory() as mem:
+        with ProcessTree() as tree:
             res = CHILDREN[args.child](Path(args.corpus), Path(args.model_dir), Path(args.out), args.threads,
                                        shards=args.shards, max_docs_per_shard=args.max_docs_per_shard)
-        res["peak_pss_mb"], res["peak_rss_mb"] = mem.peak_pss / 2**20, mem.peak_rss / 2**20
-        res["cpu_s"] = mem.cpu_seconds
+        res["peak_pss_mb"], res["peak_rss_mb"] = tree.peak / 2**20, tree.peak_rss / 2**20
+        res["cpu_s"], res["sampler_cpu_s"] = tree.cpu_seconds(), tree.sampler_cpu
         print("RESULT " + json.dumps(res), flush=True)
         return
     work = Path(args.work)
