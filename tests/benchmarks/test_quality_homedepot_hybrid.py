@@ -26,7 +26,7 @@ import yaml
 
 from benchmarks.quality import homedepot_hybrid as bench
 from benchmarks.quality.aspect_models.rows import ROWS as ROW_LABELS
-from benchmarks.quality.fusion_lists import weight_grid
+from benchmarks.quality.fusion_lists import eq1_grid, weight_grid
 from tests.benchmarks.tiny_backbone import save_tiny_bert
 
 STEP = 0.25  # bench.fusion_step: 5 weight pairs, 15 weight triples
@@ -476,8 +476,9 @@ def test_a_sparse_head_row_is_served_by_equation_1_with_the_dev_lambda(user_conf
                             "bench.curve_every=0", "bench.fusion_normalisations=[minmax]")
     info = json.loads((tmp_path / "run" / "lists" / "madral_pw_sparse@0.info.json").read_text())
     eq1 = info["eq1"]
-    grid = [i * STEP for i in range(int(1 / STEP) + 1)]
-    assert sorted(map(float, eq1["dev"])) == grid and eq1["lambda"] in grid
+    grid = eq1_grid(STEP)  # the multiples of the fusion step and values near 1
+    assert {i * STEP for i in range(int(1 / STEP) + 1)} | {0.99, 0.999} <= set(grid)
+    assert sorted(map(float, eq1["dev"])) == sorted(grid) and eq1["lambda"] in grid
     assert eq1["dev"][str(eq1["lambda"])] == max(eq1["dev"].values()), "the best lam on dev"
     assert 0 < eq1["terms"]["doc"] <= 256 and 0 < eq1["terms"]["test_query"] <= 256
     assert eq1["test_dense"] != eq1["test_sparse"]
@@ -499,3 +500,17 @@ def test_a_sparse_head_row_is_served_by_equation_1_with_the_dev_lambda(user_conf
         means(metrics_of(kept, ev, cfg))["recall@10"]), "the table's row is these lists"
     again = model_lists(model, {"test": ev}, 50, 64, "saved")["test"]  # e.g. ESCI's: the saved model's own lam
     np.testing.assert_allclose(again.scores, kept.scores, rtol=1e-4, atol=1e-5)
+
+    from benchmarks.quality import eq1_lambda
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        tuned = eq1_lambda.main(["--config", str(user_config), "--set", f"output_dir={tmp_path / 'run'}", "--set",
+                                 "bench.fusion_normalisations=[minmax]", "--threads", "1", "--out-dir", str(tmp_path)])
+    assert tuned["chosen"]["fine"] == eq1["lambda"], "the benchmark and the re-tuning agree on the fine grid's lam"
+    assert tuned["chosen"]["coarse"] in [i * STEP for i in range(int(1 / STEP) + 1)]
+    fine_row = next(r for r in tuned["values"] if "(fine grid, dev)" in r)
+    assert tuned["values"][fine_row]["recall@10"] == pytest.approx(result["mean"]["madral_pw_sparse"]["recall@10"])
+    target = next(r for r in tuned["values"] if r.startswith("bm25+e5 ("))
+    assert tuned["values"][target]["recall@10"] == pytest.approx(result["mean"]["bm25+e5"]["recall@10"])
+    assert tuned["tests"][fine_row]["recall@10"]["n"] == len(ev.query_ids)
+    assert (tmp_path / "results" / "real_homedepot_eq1_lambda.json").is_file()
