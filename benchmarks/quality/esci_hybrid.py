@@ -64,11 +64,11 @@ from benchmarks.quality.esci_transfer import METRICS, retrieval_metrics
 from benchmarks.quality.fusion_lists import fuse, model_lists, rrf
 from benchmarks.quality.homedepot_hybrid import (
     load,
-    plot,
     reference_fusions,
     reference_model,
     trained_fusions,
 )
+from benchmarks.quality.hybrid_report import plot_rows
 from madr.data.sources.esci import esci_text_catalog
 from madr.modeling.model import BiEncoder
 from madr.modeling.tokenization import load_tokenizer
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "table": text,
     }
     json_path = write_result_json(Path(args.out_dir), args.tag, out)
-    plot(
+    plot_rows(
         agg["order"],
         rows.labels,
         agg["mean"],

@@ -28,7 +28,8 @@ from benchmarks.quality.aspect_models.data import EvalSet, catalog_for
 from benchmarks.quality.aspect_models.evaluation import means, search_depth
 from benchmarks.quality.aspect_models.report import header, relative_table, significance, value_table
 from benchmarks.quality.fusion_lists import metrics_of
-from benchmarks.quality.homedepot_hybrid import Run, aspect_table, load, plot, reference_rows
+from benchmarks.quality.homedepot_hybrid import Run, load, reference_rows
+from benchmarks.quality.hybrid_report import aspect_lines, plot_rows
 from benchmarks.quality.row_export import read_rows
 
 # (row, compared with, the claim): paper 000 Tables 4 / 7, paper 001 Table 3
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> dict:
             relative_table(order, labels, mean, metrics, target, tests, alpha),
             f"\n## The papers' claims (row - compared, seed-mean per query; † paired t-test p < {alpha:g})", *claims]
     seeds_info = {s: {row: each[s] for row, each in info.items() if s in each} for s in seeds}
-    text += aspect_table(seeds_info, list(info), labels)
+    text += aspect_lines(seeds_info, list(info), labels)
     machine = machine_info()
     text.append("\nreferences: " + "; ".join(f"{k} {v}" for k, v in machine.items()))
     text += [f"trained rows ({where}): " + "; ".join(f"{k} {v}" for k, v in m.items()) for where, m in machines.items()]
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> dict:
               "machine": machine, "trained_machines": machines, "wall_s": time.perf_counter() - start,
               "table": "\n".join(text)}
     path = write_result_json(args.out_dir, args.tag, result)
-    plot(order, labels, mean, std, metrics, Path(args.out_dir) / "plots" / f"{args.tag}.png", target)
+    plot_rows(order, labels, mean, std, metrics, Path(args.out_dir) / "plots" / f"{args.tag}.png", target)
     print(f"wrote {path}")
     return result
 

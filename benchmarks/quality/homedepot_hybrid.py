@@ -52,7 +52,6 @@ import torch
 
 from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args, local_backbone, read_config, repo_path
 from benchmarks.common.machine import load_average, machine_info, run_command
-from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.results import write_result_json
 from benchmarks.quality.aspect_models.data import EvalSet, catalog_for
 from benchmarks.quality.aspect_models.evaluation import (
@@ -63,7 +62,7 @@ from benchmarks.quality.aspect_models.evaluation import (
     search_depth,
     served_pieces,
 )
-from benchmarks.quality.aspect_models.report import header, relative_table, significance, value_table
+from benchmarks.quality.aspect_models.report import relative_table, significance, value_table
 from benchmarks.quality.aspect_models.rows import model_config, trained_rows, training_changes
 from benchmarks.quality.aspect_models.training import train_row
 from benchmarks.quality.fusion_lists import (
@@ -77,6 +76,7 @@ from benchmarks.quality.fusion_lists import (
     rrf,
     tune_weights,
 )
+from benchmarks.quality.hybrid_report import aspect_lines, plot_curves, plot_rows
 from benchmarks.quality.row_export import write_row
 from madr.config import ExperimentConfig, from_dict
 from madr.modeling.model import build_model
@@ -360,7 +360,7 @@ def publish(run: Run, seeds: list[int], fusions: dict, training: dict, tag: str,
     if tests:
         text += [f"\n## Relative to {labels[b['target']]} († paired t-test p < {b['alpha']:g}, seed-mean per query)",
                  relative_table(order, labels, mean, metrics, b["target"], tests, float(b["alpha"]))]
-    text += aspect_table(training, b["trained"], labels, run.chance)
+    text += aspect_lines(training, b["trained"], labels, run.chance)
     text.append("\nmachine: " + "; ".join(f"{k} {v}" for k, v in info.items()))
     print("\n".join(text), flush=True)
     result = {"benchmark": __spec__.name, "command": run_command(__spec__.name), "bench": b, "config": cfg.to_dict(),
@@ -368,7 +368,7 @@ def publish(run: Run, seeds: list[int], fusions: dict, training: dict, tag: str,
               "fusions": fusions, "training": training, "seconds": run.seconds, "machine": info,
               "wall_s": time.perf_counter() - start, "table": "\n".join(text)}
     path = write_result_json(out_dir, tag, result)
-    plot(order, labels, mean, std, metrics, out_dir / "plots" / f"{tag}.png", b["target"])
+    plot_rows(order, labels, mean, std, metrics, out_dir / "plots" / f"{tag}.png", b["target"])
     plot_curves(training, b["trained"], labels, out_dir / "plots" / f"{tag}_curve.png")
     print(f"wrote {path}")
     return result
@@ -381,74 +381,6 @@ def chance_accuracy(cfg: ExperimentConfig, catalog, vocab, ev: EvalSet) -> dict[
     train = [q.aspects for q in catalog.queries_in("train")] + [p.aspects for p in catalog.products]
     return {**majority_accuracy(vocab, aspects, train, ev.query_aspects, "query"),
             **majority_accuracy(vocab, aspects, train, ev.doc_aspects, "doc")}
-
-
-def aspect_table(training: dict, rows: list[str], labels: dict, chance: dict | None = None) -> list[str]:
-    """Markdown lines: test aspect Accuracy@1 per trained row (mean over the seeds that have it), under the
-    `chance` row (the most frequent training value, `majority_accuracy`)."""
-    acc = {row: [t[row]["aspects"]["test"] for t in training.values() if t.get(row, {}).get("aspects", {}).get("test")]
-           for row in rows}
-    acc = {row: each for row, each in acc.items() if each}
-    if not acc:
-        return []
-    if chance:
-        acc = {"chance": [chance], **acc}
-        labels = {**labels, "chance": "chance: the most frequent training value"}
-    cols = sorted({c for each in acc.values() for a in each for c in a})
-    lines = ["\n## Aspect Accuracy@1 on the test queries and corpus (mean over seeds)",
-             "| Model | " + " | ".join(c.replace("_acc@1_", " ") for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    for row, each in acc.items():
-        lines.append(f"| {labels.get(row, row)} | " + " | ".join(
-            f"{np.mean([a[c] for a in each if c in a]):.3f}" for c in cols) + " |")
-    return lines
-
-
-def plot_curves(training: dict, rows: list[str], labels: dict, path: Path) -> None:
-    """Dev R@10 and mean aspect Accuracy@1 against training steps (pretraining, then fine-tuning)."""
-    curves = [(f"{labels.get(row, row)} seed {seed}", t[row]["curve"]) for seed, t in training.items()
-              for row in rows if t.get(row, {}).get("curve")]
-    plt = pyplot()
-    if plt is None or not curves:
-        return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for i, (name, points) in enumerate(curves):
-        offset = {"start": 0, "pretrain": 0,
-                  "finetune": max([p["step"] for p in points if p["stage"] == "pretrain"], default=0)}
-        x = [offset[p["stage"]] + p["step"] for p in points]
-        axes[0].plot(x, [p["recall@10"] for p in points], marker="o", label=name, color=f"C{i}")
-        accs = [[v for k, v in p.items() if "_acc@1_" in k] for p in points]
-        if any(accs):
-            axes[1].plot(x, [np.mean(a) if a else np.nan for a in accs], marker="o", label=name, color=f"C{i}")
-    for ax, title in zip(axes, ("dev Recall@10", "dev aspect Accuracy@1 (mean over aspects and sides)"), strict=True):
-        ax.set_xlabel("training step (pretraining, then fine-tuning)")
-        ax.set_title(title, fontsize=9)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    save_figure(fig, path, dpi=110)
-
-
-def short_label(label: str) -> str:
-    """A row's label for a plot axis: without "(dev)" and the served-configuration note, so that weighted and
-    reciprocal rank fusions of the same parts stay apart."""
-    return label.replace(" (dev)", "").replace("; the served configuration", "").replace("weights ", "")
-
-
-def plot(order: list[str], labels: dict, mean: dict, std: dict, metrics: list[str], path: Path, target: str) -> None:
-    plt = pyplot()
-    if plt is None:
-        return
-    shown = [m for m in ("recall@10", "recall@100", "mrr@10", "ndcg@10") if m in metrics]
-    fig, axes = plt.subplots(1, len(shown), figsize=(4.4 * len(shown), 5))
-    for ax, m in zip(np.atleast_1d(axes), shown, strict=True):
-        y = np.arange(len(order))[::-1]
-        ax.barh(y, [mean[k][m] for k in order], xerr=[std[k][m] for k in order], capsize=2,
-                color=["#c44e52" if k == target else "#4c72b0" if "+" in k else "#999999" for k in order])
-        ax.set_yticks(y, [short_label(labels[k]) for k in order] if ax is np.atleast_1d(axes)[0] else [], fontsize=7)
-        lo = min(mean[k][m] for k in order)
-        ax.set_xlim(max(0.0, lo - 0.1), None)
-        ax.set_xlabel(f"test {header(m)}")
-        ax.grid(alpha=0.3, axis="x")
-    save_figure(fig, path, dpi=110)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -1,0 +1,81 @@
+"""The report pieces of the product-search fusion tables (`benchmarks.quality.homedepot_hybrid`,
+`benchmarks.quality.homedepot_claims`): the test aspect Accuracy@1 table, the bar plot of every row and the
+training curves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.common.plotting import pyplot, save_figure
+from benchmarks.quality.aspect_models.report import header
+
+
+def aspect_lines(training: dict, rows: list[str], labels: dict, chance: dict | None = None) -> list[str]:
+    """Markdown lines: test aspect Accuracy@1 per trained row (mean over the seeds that have it), under the
+    `chance` row (the most frequent training value, `majority_accuracy`)."""
+    acc = {row: [t[row]["aspects"]["test"] for t in training.values() if t.get(row, {}).get("aspects", {}).get("test")]
+           for row in rows}
+    acc = {row: each for row, each in acc.items() if each}
+    if not acc:
+        return []
+    if chance:
+        acc = {"chance": [chance], **acc}
+        labels = {**labels, "chance": "chance: the most frequent training value"}
+    cols = sorted({c for each in acc.values() for a in each for c in a})
+    lines = ["\n## Aspect Accuracy@1 on the test queries and corpus (mean over seeds)",
+             "| Model | " + " | ".join(c.replace("_acc@1_", " ") for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for row, each in acc.items():
+        lines.append(f"| {labels.get(row, row)} | " + " | ".join(
+            f"{np.mean([a[c] for a in each if c in a]):.3f}" for c in cols) + " |")
+    return lines
+
+
+def plot_curves(training: dict, rows: list[str], labels: dict, path: Path) -> None:
+    """Dev R@10 and mean aspect Accuracy@1 against training steps (pretraining, then fine-tuning)."""
+    curves = [(f"{labels.get(row, row)} seed {seed}", t[row]["curve"]) for seed, t in training.items()
+              for row in rows if t.get(row, {}).get("curve")]
+    plt = pyplot()
+    if plt is None or not curves:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for i, (name, points) in enumerate(curves):
+        offset = {"start": 0, "pretrain": 0,
+                  "finetune": max([p["step"] for p in points if p["stage"] == "pretrain"], default=0)}
+        x = [offset[p["stage"]] + p["step"] for p in points]
+        axes[0].plot(x, [p["recall@10"] for p in points], marker="o", label=name, color=f"C{i}")
+        accs = [[v for k, v in p.items() if "_acc@1_" in k] for p in points]
+        if any(accs):
+            axes[1].plot(x, [np.mean(a) if a else np.nan for a in accs], marker="o", label=name, color=f"C{i}")
+    for ax, title in zip(axes, ("dev Recall@10", "dev aspect Accuracy@1 (mean over aspects and sides)"), strict=True):
+        ax.set_xlabel("training step (pretraining, then fine-tuning)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    save_figure(fig, path, dpi=110)
+
+
+def short_label(label: str) -> str:
+    """A row's label for a plot axis: without "(dev)" and the served-configuration note, so that weighted and
+    reciprocal rank fusions of the same parts stay apart."""
+    return label.replace(" (dev)", "").replace("; the served configuration", "").replace("weights ", "")
+
+
+def plot_rows(order: list[str], labels: dict, mean: dict, std: dict, metrics: list[str], path: Path, target: str) -> None:
+    """Horizontal bars of every row's test mean (± std over seeds) per metric, the target in red, fusions in blue."""
+    plt = pyplot()
+    if plt is None:
+        return
+    shown = [m for m in ("recall@10", "recall@100", "mrr@10", "ndcg@10") if m in metrics]
+    fig, axes = plt.subplots(1, len(shown), figsize=(4.4 * len(shown), 5))
+    for ax, m in zip(np.atleast_1d(axes), shown, strict=True):
+        y = np.arange(len(order))[::-1]
+        ax.barh(y, [mean[k][m] for k in order], xerr=[std[k][m] for k in order], capsize=2,
+                color=["#c44e52" if k == target else "#4c72b0" if "+" in k else "#999999" for k in order])
+        ax.set_yticks(y, [short_label(labels[k]) for k in order] if ax is np.atleast_1d(axes)[0] else [], fontsize=7)
+        lo = min(mean[k][m] for k in order)
+        ax.set_xlim(max(0.0, lo - 0.1), None)
+        ax.set_xlabel(f"test {header(m)}")
+        ax.grid(alpha=0.3, axis="x")
+    save_figure(fig, path, dpi=110)
