@@ -41,6 +41,8 @@ CLAIMS = [
     ("mtbert", "bibert", "multi-task aspect learning (paper 000 Table 4: MtBERT > BiBERT)"),
     ("madral_pw", "madral_ws", "fusion: Presence Weighting vs Weighted Sum (paper 000 Table 7)"),
     ("madral_cls", "madral_ws", "fusion: CLS-Gating vs Weighted Sum (paper 000 Table 7)"),
+    ("madral_cls", "madral_pw", "fusion: CLS-Gating vs Presence Weighting (paper 000 Table 7)"),
+    ("madral_cls", "madr", "aspect learning with CLS-Gating (MADRAL CLS-Gating vs MADR)"),
     ("mural", "mur", "aspect learning in MURAL (paper 001 Table 3: MURAL > MUR)"),
     ("mur", "bibert", "aspect tokens without aspect learning (paper 001 Table 3: MUR vs BiBERT)"),
     ("mural", "madral_pw", "paper 001 Table 3: MURAL > MADRAL"),
