@@ -68,6 +68,7 @@ from benchmarks.quality.aspect_models.training import train_row
 from benchmarks.quality.fusion_lists import (
     cached_lists,
     corpus_key,
+    eq1_grid,
     eq1_lists,
     fingerprint,
     fuse,
@@ -289,7 +290,9 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
         run.add(key, f"{label} (trained, {Path(str(cfg.model.backbone.name_or_path)).name})", compute,
                 {"row": row, "model": dataclasses.asdict(model_config(cfg, row)), "settings": settings, "seed": seed,
                  "freeze": [bool(b["freeze_word_embeddings"]), int(b["freeze_layers"]),
-                            bool(b["pretrain_frozen_backbone"]), *b["pretrain_frozen_params"]]},
+                            bool(b["pretrain_frozen_backbone"]), *b["pretrain_frozen_params"]],
+                 # a sparse row's lists are Eq. 1 at the lam chosen from this grid (no key for the others)
+                 **({"eq1_grid": eq1_grid(float(b["fusion_step"]))} if model_config(cfg, row).has_sparse else {})},
                 refresh=row in b["save_models"] and not saved.is_dir())  # kept lists, but no saved model
         if row not in info and kept_info.is_file():
             info[row] = json.loads(kept_info.read_text())
