@@ -62,8 +62,9 @@ class EncodeConfig:
     sparse_backend: dict | None = None  # hybrid models: {name: exact | seismic, seismic: {...}} (madr.search.sparse.backend)
     # encoding
     max_length: int | None = None  # default: the model's max_doc_length
-    # rows per forward pass (cut from a length-sorted piece); None: 32 on CPU (1.17x the speed of 128 there: less
-    # padding within a piece, smaller working set; RESULTS issue 23), 128 on GPUs
+    # rows per forward pass (cut from a length-sorted piece); None: on CPU 32 for 384-wide models and wider (1.17x
+    # the speed of 128 there: less padding within a piece, smaller working set; RESULTS issue 23), up to 128 for
+    # narrower ones (stages.forward_batch_size); 128 on GPUs
     batch_size: int | None = None
     rows_per_read: int = 2048  # rows per piece: one read task, and the length-bucketing window
     device: str = "auto"

@@ -44,11 +44,14 @@ def resolve_device(device: str) -> str:
     return device
 
 
-def forward_batch_size(device: str) -> int:
-    """Rows per forward pass when ``encode.batch_size`` is None: 128 on a GPU; 32 on CPU, where a piece's
-    length-sorted rows cut into small batches pad less and fit the caches (1.17x the speed of 128 for MiniLM on
-    one core here, RESULTS issue 23)."""
-    return 128 if device == "cuda" else 32
+def forward_batch_size(device: str, width: int) -> int:
+    """Rows per forward pass when ``encode.batch_size`` is None: 128 on a GPU. On CPU, 32 rows for a backbone
+    ``width`` (hidden size) of 384 or more, where a piece's length-sorted rows cut into small batches pad less and
+    fit the caches (1.17x the speed of 128 for MiniLM on one core here, RESULTS issue 23), and up to 128 for
+    narrower models, whose batches cost little and whose per-batch overhead dominates."""
+    if device == "cuda":
+        return 128
+    return int(min(128, max(32, 32 * 384 // max(width, 1))))
 
 
 def resolve_dtype(dtype: str, device: str):
@@ -110,6 +113,7 @@ class EncodeDocs:
         event("EncodeDocs init start")
         import torch
 
+        from madr.modeling.backbone import hidden_size
         from madr.modeling.model import BiEncoder
 
         if torch_threads:
@@ -124,7 +128,9 @@ class EncodeDocs:
         got = {"dim": int(self.model.embedding_dim), "vocab_size": len(self.model.tokenizer)}
         if expect and any(got[k] != v for k, v in expect.items()):
             raise ValueError(f"{model_dir}: the loaded model has {got}, its files said {expect}")
-        self.batch_size = batch_size or forward_batch_size(self.device)
+        backbone = self.model.query_tower.backbone
+        width = hidden_size(backbone) if backbone is not None else 128
+        self.batch_size = batch_size or forward_batch_size(self.device, width)
         self.out_dir, self.run = out_dir, run
         self.calls = 0
         event("EncodeDocs init end")

@@ -302,6 +302,18 @@ def test_a_bfloat16_job_on_cpu_keeps_the_float32_vectors(corpus, models, tmp_pat
     assert cos.min() > 0.99 and np.abs(a - b).max() > 0, "bf16 ran (vectors moved) and kept their direction"
 
 
+def test_the_cpu_forward_batch_follows_the_backbone_width(models):
+    """`encode.batch_size: None`: small batches for wide backbones on CPU (less padding, cache-sized), large ones
+    for narrow models (per-batch overhead dominates) and on GPUs; a given size is kept."""
+    from pipelines.encode.stages import EncodeDocs, forward_batch_size
+
+    assert forward_batch_size("cpu", 384) == forward_batch_size("cpu", 768) == 32
+    assert forward_batch_size("cpu", 32) == forward_batch_size("cuda", 384) == 128
+    assert 32 < forward_batch_size("cpu", 192) < 128
+    assert EncodeDocs(models["bibert"], device="cpu").batch_size == 128  # the tiny test backbone
+    assert EncodeDocs(models["bibert"], batch_size=7, device="cpu").batch_size == 7
+
+
 def test_an_int8_job_keeps_the_vectors_direction_and_is_another_job(corpus, models, tmp_path):
     """`encode.dtype: int8` encodes with every Linear weight of the model in per-channel int8 (dynamic
     quantisation; RESULTS issue 23: 2.4x the fp32 forward of MiniLM on one core, R@10 -0.019 on the served Home
