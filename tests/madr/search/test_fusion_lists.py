@@ -1,4 +1,5 @@
-"""`weighted_fusion` and `reciprocal_rank_fusion` against ranx's `fuse` on random top lists, and by hand."""
+"""`weighted_fusion` and `reciprocal_rank_fusion` against ranx's `fuse` on random top lists (ranx interpreted:
+tests/ranx_oracle.py), and by hand."""
 
 from __future__ import annotations
 
@@ -7,8 +8,7 @@ import pytest
 
 from madr.search.protocol import PAD_ID
 from madr.search.score_fusion import hybrid_merge, reciprocal_rank_fusion, weighted_fusion
-
-ranx = pytest.importorskip("ranx")
+from tests.ranx_oracle import interpreted_ranx
 
 
 def _lists(seed: int, n_lists: int = 3, queries: int = 6, k: int = 8, docs: int = 20):
@@ -29,16 +29,18 @@ def _as_dict(pair) -> dict[str, dict[str, float]]:
             for q in range(scores.shape[0])}
 
 
-def _ranx_run(pair):
-    return ranx.Run(_as_dict(pair))
+def _ranx_fuse(lists, **kw) -> dict[str, dict[str, float]]:
+    with interpreted_ranx() as ranx:
+        return ranx.fuse([ranx.Run(_as_dict(p)) for p in lists], **kw).to_dict()
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_weighted_fusion_equals_ranx_wsum_of_minmax(seed):
     lists, weights = _lists(seed), [0.5, 0.3, 0.2]
     ours = _as_dict(weighted_fusion(lists, weights, k=100, normalisation="minmax"))
-    theirs = ranx.fuse([_ranx_run(p) for p in lists], norm="min-max", method="wsum", params={"weights": weights})
-    for q, docs in theirs.to_dict().items():
+    theirs = _ranx_fuse(lists, norm="min-max", method="wsum", params={"weights": weights})
+    assert theirs.keys() == ours.keys()
+    for q, docs in theirs.items():
         assert set(ours[q]) == set(docs)
         for d, s in docs.items():
             assert ours[q][d] == pytest.approx(s, abs=1e-6)
@@ -48,8 +50,9 @@ def test_weighted_fusion_equals_ranx_wsum_of_minmax(seed):
 def test_rrf_equals_ranx(seed):
     lists = _lists(seed)
     ours = _as_dict(reciprocal_rank_fusion(lists, k=100, rrf_k=60))
-    theirs = ranx.fuse([_ranx_run(p) for p in lists], norm=None, method="rrf", params={"k": 60})
-    for q, docs in theirs.to_dict().items():
+    theirs = _ranx_fuse(lists, norm=None, method="rrf", params={"k": 60})
+    assert theirs.keys() == ours.keys()
+    for q, docs in theirs.items():
         assert set(ours[q]) == set(docs)
         for d, s in docs.items():
             assert ours[q][d] == pytest.approx(s, abs=1e-6)
