@@ -97,12 +97,15 @@ def job_parser(prog: str, doc: str | None, config_class: str, section: str) -> a
     return p
 
 
-def run_ray_job(load: Callable[[], C], run: Callable[[C], R], num_cpus: int | None = None) -> tuple[C, R] | None:
-    """A job CLI's body: load its config, start Ray, run it. A `ValueError` (a bad config or input, which
-    names what is wrong) is printed as `error: ...` and gives None, for the CLI to exit 1 without a trace."""
+def run_ray_job(load: Callable[[], C], run: Callable[[C], R], num_cpus: int | None = None,
+                start_ray: bool = True) -> tuple[C, R] | None:
+    """A job CLI's body: load its config, start Ray (unless the job runs in this process: ``start_ray``
+    False), run it. A `ValueError` (a bad config or input, which names what is wrong) is printed as
+    `error: ...` and gives None, for the CLI to exit 1 without a trace."""
     try:
         cfg = load()
-        init_ray(num_cpus)
+        if start_ray:
+            init_ray(num_cpus)
         return cfg, run(cfg)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -12,7 +12,7 @@ filesystem URI such as file:///data/scifact); --qrels may be a BEIR TSV or TREC 
 ranking is also written as a TREC run file <output>/<NAME>.trec beside <output>/qrels.trec.
 
 A run is NAME=MANIFEST (the model is the manifest's model_dir unless the YAML sets one). Ray starts
-locally (loopback only) unless RAY_ADDRESS names a cluster.
+locally (loopback only) unless RAY_ADDRESS names a cluster; --local searches in this process without Ray.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", default=None)
     p.add_argument("--k", type=int, default=None)
     p.add_argument("--metrics", nargs="+", default=None)
+    p.add_argument("--local", action="store_true", help="search in this process without Ray")
     return p
 
 
@@ -60,7 +61,8 @@ def load_config(args: argparse.Namespace) -> EvaluateConfig:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    done = run_ray_job(lambda: load_config(args), run_evaluate, args.num_cpus)
+    done = run_ray_job(lambda: load_config(args), lambda cfg: run_evaluate(cfg, local=args.local), args.num_cpus,
+                       start_ray=not args.local)
     if done is None:
         return 1
     cfg, result = done

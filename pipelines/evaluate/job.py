@@ -45,6 +45,7 @@ from pipelines.evaluate.searcher import (
     collect,
     resolve_model_dir,
     search_dataset,
+    search_local,
     search_params,
 )
 
@@ -220,9 +221,10 @@ def write_trec_run(run: Run, path: Path, tag: str, log=print) -> str | None:
         return None
 
 
-def run_evaluate(cfg: EvaluateConfig, log=print) -> dict[str, Any]:
-    """Evaluate every run of ``cfg`` (Ray must be initialised); returns {"results": rows, "sweep": points,
-    "run_files": {name: TREC run file}, "validation": summary of BEIR / TREC inputs or None, ...}."""
+def run_evaluate(cfg: EvaluateConfig, log=print, local: bool = False) -> dict[str, Any]:
+    """Evaluate every run of ``cfg`` (Ray must be initialised, unless ``local``: the searches run in this
+    process); returns {"results": rows, "sweep": points, "run_files": {name: TREC run file}, "validation":
+    summary of BEIR / TREC inputs or None, ...}."""
     if not cfg.runs:
         raise ValueError("evaluate: no runs given (each run names an index manifest)")
     out = Path(cfg.output)
@@ -236,7 +238,9 @@ def run_evaluate(cfg: EvaluateConfig, log=print) -> dict[str, Any]:
     for spec in cfg.runs:
         log(f"run {spec.name}: searching {queries.num_rows} queries in {spec.index}")
         keys = DocKeys(spec.index, cfg.doc_key)
-        results = collect(search_dataset(queries, spec, cfg.k, cfg.search_actors, cfg.batch_size))
+        searched = search_local(queries, spec, cfg.k, cfg.batch_size) if local else \
+            search_dataset(queries, spec, cfg.k, cfg.search_actors, cfg.batch_size)
+        results = collect(searched)
         run = to_run(results, keys)
         values = _metrics(run, qrels, cfg, cfg.metrics)
         rows.append({"run": spec.name, "index": str(spec.index), "queries": len(qrels), **values})

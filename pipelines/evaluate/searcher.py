@@ -98,10 +98,19 @@ def search_dataset(queries: pa.Table, spec: SearchSpec, k: int, actors: int = 1,
                           compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors))
 
 
-def collect(ds: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    """query id -> (ids, scores) from a ``search_dataset`` (the results are small: Q x k)."""
+def search_local(queries: pa.Table, spec: SearchSpec, k: int, batch_size: int = 256) -> Any:
+    """``search_dataset`` in this process, without Ray: one ``SearchQueries`` over ``queries`` in batches of
+    ``batch_size`` (an iterable of result tables, what ``collect`` reads)."""
+    searcher = SearchQueries(dataclasses.asdict(spec), k)
+    return (searcher(queries.slice(start, batch_size)) for start in range(0, queries.num_rows, batch_size))
+
+
+def collect(results: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """query id -> (ids, scores) from a ``search_dataset`` or ``search_local`` (the results are small: Q x k)."""
+    batches = results.iter_batches(batch_size=None, batch_format="pyarrow") if hasattr(results, "iter_batches") \
+        else results
     out = {}
-    for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
+    for batch in batches:
         for qid, ids, scores in zip(*(batch.column(c).to_pylist() for c in ("query_id", "ids", "scores")), strict=True):
             out[qid] = (np.asarray(ids, np.int64), np.asarray(scores, np.float32))
     return out

@@ -1,6 +1,6 @@
 """The data stage and the evaluation job on BEIR directories: `data.beir_dir` prepares the run's catalog,
 split files and quarantine; the real Home Depot data written in the BEIR layout gives the catalog path's
-catalog and, through `pipelines.evaluate --beir`, the catalog path's metrics."""
+catalog and, through `pipelines.evaluate --beir` (in this process), the catalog path's metrics."""
 
 from __future__ import annotations
 
@@ -71,9 +71,8 @@ def test_data_stage_prepares_a_beir_directory_with_its_quarantine(ray_local, cat
     assert load_catalog(cfg).products == direct.products, "the training stages read the prepared catalog"
 
 
-@pytest.mark.ray
 @pytest.mark.slow
-def test_homedepot_in_the_beir_layout_gives_the_catalog_paths_metrics(shared_data, ray_local, tokenizer, tmp_path):
+def test_homedepot_in_the_beir_layout_gives_the_catalog_paths_metrics(shared_data, tokenizer, tmp_path):
     from madr.data.sources.homedepot import ASPECTS, homedepot_catalog
 
     rows = pq.read_table(shared_data / "product_search" / "homedepot_relevance_dev.parquet").slice(0, 8000)
@@ -106,9 +105,10 @@ def test_homedepot_in_the_beir_layout_gives_the_catalog_paths_metrics(shared_dat
               "qrels_doc_column": "product_id", "metrics": DEFAULT_METRICS, "relevance_threshold": 3, "plot": False}
     catalog_path = run_evaluate(EvaluateConfig(queries=str(tmp_path / "eval" / "queries.parquet"),
                                                qrels=str(tmp_path / "eval" / "qrels.parquet"),
-                                               output=str(tmp_path / "out_catalog"), **common), log=lambda _: None)
+                                               output=str(tmp_path / "out_catalog"), **common), log=lambda _: None,
+                               local=True)
     beir_path = run_evaluate(EvaluateConfig(beir=beir.as_uri(), split="test", output=str(tmp_path / "out_beir"),
-                                            **common), log=lambda _: None)
+                                            **common), log=lambda _: None, local=True)
     ours, theirs = catalog_path["results"][0], beir_path["results"][0]
     assert ours["queries"] == theirs["queries"] == len(by_catalog.qrels("test"))
     assert {m: theirs[m] for m in DEFAULT_METRICS} == {m: ours[m] for m in DEFAULT_METRICS}

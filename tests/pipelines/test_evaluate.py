@@ -1,7 +1,8 @@
 """The evaluation job on a local Ray: metrics of two runs (hybrid Flat index, dense IVF index) equal
 madr.metrics computed directly from an in-process search; results table, sweep table and plot; the TREC run
 files it writes, read by ranx with its qrels file, give the same numbers; a BEIR directory and a TREC qrels
-file as inputs give the same metrics as the Parquet tables, their bad lines quarantined."""
+file as inputs give the same metrics as the Parquet tables, their bad lines quarantined (those two evaluated in
+this process: `local=True` and `--local` give the Ray job's numbers)."""
 
 from __future__ import annotations
 
@@ -142,8 +143,9 @@ def test_beir_directory_and_trec_qrels_give_the_parquet_metrics(evaluated, setup
                 f"{catalog.queries[0].query_id}\tnosuchdoc\t1\n")
     expected = {r["run"]: {m: r[m] for m in METRICS} for r in evaluated["results"][:1]}
     hybrid = _runs(base)[:1]
+    # in this process (local=True): the Ray job's numbers (`expected`) from another input format and path
     by_beir = run_evaluate(dataclasses.replace(_config(base, "out_beir", hybrid, beir=beir.as_uri()), plot=False),
-                           log=lambda _: None)
+                           log=lambda _: None, local=True)
     assert {r["run"]: {m: r[m] for m in METRICS} for r in by_beir["results"]} == expected
     bad = read_quarantine(str(base / "out_beir" / "quarantine")).to_pylist()
     assert [(r["row"], r["reason"], r["field"]) for r in bad] == [
@@ -152,7 +154,7 @@ def test_beir_directory_and_trec_qrels_give_the_parquet_metrics(evaluated, setup
     by_trec = run_evaluate(dataclasses.replace(
         _config(base, "out_trec", hybrid, queries=str(base / "queries.parquet"),
                 qrels=str(base / "out" / "qrels.trec")),
-        plot=False), log=lambda _: None)
+        plot=False), log=lambda _: None, local=True)
     assert {r["run"]: {m: r[m] for m in METRICS} for r in by_trec["results"]} == expected
 
 
@@ -164,6 +166,25 @@ def test_evaluate_config_errors(tmp_path):
 
     with pytest.raises(ValueError, match=r"q\.jsonl: row 2, field 'text': missing"):
         read_queries(tmp_path / "q.jsonl")
+
+
+def test_evaluate_cli_local_run(setup, evaluated, tmp_path):
+    """`--local`: the command line searches in this process (no Ray) and gives the Ray job's numbers."""
+    from pipelines.evaluate.cli import main
+
+    base, _ = setup
+    (tmp_path / "eval.yaml").write_text(
+        "evaluate:\n  qrels_doc_column: product_id\n  relevance_threshold: 2\n"
+        f"  runs: [{{name: dense-ivf, index: {base / 'ivf'}, search: {{nprobe: 4}}}}]\n")
+    argv = ["--config", str(tmp_path / "eval.yaml"), "--queries", str(base / "queries.parquet"),
+            "--qrels", str(base / "qrels.parquet"), "--doc-key", "product_id",
+            "--output", str(tmp_path / "out"), "--k", "50", "--metrics", *METRICS, "--local"]
+    assert main(argv) == 0
+    with open(tmp_path / "out" / "results.csv") as f:
+        row = next(csv.DictReader(f))
+    job = next(r for r in evaluated["results"] if r["run"] == "dense-ivf")
+    assert row["run"] == "dense-ivf" and float(row["recall@50"]) == pytest.approx(job["recall@50"])
+    assert (tmp_path / "out" / "dense-ivf.trec").is_file()
 
 
 def test_evaluate_cli_config(tmp_path):
