@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import platform
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -115,13 +116,29 @@ class Int8QueryEncoder(LeanQueryEncoder):
             raise ValueError(f"model {model.config.name!r}: its {side} tower has no Linear layer to quantise")
 
 
+def cpu_has_int8_dot() -> bool:
+    """Whether this CPU multiplies u8 x s8 without int16 saturation: any non-x86 CPU (ARM's SDOT / UMMLA), or an
+    x86 one with VNNI (`avx512_vnni`, `avx_vnni`) or AMX. Without them (AVX2, AVX-512 before Cascade Lake)
+    onnxruntime's u8s8 kernels sum pairs of products in int16 (`vpmaddubsw`), which saturates for 8-bit weights."""
+    if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
+        return True
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split()
+    except OSError:  # not Linux: assume the worst, which costs one bit of weight precision
+        return False
+    return bool({"avx512_vnni", "avx_vnni", "amx_int8"} & set(flags))
+
+
 def quantize_onnx_int8(
-    src: str | Path, dst: str | Path, ops: Sequence[str] = ONNX_OPS, per_channel: bool = True
+    src: str | Path, dst: str | Path, ops: Sequence[str] = ONNX_OPS, per_channel: bool = True,
+    reduce_range: bool | None = None,
 ) -> Path:
     """Write `src` (an ONNX tower) with its `ops` weights dynamically quantised to int8 at `dst`
     (`onnxruntime.quantization.quantize_dynamic`, signed int8 weights, one scale per output column with
-    `per_channel` (default), else one per matrix). ValueError when no node was quantised (a graph whose weights are not initialisers of
-    those ops)."""
+    `per_channel` (default), else one per matrix). `reduce_range`: 7-bit weights, which onnxruntime's u8s8
+    kernels need on CPUs without VNNI (see `cpu_has_int8_dot`); None (default) decides by this CPU, so quantise
+    on the CPU kind that serves. ValueError when no node was quantised (a graph whose weights are not
+    initialisers of those ops)."""
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
@@ -133,6 +150,7 @@ def quantize_onnx_int8(
         op_types_to_quantize=list(ops),
         weight_type=QuantType.QInt8,
         per_channel=per_channel,
+        reduce_range=not cpu_has_int8_dot() if reduce_range is None else reduce_range,
     )
     kinds = {node.op_type for node in onnx.load(str(dst), load_external_data=False).graph.node}
     if not kinds & {"MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"}:

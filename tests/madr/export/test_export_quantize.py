@@ -19,6 +19,7 @@ from madr.export.quantize import (
     Int8QueryEncoder,
     check_precision,
     count_int8_linears,
+    cpu_has_int8_dot,
     int8_encoder,
     quantize_linear_int8,
 )
@@ -101,9 +102,20 @@ def test_onnx_int8_vectors_agree_with_fp32(model, texts, tmp_path, per_channel):
     want, _ = LeanQueryEncoder(model).encode(texts)
     encoder = onnx_int8_encoder(model, "query", workdir=tmp_path, per_channel=per_channel)
     assert (tmp_path / "query.int8.onnx").stat().st_size < 0.8 * (tmp_path / "query.onnx").stat().st_size
+    assert _largest_int8_weight(tmp_path / "query.int8.onnx") == (127 if cpu_has_int8_dot() else 64), \
+        "7-bit weights exactly where onnxruntime's u8s8 kernels would saturate (no VNNI)"
     for batch_size in (64, 5, 1):
         got, _ = encoder.encode(texts, batch_size=batch_size)
         assert_close_directions(got, want)
+
+
+def _largest_int8_weight(path) -> int:
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path)).graph
+    return max(int(np.abs(numpy_helper.to_array(t).astype(np.int32)).max()) for t in graph.initializer
+               if t.data_type == onnx.TensorProto.INT8 and len(t.dims) == 2)
 
 
 def test_bad_settings_are_refused(model):
