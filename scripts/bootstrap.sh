@@ -15,3 +15,12 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
   "$VENV/bin/python" -m pip install -q -e ".[test,backbones]"
   touch "$STAMP"
 fi
+# Build what the first search or training step would otherwise compile (~30 s of numba kernels, cached beside
+# madr/search/sparse; ~60 s of DeepSpeed's CPU op, cached in the venv), again when their sources change.
+WARM="$VENV/.madr-warmed"
+if [ ! -f "$WARM" ] || [ "$STAMP" -nt "$WARM" ] \
+   || [ -n "$(find madr/search/sparse pipelines/train/ops.py -name '*.py' -newer "$WARM" -print -quit)" ]; then
+  "$VENV/bin/python" -m madr.search.sparse.warm
+  "$VENV/bin/python" -m pipelines.train.ops
+  touch "$WARM"
+fi

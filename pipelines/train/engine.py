@@ -17,8 +17,6 @@ Ray-free: pipelines/train/loop.py drives it inside Ray Train; tests may drive it
 from __future__ import annotations
 
 import contextlib
-import os
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,7 @@ from madr.training.gradcache import chunk_slices, gradcache_step, take_rows
 from madr.training.loop import Optimisation, build_scheduler
 from pipelines.train.config import DistributedConfig
 from pipelines.train.objectives import FinetuneBatch, StageModule, num_rows
+from pipelines.train.ops import deepspeed_env
 
 STATE_FILE = "stage_module.safetensors"
 TRAINER_FILE = "trainer_state.pt"
@@ -222,10 +221,7 @@ class DeepSpeedEngine(Engine):
     def __init__(self, module: StageModule, stage: StageConfig, device: torch.device,
                  dist_cfg: DistributedConfig, local_batch: int) -> None:
         super().__init__(module, stage, device)
-        if not dist_cfg.use_gpu:
-            os.environ.setdefault("DS_ACCELERATOR", "cpu")
-        # DeepSpeed JIT-builds a shared-memory op on first use (~40 s): cache it with the environment
-        os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path(sys.prefix) / "torch_extensions"))
+        deepspeed_env(dist_cfg.use_gpu)  # its JIT-built op: pipelines.train.ops
         import deepspeed
 
         self.ds_config = deepspeed_config(dist_cfg, stage, local_batch)
