@@ -82,8 +82,9 @@ def train_wordpiece_tokenizer(
     """Train a BERT WordPiece tokenizer on `texts` and return it as a `BertTokenizerFast`.
 
     `vocab_size` is an upper bound: a small corpus yields fewer pieces. The tokenizer is written to
-    `out_dir` (a fresh temporary directory when None) as `vocab.txt` plus the `save_pretrained` files, so
-    `load_tokenizer(out_dir)` / `AutoTokenizer.from_pretrained(out_dir)` give it back.
+    `out_dir` as `vocab.txt` plus the `save_pretrained` files, so `load_tokenizer(out_dir)` /
+    `AutoTokenizer.from_pretrained(out_dir)` give it back; `out_dir=None`: in memory only, no files left behind
+    (`save_pretrained` writes it where it should stay).
     `strip_accents`: None follows `lowercase` (BERT), False keeps accents (multilingual: `**MULTILINGUAL`).
     `limit_alphabet`: at most this many distinct characters enter the vocabulary (None: no limit).
     """
@@ -105,7 +106,11 @@ def train_wordpiece_tokenizer(
         special_tokens=[*SPECIAL_TOKENS, *_continuing_pieces(trainer, texts)],
         show_progress=False,
     )
-    out = Path(out_dir) if out_dir is not None else Path(tempfile.mkdtemp(prefix="madr_tok_"))
+    if out_dir is None:  # the files are read once into the tokenizer, then removed
+        with tempfile.TemporaryDirectory(prefix="madr_tok_") as tmp:
+            trainer.save_model(tmp)
+            return _from_vocab(Path(tmp) / "vocab.txt", lowercase, strip_accents)
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     trainer.save_model(str(out))
     tok = _from_vocab(out / "vocab.txt", lowercase, strip_accents)

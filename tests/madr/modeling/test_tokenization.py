@@ -62,3 +62,21 @@ def test_cased_and_errors(tmp_path):
         train_wordpiece_tokenizer(["", "  "])
     with pytest.raises(ValueError, match="no tokenizer files"):
         load_tokenizer(tmp_path)
+
+
+
+
+def test_in_memory_tokenizer_leaves_no_files_and_saves_whole(tmp_path, monkeypatch):
+    """out_dir=None: nothing stays on disk (the suite used to leave ~40 madr_tok_* folders in /tmp per run), and
+    `save_pretrained` still writes a tokenizer that loads back with the same vocabulary and pieces."""
+    import tempfile
+
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    tok = train_wordpiece_tokenizer(["white nike socks", "black adidas running shoes", "red cotton t-shirt"] * 5, 200)
+    assert list((tmp_path / "tmp").iterdir()) == []
+    tok.save_pretrained(str(tmp_path / "saved"))
+    back = load_tokenizer(tmp_path / "saved")
+    assert back.get_vocab() == tok.get_vocab()
+    for text in ("white nike running socks", "Adidas T-Shirt"):
+        assert back(text)["input_ids"] == tok(text)["input_ids"]
