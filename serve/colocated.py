@@ -110,10 +110,10 @@ class ColocatedSearch:
         self.searcher = ShardSearcher.func_or_class(
             s.manifest_path, list(range(len(manifest.shards))), s.mmap, s.verify, s.faiss_threads,
             s.searcher_max_batch_size, s.searcher_batch_wait_timeout_s, stuck_after_s=s.request_timeout_s)
-        lam = manifest.lexical["fusion_lambda"] if manifest.has_lexical else None
+        lam, norm = manifest.fusion
         policy = CallPolicy(s.route_timeout_s, s.replica_retries)
         self.backend = ColocatedBackend(LocalHandle(self.encoder), [LocalHandle(self.searcher)], lam,
-                                        manifest.search_mode, policy)
+                                        manifest.search_mode, policy, fusion_normalisation=norm)
         self.docs = Docs.open(s.require_manifest())
 
     def __serve_build_asgi_app__(self) -> Any:

@@ -159,9 +159,11 @@ class RayBackend:
     `serve.calls.call` (a dead replica: retried on another one, else 503 within `policy.route_timeout_s`)."""
 
     def __init__(self, encoder: Any, searchers: Sequence[Any], fusion_lambda: float | None = None,
-                 search_mode: str = "dense", policy: CallPolicy | None = None) -> None:
+                 search_mode: str = "dense", policy: CallPolicy | None = None,
+                 fusion_normalisation: str | None = None) -> None:
         self.encoder, self.searchers = encoder, list(searchers)
         self.fusion_lambda, self.search_mode = fusion_lambda, search_mode  # the manifest's
+        self.fusion_normalisation = fusion_normalisation  # the manifest's (chosen on dev by the tune stage)
         self.policy = policy or CallPolicy()
 
     def _call(self, send: Callable[[], Any], what: str) -> Awaitable[Any]:
@@ -191,6 +193,8 @@ class RayBackend:
         lam = self.fusion_lambda if params.lam is None else params.lam
         if lam is None:
             raise BackendBadRequest("the index records no fusion_lambda; send lam")
+        if self.fusion_normalisation is not None:
+            params = params.replace(normalisation=params.normalisation_or(self.fusion_normalisation))
         try:
             scores, ids = fuse_candidates([(ds[None], di[None]) for ds, di, _, _ in parts],
                                           [(bs[None], bi[None]) for _, _, bs, bi in parts], float(lam), params)

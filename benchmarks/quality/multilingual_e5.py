@@ -53,7 +53,6 @@ from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.stats import seed_mean_std
 from benchmarks.quality import multilingual_scores as item
 from benchmarks.quality.multilingual import (
-    E5_WHEELS,
     e5_reference_embedder,
     madr_item_scores,
     prepare,
@@ -67,6 +66,7 @@ from benchmarks.quality.multilingual_fusion import fused_rows
 from madr.data.records import MultilingualData
 from madr.metrics import roc_auc
 from madr.modeling.backbone import resolve_backbone_path
+from madr.modeling.wheel_e5 import PACKAGES
 from madr.recipes.multitask.data import doc_text
 from madr.recipes.multitask.encoders import distil_query_student
 from madr.training.distill import attach_query_student, num_layers
@@ -326,7 +326,7 @@ def main(argv: list[str] | None = None) -> dict:
     result = write_result(run, __spec__.name, runs, args.out_dir, args.tag, issue=ISSUE_ASK,
                           shared_seconds=shared["seconds"], fusion_weights=shared["fusion_weights"],
                           fusion_held_in=shared["fusion_held_in"], mean=mean, std=std, latency=lat_mean, table=text,
-                          e5_wheels=list(E5_WHEELS), distil_curves=distil_curves(runs))
+                          e5_wheels=list(PACKAGES.values()), distil_curves=distil_curves(runs))
     budget = f"{cfg.steps} steps x {cfg.schedule.batch_size}"
     if plot(mean, lat_mean, Path(args.out_dir) / "plots" / f"{args.tag}.png",
             f"multilingual-e5-small teacher and its distilled towers ({budget}; seeds {result['seeds']})"):

@@ -38,6 +38,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from madr.index.manifest import atomic_save_npy, atomic_write, sha256_file
+from madr.search.params import NORMALISATIONS
 from madr.search.sparse import InvertedIndex, SparseBatch
 from madr.search.sparse.bm25 import bm25_idf, bm25_weights
 
@@ -169,6 +170,7 @@ class LexicalInfo:
     df_path: str
     df_sha256: str
     fusion_lambda: float = 0.5
+    normalisation: str = "minmax"  # per-query normalisation of both lists before fusing (the tune stage's choice)
     kind: str = "bm25"
     k1: float = 0.9
     b: float = 0.4
@@ -182,6 +184,9 @@ class LexicalInfo:
             raise ValueError("manifest lexical: tokenizer_path and tokenizer_sha256 go together")
         if not 0.0 <= self.fusion_lambda <= 1.0:
             raise ValueError(f"manifest lexical.fusion_lambda must be in [0, 1], got {self.fusion_lambda}")
+        if self.normalisation not in NORMALISATIONS:
+            raise ValueError(f"manifest lexical.normalisation must be one of {', '.join(NORMALISATIONS)}, "
+                             f"got {self.normalisation!r}")
         if self.idf != "lucene":
             raise ValueError(f"manifest lexical.idf: only 'lucene' is supported, got {self.idf!r}")
 

@@ -186,6 +186,15 @@ class Manifest:
         return self.lexical is not None and bool(self.shards) and all(s.lexical_path for s in self.shards)
 
     @property
+    def fusion(self) -> tuple[float | None, str | None]:
+        """(fusion_lambda, normalisation) of the dense + BM25 fusion this index serves when a search sets
+        neither (written by the encode job, then by the tune stage); (None, None) without a BM25 part."""
+        if not self.has_lexical:
+            return None, None
+        assert self.lexical is not None
+        return float(self.lexical["fusion_lambda"]), str(self.lexical.get("normalisation", "minmax"))
+
+    @property
     def search_mode(self) -> str:
         """What a search of this index fuses: ``dense``, ``hybrid`` (SPLADE, paper 002 Eq. 1) or ``dense+bm25``."""
         return "dense+bm25" if self.has_lexical else "hybrid" if self.has_sparse else "dense"
@@ -227,6 +236,18 @@ class Manifest:
             from madr.index.lexical import LexicalInfo
 
             LexicalInfo.from_dict(self.lexical).verify(base)
+
+
+def record_fusion(path: str | Path, lam: float, normalisation: str) -> Manifest:
+    """Set the dense + BM25 fusion an index serves by default (its `lexical` record's `fusion_lambda` and
+    `normalisation`; the tune stage's choice) and rewrite the manifest atomically. The shards are unchanged."""
+    manifest = Manifest.load(path)
+    if manifest.lexical is None:
+        raise ValueError(f"{path}: the index has no BM25 part: no fusion to record")
+    manifest.lexical = {**manifest.lexical, "fusion_lambda": float(lam), "normalisation": normalisation}
+    manifest.__post_init__()  # the record is checked as when it is loaded
+    manifest.save(Path(path) / MANIFEST_FILE if Path(path).is_dir() else path)
+    return manifest
 
 
 def _read_json(path: str | Path) -> dict[str, Any]:

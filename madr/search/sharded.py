@@ -100,7 +100,7 @@ class Shard:
 
     def __init__(self, index: faiss.Index, ids: np.ndarray, sparse: InvertedIndex | SeismicSparseIndex | None = None,
                  hybrid_lambda: float | None = None, shard: int = 0, lexical: InvertedIndex | None = None,
-                 fusion_lambda: float | None = None) -> None:
+                 fusion_lambda: float | None = None, fusion_normalisation: str = FUSED_NORMALISATION) -> None:
         if index.ntotal != ids.size:
             raise ValueError(f"shard {shard}: the FAISS index holds {index.ntotal} vectors but {ids.size} ids")
         if sparse is not None and len(sparse) != ids.size:
@@ -110,6 +110,7 @@ class Shard:
         self.index, self.ids, self.sparse, self.shard = index, ids, sparse, shard
         self.hybrid_lambda = hybrid_lambda  # the manifest's: the lam of a search that does not set one
         self.lexical, self.fusion_lambda = lexical, fusion_lambda
+        self.fusion_normalisation = fusion_normalisation  # the manifest's: a search that sets none fuses with it
         self._lock = threading.Lock()
         self._direct_map = False
 
@@ -173,6 +174,11 @@ class Shard:
                              "build it with lexical: bm25")
         return float(self.fusion_lambda if params.lam is None else params.lam)
 
+    def fusion_params(self, params: SearchParams) -> SearchParams:
+        """``params`` with the manifest's fusion weight and normalisation where they set none."""
+        return params.replace(lam=self.fusion_lam(params),
+                              normalisation=params.normalisation_or(self.fusion_normalisation))
+
     def candidates(self, dense: np.ndarray, lexical: SparseBatch, params: SearchParams | None = None,
                    **overrides) -> tuple[TopK, TopK]:
         """This shard's dense and BM25 top ``params.num_candidates`` (each [Q, c], padded): what
@@ -197,7 +203,8 @@ class Shard:
         p = resolve(params, overrides)
         if lexical is not None:
             d_top, b_top = self.candidates(dense, lexical, p)
-            return fuse_candidates([d_top], [b_top], self.fusion_lam(p), p)
+            p = self.fusion_params(p)
+            return fuse_candidates([d_top], [b_top], p.lam, p)
         dense = self._check_dense(dense)
         if p.normalisation_or("none") != "none":
             raise ValueError(f"search: a sharded index interpolates unnormalised scores (a score must not depend on "
@@ -251,7 +258,7 @@ def _open_shard(base: Path, info: ShardInfo, manifest: Manifest, mmap: bool, ver
     if sparse is not None and manifest.sparse_backend is not None:
         approx = base / info.approx_sparse_path if info.approx_sparse_path else None
         sparse = SparseBackend.from_dict(manifest.sparse_backend).open(sparse, approx)
-    lexical, lam = None, None
+    lexical, lam, norm = None, None, FUSED_NORMALISATION
     if manifest.lexical is not None and info.lexical_path:
         lex = LexicalInfo.from_dict(manifest.lexical)
         if idf is None:
@@ -259,7 +266,8 @@ def _open_shard(base: Path, info: ShardInfo, manifest: Manifest, mmap: bool, ver
                 lex.verify(base)
             idf = lex.idf_values(base)
         lexical, lam = bm25_shard_index(base / info.lexical_path, np.asarray(ids), lex, idf), lex.fusion_lambda
-    return Shard(index, ids, sparse, manifest.hybrid_lambda, info.shard, lexical, lam)
+        norm = lex.normalisation
+    return Shard(index, ids, sparse, manifest.hybrid_lambda, info.shard, lexical, lam, norm)
 
 
 def sparse_term_ids(manifest_path: str | Path, verify: bool = True) -> np.ndarray | None:
@@ -389,5 +397,6 @@ class ShardedIndex:
         p = resolve(params, overrides)
         if lexical is not None:
             parts = [s.candidates(dense, lexical, p) for s in self.shards]
-            return fuse_candidates([d for d, _ in parts], [b for _, b in parts], self.shards[0].fusion_lam(p), p)
+            p = self.shards[0].fusion_params(p)
+            return fuse_candidates([d for d, _ in parts], [b for _, b in parts], p.lam, p)
         return merge_topk([s.search(dense, p, sparse=sparse) for s in self.shards], p.k)

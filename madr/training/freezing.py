@@ -7,6 +7,7 @@ from contextlib import contextmanager
 
 from torch import nn
 
+from madr.config import StageConfig
 from madr.modeling.model import BiEncoder
 
 
@@ -47,6 +48,25 @@ def backbone_frozen(model: BiEncoder, frozen: bool = True, names: Sequence[str] 
     backbones = {id(p) for tower in model.towers() if tower.backbone is not None for p in tower.backbone.parameters()}
     params = [p for n, p in model.named_parameters() if p.requires_grad
               and ((frozen and id(p) in backbones) or any(x in n for x in names))]
+    for p in params:
+        p.requires_grad_(False)
+    try:
+        yield sum(p.numel() for p in params)
+    finally:
+        for p in params:
+            p.requires_grad_(True)
+
+
+@contextmanager
+def stage_frozen(model: BiEncoder, stage: StageConfig) -> Iterator[int]:
+    """Within the block the stage's `freeze_word_embeddings` / `freeze_layers` hold (`freeze_backbone`); the
+    previous `requires_grad` flags come back on exit, so a later stage trains what it names. Keeping the
+    pretrained word table and lowest layers is what lets a 12-layer multilingual encoder fine-tune on a few
+    thousand judged queries without drifting from its pretrained space. Yields the number of weights frozen."""
+    params = [p for tower in model.towers() if tower.backbone is not None
+              for p in backbone_frozen_parameters(tower.backbone, stage.freeze_word_embeddings, stage.freeze_layers)
+              if p.requires_grad]
+    params = list({id(p): p for p in params}.values())  # shared towers name the same weights twice
     for p in params:
         p.requires_grad_(False)
     try:

@@ -121,6 +121,9 @@ def prepare(cfg: ExperimentConfig, log: Any = print) -> dict[str, Any]:
     n_train, _ = write_split(layout.catalog, "train", layout.queries("train"), layout.qrels("train"), required=False)
     if not n_train:
         log("[data] no training queries (the train split is empty): the training stages need some")
+    if cfg.eval.split != "dev":  # the tune stage's queries (fusion weights are chosen on them, never on test)
+        n_dev, _ = write_split(layout.catalog, "dev", layout.queries("dev"), layout.qrels("dev"), required=False)
+        log(f"[data] dev split: {n_dev} queries")
     tokenizer = tokenizer_path(cfg, catalog)
     annotated = ray.data.read_parquet([str(layout.catalog / PRODUCTS_FILE), str(layout.catalog / QUERIES_FILE)],
                                       columns=aspects)

@@ -149,6 +149,7 @@ def _run(args: argparse.Namespace, stages: Sequence[Stage]) -> int:
     if missing:
         print("error: " + "\n       ".join(missing), file=sys.stderr)
         return 2
+    runner.check(inv, stages)  # what a stage would reject fails here, before the first stage runs
     cluster = submit.Cluster(args.address, _token(args)) if args.address else None
     visible = _state_visible(args, inv.state_dir)
     if cluster is not None and not _same_host(args) and not markers.is_uri(inv.state_dir) \
@@ -193,8 +194,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     inv = _invocation(args)
     assert inv.state_dir is not None
     names = [n.strip() for n in args.stages.split(",") if n.strip()] if args.stages else None
+    stages = _stages(args, names)
+    runner.check(inv, stages)  # plan refuses what pipeline would refuse
     print(f"state dir: {inv.state_dir}")
-    for item in runner.plan(inv, _stages(args, names), visible=_state_visible(args, inv.state_dir)):
+    for item in runner.plan(inv, stages, visible=_state_visible(args, inv.state_dir)):
         stage = inv.table.get(item.stage)
         print(f"{item.stage:<9} {item.action:<7} key {item.key}  {item.reason}"
                 + ("" if stage is None or stage.kind != "module" else f"  [python -m {stage.module}]"))

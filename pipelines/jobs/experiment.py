@@ -68,6 +68,18 @@ def _search(cfg: ExperimentConfig) -> dict[str, Any]:
     return {"name": cfg.model.name, "index": _abs(RunLayout.of(cfg).manifest), "search": _search_settings(cfg)}
 
 
+REFERENCE_LAMBDA = {"bm25": 0.0, "dense": 1.0}  # eval.references: one half of the dense + BM25 fusion
+
+
+def _references(cfg: ExperimentConfig) -> list[dict[str, Any]]:
+    """`eval.references` of an index with a BM25 part: the same index searched by one half of its fusion."""
+    if cfg.index.lexical is None:
+        return []
+    run = _search(cfg)
+    return [{**run, "name": ref if ref == "bm25" else f"{cfg.model.name}-{ref}",
+             "search": {**run["search"], "lam": REFERENCE_LAMBDA[ref]}} for ref in cfg.eval.references]
+
+
 def _search_settings(cfg: ExperimentConfig) -> dict[str, Any]:
     """The settings the experiment's `search:` section sets (those that differ from `SearchParams`' defaults;
     k excepted: each stage sets its own depth), so that a stage's own file keeps the others."""
@@ -82,10 +94,30 @@ def evaluate_settings(cfg: ExperimentConfig) -> dict[str, Any]:
     layout = RunLayout.of(cfg)
     metrics = list(dict.fromkeys([*cfg.eval.retrieval_metrics, "ndcg@10"]))
     derived = {"queries": _abs(layout.queries("eval")), "qrels": _abs(layout.qrels("eval")),
-               "runs": [_search(cfg)], "output": _abs(layout.evaluation), "doc_key": "product_id",
+               "runs": [_search(cfg), *_references(cfg)], "output": _abs(layout.evaluation), "doc_key": "product_id",
                "qrels_doc_column": "product_id", "metrics": metrics, "k": cfg.eval.top_k,
                "relevance_threshold": cfg.eval.relevance_threshold, "gains": cfg.eval.gains}
     return _merge(derived, cfg.evaluate)
+
+
+def split_dir(cfg: ExperimentConfig, split: str) -> str:
+    """The data stage's folder of a query split: `eval` for `eval.split`, else the split's own name."""
+    return "eval" if split == cfg.eval.split else split
+
+
+def split_inputs(cfg: ExperimentConfig, split: str) -> tuple[Any, Any]:
+    """(queries table, qrels by product id) of a split the data stage wrote; a clear error when it has none."""
+    from pipelines.evaluate.io import read_qrels, read_queries
+
+    layout = RunLayout.of(cfg)
+    path = layout.queries(split_dir(cfg, split))
+    if not path.is_file():
+        raise ValueError(f"{path}: no {split!r} queries (run the data stage; the catalog's queries need a "
+                         f"{split!r} split)")
+    queries = read_queries(path)
+    if queries.num_rows == 0:
+        raise ValueError(f"{path}: the catalog has no {split!r} queries to tune on (tune.split)")
+    return queries, read_qrels(layout.qrels(split_dir(cfg, split)), "product_id")
 
 
 def mine_settings(cfg: ExperimentConfig) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import yaml
 from madr.config import config_hash
 from madr.config_overrides import apply_overrides as dotted
 from pipelines.jobs import markers
+from pipelines.jobs.checks import check_config, not_applicable
 from pipelines.jobs.stages import STAGES, Stage, StageConfigs, check_available, load_yaml, stage_keys
 
 
@@ -82,10 +83,13 @@ class Invocation:
             self._default_path = self._materialise()
         return StageConfigs(self._default_path, dict(self.per_stage))
 
+    def parsed(self) -> dict[str, dict[str, Any]]:
+        """The parsed config of every stage of the table (overrides applied)."""
+        return {name: load_yaml(self.per_stage[name]) if name in self.per_stage else self._default_data
+                for name in self.table}
+
     def keys(self, stages: Sequence[Stage]) -> dict[str, str]:
-        parsed = {name: load_yaml(self.per_stage[name]) if name in self.per_stage else self._default_data
-                  for name in self.table}
-        return stage_keys(stages, parsed, self.table)
+        return stage_keys(stages, self.parsed(), self.table)
 
 
 def upstream_of(stage: Stage, table: Mapping[str, Stage]) -> Stage | None:
@@ -125,9 +129,19 @@ def run_stage_here(stage: Stage, inv: Invocation, force: bool = False, python: s
     if complete and not force:
         print(f"[madr.jobs] {stage.name}: skip, {why}", flush=True)
         return 0
+    config = inv.configs.path(stage.name)
+    skipped = not_applicable(stage.name, load_yaml(config), config) if STAGES.get(stage.name) == stage else None
+    if skipped:  # recorded as done, so the stages after it run on the stage before it
+        markers.clear_marker(inv.state_dir, stage.name)
+        up = upstream_of(stage, inv.table)
+        up_marker = markers.read_marker(inv.state_dir, up.name) if up is not None else None
+        markers.write_marker(inv.state_dir, stage.name, key, config=config, command=[], duration_s=0.0,
+                             ray_job=current_job_id(), run_id=uuid.uuid4().hex, skipped=skipped,
+                             upstream_run=None if up_marker is None else up_marker.get("run_id"))
+        print(f"[madr.jobs] {stage.name}: not in this recipe ({skipped})", flush=True)
+        return 0
     check_available(stage)
     markers.clear_marker(inv.state_dir, stage.name)  # a crash from here on must not leave an old marker
-    config = inv.configs.path(stage.name)
     cmd = [python or sys.executable, "-m", stage.module, *stage.argv(config)]
     print(f"[madr.jobs] {stage.name}: run ({'forced' if complete else why}): {' '.join(cmd)}", flush=True)
     up = upstream_of(stage, inv.table)
@@ -173,6 +187,7 @@ def stage_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 def plan(inv: Invocation, stages: Sequence[Stage], visible: bool = True) -> list[markers.PlanItem]:
     """What `pipeline` will do per stage: a stage runs when it is not complete, or when its upstream runs."""
     keys = inv.keys(stages)
+    configs = inv.parsed()
     items: list[markers.PlanItem] = []
     running: set[str] = set()
     for stage in stages:
@@ -189,5 +204,20 @@ def plan(inv: Invocation, stages: Sequence[Stage], visible: bool = True) -> list
             complete, why = False, f"{up.name} runs first"
         if not complete:
             running.add(stage.name)
+            skipped = not_applicable(stage.name, configs[stage.name], inv.configs.path(stage.name)) \
+                if STAGES.get(stage.name) == stage else None
+            if skipped:
+                items.append(markers.PlanItem(stage.name, key, "skip", f"not in this recipe: {skipped}"))
+                continue
         items.append(markers.PlanItem(stage.name, key, "skip" if complete else "run", why))
     return items
+
+
+def check(inv: Invocation, stages: Sequence[Stage]) -> None:
+    """Every stage's config as the stage will load it (`pipelines.jobs.checks`); a ValueError naming the file
+    and key when one would fail."""
+    configs = inv.parsed()
+    builtin = [s for s in stages if STAGES.get(s.name) == s]  # a table file's own stages check themselves
+    paths = {s.name: inv.per_stage.get(s.name, inv.config) for s in builtin}  # the files the user named
+    check_config(configs, paths, [s.name for s in builtin
+                                  if not_applicable(s.name, configs[s.name], paths[s.name]) is None])

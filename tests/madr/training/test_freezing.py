@@ -72,3 +72,23 @@ def test_backbone_frozen_for_a_block_then_restored(tokenizer):
     assert all(".backbone." in name or "aen.w_v" in name for name in frozen)
     assert any("aen.w_v" in name for name in frozen) and any("aen.w_q" in name for name in before if name not in frozen)
     assert {n: p.requires_grad for n, p in model.named_parameters()} == before
+
+
+def test_a_stage_freezes_what_its_config_names_and_only_while_it_runs(catalog, tokenizer):
+    """`train.<stage>.freeze_word_embeddings` / `freeze_layers` hold in the in-process loop for that stage; the
+    next stage trains everything again."""
+    from madr.config import StageConfig
+    from madr.training.loop import CatalogSampler, train_stage
+
+    model = _model(tokenizer, shared=False)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    sampler = CatalogSampler(catalog, "train", seed=0)
+    stage = StageConfig(steps=3, batch_size=8, learning_rate=1e-2, aspect_weight=0.0, log_every=1,
+                        freeze_word_embeddings=True, freeze_layers=1)
+    train_stage(model, sampler, stage, "finetune", progress=False)
+    after = model.state_dict()
+    frozen = [k for k in after if ".backbone.embeddings." in k or ".backbone.encoder.layer.0." in k]
+    moved = [k for k in after if ".backbone.encoder.layer.2." in k]
+    assert all(torch.equal(after[k], start[k]) for k in frozen)
+    assert any(not torch.equal(after[k], start[k]) for k in moved)
+    assert all(p.requires_grad for p in model.parameters()), "the flags must come back after the stage"

@@ -1,0 +1,98 @@
+"""What `plan` and `pipeline` check before any stage runs: the run config as every stage will read it.
+
+Each stage reads the experiment YAML (typed: `madr.config.ExperimentConfig`, unknown keys fail naming their dotted
+path) and the index-side stages derive their own job configs from it (`pipelines.jobs.experiment`); a key of
+`encode:`, `evaluate:`, `serve:` or `distributed:` that the job would reject, or a backbone that cannot be
+resolved here, fails now, naming the key, instead of after training. `not_applicable` says which stages the
+recipe leaves out (a training stage with 0 steps, a tune stage with no BM25 part to fuse).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from madr.config import ExperimentConfig, from_dict
+
+
+def experiment(data: Mapping[str, Any], where: str = "") -> ExperimentConfig:
+    """The typed experiment of a parsed YAML mapping (`where` names the file in errors)."""
+    try:
+        return from_dict(ExperimentConfig, dict(data))
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"{where}: {err}" if where else str(err)) from None
+
+
+OPTIONAL_IN_RECIPE = ("pretrain", "finetune", "distill", "tune")  # the stages a recipe may leave out
+
+
+def not_applicable(stage: str, data: Mapping[str, Any], where: str = "") -> str | None:
+    """Why the recipe of the experiment `data` (parsed YAML, from file `where`) leaves stage `stage` out (None:
+    it runs)."""
+    if stage not in OPTIONAL_IN_RECIPE:
+        return None
+    cfg = experiment(data, where)
+    if stage in ("pretrain", "finetune", "distill") and getattr(cfg.train, stage).steps == 0:
+        return f"train.{stage}.steps is 0"
+    if stage == "tune":
+        if not cfg.tune.enabled:
+            return "tune.enabled is false"
+        if cfg.index.lexical is None:
+            return "index.lexical is null: no BM25 part to fuse"
+    return None
+
+
+def check_backbone(cfg: ExperimentConfig) -> None:
+    """The model's backbone can be resolved on this machine (a `pypi:` package installed, a path present, or a
+    hub name where the hub is allowed); a clear error naming `model.backbone.name_or_path` otherwise."""
+    from madr.modeling.backbone import check_backbone_name
+
+    name = cfg.model.backbone.name_or_path
+    if name is not None and cfg.model.has_backbone:
+        try:
+            check_backbone_name(name)
+        except ValueError as err:
+            raise ValueError(f"model.backbone.name_or_path: {err}") from None
+
+
+def check_stages(cfg: ExperimentConfig, stages: Sequence[str]) -> None:
+    """Build every derived job config the named stages will run with (module docstring)."""
+    from pipelines.jobs import experiment as derive
+
+    if any(s in stages for s in ("pretrain", "finetune", "distill")):
+        from pipelines.train.config import distributed_config
+
+        distributed_config(cfg)
+        check_backbone(cfg)
+    if "data" in stages:
+        check_backbone(cfg)
+    checks = {"encode": ("pipelines.encode.config", "EncodeConfig", derive.encode_settings),
+              "evaluate": ("pipelines.evaluate.job", "EvaluateConfig", derive.evaluate_settings),
+              "mine": ("pipelines.mine.job", "MineConfig", derive.mine_settings)}
+    for name, (module, cls_name, settings) in checks.items():
+        if name in stages:
+            import importlib
+
+            cls = getattr(importlib.import_module(module), cls_name)
+            from_dict(cls, settings(cfg), f"{name}.")
+    if "deploy" in stages:
+        from serve.config import ServeSettings, settings_from_dict
+
+        args = derive.serve_args(cfg)
+        if "config" in args:  # a Serve settings file of its own, merged under the section's keys
+            settings_from_dict(args)
+        else:
+            from_dict(ServeSettings, args, "serve.")
+
+
+def check_config(configs: Mapping[str, Mapping[str, Any]], paths: Mapping[str, str], stages: Sequence[str]) -> None:
+    """Every named stage's config (`configs[stage]`, read from `paths[stage]`) as the stage will load it."""
+    by_path: dict[str, list[str]] = {}
+    for stage in stages:
+        by_path.setdefault(paths[stage], []).append(stage)
+    for path, names in by_path.items():
+        cfg = experiment(configs[names[0]], path)
+        try:
+            check_stages(cfg, names)
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"{path}: {err}") from None

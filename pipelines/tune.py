@@ -1,0 +1,132 @@
+"""The tune stage: the index's dense + BM25 fusion chosen on the dev queries and written into its manifest.
+
+`python -m pipelines.tune --config EXPERIMENT.yaml` reads the experiment's index (`<output_dir>/index`), encodes
+the `tune.split` queries with the index's model once, takes every shard's dense and BM25 candidates once, and
+scores every (lam, normalisation) of the grid on them with `madr.search.fusion_tuning.tune_fusion` (the fusion
+the index serves). The best point is written into the manifest's `lexical` record (`fusion_lambda`,
+`normalisation`), so the evaluate stage and `/search` use it when a request sets neither, with no hand edit.
+The grid is reported in `<output_dir>/tune/fusion.json` and plotted (`fusion.png`: the metric against lam, one
+curve per normalisation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from madr.config import ExperimentConfig, load_config
+from madr.layout import RunLayout
+from madr.search.fusion_tuning import FusionChoice, as_arrays, lambda_grid, tune_fusion
+from madr.search.params import SearchParams
+
+BATCH = 256
+
+
+def tune_dir(cfg: ExperimentConfig) -> Path:
+    return Path(cfg.output_dir) / "tune"
+
+
+def candidate_lists(cfg: ExperimentConfig, texts: list[str], k: int) -> tuple[list, list, Any]:
+    """(dense candidates per shard, BM25 candidates per shard, the opened index) of `texts`, in batches."""
+    from madr.index import Manifest, encode_queries
+    from madr.modeling.model import BiEncoder
+    from madr.search.sharded import ShardedIndex
+
+    layout = RunLayout.of(cfg)
+    manifest = Manifest.load(layout.manifest)
+    if not manifest.has_lexical:
+        raise ValueError(f"{layout.manifest}: the index has no BM25 part (index.lexical: bm25): nothing to fuse")
+    model = BiEncoder.load(manifest.model_dir).eval()
+    index = ShardedIndex.open(layout.manifest, mmap=True)
+    params = SearchParams(k=k, candidates=cfg.tune.candidates)
+    dense: list[list] = [[] for _ in index.shards]
+    bm25: list[list] = [[] for _ in index.shards]
+    for start in range(0, len(texts), BATCH):
+        batch = texts[start:start + BATCH]
+        vectors, _ = encode_queries(model, batch)
+        terms = index.query_terms(model.tokenizer, batch)
+        for s, shard in enumerate(index.shards):
+            d, b = shard.candidates(vectors, terms, params)
+            dense[s].append(d)
+            bm25[s].append(b)
+    return [_stack(parts) for parts in dense], [_stack(parts) for parts in bm25], index
+
+
+def _stack(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+
+def run_tune(cfg: ExperimentConfig, log=print) -> FusionChoice:
+    """Choose the fusion on the dev queries, write it into the manifest (module docstring); returns the choice."""
+    from madr.index.manifest import record_fusion
+    from pipelines.evaluate.job import to_run
+    from pipelines.evaluate.searcher import DocKeys
+    from pipelines.jobs.experiment import split_inputs
+
+    layout = RunLayout.of(cfg)
+    queries, qrels = split_inputs(cfg, cfg.tune.split)
+    ids, texts = queries.column("query_id").to_pylist(), queries.column("text").to_pylist()
+    k = cfg.eval.top_k
+    log(f"[tune] {len(ids)} {cfg.tune.split} queries, {len(qrels)} judged; grid step {cfg.tune.lambda_step}, "
+        f"normalisations {cfg.tune.normalisations}, by {cfg.tune.metric}")
+    dense, bm25, _ = candidate_lists(cfg, texts, k)
+    keys = DocKeys(layout.manifest, "product_id")
+
+    def as_run(fused: tuple[np.ndarray, np.ndarray]) -> dict:
+        scores, top = fused
+        return to_run({q: (top[i], scores[i]) for i, q in enumerate(ids)}, keys)
+
+    choice = tune_fusion(dense, bm25, as_run, qrels, cfg.tune.metric, lambda_grid(cfg.tune.lambda_step),
+                         cfg.tune.normalisations, k, cfg.tune.candidates, metrics=cfg.eval.retrieval_metrics,
+                         relevance_threshold=cfg.eval.relevance_threshold, gains=cfg.eval.gains)
+    record_fusion(layout.manifest, choice.lam, choice.normalisation)
+    write_report(choice, tune_dir(cfg), cfg.tune.normalisations)
+    log(f"[tune] chose lam {choice.lam:g} ({choice.lam:g} dense + {1 - choice.lam:g} BM25), "
+        f"{choice.normalisation}: dev {choice.metric} {choice.value:.4f} -> {layout.manifest}")
+    return choice
+
+
+def write_report(choice: FusionChoice, out: Path, normalisations: list[str]) -> Path:
+    """`fusion.json` (the choice and the grid) and `fusion.png` (the metric against lam per normalisation)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "fusion.json").write_text(json.dumps(choice.to_dict(), indent=1))
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for norm in normalisations:
+        lams, values = as_arrays(choice.grid, norm, choice.metric)
+        ax.plot(lams, values, marker="o", label=norm)
+    ax.axvline(choice.lam, color="grey", linestyle=":")
+    ax.set_xlabel("lam (dense weight; 0 = BM25 only, 1 = dense only)")
+    ax.set_ylabel(f"dev {choice.metric}")
+    ax.set_title(f"fusion chosen: lam {choice.lam:g}, {choice.normalisation}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "fusion.png", dpi=100)
+    plt.close(fig)
+    return out / "fusion.png"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipelines.tune", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="experiment YAML")
+    args = parser.parse_args(argv)
+    try:
+        run_tune(load_config(args.config))
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
