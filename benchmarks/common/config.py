@@ -14,6 +14,7 @@ from madr.config_overrides import apply_overrides, parse_overrides
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root
 BENCHMARKS = ROOT / "benchmarks"  # results/ (JSON), plots/ (PNG) and data/ live under it
+RUN_OUT = ROOT / "runs" / "benchmarks"  # where a run writes unless asked (--out-dir benchmarks publishes into the repo)
 RESULTS = BENCHMARKS / "results"
 PLOTS = BENCHMARKS / "plots"
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
+from benchmarks.common.config import ROOT, RUN_OUT, add_run_args
 from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.quality.multilingual import prepare, settings, train_model, write_result
 from madr.data.records import MultilingualData
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> dict:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_run_args(p, ROOT / "configs" / "real" / "multitask_e5.yaml", "distil_e5", seeds=[0])
-    p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
+    p.add_argument("--out-dir", default=str(RUN_OUT), help="results/ and plots/ go under it")
     p.add_argument("--arm", action="append", default=None, help=f"NAME:LOSS:LAYERS (default {DEFAULT_ARMS})")
     p.add_argument("--teacher", default=None, help="a saved BiEncoder (default: e5 through madr, untrained)")
     p.add_argument("--max-texts", type=int, default=None, help="cap on the query-side training texts")

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
+from benchmarks.common.config import ROOT, RUN_OUT, add_run_args
 from benchmarks.common.machine import machine_info, run_command
 from benchmarks.common.results import write_result_json
 from benchmarks.common.stats import paired_tests
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(p, ROOT / "configs" / "real" / "homedepot_hybrid.yaml", "real_homedepot_eq1_lambda", seeds=[0])
     p.add_argument("--row", default="madral_pw_sparse", help="the saved row with a sparse head")
-    p.add_argument("--out-dir", default=str(BENCHMARKS))
+    p.add_argument("--out-dir", default=str(RUN_OUT))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()

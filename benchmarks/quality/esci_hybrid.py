@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common.config import BENCHMARKS, RESULTS, ROOT, add_run_args
+from benchmarks.common.config import RESULTS, ROOT, RUN_OUT, add_run_args
 from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.common.results import write_result_json
 from benchmarks.common.stats import seed_mean_std
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         help="the homedepot_hybrid result JSON holding the Home Depot dev fusion weights",
     )
     p.add_argument("--esci-dir", default=str(ROOT.parent / "shared" / "data" / "esci"))
-    p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
+    p.add_argument("--out-dir", default=str(RUN_OUT), help="results/ and plots/ go under it")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     start, load_before = time.perf_counter(), load_average()

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
+from benchmarks.common.config import ROOT, RUN_OUT, add_run_args
 from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.common.results import write_result_json
 from benchmarks.common.stats import mean_std
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     add_run_args(p, ROOT / "configs" / "real" / "homedepot.yaml", "esci_transfer", seeds=[0])  # the Home Depot config
     p.add_argument("--models", nargs="+", default=DEFAULT_MODELS, metavar="ROW")
     p.add_argument("--esci-dir", default=str(ROOT.parent / "shared" / "data" / "esci"))
-    p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
+    p.add_argument("--out-dir", default=str(RUN_OUT), help="results/ and plots/ go under it")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     home, cfg, bench = load_config(Path(args.config), args.set)

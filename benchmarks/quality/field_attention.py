@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
+from benchmarks.common.config import ROOT, RUN_OUT, add_run_args
 from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.common.results import write_result_json
 from benchmarks.common.stats import seed_mean_std
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> dict:
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(p, ROOT / "configs" / "real" / "multitask.yaml", "real_field_attention")
     p.add_argument("--scorer", default="additive", choices=SCORERS, help="a(q, d) of Eq. 9")
-    p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ goes under it")
+    p.add_argument("--out-dir", default=str(RUN_OUT), help="results/ goes under it")
     p.add_argument("--merge", nargs="+", default=[], metavar="JSON", help="add the seeds of earlier runs' JSON")
     p.add_argument("--initial-weights", action="store_true",
                    help="only print the untrained attention's weights on the held-out pairs per seed (no training)")

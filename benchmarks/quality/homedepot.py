@@ -64,7 +64,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
+from benchmarks.common.config import ROOT, RUN_OUT, add_run_args
 from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.common.results import write_result_json
 from benchmarks.quality.aspect_models.data import eval_lengths, load_config, prepare
@@ -120,7 +120,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--models", nargs="+", default=None, metavar="ROW",
                    help=f"rows (default: bench.models); known: {', '.join([*REFERENCES, *ROWS])} and the "
                         "ablations madral_no_<aspect|other|query|doc>, mural_only_<aspect|phrase|word|token>")
-    p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
+    p.add_argument("--out-dir", default=str(RUN_OUT), help="results/ and plots/ go under it")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     home, cfg, bench = load_config(Path(args.config), args.set)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
+from benchmarks.common.config import ROOT, RUN_OUT, add_run_args
 from benchmarks.common.machine import machine_info
 from benchmarks.common.results import write_result_json
 from benchmarks.common.stats import mean_std, paired_tests
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(p, ROOT / "configs" / "real" / "homedepot_hybrid.yaml", "real_homedepot_claims")
     p.add_argument("--export", required=True, nargs="+", help="the folders homedepot_hybrid --export wrote")
-    p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
+    p.add_argument("--out-dir", default=str(RUN_OUT), help="results/ and plots/ go under it")
     args = p.parse_args(argv)
     start = time.perf_counter()
     home, cfg, bench = load(Path(args.config), args.set)

@@ -50,7 +50,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args, local_backbone, read_config, repo_path
+from benchmarks.common.config import (
+    ROOT,
+    RUN_OUT,
+    add_run_args,
+    local_backbone,
+    read_config,
+    repo_path,
+)
 from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.common.results import write_result_json
 from benchmarks.quality.aspect_models.data import EvalSet, catalog_for
@@ -390,7 +397,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(p, ROOT / "configs" / "real" / "homedepot_hybrid.yaml", "real_homedepot_hybrid")
-    p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
+    p.add_argument("--out-dir", default=str(RUN_OUT), help="results/ and plots/ go under it")
     p.add_argument("--device", default="cpu", help="where the trained rows train and encode (cpu, cuda)")
     p.add_argument("--export", default=None,
                    help="write each trained row-seed's per-query test metrics under this folder (`export_row`) "

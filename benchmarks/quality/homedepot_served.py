@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from benchmarks.common.config import BENCHMARKS, RESULTS, ROOT, add_run_args
+from benchmarks.common.config import RESULTS, ROOT, RUN_OUT, add_run_args
 from benchmarks.common.machine import machine_info, run_command
 from benchmarks.common.stats import paired_tests
 from benchmarks.quality.aspect_models.data import EvalSet, catalog_for
@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> dict:
                    help="the index's BM25 tokenizer (index.lexical_tokenizer; default: the model's own, the "
                         "benchmark's bm25_model row); bench.lexical_tokenizer matches its bm25 row")
     p.add_argument("--dtype", default="auto", help="the encode job's encode.dtype (e.g. int8: int8 weights)")
-    p.add_argument("--out-dir", default=str(BENCHMARKS))
+    p.add_argument("--out-dir", default=str(RUN_OUT))
     args = p.parse_args(argv)
     from pipelines.encode.config import EncodeConfig
     from pipelines.encode.job import run_encode

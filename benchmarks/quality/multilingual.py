@@ -45,7 +45,14 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args, local_backbone, read_config, repo_path
+from benchmarks.common.config import (
+    ROOT,
+    RUN_OUT,
+    add_run_args,
+    local_backbone,
+    read_config,
+    repo_path,
+)
 from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.results import write_result_json
@@ -337,7 +344,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(p, ROOT / "configs" / "real" / "multitask.yaml", "real_multitask")
-    p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
+    p.add_argument("--out-dir", default=str(RUN_OUT), help="results/ and plots/ go under it")
     p.add_argument("--merge", nargs="+", default=[], metavar="JSON", help="add the seeds of earlier runs' JSON")
     p.add_argument("--no-reference", action="store_true", help="skip the 12-layer e5 reference row")
     p.add_argument("--build-backbone", action="store_true", help="build the e5 directory first if it is missing")

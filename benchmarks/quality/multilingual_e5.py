@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
+from benchmarks.common.config import ROOT, RUN_OUT, add_run_args
 from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.stats import seed_mean_std
 from benchmarks.quality import multilingual_scores as item
@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> dict:
     p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_run_args(p, ROOT / "configs" / "real" / "multitask_e5.yaml", "real_multitask_e5")
-    p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
+    p.add_argument("--out-dir", default=str(RUN_OUT), help="results/ and plots/ go under it")
     p.add_argument("--build-backbone", action="store_true", help="build the e5 directory first if it is missing")
     args = p.parse_args(argv)
     run = prepare(args)

@@ -41,7 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
+from benchmarks.common.config import ROOT, RUN_OUT, add_run_args
 from benchmarks.common.machine import versions
 from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.quality import multilingual_scores as item
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> dict:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_run_args(p, ROOT / "configs" / "real" / "multitask_e5.yaml", "real_multilingual_int8")
-    p.add_argument("--out-dir", default=str(BENCHMARKS), help="results/ and plots/ go under it")
+    p.add_argument("--out-dir", default=str(RUN_OUT), help="results/ and plots/ go under it")
     p.add_argument(
         "--build-backbone", action="store_true", help="build the e5 directory first if it is missing"
     )

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from benchmarks.common.config import BENCHMARKS, ROOT, add_run_args
+from benchmarks.common.config import ROOT, RUN_OUT, add_run_args
 from benchmarks.quality.distil_e5 import load_teacher
 from benchmarks.quality.multilingual import prepare, write_result
 from madr.recipes.multitask.data import query_side_texts
@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> dict:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_run_args(p, ROOT / "configs" / "real" / "multitask_e5.yaml", "distil_step", seeds=[0])
-    p.add_argument("--out-dir", default=str(BENCHMARKS))
+    p.add_argument("--out-dir", default=str(RUN_OUT))
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--batch", type=int, default=64)

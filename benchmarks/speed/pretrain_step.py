@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.common.config import BENCHMARKS, ROOT
+from benchmarks.common.config import ROOT, RUN_OUT
 from benchmarks.common.machine import machine_info, run_command
 from benchmarks.common.results import write_result_json
 from benchmarks.quality.aspect_models.data import catalog_for
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     p.add_argument("--tag", default="pretrain_step")
-    p.add_argument("--out-dir", default=str(BENCHMARKS))
+    p.add_argument("--out-dir", default=str(RUN_OUT))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     home, cfg, bench = load(Path(args.config), args.set)

@@ -55,9 +55,21 @@ def check_backbone(cfg: ExperimentConfig) -> None:
             raise ValueError(f"model.backbone.name_or_path: {err}") from None
 
 
+def check_search(cfg: ExperimentConfig) -> None:
+    """`search:` settings the index the experiment builds can serve: a sharded SPLADE-hybrid index interpolates
+    unnormalised scores (a document's score must not depend on its shard), so it takes no normalisation."""
+    sparse_hybrid = cfg.model.has_sparse and cfg.index.lexical is None
+    if sparse_hybrid and cfg.search.normalisation not in (None, "none"):
+        raise ValueError(f"search.normalisation: {cfg.search.normalisation!r} cannot be served by the sharded hybrid "
+                         f"(dense + SPLADE) index of model {cfg.model.name!r}; use none or null")
+
+
 def check_stages(cfg: ExperimentConfig, stages: Sequence[str]) -> None:
     """Build every derived job config the named stages will run with (module docstring)."""
     from pipelines.jobs import experiment as derive
+
+    if any(s in stages for s in ("encode", "mine", "evaluate", "deploy")):
+        check_search(cfg)
 
     if any(s in stages for s in ("pretrain", "finetune", "distill")):
         from pipelines.train.config import distributed_config

@@ -35,6 +35,9 @@ class DistributedConfig:
     shuffle_buffer: rows of the per-worker local shuffle buffer (seeded per epoch, so resumable).
     runtime_env: Ray runtime env of the job (env_vars, pip, working_dir, ...), e.g. for `ray job submit`.
     fail_at_step / fail_rank: failure drill: that worker SIGKILLs itself once after reporting that step.
+    val_corpus: fine-tuning's validation searches the dev queries over their judged products plus a seeded sample
+    of the others, this many products in all (0: the whole catalog; a 12-layer encoder spends minutes per pass
+    over tens of thousands of products on CPU).
     """
 
     backend: str = "auto"
@@ -54,6 +57,7 @@ class DistributedConfig:
     runtime_env: dict[str, Any] = field(default_factory=dict)
     fail_at_step: int | None = None
     fail_rank: int = 1
+    val_corpus: int = 2000
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:

@@ -18,6 +18,7 @@ import contextlib
 import copy
 import json
 import os
+import random
 import shutil
 import signal
 import tempfile
@@ -68,6 +69,19 @@ def validation_split(catalog: Catalog) -> str:
     return "dev" if catalog.queries_in("dev") else "test"
 
 
+def validation_catalog(catalog: Catalog, split: str, size: int, seed: int) -> Catalog:
+    """`catalog` with its products cut to the `split` queries' judged products plus a seeded sample of the
+    others, `size` in all (0, or a catalog that small already: unchanged)."""
+    if size <= 0 or len(catalog.products) <= size:
+        return catalog
+    judged = {pid for docs in catalog.qrels(split).values() for pid in docs}
+    others = [p.product_id for p in catalog.products if p.product_id not in judged]
+    rng = random.Random(seed)
+    keep = judged | set(rng.sample(others, max(0, min(len(others), size - len(judged)))))
+    return Catalog([p for p in catalog.products if p.product_id in keep], catalog.queries,
+                   [j for j in catalog.judgments if j.product_id in keep], catalog.aspect_names)
+
+
 class Validator:
     """Validation metrics of a stage (prefixed `val_`), on held-out data of the catalog.
 
@@ -84,6 +98,9 @@ class Validator:
         self.queries = self.catalog.queries_in(self.split)[:cap]
         held = holdout_products(self.catalog, cfg.train.seed)
         self.products = [p for p in self.catalog.products if p.product_id in held][:cap]
+        if kind == "finetune":
+            self.catalog = validation_catalog(self.catalog, self.split, distributed_config(cfg).val_corpus,
+                                              cfg.train.seed)
 
     @torch.no_grad()
     def __call__(self, module: StageModule) -> dict[str, float]:

@@ -235,3 +235,18 @@ def test_finetune_rows_follow_a_new_mining_round(tmp_path):
     first = _negatives_key(cfg)
     path.write_bytes(b"round 2")
     assert first != _negatives_key(cfg) and first[:2] == ["index", 30]
+
+
+def test_finetune_validation_searches_a_capped_corpus_with_every_judged_product():
+    """`distributed.val_corpus`: the dev queries' judged products plus a seeded sample, that many in all."""
+    from madr.data.synthetic.catalog import generate_catalog
+    from pipelines.train.loop import validation_catalog
+
+    catalog = generate_catalog(400, 200, seed=0)
+    small = validation_catalog(catalog, "dev", 330, seed=0)
+    judged = {pid for docs in catalog.qrels("dev").values() for pid in docs}
+    kept = {p.product_id for p in small.products}
+    assert len(kept) == 330 and judged <= kept and len(judged) < 330
+    assert small.qrels("dev") == catalog.qrels("dev") and small.queries == catalog.queries
+    assert kept == {p.product_id for p in validation_catalog(catalog, "dev", 330, seed=0).products}
+    assert validation_catalog(catalog, "dev", 0, seed=0) is catalog

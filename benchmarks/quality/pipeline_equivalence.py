@@ -1,0 +1,109 @@
+"""Does madr's pipeline reproduce the product-search benchmark? Per-query test metrics of the pipeline's run
+(`python -m pipelines.jobs pipeline --config configs/product_search.yaml`) against the benchmark's rows on the
+same catalog (`python -m benchmarks.quality.homedepot_hybrid --config configs/real/product_search.yaml --export
+DIR`, with `bench.corpus_size: null` so both search the whole catalog), paired per query.
+
+The pipeline's runs are its evaluate stage's TREC files (`<output_dir>/evaluation/<run>.trec`, scored here against
+`<output_dir>/data/eval/qrels.parquet` with `madr.metrics`); the benchmark's are the per-query metrics its
+`--export` wrote (`benchmarks.quality.row_export`). Pairs: the served fusion (BM25 + the fine-tuned encoder,
+fusion chosen on dev) and the fine-tuned encoder alone. Queries: those the benchmark evaluates (>= 1 product
+at `eval.relevance_threshold`), which both sides hold.
+
+    python -m benchmarks.quality.pipeline_equivalence --pipeline-dir runs/product_search --export DIR/export
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from benchmarks.common.config import RUN_OUT
+from benchmarks.common.results import write_result_json
+from benchmarks.common.stats import paired_tests
+from madr.config import load_config
+from madr.metrics import Qrels, Run, evaluate
+
+PAIRS = {"fused": ("{model}", "bm25+{row}"), "encoder alone": ("{model}-dense", "{row}")}
+
+
+def read_trec_run(path: Path) -> Run:
+    """`qid Q0 docid rank score tag` lines -> {qid: {docid: score}}."""
+    run: Run = defaultdict(dict)
+    for line in path.read_text().splitlines():
+        qid, _, doc, _, score, _ = line.split()
+        run[qid][doc] = float(score)
+    return dict(run)
+
+
+def pipeline_qrels(out: Path) -> Qrels:
+    qrels: Qrels = defaultdict(dict)
+    for row in pq.read_table(out / "data" / "eval" / "qrels.parquet").to_pylist():
+        qrels[str(row["query_id"])][str(row["product_id"])] = float(row["relevance"])
+    return dict(qrels)
+
+
+def compare(pipeline_dir: Path, export: Path, row: str, seed: int, draws: int) -> dict:
+    """{pair: {metric: {pipeline, benchmark, diff, p_randomisation, p_ttest, n}}} (module docstring)."""
+    exported = json.loads((export / f"seed{seed}" / f"{row}.json").read_text())["per_query"]
+    qrels = pipeline_qrels(pipeline_dir)
+    stage_cfg = _experiment(pipeline_dir)
+    model = stage_cfg.model.name
+    out: dict[str, dict] = {}
+    for pair, (ours, theirs) in PAIRS.items():
+        ours, theirs = ours.format(model=model), theirs.format(row=row)
+        bench = exported[theirs]
+        metrics = sorted(bench)
+        run = read_trec_run(pipeline_dir / "evaluation" / f"{ours}.trec")
+        queries = set(next(iter(bench.values())))
+        judged = {q: qrels.get(q, {}) for q in queries}
+        per_q = evaluate(run, judged, metrics, relevance_threshold=stage_cfg.eval.relevance_threshold,
+                         gains=stage_cfg.eval.gains, per_query=True)
+        out[pair] = {}
+        for m in metrics:
+            a = {q: per_q[m][q] for q in bench[m] if q in per_q[m]}
+            b = {q: bench[m][q] for q in a}
+            test = paired_tests(a, b, draws)
+            out[pair][m] = {"pipeline": sum(a.values()) / len(a), "benchmark": sum(b.values()) / len(b), **test,
+                            "runs": [ours, theirs]}
+    return out
+
+
+def _experiment(pipeline_dir: Path):
+    """The experiment config the pipeline ran with (its materialised copy, else the marker's config path)."""
+    marker = json.loads((pipeline_dir / "_stages" / "evaluate.done.json").read_text())
+    return load_config(marker["config"])
+
+
+def table(result: dict) -> str:
+    lines = ["| pair | metric | pipeline | benchmark | diff | p (t) | p (rand.) | queries |",
+             "|---|---|---|---|---|---|---|---|"]
+    for pair, rows in result.items():
+        for m, r in rows.items():
+            lines.append(f"| {pair} | {m} | {r['pipeline']:.4f} | {r['benchmark']:.4f} | {r['diff']:+.4f} | "
+                         f"{r['p_ttest']:.3g} | {r['p_randomisation']:.3g} | {r['n']} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pipeline-dir", required=True, help="the pipeline run's output_dir")
+    p.add_argument("--export", required=True, help="the benchmark's --export folder")
+    p.add_argument("--row", default="bibert_mined")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--draws", type=int, default=10000)
+    p.add_argument("--out-dir", default=str(RUN_OUT))
+    p.add_argument("--tag", default="pipeline_equivalence")
+    args = p.parse_args(argv)
+    result = compare(Path(args.pipeline_dir), Path(args.export), args.row, args.seed, args.draws)
+    text = table(result)
+    print(text)
+    write_result_json(args.out_dir, args.tag, {"pairs": result, "table": text, "args": vars(args)})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,44 @@
+"""benchmarks.quality.pipeline_equivalence: the pipeline's TREC runs are scored per query against its qrels and
+paired with the benchmark's exported per-query metrics on the queries the benchmark evaluates."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from benchmarks.quality.pipeline_equivalence import compare
+from benchmarks.quality.row_export import write_row
+
+
+def _pipeline_dir(tmp_path):
+    out = tmp_path / "run"
+    (out / "data" / "eval").mkdir(parents=True)
+    (out / "evaluation").mkdir()
+    (out / "_stages").mkdir()
+    pq.write_table(pa.table({"query_id": ["q1", "q1", "q2", "q3"], "product_id": ["a", "b", "c", "d"],
+                             "relevance": [4, 0, 3, 1]}), out / "data" / "eval" / "qrels.parquet")
+    # fused: q1 finds a at rank 1, q2 misses c; dense alone: q1 finds a at rank 2, q2 finds c at rank 1
+    (out / "evaluation" / "bibert.trec").write_text("q1 Q0 a 1 0.9 bibert\nq1 Q0 b 2 0.5 bibert\nq2 Q0 x 1 0.9 bibert\n")
+    (out / "evaluation" / "bibert-dense.trec").write_text(
+        "q1 Q0 b 1 0.9 d\nq1 Q0 a 2 0.8 d\nq2 Q0 c 1 0.7 d\nq3 Q0 d 1 0.7 d\n")
+    config = tmp_path / "exp.yaml"
+    config.write_text(yaml.safe_dump({"model": {"name": "bibert"}, "eval": {"relevance_threshold": 3.0}}))
+    (out / "_stages" / "evaluate.done.json").write_text(json.dumps({"config": str(config)}))
+    return out
+
+
+def test_pipeline_runs_pair_with_the_benchmark_rows_per_query(tmp_path):
+    out = _pipeline_dir(tmp_path)
+    per_query = {"bm25+bibert_mined": {"mrr@10": {"q1": 1.0, "q2": 0.0}},  # what the pipeline's fusion scores
+                 "bibert_mined": {"mrr@10": {"q1": 1.0, "q2": 1.0}}}       # q1 differs from the pipeline's 0.5
+    write_row(tmp_path / "export", "bibert_mined", 0, per_query, {k: k for k in per_query}, {}, "cpu")
+    result = compare(out, tmp_path / "export", "bibert_mined", 0, draws=200)
+    fused, dense = result["fused"]["mrr@10"], result["encoder alone"]["mrr@10"]
+    assert (fused["pipeline"], fused["benchmark"], fused["diff"], fused["n"]) == (0.5, 0.5, 0.0, 2)
+    assert fused["runs"] == ["bibert", "bm25+bibert_mined"]
+    assert dense["pipeline"] == pytest.approx(0.75) and dense["diff"] == pytest.approx(-0.25)
+    assert dense["n"] == 2, "q3 has no relevant product: the benchmark does not evaluate it"
