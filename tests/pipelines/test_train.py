@@ -135,7 +135,9 @@ def test_finetune_job_survives_a_killed_worker(ray_local, out_dir):
     assert final["val_recall@10"] > start["val_recall@10"] and final["val_rerank_auc"] > start["val_rerank_auc"], \
         f"fine-tuning did not improve validation: {start} -> {final}"
     assert result.metrics["step"] == 24
-    start_model = BiEncoder.load(Path(cfg.output_dir) / "finetune" / "init_model").state_dict()
+    pretrained = Path(cfg.output_dir) / "pretrain" / "model"  # the stage starts from it when the pretrain test ran
+    start_dir = pretrained if (pretrained / "config.json").is_file() else Path(cfg.output_dir) / "finetune" / "init_model"
+    start_model = BiEncoder.load(start_dir).state_dict()
     trained = BiEncoder.load(result.model_dir).state_dict()
     frozen = [k for k in trained if ".backbone.embeddings." in k or ".backbone.encoder.layer.0." in k]
     moved = [k for k in trained if ".backbone.encoder.layer.1." in k]
