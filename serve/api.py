@@ -12,7 +12,9 @@ every shard loaded), ``/openapi.json``,
 408 (body slower than ``body_timeout_s``), 413 (body over ``max_body_bytes``), 422 (validation: types,
 ranges, blank, invisible-only or over-long text, unpaired surrogates, a body that is not UTF-8 or nests
 too deeply, unknown filters or fields), 431 (headers over ``max_header_bytes``). A backend that is down
-(e.g. a dead replica being replaced) answers 503, a slow one 504, both with ``Retry-After: 1``.
+(no live replica: it is being replaced) answers 503, one that does not answer within the request's deadline
+(``request_timeout_s``, for the whole request) 504, both with ``Retry-After: 1``; a request beyond the queue
+bound of a busy app (``max_queued_requests``) gets Serve's 503 with ``Retry-After: 1`` before it reaches the app.
 """
 
 # No `from __future__ import annotations`: FastAPI must see the request models built in create_api as
@@ -20,6 +22,7 @@ too deeply, unknown filters or fields), 431 (headers over ``max_header_bytes``).
 
 import asyncio
 import time
+from collections.abc import Awaitable
 from typing import Any
 
 import numpy as np
@@ -40,12 +43,12 @@ from serve.backend import (
     EncodedQuery,
     check_text,
 )
-from serve.config import ServeSettings
+from serve.config import RETRY_AFTER_S, ServeSettings
 from serve.filters import check_filters, matches
 from serve.guard import Guard
 
 TITLE = "madr search"
-RETRY_AFTER = {"Retry-After": "1"}  # 503 (a replica is being replaced) and 504 (slow backend)
+RETRY_AFTER = {"Retry-After": f"{RETRY_AFTER_S:g}"}  # 503 (no live replica, a full queue) and 504 (slow backend)
 
 
 # ---- request and response models ----------------------------------------------------------------------------
@@ -183,12 +186,19 @@ class SearchRoutes:
         self.has_sparse = manifest.has_sparse or manifest.has_lexical  # a lam applies
         self.search_mode = manifest.search_mode
 
+    async def within_deadline(self, route: Awaitable[Any]) -> Any:
+        """A route's answer, bounded as a whole by `request_timeout_s` (HTTP 504 + Retry-After after it)."""
+        try:
+            return await asyncio.wait_for(route, self.s.request_timeout_s)
+        except asyncio.TimeoutError as e:
+            raise HTTPException(504, f"backend did not answer within {self.s.request_timeout_s:g} s",
+                                headers=RETRY_AFTER) from e
+
     async def _call(self, awaitable: Any) -> Any:
         try:
-            return await asyncio.wait_for(awaitable, self.s.request_timeout_s)
-        except (asyncio.TimeoutError, BackendTimeout) as e:
-            raise HTTPException(504, f"backend did not answer within {self.s.request_timeout_s} s",
-                                headers=RETRY_AFTER) from e
+            return await awaitable
+        except BackendTimeout as e:
+            raise HTTPException(504, f"backend did not answer, retry: {e}", headers=RETRY_AFTER) from e
         except BackendUnavailable as e:
             raise HTTPException(503, f"backend unavailable, retry: {e}", headers=RETRY_AFTER) from e
         except BackendBadRequest as e:
@@ -309,15 +319,15 @@ def create_api(backend: Backend, settings: ServeSettings, docs: Docs) -> FastAPI
 
     @app.post("/search", response_model=SearchResponse)
     async def search(req: search_model) -> dict:  # type: ignore[valid-type]
-        return await routes.search(req)
+        return await routes.within_deadline(routes.search(req))
 
     @app.post("/explain")
     async def explain(req: explain_model) -> dict:  # type: ignore[valid-type]
-        return await routes.explain(req)
+        return await routes.within_deadline(routes.explain(req))
 
     @app.post("/encode")
     async def encode(req: encode_model) -> dict:  # type: ignore[valid-type]
-        return await routes.encode(req)
+        return await routes.within_deadline(routes.encode(req))
 
     @app.api_route("/healthz", methods=["GET", "HEAD"])
     async def healthz() -> dict:

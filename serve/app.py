@@ -69,17 +69,17 @@ def build_app(args: dict[str, Any] | ServeSettings | None = None) -> Application
     if s.topology == "colocated":  # encoder + every shard in each replica (serve/colocated.py)
         return build_colocated(s)
     manifest = Manifest.load(s.manifest_path)
-    encoder = QueryEncoder.options(name="QueryEncoder", **s.encoder.options()).bind(
+    encoder = QueryEncoder.options(name="QueryEncoder", **s.encoder.options(s.route_timeout_s)).bind(
         s.model_dir, s.torch_threads, s.encoder_max_batch_size, s.encoder_batch_wait_timeout_s,
         lexical_vocab(manifest), lexical_tokenizer_dir(s.manifest_path),
         s.manifest_path if s.encoder_index_vocabulary else None, s.verify, s.encoder_backend, s.encoder_precision,
         stuck_after_s=s.request_timeout_s)
     searchers = [
-        ShardSearcher.options(name=f"searcher-{g}", **s.searcher.options()).bind(
+        ShardSearcher.options(name=f"searcher-{g}", **s.searcher.options(s.route_timeout_s)).bind(
             s.manifest_path, group, s.mmap, s.verify, s.faiss_threads, s.searcher_max_batch_size,
             s.searcher_batch_wait_timeout_s, stuck_after_s=s.request_timeout_s)
         for g, group in enumerate(shard_groups(len(manifest.shards), s.shard_groups))]
-    return SearchIngress.options(name="SearchIngress", **s.ingress.options()).bind(
+    return SearchIngress.options(name="SearchIngress", **s.ingress.options(s.route_timeout_s)).bind(
         encoder, searchers, dataclasses.asdict(s))
 
 

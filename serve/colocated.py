@@ -21,10 +21,12 @@ Threads: a one-thread sparse search runs numba's serial kernel, which starts no 
 search that asks for more. Numba's pool, a thread per core, once ran beside the encoder in the same process and
 slowed it 2-5x (encode p50 19-49 ms vs 9 ms at concurrency 1, 1M docs; RESULTS).
 
-Failures: there is no handle hop for `serve.calls` to bound; a dead replica is Serve's proxy's to route
-around. With 2 replicas a SIGKILL fails only the requests in flight on the dead one (Serve's proxy answers them
-500 at once) and the other replica answers the rest; with none alive, the proxy holds each request until a
-replacement takes it (no 503: nothing of ours is alive to answer; tests/serve/test_serve_replica_death.py).
+Failures: there is no handle hop for `serve.calls` to bound; Serve's proxy routes each request to a replica
+through `serve.routing.LiveReplicaRouter`. A burst queues in the proxy until a replica has a slot (beyond
+`colocated.max_queued_requests`: 503 + Retry-After at once). With 2 replicas a SIGKILL fails only the requests in
+flight on the dead one (they die with the process; Serve's proxy answers them 500 at once) and the other replica
+answers the rest; with none alive, the proxy answers 503 + Retry-After once a request has waited `route_timeout_s`
+for a live replica (tests/serve/test_serve_replica_death.py).
 A replica whose encoder or searcher batch has run longer than `request_timeout_s` fails its health check (the
 watchdog of the fan-out deployments), so Serve replaces a hung replica (tests/serve/test_serve_replica_hang.py).
 """
@@ -76,7 +78,7 @@ class ColocatedBackend(RayBackend):
     """`RayBackend` over `LocalHandle`s: the encoder and the shards live in this replica, so a call is a
     coroutine, not a hop; a ValueError of the encoder or searcher is a bad request (HTTP 422) as there."""
 
-    def _call(self, send: Callable[[], Any], what: str) -> Awaitable[Any]:
+    def _call(self, send: Callable[[], Any], what: str, handle: Any) -> Awaitable[Any]:
         return _local_call(send)
 
 
@@ -133,7 +135,7 @@ class ColocatedSearch:
 def build_colocated(s: ServeSettings) -> Application:
     """The co-located application (paths already absolute: `serve.app.build_app` calls this). Its replicas run
     numba's sparse search with `faiss_threads` threads (`NUMBA_NUM_THREADS`, module docstring)."""
-    options = s.colocated.options()
+    options = s.colocated.options(s.route_timeout_s)
     actor = dict(options.pop("ray_actor_options"))
     env = dict(actor.get("runtime_env", {}).get("env_vars", {}))
     env.setdefault("NUMBA_NUM_THREADS", str(s.faiss_threads))

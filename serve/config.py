@@ -22,6 +22,8 @@ DEFAULT_API_KEY_ENV = "MADR_API_KEY"
 TOPOLOGIES = ("colocated", "fanout")
 ENCODER_BACKENDS = ("torch", "onnx")  # what runs the query tower's forward pass (ServeSettings.encoder_backend)
 ENCODER_PRECISIONS = ("fp32", "int8")  # its weights' precision (ServeSettings.encoder_precision)
+ROUTER_CLASS = "serve.routing:LiveReplicaRouter"  # routes every call to a deployment of the app
+RETRY_AFTER_S = 1.0  # the Retry-After of every 503 and 504 the app answers
 
 
 @dataclass
@@ -37,6 +39,10 @@ class DeploymentSettings:
     invisible to clients (the other answers; see `serve.calls`). `max_replicas_per_node`
     (None: no limit) caps the replicas Serve places on one node: 1 puts every replica on a node of its own, so
     that losing a node loses one replica of the deployment, not all of them (multi-node clusters).
+    `max_queued_requests` (None: no bound) caps the calls each caller (Serve's proxy, the ingress) holds in its
+    queue for the deployment while every replica is at `max_ongoing_requests`; a call beyond it is refused at
+    once, HTTP 503 + ``Retry-After: 1`` (Serve's backpressure). Set it on the deployment that takes HTTP (the
+    ingress, `Colocated`) to shed a burst larger than the app can answer within `request_timeout_s`.
     """
 
     num_replicas: int = 1
@@ -46,16 +52,27 @@ class DeploymentSettings:
     health_check_period_s: float | None = 1.0
     health_check_timeout_s: float | None = 5.0
     max_replicas_per_node: int | None = None
+    max_queued_requests: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_queued_requests is not None and self.max_queued_requests < 1:
+            raise ValueError(f"max_queued_requests must be >= 1 or None (no bound), got {self.max_queued_requests}")
 
     def min_cpus(self) -> float:
         """CPUs its replicas hold at the smallest scale (autoscaling: `min_replicas`, default 1)."""
         replicas = (self.autoscaling or {}).get("min_replicas", 1) if self.autoscaling else self.num_replicas
         return replicas * self.num_cpus
 
-    def options(self) -> dict[str, Any]:
-        """`Deployment.options(...)` keyword arguments."""
+    def options(self, route_timeout_s: float | None = None) -> dict[str, Any]:
+        """`Deployment.options(...)` keyword arguments. Calls to the deployment are routed by
+        `serve.routing.LiveReplicaRouter`: they wait for a busy replica, and fail after `route_timeout_s`
+        (None: never) while no replica is alive, unless the deployment may scale to zero."""
         opts: dict[str, Any] = {"ray_actor_options": {"num_cpus": self.num_cpus},
-                                "max_ongoing_requests": self.max_ongoing_requests}
+                                "max_ongoing_requests": self.max_ongoing_requests,
+                                "max_queued_requests": -1 if self.max_queued_requests is None
+                                else self.max_queued_requests,
+                                "backpressure_config": {"status_code": 503, "retry_after_s": RETRY_AFTER_S},
+                                "request_router_config": self.router_config(route_timeout_s)}
         if self.autoscaling:
             opts["autoscaling_config"] = dict(self.autoscaling)
         else:
@@ -64,6 +81,12 @@ class DeploymentSettings:
             if getattr(self, name) is not None:
                 opts[name] = getattr(self, name)
         return opts
+
+    def router_config(self, route_timeout_s: float | None) -> dict[str, Any]:
+        """Serve's `request_router_config` for `LiveReplicaRouter`."""
+        scales_to_zero = bool(self.autoscaling) and (self.autoscaling or {}).get("min_replicas", 1) == 0
+        return {"request_router_class": ROUTER_CLASS,
+                "request_router_kwargs": {"no_replica_timeout_s": None if scales_to_zero else route_timeout_s}}
 
 
 @dataclass
@@ -104,14 +127,18 @@ class ServeSettings:
     `Authorization: Bearer <key>`. Fail closed: an app whose `host` is not a loopback address refuses to start
     without a key unless `public` is true (an open API on purpose). `host` is where `run_local` and the plain
     server bind; in a Serve YAML set it to the `http_options.host` the proxy binds.
-    Failures (`serve.calls`): `request_timeout_s` bounds a request (HTTP 504 + Retry-After after it);
-    `route_timeout_s` bounds how long one call to a deployment waits for a live replica to accept it (HTTP 503 +
-    `Retry-After: 1` after it: a dead replica being replaced), `replica_retries` how often a call whose replica
-    died is sent again (to another replica when there is one); `call_timeout_s` how long a call a replica accepted
-    may take before it is sent again (a hung replica: another one answers) or, on its last attempt, answered 504
-    + `Retry-After: 1` (None: only `request_timeout_s` bounds it). Keep (replica_retries + 1) x call_timeout_s
-    below request_timeout_s. A replica whose batch runs longer than `request_timeout_s` fails its health check
-    and is replaced (`serve.watchdog`).
+    Failures (`serve.calls`, `serve.routing`): busy is not dead. A call to a deployment whose replicas are all busy
+    waits in its router's queue, bounded by `request_timeout_s` (the whole request's deadline: HTTP 504 +
+    Retry-After after it) and, at the ingress, by `max_queued_requests` (`DeploymentSettings`; HTTP 503 +
+    `Retry-After: 1` at once beyond it). `route_timeout_s` is how long a call may wait while its deployment has no
+    live replica (every replica died, Serve is replacing them; also in Serve's proxy, both topologies) and how
+    long the replica it was sent to may take to take it (a frozen replica): HTTP 503 + `Retry-After: 1` after
+    it. `replica_retries`: how often a call whose replica died, or did not take it, is sent again (to another
+    replica when there is one); `call_timeout_s`: how long a call a replica took may take before it is sent again
+    (a hung replica: another one answers) or, on its last attempt, answered 504 + `Retry-After: 1` (None: only
+    `request_timeout_s` bounds it). Keep (replica_retries + 1) x call_timeout_s below request_timeout_s. A
+    replica whose batch runs longer than `request_timeout_s` fails its health check and is replaced
+    (`serve.watchdog`).
     Logging (`run_local` only; the Serve YAML has its own `logging_config`): `log_level`, `access_log`.
     """
 

@@ -6,8 +6,8 @@
 - `ShardSearcher`: one deployment per shard group (`searcher-<g>`), each replica holding its shards in
   memory; `@serve.batch` groups concurrent requests with equal search knobs into one FAISS call.
 - `RayBackend`: the `serve.backend.Backend` the ingress uses: encode once, fan out to every shard group,
-  `merge_topk` (paper 002 Eq. 1 scores, comparable across shards); each hop is a `serve.calls.call` (a dead
-  replica: retried on another, else `BackendUnavailable` -> 503 fast).
+  `merge_topk` (paper 002 Eq. 1 scores, comparable across shards); each hop is a `serve.calls.call` (busy
+  replicas: the call queues; a dead replica: retried on another, else `BackendUnavailable` -> 503 fast).
   For an index with a BM25 part the groups return their dense and BM25 candidate lists
   (`ShardSearcher.candidates`) and the backend fuses them (`madr.search.sharded.fuse_candidates`).
 
@@ -156,7 +156,8 @@ def _raise_or_return(result: Any) -> Any:
 
 class RayBackend:
     """`Backend` over deployment handles: one encoder, one handle per shard group. Every hop goes through
-    `serve.calls.call` (a dead replica: retried on another one, else 503 within `policy.route_timeout_s`)."""
+    `serve.calls.call` (busy replicas: it queues; a dead replica: retried on another one, else 503 once no
+    replica has been alive for `policy.route_timeout_s`)."""
 
     def __init__(self, encoder: Any, searchers: Sequence[Any], fusion_lambda: float | None = None,
                  search_mode: str = "dense", policy: CallPolicy | None = None,
@@ -166,16 +167,16 @@ class RayBackend:
         self.fusion_normalisation = fusion_normalisation  # the manifest's (chosen on dev by the tune stage)
         self.policy = policy or CallPolicy()
 
-    def _call(self, send: Callable[[], Any], what: str) -> Awaitable[Any]:
-        return call(send, self.policy, what)
+    def _call(self, send: Callable[[], Any], what: str, handle: Any) -> Awaitable[Any]:
+        return call(send, self.policy, what, handle)
 
     async def encode(self, text: str) -> EncodedQuery:
-        return await self._call(lambda: self.encoder.encode.remote(text), "QueryEncoder")
+        return await self._call(lambda: self.encoder.encode.remote(text), "QueryEncoder", self.encoder)
 
     async def _each_group(self, method: str, *args: Any) -> list[Any]:
         """`method(*args)` on every shard group, concurrently."""
         return await asyncio.gather(*[
-            self._call(lambda h=h: getattr(h, method).remote(*args), f"searcher-{g}")
+            self._call(lambda h=h: getattr(h, method).remote(*args), f"searcher-{g}", h)
             for g, h in enumerate(self.searchers)])
 
     async def search(self, query: EncodedQuery, params: SearchParams) -> tuple[np.ndarray, np.ndarray]:
@@ -203,13 +204,13 @@ class RayBackend:
         return scores[0], ids[0]
 
     async def explain(self, query: str, doc_text: str) -> dict[str, Any]:
-        return await self._call(lambda: self.encoder.explain.remote(query, doc_text), "QueryEncoder")
+        return await self._call(lambda: self.encoder.explain.remote(query, doc_text), "QueryEncoder", self.encoder)
 
     async def term_names(self, ids: list[int]) -> list[str]:
-        return await self._call(lambda: self.encoder.term_names.remote(ids), "QueryEncoder")
+        return await self._call(lambda: self.encoder.term_names.remote(ids), "QueryEncoder", self.encoder)
 
     async def ready(self) -> dict[str, Any]:
-        enc = await self._call(lambda: self.encoder.info.remote(), "QueryEncoder")
+        enc = await self._call(lambda: self.encoder.info.remote(), "QueryEncoder", self.encoder)
         groups = await self._each_group("info")
         return {"model": enc["model"], "dim": enc["dim"], "num_shards": sum(len(g["shards"]) for g in groups),
                 "ntotal": sum(g["ntotal"] for g in groups), "shard_groups": [g["shards"] for g in groups],

@@ -143,6 +143,25 @@ def test_max_replicas_per_node_reaches_the_deployment():
     assert deployment._replica_config.max_replicas_per_node == 1  # what the scheduler reads
 
 
+def test_every_deployment_routes_through_the_live_replica_router_with_a_queue_bound_that_answers_retry_after():
+    """Calls wait for busy replicas and fail after route_timeout_s only with no live replica (serve.routing);
+    a deployment that may scale to zero waits for its cold start; a full queue answers 503 + Retry-After: 1."""
+    from serve.deployments import ShardSearcher
+
+    opts = DeploymentSettings(max_queued_requests=50).options(route_timeout_s=0.7)
+    deployment = ShardSearcher.options(**opts)
+    config = deployment._deployment_config  # what Serve's routers and proxy read
+    assert config.request_router_config.request_router_class == "serve.routing:LiveReplicaRouter"
+    assert config.request_router_config.request_router_kwargs == {"no_replica_timeout_s": 0.7}
+    assert config.max_queued_requests == 50
+    assert (config.backpressure_config.status_code, config.backpressure_config.retry_after_s) == (503, 1.0)
+    assert DeploymentSettings().options()["max_queued_requests"] == -1  # Serve's "no bound"
+    zero = DeploymentSettings(autoscaling={"min_replicas": 0, "max_replicas": 2}).options(route_timeout_s=0.7)
+    assert zero["request_router_config"]["request_router_kwargs"] == {"no_replica_timeout_s": None}
+    with pytest.raises(ValueError, match="max_queued_requests must be >= 1"):
+        DeploymentSettings(max_queued_requests=0)
+
+
 def test_api_key_from_environment(monkeypatch):
     monkeypatch.setenv("MY_KEY", "s3cret")
     assert ServeSettings(api_key_env="MY_KEY").resolved_api_key() == "s3cret"

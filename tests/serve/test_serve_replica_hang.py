@@ -3,8 +3,10 @@
 1. The Serve app with 2 searcher replicas under load (4 clients); one replica is frozen (SIGSTOP: alive,
    accepting nothing, answering nothing). Every request still gets 200 quickly (a call not answered within
    `call_timeout_s` is sent again and lands on the other replica) and Serve replaces the frozen one (its
-   health check times out after `health_check_timeout_s`). Before: the requests routed to it waited for
-   `request_timeout_s` (504) and Serve kept it for its 30 s health-check timeout.
+   health check times out after `health_check_timeout_s`). A call sent to the frozen replica is sent again
+   after `route_timeout_s` when the replica did not take it, after `call_timeout_s` when it took it and did not
+   answer. Before: the requests routed to it waited for `request_timeout_s` (504) and Serve kept it for its
+   30 s health-check timeout.
 2. A deployment whose method sleeps, called through `serve.calls.call`: `BackendTimeout` (HTTP 504 +
    Retry-After) after (retries + 1) x `call_timeout_s`, not after the request's whole deadline.
 3. A searcher whose batch is stuck in a long call (its event loop free, so a plain health check passes) fails
@@ -26,8 +28,10 @@ from serve_helpers import Load, describe, free_port, wait_for
 
 from serve.config import DeploymentSettings, ServeSettings
 
-CALL_TIMEOUT_S = 1.0
-FAST_S = 4.0  # call_timeout_s + the retry + HTTP and Ray overhead on a shared, busy 2-core machine
+CALL_TIMEOUT_S = 1.0  # also route_timeout_s (its default): a call the frozen replica never takes is sent again
+RETRIES = 1  # replica_retries' default
+SLACK_S = 2.0  # Ray and HTTP overhead on a shared, busy 2-core machine (load 4-9)
+FAST_S = (RETRIES + 1) * CALL_TIMEOUT_S + SLACK_S  # any answer: a call that hung, sent again, + the overhead
 REQUEST_TIMEOUT_S = 20.0  # long, so that an answer bounded by it alone shows as a stall
 
 
@@ -44,7 +48,7 @@ def test_a_frozen_searcher_replica_is_bypassed_and_replaced(ray_local, served_in
     name = "madr_hang"
     small = {"num_cpus": 0.2, "max_ongoing_requests": 32, "health_check_period_s": 1.0}
     settings = ServeSettings(manifest_path=str(served_index["manifest"]), port=free_port(), topology="fanout",
-                             shard_groups=1,
+                             shard_groups=1, route_timeout_s=CALL_TIMEOUT_S, replica_retries=RETRIES,
                              request_timeout_s=REQUEST_TIMEOUT_S, call_timeout_s=CALL_TIMEOUT_S, access_log=False,
                              log_level="WARNING", encoder=DeploymentSettings(**small),
                              searcher=DeploymentSettings(**small, num_replicas=2, health_check_timeout_s=3.0),
@@ -98,7 +102,7 @@ def test_a_call_that_is_never_answered_is_504_after_its_attempts(ray_local):
     serve.start(http_options={"host": "127.0.0.1", "port": free_port()})  # never Serve's default port 8000
     handle = serve.run(Sleeper.bind(), name="madr_sleeper", route_prefix=None)
     try:
-        policy = CallPolicy(route_timeout_s=1.0, retries=1, call_timeout_s=0.5)
+        policy = CallPolicy(route_timeout_s=1.0, retries=RETRIES, call_timeout_s=0.5)
         assert asyncio.run(call(lambda: handle.wait.remote(0.0), policy, "Sleeper")) == "answered"
         t = time.monotonic()
         with pytest.raises(BackendTimeout, match=r"Sleeper: no answer within 0.5 s in 2 attempt\(s\)"):
@@ -106,7 +110,8 @@ def test_a_call_that_is_never_answered_is_504_after_its_attempts(ray_local):
         took = time.monotonic() - t
     finally:
         serve.shutdown()
-    assert 1.0 <= took < 3.0, f"BackendTimeout after {took:.2f} s (2 attempts x 0.5 s)"
+    attempts_s = (RETRIES + 1) * policy.call_timeout_s
+    assert attempts_s <= took < attempts_s + SLACK_S, f"BackendTimeout after {took:.2f} s (2 attempts x 0.5 s)"
 
 
 class _StuckGroup:

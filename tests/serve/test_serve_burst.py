@@ -1,0 +1,167 @@
+"""Busy is not dead: a call to a deployment whose replicas are all busy waits its turn, a call to one with no
+live replica fails fast (serve.routing.LiveReplicaRouter, serve.calls), both through a handle (the fan-out
+ingress's hops) and through Serve's HTTP proxy (every topology's ingress); beyond the queue bound
+(`max_queued_requests`) the proxy answers 503 + Retry-After at once.
+
+Two small deployments on local Ray: `Slow` (called through handles) and `Front` (HTTP), each with a slot or
+two. A replica's replacement is held in its constructor while a marker file exists, so that "no live replica"
+lasts as long as the test needs, whatever the machine's speed. Margins: ROUTE_TIMEOUT_S (the configured wait
+for a live replica) plus SLACK_S for Ray, HTTP and noticing the death on a busy 2-core machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import requests
+from serve_helpers import free_port, wait_for
+
+from serve.config import DeploymentSettings
+
+pytestmark = pytest.mark.ray
+
+ROUTE_TIMEOUT_S = 0.5
+SLACK_S = 3.0
+WORK_S = 0.4  # each call's work: a burst of BURST calls over 2 slots queues far longer than ROUTE_TIMEOUT_S
+BURST = 12
+
+
+def _options(**settings) -> dict:
+    opts = DeploymentSettings(num_cpus=0, health_check_period_s=1.0, **settings).options(ROUTE_TIMEOUT_S)
+    opts["ray_actor_options"] = {"num_cpus": 0}
+    return opts
+
+
+@pytest.fixture(scope="module")
+def apps(ray_local, tmp_path_factory):
+    from ray import serve
+
+    marker = str(tmp_path_factory.mktemp("burst") / "hold")
+
+    # (defined here, shipped to the replicas by value; a constructor waits while `marker` exists: a replacement
+    # "being started")
+    @serve.deployment
+    class Slow:
+        def __init__(self, marker: str) -> None:
+            while os.path.exists(marker):
+                time.sleep(0.1)
+
+        async def work(self, seconds: float) -> int:
+            await asyncio.sleep(seconds)
+            return os.getpid()
+
+    @serve.deployment
+    class Front:
+        def __init__(self, marker: str, work_s: float) -> None:
+            while os.path.exists(marker):
+                time.sleep(0.1)
+            self.work_s = work_s
+
+        async def __call__(self, request) -> dict:
+            await asyncio.sleep(self.work_s)
+            return {"pid": os.getpid()}
+
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    slow = serve.run(Slow.options(**_options(max_ongoing_requests=2)).bind(marker), name="madr_burst_slow",
+                     route_prefix=None)
+    serve.run(Front.options(**_options(max_ongoing_requests=1, max_queued_requests=2)).bind(marker, WORK_S),
+              name="madr_burst_front", route_prefix="/front")
+    yield {"slow": slow, "url": f"http://127.0.0.1:{port}/front", "marker": Path(marker)}
+    Path(marker).unlink(missing_ok=True)
+    serve.shutdown()
+
+
+def _policy():
+    from serve.calls import CallPolicy
+
+    return CallPolicy(route_timeout_s=ROUTE_TIMEOUT_S, retries=1, call_timeout_s=30.0)
+
+
+async def _timed_calls(handle, n: int, seconds: float) -> list[tuple[object, float]]:
+    """`n` concurrent `serve.calls.call`s of `Slow.work(seconds)`: (pid or the exception, seconds taken) each."""
+    from serve.calls import call
+
+    async def one() -> tuple[object, float]:
+        t = time.monotonic()
+        try:
+            return await call(lambda: handle.work.remote(seconds), _policy(), "Slow", handle), time.monotonic() - t
+        except Exception as e:  # noqa: BLE001 - recorded, asserted on below
+            return e, time.monotonic() - t
+
+    return await asyncio.gather(*[one() for _ in range(n)])
+
+
+def _post_all(url: str, n: int) -> list[tuple[int, str | None, float]]:
+    """`n` concurrent POSTs: (status, Retry-After, seconds) each (status 0: no answer)."""
+    def one(_: int) -> tuple[int, str | None, float]:
+        t = time.monotonic()
+        try:
+            r = requests.post(url, json={}, timeout=30)
+            return r.status_code, r.headers.get("Retry-After"), time.monotonic() - t
+        except requests.RequestException:
+            return 0, None, time.monotonic() - t
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def _kill_replicas_holding_replacements(pids: set[int], marker: Path) -> None:
+    marker.touch()
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_a_burst_on_busy_replicas_queues_instead_of_failing(apps):
+    answers = asyncio.run(_timed_calls(apps["slow"], BURST, WORK_S))
+    failed = [a for a, _ in answers if isinstance(a, Exception)]
+    assert not failed, f"{len(failed)} of {BURST} calls failed: {failed[:3]}"
+    slowest = max(t for _, t in answers)
+    # 12 calls over 2 slots: the last waited ~5 x WORK_S in the queue, many times ROUTE_TIMEOUT_S, and was answered
+    assert slowest > 3 * ROUTE_TIMEOUT_S, f"no call queued (slowest {slowest:.2f} s): the test proves nothing"
+
+
+def test_no_live_replica_fails_fast_through_a_handle_then_recovers(apps):
+    from serve.backend import BackendUnavailable
+
+    handle, marker = apps["slow"], apps["marker"]
+    pids = {int(pid) for pid, _ in asyncio.run(_timed_calls(handle, 2, 0.0))}
+    _kill_replicas_holding_replacements(pids, marker)
+    try:
+        answers = asyncio.run(_timed_calls(handle, 4, 0.0))
+    finally:
+        marker.unlink()
+    print(f"\nno live replica, through a handle: {[(type(a).__name__, round(t, 2)) for a, t in answers]}")
+    for answer, took in answers:
+        assert isinstance(answer, BackendUnavailable) and "no live replica" in str(answer), answer
+        assert took < ROUTE_TIMEOUT_S + SLACK_S, f"failed after {took:.2f} s, not fast"
+    wait_for(lambda: not isinstance(asyncio.run(_timed_calls(handle, 1, 0.0))[0][0], Exception), 60,
+             "no answer after the replacement")
+
+
+def test_the_proxy_sheds_beyond_the_queue_bound_and_fails_fast_with_no_live_replica(apps):
+    url, marker = apps["url"], apps["marker"]
+    wait_for(lambda: requests.post(url, json={}, timeout=10).status_code == 200, 60, "Front does not answer")
+    burst = _post_all(url, 8)  # 1 slot + 2 queued: the rest is refused at once
+    print(f"\nburst of 8 over 1 slot + 2 queued: {sorted((s, round(t, 2)) for s, _, t in burst)}")
+    assert {s for s, _, _ in burst} <= {200, 503}, burst
+    assert any(s == 200 for s, _, _ in burst) and any(s == 503 for s, _, _ in burst), burst
+    for status, retry_after, took in burst:
+        assert status == 200 or (retry_after == "1" and took < WORK_S + SLACK_S), (status, retry_after, took)
+
+    pid = requests.post(url, json={}, timeout=10).json()["pid"]
+    _kill_replicas_holding_replacements({pid}, marker)
+    try:
+        outage = _post_all(url, 4)
+    finally:
+        marker.unlink()
+    print(f"no live replica, through the proxy: {outage}")
+    for status, retry_after, took in outage:
+        assert (status, retry_after) == (503, "1"), outage
+        assert took < ROUTE_TIMEOUT_S + SLACK_S, f"503 after {took:.2f} s, not fast: {outage}"
