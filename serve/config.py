@@ -129,8 +129,8 @@ class ServeSettings:
     server bind; in a Serve YAML set it to the `http_options.host` the proxy binds.
     Failures (`serve.calls`, `serve.routing`): busy is not dead. A call to a deployment whose replicas are all busy
     waits in its router's queue, bounded by `request_timeout_s` (the whole request's deadline: HTTP 504 +
-    Retry-After after it) and, at the ingress, by `max_queued_requests` (`DeploymentSettings`; HTTP 503 +
-    `Retry-After: 1` at once beyond it). `route_timeout_s` is how long a call may wait while its deployment has no
+    Retry-After after it) and, at the ingress, by `max_queued_requests` (`DeploymentSettings`; 128 for `ingress`
+    and `colocated` unless set: HTTP 503 + `Retry-After: 1` at once beyond it). `route_timeout_s` is how long a call may wait while its deployment has no
     live replica (every replica died, Serve is replacing them; also in Serve's proxy, both topologies) and how
     long the replica it was sent to may take to take it (a frozen replica): HTTP 503 + `Retry-After: 1` after
     it. `replica_retries`: how often a call whose replica died, or did not take it, is sent again (to another
@@ -180,9 +180,9 @@ class ServeSettings:
     access_log: bool = True
     encoder: DeploymentSettings = field(default_factory=DeploymentSettings)
     searcher: DeploymentSettings = field(default_factory=DeploymentSettings)
-    ingress: DeploymentSettings = field(default_factory=lambda: DeploymentSettings(num_cpus=0.5))
+    ingress: DeploymentSettings = field(default_factory=lambda: DeploymentSettings(num_cpus=0.5, max_queued_requests=128))
     topology: str = "colocated"
-    colocated: DeploymentSettings = field(default_factory=DeploymentSettings)
+    colocated: DeploymentSettings = field(default_factory=lambda: DeploymentSettings(max_queued_requests=128))
 
     def __post_init__(self) -> None:
         positive = ("max_query_chars", "max_k", "max_encode_texts", "max_body_bytes", "max_header_bytes",

@@ -1,20 +1,32 @@
-"""Benchmark: good and bad requests mixed under load, on the plain app and the Ray Serve app (issue 24).
+"""Benchmark: good and bad requests mixed under load, bursts of good requests, and replica deaths, on the plain
+app and the Ray Serve app.
 
-``--clients`` closed-loop clients for ``--duration`` s against each app in turn (plain first, then Serve; both
-up at once, as `benchmarks.speed.serve_api` starts them, on the same index and model). Each request is bad
-with probability ``--bad-fraction``: one of `BAD` (every kind a 422 the API rejects: an unpaired surrogate in an
-``/encode`` list, ``doc_id`` >= 2^63, malformed / non-UTF-8 JSON, a wrong type, an invisible-only query);
-otherwise a good ``POST /search {"query", "k": 10}``. Reported per app: answers per status for good requests
-and per bad kind, good requests that did not get 200, p50 / p99 latency and queries/s of the good ones.
+Both apps are up at once (as `benchmarks.speed.serve_api` starts them, on the same index and model) and are
+measured in turn (plain first, then Serve), phase by phase:
 
-``--kill-at S`` (Serve only) SIGKILLs one replica of ``searcher-0`` S seconds into the Serve run (with
-``--searcher-replicas 2`` the other keeps answering): the answers after the kill are reported apart, with the
-slowest, so a replica death under load is measured, not assumed.
+1. **Steady mixed load** (``--duration`` s, 0: skip): ``--clients`` closed-loop clients; each request is bad
+   with probability ``--bad-fraction``: one of `BAD` (every kind a 422 the API rejects: an unpaired surrogate in
+   an ``/encode`` list, ``doc_id`` >= 2^63, malformed / non-UTF-8 JSON, a wrong type, an invisible-only query);
+   otherwise a good ``POST /search {"query", "k": 10}``. Reported: answers per status for good requests and per
+   bad kind, good requests that did not get 200, p50 / p99 latency and queries/s of the good ones.
+2. **Bursts** (``--bursts 140,140,140,140,500``): each a number of good requests sent at once, each on its own
+   connection, ``--burst-pause`` s apart. Reported per burst: answers by status, p50 / p99 / max of the 200s,
+   the slowest 503 and whether every 503 / 504 carried ``Retry-After``. Serve's ingress holds at most
+   ``--ingress-max-ongoing`` requests and its proxy queues ``--max-queued`` more (Serve's
+   ``max_queued_requests``); the rest is refused at once with 503 + ``Retry-After: 1``.
+3. The Serve apps of ``--kill-apps``, **a replica SIGKILLed under light load** (``--light-kill``): 4 clients for
+   15 s, a replica SIGKILLed 5 s in (fan-out: of ``searcher-0``; co-located: of ``Colocated``); and **during a
+   burst** (``--burst-kill N``): a burst of N with a replica SIGKILLed ``--burst-kill-at`` s in. Reported: answers
+   after the kill by status, the slowest, 503s without ``Retry-After``, 500s, and how long after the kill the
+   last non-200 came.
 
-    python -m benchmarks.speed.serve_mixed_load --duration 5                 # smoke, ~1.5 min
-    python -m benchmarks.speed.serve_mixed_load                              # 16 clients, 30 s each, 30% bad
-    python -m benchmarks.speed.serve_mixed_load --searcher-replicas 2 --kill-at 10
-    python -m benchmarks.speed.serve_mixed_load --apps serve --searcher-replicas 1 --kill-at 10 --route-timeout 0.5
+The Serve apps (``--apps``: ``fanout``, the demo's layout, and ``colocated``) run side by side in one Serve
+instance on 2 CPUs, each measured while the other idles. ``--kill-at S`` SIGKILLs a replica S seconds into the
+steady run of the ``--kill-apps`` instead (with ``--searcher-replicas 2`` the other keeps answering).
+
+    python -m benchmarks.speed.serve_mixed_load --duration 5 --bursts 140 --burst-kill 0   # smoke, ~2 min
+    python -m benchmarks.speed.serve_mixed_load --light-kill --burst-kill 140 --json out.json  # the issue's run
+    python -m benchmarks.speed.serve_mixed_load --apps fanout --searcher-replicas 2 --kill-at 10 --bursts ""
 """
 
 from __future__ import annotations
@@ -108,41 +120,158 @@ def summary(answers: list[Answer], elapsed: float) -> dict:
     }
 
 
-def start_serve(manifest: Path, port: int, searcher_replicas: int, route_timeout_s: float = 1.0) -> None:
+SERVE_APPS = ("fanout", "colocated")
+KILL_TARGET = {"fanout": "searcher-0", "colocated": "Colocated"}  # the deployment a kill phase hits
+
+
+def start_serve(manifest: Path, port: int, args: argparse.Namespace, topologies: list[str]) -> dict[str, str]:
+    """The Serve app of each topology in one Serve instance on `port` (app ``madr_<topology>`` at
+    ``/<topology>``); returns {topology: base URL}."""
     import ray
 
     from serve.app import run_local
     from serve.config import DeploymentSettings, ServeSettings
 
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    settings = ServeSettings(manifest_path=str(manifest), port=port, api_key_env="MADR_BENCH_NO_KEY",
-                             topology="fanout", request_timeout_s=30, route_timeout_s=route_timeout_s,
-                             log_level="WARNING", access_log=False,
-                             encoder=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
-                             searcher=DeploymentSettings(num_cpus=0.25, max_ongoing_requests=128,
-                                                         num_replicas=searcher_replicas),
-                             ingress=DeploymentSettings(num_cpus=0.25, max_ongoing_requests=256))
-    run_local(settings)
+    front = {"max_ongoing_requests": args.ingress_max_ongoing, "max_queued_requests": args.max_queued}
+    urls = {}
+    for topology in topologies:
+        settings = ServeSettings(manifest_path=str(manifest), port=port, api_key_env="MADR_BENCH_NO_KEY",
+                                 topology=topology, request_timeout_s=args.request_timeout,
+                                 route_timeout_s=args.route_timeout, log_level="WARNING", access_log=False,
+                                 encoder=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
+                                 searcher=DeploymentSettings(num_cpus=0.25, max_ongoing_requests=128,
+                                                             num_replicas=args.searcher_replicas),
+                                 ingress=DeploymentSettings(num_cpus=0.25, **front),
+                                 colocated=DeploymentSettings(num_cpus=1.0, **front))
+        run_local(settings, name=f"madr_{topology}", route_prefix=f"/{topology}")
+        urls[topology] = f"http://127.0.0.1:{port}/{topology}"
+    return urls
 
 
-def killer(at_s: float, log: dict):
-    """A coroutine that SIGKILLs one replica of searcher-0 `at_s` seconds in (its pid and time into `log`)."""
+def killer(app: str, at_s: float, log: dict):
+    """A coroutine that SIGKILLs one replica of the Serve app `app`'s `KILL_TARGET` deployment `at_s` seconds
+    after it starts (its pid and the time into `log`)."""
     from ray import serve
 
-    from serve.app import APP_NAME
-
     async def kill() -> None:
-        await asyncio.sleep(at_s)
-        handle = serve.get_deployment_handle("searcher-0", app_name=APP_NAME)
+        t0 = time.perf_counter()  # the load starts now too
+        handle = serve.get_deployment_handle(KILL_TARGET[app], app_name=f"madr_{app}")
         infos = await handle.broadcast("info").results_async()
         pid = min(int(i["pid"]) for i in infos)
+        await asyncio.sleep(max(0.0, at_s - (time.perf_counter() - t0)))
         os.kill(pid, signal.SIGKILL)
-        log.update({"pid": pid, "at_s": at_s, "replicas_before": len(infos)})
+        log.update({"deployment": KILL_TARGET[app], "pid": pid, "at_s": time.perf_counter() - t0,
+                    "replicas_before": len(infos)})
 
     return kill
 
 
-def main() -> None:
+# ---- bursts ---------------------------------------------------------------------------------------------------
+
+async def burst(url: str, queries: list[str], n: int, on_start=None) -> tuple[list[Answer], float]:
+    """`n` good POST /search sent at once, each on its own connection; every answer recorded."""
+    import aiohttp
+
+    start = time.perf_counter()
+
+    async def one(session: aiohttp.ClientSession, i: int) -> Answer:
+        t = time.perf_counter()
+        try:
+            async with session.post(url + "/search", json={"query": queries[i % len(queries)], "k": 10}) as r:
+                await r.read()
+                status, retry = r.status, r.headers.get("Retry-After")
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            status, retry = 0, None
+        return Answer("good", t - start, time.perf_counter() - t, status, retry)
+
+    conn = aiohttp.TCPConnector(limit=n)
+    async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as session:
+        extra = [asyncio.create_task(on_start())] if on_start is not None else []
+        answers = await asyncio.gather(*[one(session, i) for i in range(n)])
+        await asyncio.gather(*extra)
+    return list(answers), time.perf_counter() - start
+
+
+def burst_summary(answers: list[Answer], elapsed: float) -> dict:
+    ok = np.array([a.took_s for a in answers if a.status == 200])
+    shed = [a.took_s for a in answers if a.status == 503]
+    return {
+        "n": len(answers), "by_status": dict(Counter(a.status for a in answers)),
+        "ok_fraction": len(ok) / max(len(answers), 1),
+        "ok_p50_s": float(np.percentile(ok, 50)) if ok.size else float("nan"),
+        "ok_p99_s": float(np.percentile(ok, 99)) if ok.size else float("nan"),
+        "ok_max_s": float(ok.max()) if ok.size else float("nan"),
+        "503_max_s": max(shed, default=float("nan")),
+        "slowest_s": max((a.took_s for a in answers), default=float("nan")),
+        "5xx_without_retry_after": sum(a.status in (503, 504) and a.retry_after != "1" for a in answers),
+        "500": sum(a.status == 500 for a in answers), "no_answer": sum(a.status == 0 for a in answers),
+        "elapsed_s": elapsed,
+    }
+
+
+def run_bursts(url: str, queries: list[str], sizes: list[int], pause_s: float) -> list[dict]:
+    out = []
+    for n in sizes:
+        time.sleep(pause_s)
+        load = load_average()
+        answers, elapsed = asyncio.run(burst(url, queries, n))
+        r = burst_summary(answers, elapsed) | {"load_average_before": load}
+        print(f"  burst of {n}: {json.dumps(r)}", flush=True)
+        out.append(r)
+    return out
+
+
+# ---- replica deaths (Serve) -----------------------------------------------------------------------------------
+
+def after_kill(answers: list[Answer], kill_log: dict, elapsed: float) -> dict:
+    """What the answers after the kill were (`kill_log` from `killer`)."""
+    at = kill_log["at_s"]
+    after = [a for a in answers if a.sent + a.took_s >= at and a.kind == "good"]
+    bad = [a for a in after if a.status != 200]
+    return kill_log | {
+        "after": dict(Counter(a.status for a in after)),
+        "slowest_after_s": max((a.took_s for a in after), default=float("nan")),
+        "slowest_503_s": max((a.took_s for a in bad if a.status == 503), default=float("nan")),
+        "503_without_retry_after": sum(a.status == 503 and a.retry_after != "1" for a in after),
+        "500": sum(a.status == 500 for a in after),
+        "normal_after_s": max((a.sent + a.took_s - at for a in bad), default=0.0),
+        "elapsed_s": elapsed,
+    }
+
+
+def light_kill(app: str, url: str, queries: list[str], seed: int) -> dict:
+    """4 clients for 15 s, a replica SIGKILLed 5 s in."""
+    log: dict = {}
+    answers, elapsed = asyncio.run(closed_loop(url, queries, 4, 15.0, 0.0, seed, killer(app, 5.0, log)))
+    return after_kill(answers, log, elapsed)
+
+
+def burst_kill(app: str, url: str, queries: list[str], n: int, at_s: float) -> dict:
+    """A burst of `n`, a replica SIGKILLed `at_s` in."""
+    log: dict = {}
+    answers, elapsed = asyncio.run(burst(url, queries, n, killer(app, at_s, log)))
+    return after_kill(answers, log, elapsed) | {"burst": burst_summary(answers, elapsed)}
+
+
+def wait_answering(url: str, queries: list[str], timeout_s: float = 120.0) -> None:
+    """Until a /search is answered 200 (a killed replica replaced)."""
+    import requests
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if requests.post(url + "/search", json={"query": queries[0], "k": 10}, timeout=30).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(1.0)
+    raise TimeoutError(f"{url}: no 200 after {timeout_s} s")
+
+
+# ---- the run --------------------------------------------------------------------------------------------------
+
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--docs", type=int, default=20_000)
@@ -151,16 +280,63 @@ def main() -> None:
     p.add_argument("--doc-terms", type=int, default=32)
     p.add_argument("--backbone", default="tiny", help="'tiny' (random 1-layer model) or a packaged backbone")
     p.add_argument("--clients", type=int, default=16)
-    p.add_argument("--duration", type=float, default=30.0)
+    p.add_argument("--duration", type=float, default=30.0, help="steady mixed load per app, s (0: skip)")
     p.add_argument("--bad-fraction", type=float, default=0.3)
+    p.add_argument("--bursts", default="140,140,140,140,500", help="burst sizes, comma-separated ('': none)")
+    p.add_argument("--burst-pause", type=float, default=3.0, help="seconds before each burst")
+    p.add_argument("--light-kill", action="store_true", help="Serve apps: SIGKILL a replica under 4 clients")
+    p.add_argument("--burst-kill", type=int, default=140, help="Serve apps: a burst of N with a replica SIGKILLed "
+                   "--burst-kill-at s in (0: none)")
+    p.add_argument("--burst-kill-at", type=float, default=1.0)
+    p.add_argument("--kill-apps", default="fanout", help="the Serve apps the kill phases run on")
     p.add_argument("--searcher-replicas", type=int, default=1)
-    p.add_argument("--kill-at", type=float, default=None, help="Serve run: SIGKILL a searcher-0 replica at S s")
-    p.add_argument("--route-timeout", type=float, default=1.0, help="Serve: route_timeout_s (503 after it)")
-    p.add_argument("--apps", default="plain,serve")
+    p.add_argument("--kill-at", type=float, default=None, help="the steady runs of --kill-apps: SIGKILL a replica "
+                   "at S s")
+    p.add_argument("--route-timeout", type=float, default=1.0, help="Serve: route_timeout_s (no live replica: 503)")
+    p.add_argument("--request-timeout", type=float, default=10.0, help="Serve: request_timeout_s (504 after it)")
+    p.add_argument("--ingress-max-ongoing", type=int, default=128, help="Serve: the ingress's max_ongoing_requests")
+    p.add_argument("--max-queued", type=int, default=128, help="Serve: the ingress's max_queued_requests")
+    p.add_argument("--apps", default="plain,fanout,colocated", help="plain and the Serve topologies to measure")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="/tmp/madr_bench_serve_mixed")
     p.add_argument("--json", default=None, help="also write the summary here")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def measure(name: str, url: str, queries: list[str], args: argparse.Namespace) -> dict:
+    """Every phase the arguments ask for, on one app."""
+    r: dict = {}
+    kills = name in args.kill_apps.split(",")
+    if args.duration > 0:
+        kill_log: dict = {}
+        on_start = killer(name, args.kill_at, kill_log) if kills and args.kill_at is not None else None
+        load = load_average()
+        answers, elapsed = asyncio.run(closed_loop(url, queries, args.clients, args.duration, args.bad_fraction,
+                                                   args.seed, on_start))
+        r["steady"] = summary(answers, elapsed) | {"load_average_before": load, "load_average_after": load_average()}
+        if kill_log:
+            r["steady"]["kill"] = after_kill(answers, kill_log, elapsed)
+            wait_answering(url, queries)
+        print(f"{name} steady: {json.dumps(r['steady'])}", flush=True)
+    sizes = [int(n) for n in args.bursts.split(",") if n.strip()]
+    if sizes:
+        print(f"{name} bursts:", flush=True)
+        r["bursts"] = run_bursts(url, queries, sizes, args.burst_pause)
+    if kills and args.light_kill:
+        time.sleep(args.burst_pause)
+        r["light_kill"] = light_kill(name, url, queries, args.seed)
+        print(f"{name} light-load kill: {json.dumps(r['light_kill'])}", flush=True)
+        wait_answering(url, queries)
+    if kills and args.burst_kill:
+        time.sleep(args.burst_pause)
+        r["burst_kill"] = burst_kill(name, url, queries, args.burst_kill, args.burst_kill_at)
+        print(f"{name} kill during a burst: {json.dumps(r['burst_kill'])}", flush=True)
+        wait_answering(url, queries)
+    return r
+
+
+def main() -> None:
+    args = parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     print(machine_info(), flush=True)
     from madr.data.synthetic.catalog import generate_catalog
@@ -170,65 +346,74 @@ def main() -> None:
     manifest = build_corpus_index(args, model_dir)
     queries = [q.text for q in generate_catalog(300, 500, seed=1).queries]
     apps = args.apps.split(",")
-    ports = {"plain": 18441, "serve": 18442}
-    urls = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    plain = start_plain(manifest, ports["plain"], None) if "plain" in apps else None
+    topologies = [a for a in apps if a in SERVE_APPS]
+    urls = {"plain": "http://127.0.0.1:18441"}
+    plain = start_plain(manifest, 18441, None) if "plain" in apps else None
     results: dict[str, dict] = {}
     try:
-        if "serve" in apps:
-            start_serve(manifest, ports["serve"], args.searcher_replicas, args.route_timeout)
-            wait_ready(urls["serve"], 600)
+        if topologies:
+            urls |= start_serve(manifest, 18442, args, topologies)
+            for topology in topologies:
+                wait_ready(urls[topology], 600)
         if plain is not None:
             wait_ready(urls["plain"], 600, plain)
         for name in apps:
-            kill_log: dict = {}
-            on_start = killer(args.kill_at, kill_log) if name == "serve" and args.kill_at is not None else None
-            load = load_average()
-            answers, elapsed = asyncio.run(closed_loop(urls[name], queries, args.clients, args.duration,
-                                                       args.bad_fraction, args.seed, on_start))
-            r = summary(answers, elapsed) | {"load_average_before": load, "load_average_after": load_average()}
-            if kill_log:
-                after = [a for a in answers if a.sent >= kill_log["at_s"]]
-                slow = max((a.took_s for a in after if a.kind == "good"), default=float("nan"))
-                r["kill"] = kill_log | {"after": summary(after, elapsed - kill_log["at_s"]),
-                                        "slowest_good_after_s": slow,
-                                        "slowest_503_after_s": max((a.took_s for a in after if a.status == 503),
-                                                                   default=float("nan")),
-                                        "503_after_ms_p50_p99": [float(np.percentile(t, q)) * 1000 for q in (50, 99)]
-                                        if (t := [a.took_s for a in after if a.status == 503]) else [],
-                                        "503_without_retry_after": sum(a.status == 503 and a.retry_after != "1"
-                                                                       for a in after)}
-            results[name] = r
-            print(f"{name}: {json.dumps(r)}", flush=True)
+            results[name] = measure(name, urls[name], queries, args)
     finally:
         if plain is not None:
             plain.send_signal(signal.SIGTERM)
             plain.wait(timeout=30)
-        if "serve" in apps:
+        if topologies:
             from ray import serve
 
             serve.shutdown()
     report(args, results)
 
 
+def _counts(c: dict) -> str:
+    return ", ".join(f"{s}: {n}" for s, n in sorted(c.items(), key=lambda kv: int(kv[0])))
+
+
 def report(args: argparse.Namespace, results: dict) -> None:
-    print(f"\n{args.docs:,} docs, {args.shards} shards ({args.index}), backbone {args.backbone}; {args.clients} "
-          f"clients x {args.duration:g} s per app, {args.bad_fraction:.0%} bad; Serve searcher replicas "
-          f"{args.searcher_replicas}" + (f", one SIGKILLed at {args.kill_at:g} s" if args.kill_at else "")
-          + f"; route_timeout_s {args.route_timeout:g}")
-    print("| app (load avg before -> after) | good: answers by status | good failed | good q/s | good p50 / p99 ms "
-          "| bad: answers by status | bad not 422 |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"\n{args.docs:,} docs, {args.shards} shards ({args.index}), backbone {args.backbone}; Serve: searcher "
+          f"replicas {args.searcher_replicas}, ingress / Colocated max_ongoing_requests {args.ingress_max_ongoing} + "
+          f"max_queued_requests {args.max_queued}, route_timeout_s {args.route_timeout:g}, request_timeout_s "
+          f"{args.request_timeout:g}")
+    steady = {n: r["steady"] for n, r in results.items() if "steady" in r}
+    if steady:
+        print(f"\nSteady: {args.clients} clients x {args.duration:g} s per app, {args.bad_fraction:.0%} bad")
+        print("| app (load avg before -> after) | good: answers by status | good failed | good q/s "
+              "| good p50 / p99 ms | bad: answers by status | bad not 422 |")
+        print("|---|---|---|---|---|---|---|")
+        for name, r in steady.items():
+            bad = Counter()
+            for counts in r["bad"].values():
+                bad.update(counts)
+            print(f"| {name} ({r['load_average_before'].split(' / ')[0]} -> "
+                  f"{r['load_average_after'].split(' / ')[0]}) | {_counts(r['good'])} | {r['good_failed']} | "
+                  f"{r['good_qps']:.1f} | {r['good_p50_ms']:.0f} / {r['good_p99_ms']:.0f} | {_counts(bad)} | "
+                  f"{r['bad_not_422']} |")
+    if any("bursts" in r for r in results.values()):
+        print("\nBursts (good POST /search, all sent at once)")
+        print("| app | burst | answers by status | 200 | 200 p50 / p99 / max s | slowest 503 s | 503/504 without "
+              "Retry-After | load before |")
+        print("|---|---|---|---|---|---|---|---|")
+        for name, r in results.items():
+            for b in r.get("bursts", []):
+                print(f"| {name} | {b['n']} | {_counts(b['by_status'])} | {b['ok_fraction']:.1%} | "
+                      f"{b['ok_p50_s']:.2f} / {b['ok_p99_s']:.2f} / {b['ok_max_s']:.2f} | {b['503_max_s']:.2f} | "
+                      f"{b['5xx_without_retry_after']} | {b['load_average_before'].split(' / ')[0]} |")
     for name, r in results.items():
-        bad = Counter()
-        for counts in r["bad"].values():
-            bad.update(counts)
-        fmt = lambda c: ", ".join(f"{s}: {n}" for s, n in sorted(c.items()))  # noqa: E731
-        print(f"| {name} ({r['load_average_before'].split(' / ')[0]} -> {r['load_average_after'].split(' / ')[0]}) "
-              f"| {fmt(r['good'])} | {r['good_failed']} | {r['good_qps']:.1f} | {r['good_p50_ms']:.0f} / "
-              f"{r['good_p99_ms']:.0f} | {fmt(bad)} | {r['bad_not_422']} |")
+        for key, what in (("light_kill", "4 clients"), ("burst_kill", f"a burst of {args.burst_kill}")):
+            if (k := r.get(key)) is None:
+                continue
+            print(f"\n{name}: a {k['deployment']} replica of {k['replicas_before']} SIGKILLed {k['at_s']:.1f} s into "
+                  f"{what}: after the kill {_counts(k['after'])}; slowest {k['slowest_after_s']:.2f} s, slowest 503 "
+                  f"{k['slowest_503_s']:.2f} s; 503 without Retry-After {k['503_without_retry_after']}, 500s "
+                  f"{k['500']}; the last non-200 {k['normal_after_s']:.1f} s after the kill")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+        Path(args.json).write_text(json.dumps({"args": vars(args), "machine": machine_info(), "results": results},
+                                              indent=1))
 
 
 if __name__ == "__main__":
