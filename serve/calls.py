@@ -16,11 +16,12 @@ full after all, sends it back to the queue), then runs it. What can go wrong, an
 - **The replica died under the call** (`ActorDiedError`, ...): the call is sent again, up to
   `CallPolicy.retries` times (our calls are reads, safe to repeat); the router sends it to another replica
   when there is one; after the last attempt: `BackendUnavailable`.
-- **The replica it was sent to does not take it** within `route_timeout_s` (frozen: alive, answering
-  nothing; a busy replica takes or refuses a call at once): sent again, as above.
-- **Taken, never answered** within `CallPolicy.call_timeout_s` (a hung replica, or a batch stuck in a long
-  call): sent again; after the last attempt `BackendTimeout` -> HTTP 504 + ``Retry-After``. Serve's health
-  check replaces the hung replica (`serve.watchdog`).
+- **The replica it was sent to does not take it** within `CallPolicy.call_timeout_s` (frozen: alive, answering
+  nothing; a live replica takes or refuses a call at once, if slowly when its CPU is short): sent again, as
+  above; after the last attempt `BackendUnavailable`.
+- **Taken, never answered** within `call_timeout_s` (a hung replica, or a batch stuck in a long call): sent
+  again; after the last attempt `BackendTimeout` -> HTTP 504 + ``Retry-After``. Serve's health check replaces
+  the hung replica (`serve.watchdog`).
 
 Errors raised by the deployment's own code keep their meaning (ValueError -> `BackendBadRequest`); any other
 error of Ray's (a lost object, a crashed worker) is `BackendUnavailable`, never an HTTP 500.
@@ -54,10 +55,10 @@ REFUSED: tuple[type[BaseException], ...] = (serve.exceptions.BackPressureError,)
 
 @dataclass(frozen=True)
 class CallPolicy:
-    """`route_timeout_s`: how long a call may wait while its deployment has no live replica, and how long the
-    replica it was sent to may take to take it (503 after; a busy deployment's queue has no bound but the
-    request's); `call_timeout_s`: the longest a taken call waits for its answer (None: no limit but the
-    request's); `retries`: how many times a call whose replica died or did not answer is sent again."""
+    """`route_timeout_s`: how long a call may wait while its deployment has no live replica (503 after; a busy
+    deployment's queue has no bound but the request's); `call_timeout_s`: how long the replica a call was sent
+    to may take to take it, and then to answer it (None: no limit but the request's); `retries`: how many times
+    a call whose replica died, did not take it or did not answer is sent again."""
 
     route_timeout_s: float = 1.0
     retries: int = 1
@@ -73,7 +74,7 @@ class CallPolicy:
 
 
 class NotTaken(Exception):
-    """The replica a call was sent to did not take it within `route_timeout_s` (frozen, or its process is
+    """The replica a call was sent to did not take it within `call_timeout_s` (frozen, or its process is
     starved)."""
 
 
@@ -85,7 +86,7 @@ async def call(send: Callable[[], Any], policy: CallPolicy, what: str, handle: A
         last = attempt == policy.retries
         response = send()
         try:
-            await _taken(response, policy.route_timeout_s, _router(handle))
+            await _taken(response, policy.call_timeout_s, _router(handle))
             return await _answered(response, policy.call_timeout_s)
         except asyncio.TimeoutError as e:  # taken, never answered: a hung replica (or a very slow one)
             if last:
@@ -112,10 +113,10 @@ async def call(send: Callable[[], Any], policy: CallPolicy, what: str, handle: A
     raise AssertionError("unreachable")
 
 
-async def _taken(response: Any, route_timeout_s: float, router: Any) -> None:
+async def _taken(response: Any, timeout_s: float | None, router: Any) -> None:
     """Wait until a replica has taken `response`'s call: as long as the call waits in the router's queue (the
-    router itself fails it when no replica is alive), at most `route_timeout_s` once it was sent to a replica
-    (`NotTaken` after; the call is cancelled)."""
+    router itself fails it when no replica is alive), at most `timeout_s` (None: no limit) once it was sent to
+    a replica (`NotTaken` after; the call is cancelled)."""
     # The first half of `DeploymentResponse.__await__` (Ray 2.60); the result is cached on the response, so
     # awaiting the response afterwards does not route again. Without it the request deadline alone applies.
     fetch = getattr(response, "_fetch_future_result_async", None)
@@ -123,15 +124,15 @@ async def _taken(response: Any, route_timeout_s: float, router: Any) -> None:
     if fetch is None:
         return
     taken = asyncio.ensure_future(fetch())
-    sent_at = getattr(router, "sent_at", None) if request_id is not None else None
+    sent_at = getattr(router, "sent_at", None) if request_id is not None and timeout_s is not None else None
     try:
         while True:
-            done, _ = await asyncio.wait({taken}, timeout=route_timeout_s / 2)
+            done, _ = await asyncio.wait({taken}, timeout=None if sent_at is None else timeout_s / 2)
             if done:
                 taken.result()
                 return
             sent = sent_at(request_id) if sent_at is not None else None
-            if sent is not None and (waited := time.monotonic() - sent) >= route_timeout_s:
+            if sent is not None and (waited := time.monotonic() - sent) >= timeout_s:
                 raise NotTaken(f"the replica it was sent to did not take the call within {waited:.1f} s "
                                "(a frozen replica, or a starved process)")
     except BaseException:

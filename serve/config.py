@@ -127,18 +127,18 @@ class ServeSettings:
     `Authorization: Bearer <key>`. Fail closed: an app whose `host` is not a loopback address refuses to start
     without a key unless `public` is true (an open API on purpose). `host` is where `run_local` and the plain
     server bind; in a Serve YAML set it to the `http_options.host` the proxy binds.
-    Failures (`serve.calls`, `serve.routing`): busy is not dead. A call to a deployment whose replicas are all busy
-    waits in its router's queue, bounded by `request_timeout_s` (the whole request's deadline: HTTP 504 +
+    Failures (`serve.calls`, `serve.routing`): busy is not dead. A call to a deployment whose replicas are all
+    busy waits in its router's queue, bounded by `request_timeout_s` (the whole request's deadline: HTTP 504 +
     Retry-After after it) and, at the ingress, by `max_queued_requests` (`DeploymentSettings`; 128 for `ingress`
-    and `colocated` unless set: HTTP 503 + `Retry-After: 1` at once beyond it). `route_timeout_s` is how long a call may wait while its deployment has no
-    live replica (every replica died, Serve is replacing them; also in Serve's proxy, both topologies) and how
-    long the replica it was sent to may take to take it (a frozen replica): HTTP 503 + `Retry-After: 1` after
-    it. `replica_retries`: how often a call whose replica died, or did not take it, is sent again (to another
-    replica when there is one); `call_timeout_s`: how long a call a replica took may take before it is sent again
-    (a hung replica: another one answers) or, on its last attempt, answered 504 + `Retry-After: 1` (None: only
-    `request_timeout_s` bounds it). Keep (replica_retries + 1) x call_timeout_s below request_timeout_s. A
-    replica whose batch runs longer than `request_timeout_s` fails its health check and is replaced
-    (`serve.watchdog`).
+    and `colocated` unless set: HTTP 503 + `Retry-After: 1` at once beyond it). `route_timeout_s`: how long a call
+    may wait while its deployment has no live replica (every replica died, Serve is replacing them; also in
+    Serve's proxy, both topologies): HTTP 503 + `Retry-After: 1` after it. `replica_retries`: how often a call
+    whose replica died, or did not take or answer it, is sent again (to another replica when there is one);
+    `call_timeout_s`: how long the replica a call was sent to may take to take it (a frozen replica), and then to
+    answer it (a hung one), before the call is sent again or, on its last attempt, answered 503 / 504 +
+    `Retry-After: 1` (None: only `request_timeout_s` bounds it). Keep (replica_retries + 1) x call_timeout_s
+    below request_timeout_s. A replica whose batch runs longer than `request_timeout_s` fails its health check
+    and is replaced (`serve.watchdog`).
     Logging (`run_local` only; the Serve YAML has its own `logging_config`): `log_level`, `access_log`.
     """
 

@@ -1,8 +1,13 @@
 """A tiny hybrid model and a 3-shard index of the session catalog, written to disk like the encode job does:
-what the serving tests deploy. Random-init tiny BERT (no download); 400 products, Flat shards + sparse."""
+what the serving tests deploy. Random-init tiny BERT (no download); 400 products, Flat shards + sparse.
+
+Serve's controller kills an HTTP proxy that is not ready within 5 s of its start (then 10 s, ...); on a busy
+2-core machine a proxy can take longer than that, and `serve.start` fails before a test begins. The serving
+tests give it a minute (set before the session's Ray starts; its processes inherit the environment)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +16,8 @@ import torch
 from serve_helpers import ID_OFFSET, ID_STEP, TINY, docs_table
 
 from madr.config import BackboneConfig, ModelConfig
+
+os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
 
 
 @pytest.fixture(scope="session")

@@ -31,7 +31,7 @@ from serve.config import DeploymentSettings, ServeSettings
 pytestmark = pytest.mark.ray
 
 ROUTE_TIMEOUT_S = 1.0
-SLACK_S = 3.0  # Ray, HTTP and noticing the death on a busy 2-core machine (load 4-9)
+SLACK_S = 4.0  # Ray, HTTP and noticing the death on a busy 2-core machine (two busy loops beside the tests)
 FAST_S = ROUTE_TIMEOUT_S + SLACK_S  # any answer
 REQUEST_TIMEOUT_S = 20.0
 CLIENTS = 4
@@ -56,14 +56,17 @@ def app(request, ray_local, served_index):
                              log_level="WARNING", encoder=DeploymentSettings(**small),
                              searcher=DeploymentSettings(**small, num_replicas=2),
                              ingress=DeploymentSettings(**small), colocated=DeploymentSettings(**colocated))
-    run_local(settings)
-    base = url(settings)
-    wait_for(lambda: requests.get(base + "/ready", timeout=5).status_code == 200, 60, "the app is not ready")
-    with Load(base, served_index["queries"], CLIENTS) as warm:  # each replica's first search (numba) before the kill
-        wait_for(lambda: len(warm.since(0)) >= 4 * CLIENTS, 60, "the clients got no answers")
-    deployment = "searcher-0" if topology == "fanout" else DEPLOYMENT
-    yield {"url": base, "topology": topology, "replicas": serve.get_deployment_handle(deployment, app_name=APP_NAME)}
-    serve.shutdown()
+    try:  # start-up waits are generous: a busy machine starts replicas slowly
+        run_local(settings)
+        base = url(settings)
+        wait_for(lambda: requests.get(base + "/ready", timeout=10).status_code == 200, 180, "the app is not ready")
+        with Load(base, served_index["queries"], CLIENTS) as warm:  # each replica's first search (numba) first
+            wait_for(lambda: len(warm.since(0)) >= 4 * CLIENTS, 180, "the clients got no answers")
+        deployment = "searcher-0" if topology == "fanout" else DEPLOYMENT
+        yield {"url": base, "topology": topology,
+               "replicas": serve.get_deployment_handle(deployment, app_name=APP_NAME)}
+    finally:
+        serve.shutdown()
 
 
 def replica_pids(handle) -> set[int]:
@@ -87,7 +90,7 @@ def test_sigkill_one_of_two_replicas_is_invisible_then_a_full_outage_fails_fast(
     assert len(first) == 2, f"expected 2 replicas, got pids {first}"
     victim, other = sorted(first)
     with Load(app["url"], served_index["queries"], CLIENTS) as load:
-        wait_for(lambda: len(load.since(0)) >= CLIENTS, 30, "the clients got no answers")  # warm: first answers
+        wait_for(lambda: len(load.since(0)) >= CLIENTS, 60, "the clients got no answers")  # warm: first answers
         assert all(a.status == 200 for a in load.since(0)), describe(load.since(0))
 
         # 1. one replica dies: the other one answers
@@ -100,7 +103,7 @@ def test_sigkill_one_of_two_replicas_is_invisible_then_a_full_outage_fails_fast(
         t_all = time.monotonic()
         os.kill(other, signal.SIGKILL)
         took = wait_for(lambda: (recent := load.since(time.monotonic() - 0.5)) and all(a.status == 200 for a in recent)
-                        and any(a.sent > t_all + 1.0 for a in recent), 45, "no 200s after the replicas died")
+                        and any(a.sent > t_all + 1.0 for a in recent), 120, "no 200s after the replicas died")
         outage = load.since(t_all)
     print(f"\n{app['topology']}: one of two replicas killed, 3 s: {describe(one)}\nboth killed: 200 again after "
           f"{took:.1f} s; {describe(outage)}")
