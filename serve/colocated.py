@@ -24,9 +24,9 @@ slowed it 2-5x (encode p50 19-49 ms vs 9 ms at concurrency 1, 1M docs; RESULTS).
 Failures: there is no handle hop for `serve.calls` to bound; Serve's proxy routes each request to a replica
 through `serve.routing.LiveReplicaRouter`. A burst queues in the proxy until a replica has a slot (beyond
 `colocated.max_queued_requests`: 503 + Retry-After at once). With 2 replicas a SIGKILL fails only the requests in
-flight on the dead one (they die with the process; Serve's proxy answers them 500 at once) and the other replica
-answers the rest; with none alive, the proxy answers 503 + Retry-After once a request has waited `route_timeout_s`
-for a live replica (tests/serve/test_serve_replica_death.py).
+flight on the dead one (they die with the process; the proxy answers them 503 + Retry-After at once,
+`serve.routing.ReplicaDied`) and the other replica answers the rest; with none alive, the proxy answers 503 +
+Retry-After once a request has waited `route_timeout_s` for a live replica (tests/serve/test_serve_replica_death.py).
 A replica whose encoder or searcher batch has run longer than `request_timeout_s` fails its health check (the
 watchdog of the fan-out deployments), so Serve replaces a hung replica (tests/serve/test_serve_replica_hang.py).
 """

@@ -18,6 +18,10 @@ replica: sent again elsewhere).
 Every deployment of the app uses it (`serve.config.DeploymentSettings.options`), so the same rule holds for the
 ingress's calls to the encoder and searchers (fan-out) and for the proxy's calls to the ingress (both
 topologies). Until the router has heard the controller's first list of replicas it never fails a call.
+
+In Serve's proxy it also turns the death of the replica running a request (the request dies with it; the proxy
+cannot send an HTTP request again) from Serve's bare 500 into `ReplicaDied`: 503 + ``Retry-After: 1``. Elsewhere
+the death stays an `ActorDiedError`, which `serve.calls` answers by sending the call again.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import asyncio
 import time
 from typing import Any
 
+import ray
+from ray.serve._private.common import DeploymentHandleSource
 from ray.serve._private.request_router import PendingRequest, PowerOfTwoChoicesRequestRouter
 from ray.serve.exceptions import BackPressureError
 
@@ -43,6 +49,42 @@ class NoLiveReplica(BackPressureError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return NoLiveReplica, (self.deployment, self.waited_s)
+
+
+class ReplicaDied(BackPressureError):
+    """The replica running a request died under it: HTTP 503 + ``Retry-After: 1`` from Serve's proxy."""
+
+    def __init__(self, deployment: str) -> None:
+        super().__init__(0, -1, 503, RETRY_AFTER_S)
+        self.deployment = deployment
+        self._message = f"{deployment}: the replica running this request died; retry"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return ReplicaDied, (self.deployment,)
+
+
+class _DeathAs503:
+    """A Serve `ReplicaResult` whose answer, once its replica has taken the request, raises `ReplicaDied` where
+    the replica's death would raise `RayActorError`; everything else (the replica's taking or refusing the
+    request, which Serve's router retries on a death) is the result's own."""
+
+    def __init__(self, result: Any, deployment: str) -> None:
+        self._result, self._deployment = result, deployment
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._result, name)
+
+    async def __anext__(self) -> Any:
+        try:
+            return await self._result.__anext__()
+        except ray.exceptions.RayActorError as e:
+            raise ReplicaDied(self._deployment) from e
+
+    async def get_async(self) -> Any:
+        try:
+            return await self._result.get_async()
+        except ray.exceptions.RayActorError as e:
+            raise ReplicaDied(self._deployment) from e
 
 
 class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
@@ -102,6 +144,17 @@ class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
         self._sent_at.pop(internal_request_id, None)
         super().on_request_completed(replica_id, internal_request_id)
 
+    def create_replica_wrapper(self, replica_info: Any) -> Any:
+        replica = super().create_replica_wrapper(replica_info)
+        if self._handle_source == DeploymentHandleSource.PROXY:  # the proxy: a death mid-request is a 503
+            send, deployment = replica.try_send_request, self._deployment_id.name
+
+            def try_send_request(pr: PendingRequest, with_rejection: bool) -> Any:
+                return _DeathAs503(send(pr, with_rejection=with_rejection), deployment)
+
+            replica.try_send_request = try_send_request
+        return replica
+
     def update_replicas(self, replicas: list[Any]) -> None:
         super().update_replicas(replicas)
         self._note_replicas()
@@ -143,4 +196,4 @@ class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
             self._sweeper = None
 
 
-__all__ = ["LiveReplicaRouter", "NoLiveReplica"]
+__all__ = ["LiveReplicaRouter", "NoLiveReplica", "ReplicaDied"]

@@ -1,7 +1,8 @@
 """Busy is not dead: a call to a deployment whose replicas are all busy waits its turn, a call to one with no
 live replica fails fast (serve.routing.LiveReplicaRouter, serve.calls), both through a handle (the fan-out
 ingress's hops) and through Serve's HTTP proxy (every topology's ingress); beyond the queue bound
-(`max_queued_requests`) the proxy answers 503 + Retry-After at once.
+(`max_queued_requests`) the proxy answers 503 + Retry-After at once, and so it does for a request whose replica
+dies under it.
 
 Two small deployments on local Ray: `Slow` (called through handles) and `Front` (HTTP), each with a slot or
 two. A replica's replacement is held in its constructor while a marker file exists, so that "no live replica"
@@ -64,7 +65,10 @@ def apps(ray_local, tmp_path_factory):
             self.work_s = work_s
 
         async def __call__(self, request) -> dict:
-            await asyncio.sleep(self.work_s)
+            body = await request.json()
+            if body.get("running"):  # tell the test this request runs here now
+                Path(body["running"]).touch()
+            await asyncio.sleep(body.get("sleep", self.work_s))
             return {"pid": os.getpid()}
 
     port = free_port()
@@ -100,18 +104,20 @@ async def _timed_calls(handle, n: int, seconds: float) -> list[tuple[object, flo
     return await asyncio.gather(*[one() for _ in range(n)])
 
 
-def _post_all(url: str, n: int) -> list[tuple[int, str | None, float]]:
-    """`n` concurrent POSTs: (status, Retry-After, seconds) each (status 0: no answer)."""
-    def one(_: int) -> tuple[int, str | None, float]:
-        t = time.monotonic()
-        try:
-            r = requests.post(url, json={}, timeout=30)
-            return r.status_code, r.headers.get("Retry-After"), time.monotonic() - t
-        except requests.RequestException:
-            return 0, None, time.monotonic() - t
+def _post(url: str, body: dict | None = None) -> tuple[int, str | None, float, str]:
+    """(status, Retry-After, seconds, the start of the body) of one POST (status 0: no answer)."""
+    t = time.monotonic()
+    try:
+        r = requests.post(url, json=body or {}, timeout=30)
+        return r.status_code, r.headers.get("Retry-After"), time.monotonic() - t, r.text[:200]
+    except requests.RequestException as e:
+        return 0, None, time.monotonic() - t, repr(e)[:200]
 
+
+def _post_all(url: str, n: int) -> list[tuple[int, str | None, float, str]]:
+    """`n` concurrent POSTs (`_post`)."""
     with ThreadPoolExecutor(n) as pool:
-        return list(pool.map(one, range(n)))
+        return list(pool.map(lambda _: _post(url), range(n)))
 
 
 def _kill_replicas_holding_replacements(pids: set[int], marker: Path) -> None:
@@ -147,23 +153,28 @@ def test_no_live_replica_fails_fast_through_a_handle_then_recovers(apps):
              "no answer after the replacement")
 
 
-def test_the_proxy_sheds_beyond_the_queue_bound_and_fails_fast_with_no_live_replica(apps):
+def test_the_proxy_sheds_beyond_the_queue_bound_and_fails_fast_with_no_live_replica(apps, tmp_path):
     url, marker = apps["url"], apps["marker"]
     wait_for(lambda: requests.post(url, json={}, timeout=10).status_code == 200, 60, "Front does not answer")
     burst = _post_all(url, 8)  # 1 slot + 2 queued: the rest is refused at once
-    print(f"\nburst of 8 over 1 slot + 2 queued: {sorted((s, round(t, 2)) for s, _, t in burst)}")
-    assert {s for s, _, _ in burst} <= {200, 503}, burst
-    assert any(s == 200 for s, _, _ in burst) and any(s == 503 for s, _, _ in burst), burst
-    for status, retry_after, took in burst:
+    print(f"\nburst of 8 over 1 slot + 2 queued: {sorted((s, round(t, 2)) for s, _, t, _ in burst)}")
+    assert {s for s, _, _, _ in burst} <= {200, 503}, burst
+    assert any(s == 200 for s, _, _, _ in burst) and any(s == 503 for s, _, _, _ in burst), burst
+    for status, retry_after, took, _ in burst:
         assert status == 200 or (retry_after == "1" and took < WORK_S + SLACK_S), (status, retry_after, took)
 
-    pid = requests.post(url, json={}, timeout=10).json()["pid"]
-    _kill_replicas_holding_replacements({pid}, marker)
-    try:
-        outage = _post_all(url, 4)
-    finally:
-        marker.unlink()
-    print(f"no live replica, through the proxy: {outage}")
-    for status, retry_after, took in outage:
-        assert (status, retry_after) == (503, "1"), outage
-        assert took < ROUTE_TIMEOUT_S + SLACK_S, f"503 after {took:.2f} s, not fast: {outage}"
+    # the replica dies under a request (it dies with it), and no replica is alive for the next ones
+    pid, running = requests.post(url, json={}, timeout=10).json()["pid"], tmp_path / "running"
+    with ThreadPoolExecutor(1) as pool:
+        doomed = pool.submit(_post, url, {"running": str(running), "sleep": 60})
+        wait_for(running.exists, 30, "the request did not start")
+        _kill_replicas_holding_replacements({pid}, marker)
+        try:
+            outage = [doomed.result()] + _post_all(url, 2)  # 2: within the queue bound
+        finally:
+            marker.unlink()
+    print(f"a replica killed under a request, then none alive, through the proxy: {outage}")
+    assert "the replica running this request died" in outage[0][3], outage[0]
+    assert all("no live replica" in body for *_, body in outage[1:]), outage
+    assert all((status, retry_after) == (503, "1") for status, retry_after, _, _ in outage), outage
+    assert all(took < ROUTE_TIMEOUT_S + SLACK_S for _, _, took, _ in outage[1:]), f"not fast: {outage}"
