@@ -79,7 +79,7 @@ def build_app(args: dict[str, Any] | ServeSettings | None = None) -> Application
             s.manifest_path, group, s.mmap, s.verify, s.faiss_threads, s.searcher_max_batch_size,
             s.searcher_batch_wait_timeout_s, stuck_after_s=s.request_timeout_s)
         for g, group in enumerate(shard_groups(len(manifest.shards), s.shard_groups))]
-    return SearchIngress.options(name="SearchIngress", **s.ingress.options(s.route_timeout_s)).bind(
+    return SearchIngress.options(name="SearchIngress", **s.ingress.options(s.route_timeout_s, s.ingress_queue_timeout_s())).bind(
         encoder, searchers, dataclasses.asdict(s))
 
 

@@ -1,14 +1,15 @@
 """One call to a deployment through its handle: it queues while replicas are busy, and fails fast when none
-is alive or the replica it was sent to does not take it.
+is alive, or when the replica it was sent to makes no progress.
 
 Ray Serve (2.60) answers a `DeploymentHandle` call in three steps: the call waits in its router's queue
 until some replica has a free slot (`max_ongoing_requests`), is sent to that replica, which takes it (or,
-full after all, sends it back to the queue), then runs it. What can go wrong, and what `call` does:
+full after all, sends it back to the queue), then runs it (a batching replica queues it for a batch first).
+What can go wrong, and what `call` does:
 
-- **Every replica busy** (a burst): the call waits its turn in the queue, bounded only by the request's
-  deadline (`ServeSettings.request_timeout_s`, HTTP 504 + ``Retry-After``) and, at the ingress, by Serve's
-  queue bound (`DeploymentSettings.max_queued_requests`, HTTP 503 + ``Retry-After``). Busy is not dead: a
-  burst is answered, not shed.
+- **Every replica busy** (a burst): the call waits its turn, in the router's queue and then in the replica,
+  bounded only by the request's deadline (`ServeSettings.request_timeout_s`, HTTP 504 + ``Retry-After``) and,
+  at the ingress, by Serve's queue bound (`max_queued_requests`, and `queue_timeout_s`: HTTP 503 +
+  ``Retry-After``). Busy is not dead: a burst is answered, not shed.
 - **No live replica** (all died; Serve is replacing them): the router (`serve.routing.LiveReplicaRouter`)
   fails a call that has waited `CallPolicy.route_timeout_s` while it knew no live replica (`NoLiveReplica`);
   `call` answers `BackendUnavailable` -> HTTP 503 + ``Retry-After`` at once. The router forgets a replica as
@@ -16,12 +17,12 @@ full after all, sends it back to the queue), then runs it. What can go wrong, an
 - **The replica died under the call** (`ActorDiedError`, ...): the call is sent again, up to
   `CallPolicy.retries` times (our calls are reads, safe to repeat); the router sends it to another replica
   when there is one; after the last attempt: `BackendUnavailable`.
-- **The replica it was sent to does not take it** within `CallPolicy.call_timeout_s` (frozen: alive, answering
-  nothing; a live replica takes or refuses a call at once, if slowly when its CPU is short): sent again, as
-  above; after the last attempt `BackendUnavailable`.
-- **Taken, never answered** within `call_timeout_s` (a hung replica, or a batch stuck in a long call): sent
-  again; after the last attempt `BackendTimeout` -> HTTP 504 + ``Retry-After``. Serve's health check replaces
-  the hung replica (`serve.watchdog`).
+- **The replica it was sent to makes no progress**: it has finished no call for `CallPolicy.call_timeout_s`
+  since the call was sent (frozen: alive, answering nothing; or hung: a batch stuck in a long call). The call
+  is sent again; after the last attempt `BackendUnavailable` (the replica never took it) or `BackendTimeout`
+  -> HTTP 504 + ``Retry-After`` (it took it). A replica that keeps finishing calls is busy, not hung: a call
+  waits in it as long as the deadline allows. Serve's health check replaces a hung replica
+  (`serve.watchdog`). Without the router's view (another router), a taken call gets `call_timeout_s` flat.
 
 Errors raised by the deployment's own code keep their meaning (ValueError -> `BackendBadRequest`); any other
 error of Ray's (a lost object, a crashed worker) is `BackendUnavailable`, never an HTTP 500.
@@ -30,7 +31,6 @@ error of Ray's (a lost object, a crashed worker) is `BackendUnavailable`, never 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -57,8 +57,8 @@ REFUSED: tuple[type[BaseException], ...] = (serve.exceptions.BackPressureError,)
 class CallPolicy:
     """`route_timeout_s`: how long a call may wait while its deployment has no live replica (503 after; a busy
     deployment's queue has no bound but the request's); `call_timeout_s`: how long the replica a call was sent
-    to may take to take it, and then to answer it (None: no limit but the request's); `retries`: how many times
-    a call whose replica died, did not take it or did not answer is sent again."""
+    to may go without finishing any call before the call is sent again (None: no limit but the request's);
+    `retries`: how many times a call whose replica died or made no progress is sent again."""
 
     route_timeout_s: float = 1.0
     retries: int = 1
@@ -74,8 +74,8 @@ class CallPolicy:
 
 
 class NotTaken(Exception):
-    """The replica a call was sent to did not take it within `call_timeout_s` (frozen, or its process is
-    starved)."""
+    """The replica a call was sent to neither took it nor finished any other call for `call_timeout_s`
+    (frozen)."""
 
 
 async def call(send: Callable[[], Any], policy: CallPolicy, what: str, handle: Any = None) -> Any:
@@ -86,9 +86,8 @@ async def call(send: Callable[[], Any], policy: CallPolicy, what: str, handle: A
         last = attempt == policy.retries
         response = send()
         try:
-            await _taken(response, policy.call_timeout_s, _router(handle))
-            return await _answered(response, policy.call_timeout_s)
-        except asyncio.TimeoutError as e:  # taken, never answered: a hung replica (or a very slow one)
+            return await _outcome(response, policy.call_timeout_s, _router(handle))
+        except asyncio.TimeoutError as e:  # taken, never answered: a hung replica
             if last:
                 raise BackendTimeout(f"{what}: no answer within {policy.call_timeout_s:g} s in {attempt + 1} "
                                      "attempt(s) (a replica hangs, or all are overloaded)") from e
@@ -113,30 +112,30 @@ async def call(send: Callable[[], Any], policy: CallPolicy, what: str, handle: A
     raise AssertionError("unreachable")
 
 
-async def _taken(response: Any, timeout_s: float | None, router: Any) -> None:
-    """Wait until a replica has taken `response`'s call: as long as the call waits in the router's queue (the
-    router itself fails it when no replica is alive), at most `timeout_s` (None: no limit) once it was sent to
-    a replica (`NotTaken` after; the call is cancelled)."""
-    # The first half of `DeploymentResponse.__await__` (Ray 2.60); the result is cached on the response, so
-    # awaiting the response afterwards does not route again. Without it the request deadline alone applies.
-    fetch = getattr(response, "_fetch_future_result_async", None)
+async def _outcome(response: Any, timeout_s: float | None, router: Any) -> Any:
+    """`response`'s result. With the router's view (`LiveReplicaRouter.call_state`): the call waits as long as
+    it is queued, or its replica keeps finishing calls; once its replica has finished nothing for `timeout_s`
+    since the call was sent, the call is cancelled: `NotTaken` (the replica never took it) or
+    asyncio.TimeoutError (it took it). Without: a taken call waits at most `timeout_s`."""
     request_id = getattr(getattr(response, "_request_metadata", None), "internal_request_id", None)
-    if fetch is None:
-        return
-    taken = asyncio.ensure_future(fetch())
-    sent_at = getattr(router, "sent_at", None) if request_id is not None and timeout_s is not None else None
+    call_state = getattr(router, "call_state", None)
+    if timeout_s is None:
+        return await response
+    if call_state is None or request_id is None:
+        return await _answered(response, timeout_s)
+    result = asyncio.ensure_future(_result(response))
     try:
         while True:
-            done, _ = await asyncio.wait({taken}, timeout=None if sent_at is None else timeout_s / 2)
+            done, _ = await asyncio.wait({result}, timeout=timeout_s / 2)
             if done:
-                taken.result()
-                return
-            sent = sent_at(request_id) if sent_at is not None else None
-            if sent is not None and (waited := time.monotonic() - sent) >= timeout_s:
-                raise NotTaken(f"the replica it was sent to did not take the call within {waited:.1f} s "
-                               "(a frozen replica, or a starved process)")
+                return result.result()
+            state = call_state(request_id)
+            if state is not None and state[1] >= timeout_s:
+                if state[0]:
+                    raise asyncio.TimeoutError
+                raise NotTaken(f"the replica it was sent to took no call for {state[1]:.1f} s (a frozen replica)")
     except BaseException:
-        taken.cancel()
+        result.cancel()
         response.cancel()
         raise
 
@@ -147,10 +146,16 @@ def _router(handle: Any) -> Any:
     return getattr(router, "_request_router", None)
 
 
-async def _answered(response: Any, timeout_s: float | None) -> Any:
-    """`response`'s result, waiting at most `timeout_s` (then the call is cancelled: asyncio.TimeoutError)."""
-    if timeout_s is None:
-        return await response
+async def _answered(response: Any, timeout_s: float) -> Any:
+    """`response`'s result, at most `timeout_s` after a replica took the call (then the call is cancelled:
+    asyncio.TimeoutError)."""
+    fetch = getattr(response, "_fetch_future_result_async", None)  # Ray 2.60: the routing half of the await
+    if fetch is not None:
+        try:
+            await fetch()
+        except asyncio.CancelledError:
+            response.cancel()
+            raise
     try:
         return await asyncio.wait_for(_result(response), timeout_s)
     except asyncio.TimeoutError:

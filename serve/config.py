@@ -63,16 +63,17 @@ class DeploymentSettings:
         replicas = (self.autoscaling or {}).get("min_replicas", 1) if self.autoscaling else self.num_replicas
         return replicas * self.num_cpus
 
-    def options(self, route_timeout_s: float | None = None) -> dict[str, Any]:
+    def options(self, route_timeout_s: float | None = None, queue_timeout_s: float | None = None) -> dict[str, Any]:
         """`Deployment.options(...)` keyword arguments. Calls to the deployment are routed by
-        `serve.routing.LiveReplicaRouter`: they wait for a busy replica, and fail after `route_timeout_s`
-        (None: never) while no replica is alive, unless the deployment may scale to zero."""
+        `serve.routing.LiveReplicaRouter`: they wait for a busy replica (at most `queue_timeout_s`; None: as
+        long as it takes), and fail after `route_timeout_s` (None: never) while no replica is alive, unless the
+        deployment may scale to zero."""
         opts: dict[str, Any] = {"ray_actor_options": {"num_cpus": self.num_cpus},
                                 "max_ongoing_requests": self.max_ongoing_requests,
                                 "max_queued_requests": -1 if self.max_queued_requests is None
                                 else self.max_queued_requests,
                                 "backpressure_config": {"status_code": 503, "retry_after_s": RETRY_AFTER_S},
-                                "request_router_config": self.router_config(route_timeout_s)}
+                                "request_router_config": self.router_config(route_timeout_s, queue_timeout_s)}
         if self.autoscaling:
             opts["autoscaling_config"] = dict(self.autoscaling)
         else:
@@ -82,11 +83,12 @@ class DeploymentSettings:
                 opts[name] = getattr(self, name)
         return opts
 
-    def router_config(self, route_timeout_s: float | None) -> dict[str, Any]:
+    def router_config(self, route_timeout_s: float | None, queue_timeout_s: float | None = None) -> dict[str, Any]:
         """Serve's `request_router_config` for `LiveReplicaRouter`."""
         scales_to_zero = bool(self.autoscaling) and (self.autoscaling or {}).get("min_replicas", 1) == 0
         return {"request_router_class": ROUTER_CLASS,
-                "request_router_kwargs": {"no_replica_timeout_s": None if scales_to_zero else route_timeout_s}}
+                "request_router_kwargs": {"no_replica_timeout_s": None if scales_to_zero else route_timeout_s,
+                                          "max_queue_wait_s": queue_timeout_s}}
 
 
 @dataclass
@@ -129,8 +131,10 @@ class ServeSettings:
     server bind; in a Serve YAML set it to the `http_options.host` the proxy binds.
     Failures (`serve.calls`, `serve.routing`): busy is not dead. A call to a deployment whose replicas are all
     busy waits in its router's queue, bounded by `request_timeout_s` (the whole request's deadline: HTTP 504 +
-    Retry-After after it) and, at the ingress, by `max_queued_requests` (`DeploymentSettings`; 128 for `ingress`
-    and `colocated` unless set: HTTP 503 + `Retry-After: 1` at once beyond it). `route_timeout_s`: how long a call
+    Retry-After after it) and, at the ingress, by `max_queued_requests` (`DeploymentSettings`; 256 for `ingress`
+    and `colocated` unless set: HTTP 503 + `Retry-After: 1` at once beyond it) and `queue_timeout_s` (how long a
+    request may wait in Serve's proxy for a busy ingress replica, then 503 + `Retry-After: 1`; None: half of
+    `request_timeout_s`, which starts once a replica has taken the request). `route_timeout_s`: how long a call
     may wait while its deployment has no live replica (every replica died, Serve is replacing them; also in
     Serve's proxy, both topologies): HTTP 503 + `Retry-After: 1` after it. `replica_retries`: how often a call
     whose replica died, or did not take or answer it, is sent again (to another replica when there is one);
@@ -174,15 +178,16 @@ class ServeSettings:
     searcher_batch_wait_timeout_s: float = 0.001
     request_timeout_s: float = 10.0
     route_timeout_s: float = 1.0
+    queue_timeout_s: float | None = None
     replica_retries: int = 1
     call_timeout_s: float | None = 2.0
     log_level: str = "INFO"
     access_log: bool = True
     encoder: DeploymentSettings = field(default_factory=DeploymentSettings)
     searcher: DeploymentSettings = field(default_factory=DeploymentSettings)
-    ingress: DeploymentSettings = field(default_factory=lambda: DeploymentSettings(num_cpus=0.5, max_queued_requests=128))
+    ingress: DeploymentSettings = field(default_factory=lambda: DeploymentSettings(num_cpus=0.5, max_queued_requests=256))
     topology: str = "colocated"
-    colocated: DeploymentSettings = field(default_factory=lambda: DeploymentSettings(max_queued_requests=128))
+    colocated: DeploymentSettings = field(default_factory=lambda: DeploymentSettings(max_queued_requests=256))
 
     def __post_init__(self) -> None:
         positive = ("max_query_chars", "max_k", "max_encode_texts", "max_body_bytes", "max_header_bytes",
@@ -196,7 +201,7 @@ class ServeSettings:
                              f"({self.max_k})")
         if self.body_timeout_s <= 0:
             raise ValueError(f"serve settings: body_timeout_s must be > 0, got {self.body_timeout_s}")
-        for name in ("request_timeout_s", "route_timeout_s", "call_timeout_s"):
+        for name in ("request_timeout_s", "route_timeout_s", "queue_timeout_s", "call_timeout_s"):
             if getattr(self, name) is not None and getattr(self, name) <= 0:
                 raise ValueError(f"serve settings: {name} must be > 0, got {getattr(self, name)}")
         if self.topology not in TOPOLOGIES:
@@ -212,6 +217,10 @@ class ServeSettings:
         if self.encoder_precision not in ENCODER_PRECISIONS:
             raise ValueError(f"serve settings: encoder_precision must be one of {', '.join(ENCODER_PRECISIONS)}, "
                              f"got {self.encoder_precision!r}")
+
+    def ingress_queue_timeout_s(self) -> float:
+        """How long a request may wait in Serve's proxy for a busy ingress replica (`queue_timeout_s`)."""
+        return self.queue_timeout_s if self.queue_timeout_s is not None else self.request_timeout_s / 2
 
     def resolved_api_key(self) -> str | None:
         """The key requests must carry, or None when the API is open."""

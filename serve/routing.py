@@ -1,4 +1,4 @@
-"""Serve's request router, taught to tell a deployment with no live replica from one whose replicas are busy.
+"""Serve's request router, taught to tell a busy deployment from a dead one.
 
 Ray Serve (2.60) routes every `DeploymentHandle` call, and every HTTP request its proxy forwards, through a
 `RequestRouter`: the call waits in the router's queue until some replica has a free slot
@@ -6,22 +6,27 @@ Ray Serve (2.60) routes every `DeploymentHandle` call, and every HTTP request it
 burst queues and is answered), and wrong while the deployment has no live replica (every replica died and
 Serve is replacing them): the call then waits for the replacement, seconds on a busy node.
 
-`LiveReplicaRouter` is Serve's default router (power of two choices) plus one rule: a call that has waited
-`no_replica_timeout_s` while the router knew no live replica fails with `NoLiveReplica`, a `BackPressureError`
-that Serve's proxy (and a direct-ingress replica) answers as HTTP 503 with ``Retry-After: 1``, and that
-`serve.calls` answers the same way. The router forgets a replica as soon as a call or a queue-length probe to
-it fails with `ActorDiedError`, or when Serve's controller drops it (health check), so a death is noticed at
-the next call. It also records when each call left its queue for a replica (`sent_at`): `serve.calls` uses
-it to tell a call that waits its turn (fine) from one sent to a replica that does not take it (a frozen
-replica: sent again elsewhere).
+`LiveReplicaRouter` is Serve's default router (power of two choices) plus these rules:
 
-Every deployment of the app uses it (`serve.config.DeploymentSettings.options`), so the same rule holds for the
-ingress's calls to the encoder and searchers (fan-out) and for the proxy's calls to the ingress (both
-topologies). Until the router has heard the controller's first list of replicas it never fails a call.
+- a call that has waited `no_replica_timeout_s` while the router knew no live replica fails with
+  `NoLiveReplica`, a `BackPressureError` that Serve's proxy (and a direct-ingress replica) answers as HTTP 503
+  with ``Retry-After: 1``, and that `serve.calls` answers the same way. The router forgets a replica as soon as
+  a call or a queue-length probe to it fails with `ActorDiedError`, or when Serve's controller drops it, so a
+  death is noticed at the next call. Until the router has heard the controller's first list of replicas it
+  never fails a call this way;
+- with `max_queue_wait_s`, a call that has waited that long in the queue for a busy replica fails with
+  `QueuedTooLong` (503 + ``Retry-After: 1``): the ingress's bound on a burst, sized from the request deadline;
+- in Serve's proxy, the death of the replica running a request (the request dies with it; the proxy cannot
+  send an HTTP request again) is `ReplicaDied`, 503 + ``Retry-After: 1``, not Serve's bare 500. Elsewhere the
+  death stays an `ActorDiedError`, which `serve.calls` answers by sending the call again.
 
-In Serve's proxy it also turns the death of the replica running a request (the request dies with it; the proxy
-cannot send an HTTP request again) from Serve's bare 500 into `ReplicaDied`: 503 + ``Retry-After: 1``. Elsewhere
-the death stays an `ActorDiedError`, which `serve.calls` answers by sending the call again.
+It also tells `serve.calls` where each call is (`call_state`): still queued, or sent to a replica, taken or
+not, and how long that replica has gone without finishing any call. A replica that keeps finishing calls is
+busy, however long a call waits in it; one that finishes nothing is frozen or hung.
+
+Every deployment of the app uses it (`serve.config.DeploymentSettings.options`), so the same rules hold for
+the ingress's calls to the encoder and searchers (fan-out) and for the proxy's calls to the ingress (both
+topologies).
 """
 
 from __future__ import annotations
@@ -36,6 +41,18 @@ from ray.serve._private.request_router import PendingRequest, PowerOfTwoChoicesR
 from ray.serve.exceptions import BackPressureError
 
 from serve.config import RETRY_AFTER_S
+
+
+class QueuedTooLong(BackPressureError):
+    """A call waited `waited_s` in the router's queue for a busy replica: HTTP 503 + ``Retry-After: 1``."""
+
+    def __init__(self, deployment: str, waited_s: float) -> None:
+        super().__init__(0, -1, 503, RETRY_AFTER_S)
+        self.deployment, self.waited_s = deployment, waited_s
+        self._message = f"{deployment}: every replica busy for {waited_s:.1f} s (the queue's bound); retry"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return QueuedTooLong, (self.deployment, self.waited_s)
 
 
 class NoLiveReplica(BackPressureError):
@@ -88,31 +105,41 @@ class _DeathAs503:
 
 
 class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
-    """Power-of-two-choices routing; a call waits for a busy replica, but at most `no_replica_timeout_s` while no
-    replica is alive (module docstring)."""
+    """Power-of-two-choices routing; a call waits for a busy replica (at most `max_queue_wait_s`), but at most
+    `no_replica_timeout_s` while no replica is alive (module docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.no_replica_timeout_s: float | None = 1.0
-        self._waiting: dict[str, tuple[float, PendingRequest]] = {}  # request id -> (waiting since, request)
-        self._expired: set[str] = set()
-        self._sent_at: dict[str, float] = {}  # request id -> when it left the queue for a replica
+        self.max_queue_wait_s: float | None = None
+        self._waiting: dict[str, tuple[float, PendingRequest]] = {}  # request id -> (queued since, request)
+        self._expired: dict[str, BackPressureError] = {}  # request id -> why the sweeper failed it
+        self._sent: dict[str, tuple[float, Any, bool]] = {}  # request id -> (sent at, replica id, taken)
+        self._finished_at: dict[Any, float] = {}  # replica id -> when it last finished a call it had taken
         self._empty_since: float | None = None  # since when no replica is known (None: some are, or no list yet)
         self._sweeper: asyncio.Task | None = None
 
-    def initialize_state(self, no_replica_timeout_s: float | None = 1.0, **kwargs: Any) -> None:
+    def initialize_state(self, no_replica_timeout_s: float | None = 1.0, max_queue_wait_s: float | None = None,
+                         **kwargs: Any) -> None:
         """`no_replica_timeout_s`: how long a call may wait while no replica is alive (None: as long as it takes,
-        for a deployment that scales to zero)."""
+        for a deployment that scales to zero); `max_queue_wait_s`: how long it may wait for a busy one (None: as
+        long as it takes)."""
         super().initialize_state(**kwargs)
-        if no_replica_timeout_s is not None and no_replica_timeout_s <= 0:
-            raise ValueError(f"no_replica_timeout_s must be > 0, got {no_replica_timeout_s}")
-        self.no_replica_timeout_s = no_replica_timeout_s
+        for name, value in (("no_replica_timeout_s", no_replica_timeout_s), ("max_queue_wait_s", max_queue_wait_s)):
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        self.no_replica_timeout_s, self.max_queue_wait_s = no_replica_timeout_s, max_queue_wait_s
 
     # ---- what the app asks ----
 
-    def sent_at(self, request_id: str) -> float | None:
-        """`time.monotonic()` when the call left the queue for a replica that has not yet taken it, else None."""
-        return self._sent_at.get(request_id)
+    def call_state(self, request_id: str) -> tuple[bool, float] | None:
+        """For a call sent to a replica: (whether the replica has taken it, seconds since the later of its
+        sending and that replica's last finished call); None while it is queued (or unknown here)."""
+        sent = self._sent.get(request_id)
+        if sent is None:
+            return None
+        at, replica_id, taken = sent
+        return taken, time.monotonic() - max(at, self._finished_at.get(replica_id, 0.0))
 
     def live_replicas(self) -> int:
         return len(self.curr_replicas)
@@ -121,27 +148,30 @@ class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
 
     async def _choose_replica_for_request(self, pending_request: PendingRequest, *, is_retry: bool = False) -> Any:
         rid = pending_request.metadata.internal_request_id
-        self._sent_at.pop(rid, None)
+        self._sent.pop(rid, None)
         self._waiting[rid] = (time.monotonic(), pending_request)
-        self._sweep_if_empty()
+        self._sweep_if_needed()
         try:
             replica = await super()._choose_replica_for_request(pending_request, is_retry=is_retry)
         except asyncio.CancelledError:
-            if rid in self._expired:
-                self._expired.discard(rid)
-                raise NoLiveReplica(self._deployment_id.name, float(self.no_replica_timeout_s or 0)) from None
+            if (error := self._expired.pop(rid, None)) is not None:
+                raise error from None
             raise
         finally:
             self._waiting.pop(rid, None)
-        self._sent_at[rid] = time.monotonic()
+        self._sent[rid] = (time.monotonic(), replica.replica_id, False)
         return replica
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: Any, result: Any) -> None:
-        self._sent_at.pop(pending_request.metadata.internal_request_id, None)  # the replica took it
+        rid = pending_request.metadata.internal_request_id
+        if (sent := self._sent.get(rid)) is not None:
+            self._sent[rid] = (sent[0], replica_id, True)  # the replica took it
         super().on_request_routed(pending_request, replica_id, result)
 
     def on_request_completed(self, replica_id: Any, internal_request_id: str) -> None:
-        self._sent_at.pop(internal_request_id, None)
+        sent = self._sent.pop(internal_request_id, None)
+        if sent is not None and sent[2]:  # a call the replica took has finished: it makes progress
+            self._finished_at[replica_id] = time.monotonic()
         super().on_request_completed(replica_id, internal_request_id)
 
     def create_replica_wrapper(self, replica_info: Any) -> Any:
@@ -157,43 +187,55 @@ class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
 
     def update_replicas(self, replicas: list[Any]) -> None:
         super().update_replicas(replicas)
+        self._finished_at = {r: t for r, t in self._finished_at.items() if r in self.curr_replicas}
         self._note_replicas()
 
     def on_replica_actor_died(self, replica_id: Any) -> None:
         super().on_replica_actor_died(replica_id)
         self._note_replicas()
 
-    # ---- the rule ----
+    # ---- the rules ----
 
     def _note_replicas(self) -> None:
         if self.curr_replicas:
             self._empty_since = None
         elif self._empty_since is None:
             self._empty_since = time.monotonic()
-            self._sweep_if_empty()
+            self._sweep_if_needed()
 
-    def _sweep_if_empty(self) -> None:
-        if (self._empty_since is not None and self.no_replica_timeout_s is not None and self._waiting
-                and self._sweeper is None):
+    def _rules_apply(self) -> bool:
+        no_replica = self._empty_since is not None and self.no_replica_timeout_s is not None
+        return no_replica or self.max_queue_wait_s is not None
+
+    def _sweep_if_needed(self) -> None:
+        if self._waiting and self._sweeper is None and self._rules_apply():
             self._sweeper = self._event_loop.create_task(self._sweep())
 
+    def _overdue(self, now: float, queued_since: float, pending: PendingRequest) -> BackPressureError | None:
+        """Why a queued call must fail now, or None."""
+        name = self._deployment_id.name
+        empty_since, limit = self._empty_since, self.no_replica_timeout_s
+        if empty_since is not None and limit is not None and now - max(queued_since, empty_since) >= limit:
+            return NoLiveReplica(name, limit)
+        waited = time.time() - pending.created_at  # since its first attempt
+        if self.max_queue_wait_s is not None and waited >= self.max_queue_wait_s:
+            return QueuedTooLong(name, waited)
+        return None
+
     async def _sweep(self) -> None:
-        """While no replica is known: fail each call that has waited `no_replica_timeout_s` since then."""
-        assert self.no_replica_timeout_s is not None
-        tick = min(0.1, self.no_replica_timeout_s / 4)
+        """While calls are queued and a rule applies: fail each call that is overdue (`_overdue`)."""
+        limits = [x for x in (self.no_replica_timeout_s, self.max_queue_wait_s) if x is not None]
+        tick = min([0.1] + [x / 4 for x in limits])
         try:
-            while self._waiting and self._empty_since is not None:
+            while self._waiting and self._rules_apply():
                 await asyncio.sleep(tick)
-                empty_since = self._empty_since
-                if empty_since is None:
-                    break
                 now = time.monotonic()
                 for rid, (since, pending) in list(self._waiting.items()):
-                    if now - max(since, empty_since) >= self.no_replica_timeout_s and not pending.future.done():
-                        self._expired.add(rid)
+                    if not pending.future.done() and (error := self._overdue(now, since, pending)) is not None:
+                        self._expired[rid] = error
                         pending.future.cancel()  # Serve's own cleanup runs; _choose_replica_for_request raises
         finally:
             self._sweeper = None
 
 
-__all__ = ["LiveReplicaRouter", "NoLiveReplica", "ReplicaDied"]
+__all__ = ["LiveReplicaRouter", "NoLiveReplica", "QueuedTooLong", "ReplicaDied"]

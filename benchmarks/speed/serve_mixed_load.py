@@ -36,6 +36,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import signal
 import time
 from collections import Counter
@@ -65,6 +66,7 @@ class Answer:
     took_s: float
     status: int  # 0: no HTTP answer
     retry_after: str | None
+    detail: str = ""  # a non-200 answer's message (bursts)
 
 
 async def closed_loop(url: str, queries: list[str], clients: int, duration: float, bad_fraction: float,
@@ -138,7 +140,8 @@ def start_serve(manifest: Path, port: int, args: argparse.Namespace, topologies:
     for topology in topologies:
         settings = ServeSettings(manifest_path=str(manifest), port=port, api_key_env="MADR_BENCH_NO_KEY",
                                  topology=topology, request_timeout_s=args.request_timeout,
-                                 route_timeout_s=args.route_timeout, log_level="WARNING", access_log=False,
+                                 route_timeout_s=args.route_timeout, queue_timeout_s=args.queue_timeout,
+                                 log_level="WARNING", access_log=False,
                                  encoder=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
                                  searcher=DeploymentSettings(num_cpus=0.25, max_ongoing_requests=128,
                                                              num_replicas=args.searcher_replicas),
@@ -179,11 +182,12 @@ async def burst(url: str, queries: list[str], n: int, on_start=None) -> tuple[li
         t = time.perf_counter()
         try:
             async with session.post(url + "/search", json={"query": queries[i % len(queries)], "k": 10}) as r:
-                await r.read()
+                body = await r.read()
                 status, retry = r.status, r.headers.get("Retry-After")
-        except (aiohttp.ClientError, asyncio.TimeoutError):
-            status, retry = 0, None
-        return Answer("good", t - start, time.perf_counter() - t, status, retry)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+            status, retry, body = 0, None, repr(e).encode()
+        detail = "" if status == 200 else _why(body)
+        return Answer("good", t - start, time.perf_counter() - t, status, retry, detail)
 
     conn = aiohttp.TCPConnector(limit=n)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=120)) as session:
@@ -191,6 +195,15 @@ async def burst(url: str, queries: list[str], n: int, on_start=None) -> tuple[li
         answers = await asyncio.gather(*[one(session, i) for i in range(n)])
         await asyncio.gather(*extra)
     return list(answers), time.perf_counter() - start
+
+
+def _why(body: bytes) -> str:
+    """A non-200 answer's reason, without the numbers that vary (e.g. "Colocated: no live replica for # s")."""
+    try:
+        text = str(json.loads(body).get("error", ""))
+    except (ValueError, AttributeError):
+        text = body.decode("utf-8", "replace")
+    return re.sub(r"\d+(\.\d+)?", "#", text)[:90]
 
 
 def burst_summary(answers: list[Answer], elapsed: float) -> dict:
@@ -206,6 +219,7 @@ def burst_summary(answers: list[Answer], elapsed: float) -> dict:
         "slowest_s": max((a.took_s for a in answers), default=float("nan")),
         "5xx_without_retry_after": sum(a.status in (503, 504) and a.retry_after != "1" for a in answers),
         "500": sum(a.status == 500 for a in answers), "no_answer": sum(a.status == 0 for a in answers),
+        "why_not_200": dict(Counter(f"{a.status} {a.detail}" for a in answers if a.status != 200)),
         "elapsed_s": elapsed,
     }
 
@@ -295,7 +309,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--route-timeout", type=float, default=1.0, help="Serve: route_timeout_s (no live replica: 503)")
     p.add_argument("--request-timeout", type=float, default=10.0, help="Serve: request_timeout_s (504 after it)")
     p.add_argument("--ingress-max-ongoing", type=int, default=128, help="Serve: the ingress's max_ongoing_requests")
-    p.add_argument("--max-queued", type=int, default=128, help="Serve: the ingress's max_queued_requests")
+    p.add_argument("--max-queued", type=int, default=256, help="Serve: the ingress's max_queued_requests")
+    p.add_argument("--queue-timeout", type=float, default=None,
+                   help="Serve: queue_timeout_s (None: half of --request-timeout)")
     p.add_argument("--apps", default="plain,fanout,colocated", help="plain and the Serve topologies to measure")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="/tmp/madr_bench_serve_mixed")
@@ -378,7 +394,8 @@ def report(args: argparse.Namespace, results: dict) -> None:
     print(f"\n{args.docs:,} docs, {args.shards} shards ({args.index}), backbone {args.backbone}; Serve: searcher "
           f"replicas {args.searcher_replicas}, ingress / Colocated max_ongoing_requests {args.ingress_max_ongoing} + "
           f"max_queued_requests {args.max_queued}, route_timeout_s {args.route_timeout:g}, request_timeout_s "
-          f"{args.request_timeout:g}")
+          f"{args.request_timeout:g}, queue_timeout_s "
+          f"{args.queue_timeout if args.queue_timeout is not None else args.request_timeout / 2:g}")
     steady = {n: r["steady"] for n, r in results.items() if "steady" in r}
     if steady:
         print(f"\nSteady: {args.clients} clients x {args.duration:g} s per app, {args.bad_fraction:.0%} bad")
@@ -403,6 +420,10 @@ def report(args: argparse.Namespace, results: dict) -> None:
                 print(f"| {name} | {b['n']} | {_counts(b['by_status'])} | {b['ok_fraction']:.1%} | "
                       f"{b['ok_p50_s']:.2f} / {b['ok_p99_s']:.2f} / {b['ok_max_s']:.2f} | {b['503_max_s']:.2f} | "
                       f"{b['5xx_without_retry_after']} | {b['load_average_before'].split(' / ')[0]} |")
+        for name, r in results.items():
+            for b in r.get("bursts", []):
+                if b["why_not_200"]:
+                    print(f"  {name}, burst of {b['n']}, not 200: {b['why_not_200']}")
     for name, r in results.items():
         for key, what in (("light_kill", "4 clients"), ("burst_kill", f"a burst of {args.burst_kill}")):
             if (k := r.get(key)) is None:

@@ -1,11 +1,11 @@
 """Busy is not dead: a call to a deployment whose replicas are all busy waits its turn, a call to one with no
 live replica fails fast (serve.routing.LiveReplicaRouter, serve.calls), both through a handle (the fan-out
 ingress's hops) and through Serve's HTTP proxy (every topology's ingress); beyond the queue bound
-(`max_queued_requests`) the proxy answers 503 + Retry-After at once, and so it does for a request whose replica
-dies under it.
+(`max_queued_requests`) the proxy answers 503 + Retry-After at once, after the queue's time bound
+(`queue_timeout_s`) too, and so it does for a request whose replica dies under it.
 
-Two small deployments on local Ray: `Slow` (called through handles) and `Front` (HTTP), each with a slot or
-two. A replica's replacement is held in its constructor while a marker file exists, so that "no live replica"
+Two small deployments on local Ray: `Slow` (called through handles; it takes 6 calls at once and works on
+them one at a time) and `Front` (HTTP; one slot). A replica's replacement is held in its constructor while a marker file exists, so that "no live replica"
 lasts as long as the test needs, whatever the machine's speed. Margins: ROUTE_TIMEOUT_S (the configured wait
 for a live replica) plus SLACK_S for Ray, HTTP and noticing the death on a busy 2-core machine.
 """
@@ -29,12 +29,16 @@ pytestmark = pytest.mark.ray
 
 ROUTE_TIMEOUT_S = 0.5
 SLACK_S = 5.0  # Ray, HTTP and noticing a death on a busy 2-core machine; a held call would wait until the end
-WORK_S = 0.4  # each call's work: a burst of BURST calls over 2 slots queues far longer than ROUTE_TIMEOUT_S
+WORK_S = 0.4  # each call's work, one at a time: a burst of BURST calls queues far longer than the timeouts
+SLOTS = 6  # Slow's max_ongoing_requests: the rest of a burst queues in the router
+CALL_TIMEOUT_S = 1.0  # a call waits longer than this in the replica, which keeps finishing calls: busy, not hung
+QUEUE_TIMEOUT_S = 1.5  # Front's: a request waits at most this long in the proxy for its busy replica
 BURST = 12
 
 
-def _options(**settings) -> dict:
-    opts = DeploymentSettings(num_cpus=0, health_check_period_s=1.0, **settings).options(ROUTE_TIMEOUT_S)
+def _options(queue_timeout_s: float | None = None, **settings) -> dict:
+    opts = DeploymentSettings(num_cpus=0, health_check_period_s=1.0, **settings).options(ROUTE_TIMEOUT_S,
+                                                                                        queue_timeout_s)
     opts["ray_actor_options"] = {"num_cpus": 0}
     return opts
 
@@ -49,12 +53,17 @@ def apps(ray_local, tmp_path_factory):
     # "being started")
     @serve.deployment
     class Slow:
+        """Takes up to max_ongoing_requests calls and works on them one at a time (as a batching replica
+        queues the calls it took for its next batch)."""
+
         def __init__(self, marker: str) -> None:
             while os.path.exists(marker):
                 time.sleep(0.1)
+            self.lock = asyncio.Lock()
 
         async def work(self, seconds: float) -> int:
-            await asyncio.sleep(seconds)
+            async with self.lock:
+                await asyncio.sleep(seconds)
             return os.getpid()
 
     @serve.deployment
@@ -74,10 +83,10 @@ def apps(ray_local, tmp_path_factory):
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
-        slow = serve.run(Slow.options(**_options(max_ongoing_requests=2)).bind(marker), name="madr_burst_slow",
+        slow = serve.run(Slow.options(**_options(max_ongoing_requests=SLOTS)).bind(marker), name="madr_burst_slow",
                          route_prefix=None)
-        serve.run(Front.options(**_options(max_ongoing_requests=1, max_queued_requests=2)).bind(marker, WORK_S),
-                  name="madr_burst_front", route_prefix="/front")
+        front = _options(QUEUE_TIMEOUT_S, max_ongoing_requests=1, max_queued_requests=2)
+        serve.run(Front.options(**front).bind(marker, WORK_S), name="madr_burst_front", route_prefix="/front")
         yield {"slow": slow, "url": f"http://127.0.0.1:{port}/front", "marker": Path(marker)}
     finally:
         Path(marker).unlink(missing_ok=True)
@@ -87,7 +96,7 @@ def apps(ray_local, tmp_path_factory):
 def _policy():
     from serve.calls import CallPolicy
 
-    return CallPolicy(route_timeout_s=ROUTE_TIMEOUT_S, retries=1, call_timeout_s=30.0)
+    return CallPolicy(route_timeout_s=ROUTE_TIMEOUT_S, retries=1, call_timeout_s=CALL_TIMEOUT_S)
 
 
 async def _timed_calls(handle, n: int, seconds: float) -> list[tuple[object, float]]:
@@ -131,8 +140,9 @@ def test_a_burst_on_busy_replicas_queues_instead_of_failing(apps):
     failed = [a for a, _ in answers if isinstance(a, Exception)]
     assert not failed, f"{len(failed)} of {BURST} calls failed: {failed[:3]}"
     slowest = max(t for _, t in answers)
-    # 12 calls over 2 slots: the last waited ~5 x WORK_S in the queue, many times ROUTE_TIMEOUT_S, and was answered
-    assert slowest > 3 * ROUTE_TIMEOUT_S, f"no call queued (slowest {slowest:.2f} s): the test proves nothing"
+    # 12 calls, one at a time: the last waited ~12 x WORK_S, in the router's queue and then in the replica, many
+    # times ROUTE_TIMEOUT_S and CALL_TIMEOUT_S, and was answered
+    assert slowest > 3 * CALL_TIMEOUT_S, f"no call queued (slowest {slowest:.2f} s): the test proves nothing"
 
 
 def test_no_live_replica_fails_fast_through_a_handle_then_recovers(apps):
@@ -162,6 +172,17 @@ def test_the_proxy_sheds_beyond_the_queue_bound_and_fails_fast_with_no_live_repl
     assert any(s == 200 for s, _, _, _ in burst) and any(s == 503 for s, _, _, _ in burst), burst
     for status, retry_after, took, _ in burst:
         assert status == 200 or (retry_after == "1" and took < WORK_S + SLACK_S), (status, retry_after, took)
+
+    # a request queued behind a long one waits queue_timeout_s, not as long as the long one takes
+    running = tmp_path / "long"
+    with ThreadPoolExecutor(1) as pool:
+        long = pool.submit(_post, url, {"running": str(running), "sleep": 3 * QUEUE_TIMEOUT_S})
+        wait_for(running.exists, 30, "the long request did not start")
+        queued = _post(url)
+        assert long.result()[0] == 200, long.result()
+    print(f"queued behind a long request: {queued}")
+    assert (queued[0], queued[1]) == (503, "1") and "every replica busy" in queued[3], queued
+    assert QUEUE_TIMEOUT_S <= queued[2] < QUEUE_TIMEOUT_S + SLACK_S, queued
 
     # the replica dies under a request (it dies with it), and no replica is alive for the next ones
     pid, running = requests.post(url, json={}, timeout=10).json()["pid"], tmp_path / "running"

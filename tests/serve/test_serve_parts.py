@@ -148,16 +148,18 @@ def test_every_deployment_routes_through_the_live_replica_router_with_a_queue_bo
     a deployment that may scale to zero waits for its cold start; a full queue answers 503 + Retry-After: 1."""
     from serve.deployments import ShardSearcher
 
-    opts = DeploymentSettings(max_queued_requests=50).options(route_timeout_s=0.7)
+    opts = DeploymentSettings(max_queued_requests=50).options(route_timeout_s=0.7, queue_timeout_s=4.0)
     deployment = ShardSearcher.options(**opts)
     config = deployment._deployment_config  # what Serve's routers and proxy read
     assert config.request_router_config.request_router_class == "serve.routing:LiveReplicaRouter"
-    assert config.request_router_config.request_router_kwargs == {"no_replica_timeout_s": 0.7}
+    assert config.request_router_config.request_router_kwargs == {"no_replica_timeout_s": 0.7, "max_queue_wait_s": 4.0}
     assert config.max_queued_requests == 50
     assert (config.backpressure_config.status_code, config.backpressure_config.retry_after_s) == (503, 1.0)
     assert DeploymentSettings().options()["max_queued_requests"] == -1  # Serve's "no bound"
     zero = DeploymentSettings(autoscaling={"min_replicas": 0, "max_replicas": 2}).options(route_timeout_s=0.7)
-    assert zero["request_router_config"]["request_router_kwargs"] == {"no_replica_timeout_s": None}
+    assert zero["request_router_config"]["request_router_kwargs"]["no_replica_timeout_s"] is None
+    assert ServeSettings(request_timeout_s=8).ingress_queue_timeout_s() == 4.0  # half the deadline unless set
+    assert ServeSettings(queue_timeout_s=2.5).ingress_queue_timeout_s() == 2.5
     with pytest.raises(ValueError, match="max_queued_requests must be >= 1"):
         DeploymentSettings(max_queued_requests=0)
 
