@@ -14,8 +14,11 @@ Serve is replacing them): the call then waits for the replacement, seconds on a 
   a call or a queue-length probe to it fails with `ActorDiedError`, or when Serve's controller drops it, so a
   death is noticed at the next call. Until the router has heard the controller's first list of replicas it
   never fails a call this way;
-- with `max_queue_wait_s`, a call that has waited that long in the queue for a busy replica fails with
-  `QueuedTooLong` (503 + ``Retry-After: 1``): the ingress's bound on a burst, sized from the request deadline;
+- with `max_queue_wait_s`, a call that would wait longer than that in the queue for a busy replica fails with
+  `QueuedTooLong` (503 + ``Retry-After: 1``): the ingress's bound on a burst, sized from the request deadline.
+  "Would": its place in the queue over the rate at which the deployment has been finishing calls (the last
+  `RATE_WINDOW_S`), so that a burst's excess is refused within about a second, not after waiting out the bound;
+  before the router has seen enough calls finish to tell a rate, only a call that has waited the bound fails;
 - in Serve's proxy, the death of the replica running a request (the request dies with it; the proxy cannot
   send an HTTP request again) is `ReplicaDied`, 503 + ``Retry-After: 1``, not Serve's bare 500. Elsewhere the
   death stays an `ActorDiedError`, which `serve.calls` answers by sending the call again.
@@ -32,6 +35,7 @@ topologies).
 from __future__ import annotations
 
 import asyncio
+import collections
 import time
 from typing import Any
 
@@ -42,17 +46,23 @@ from ray.serve.exceptions import BackPressureError
 
 from serve.config import RETRY_AFTER_S
 
+RATE_WINDOW_S = 2.0  # the window over which the router measures how fast calls finish
+MIN_FINISHES = 8  # ... and how many it needs to have seen finish in it to tell a rate
+MIN_RATE_SPAN_S = 0.25  # ... over no less than this (calls finished by one batch at once give no rate)
+
 
 class QueuedTooLong(BackPressureError):
-    """A call waited `waited_s` in the router's queue for a busy replica: HTTP 503 + ``Retry-After: 1``."""
+    """A call would wait (`expected_s`, as far as the router can tell) or has waited longer than the queue's bound
+    for a busy replica: HTTP 503 + ``Retry-After: 1``."""
 
-    def __init__(self, deployment: str, waited_s: float) -> None:
+    def __init__(self, deployment: str, expected_s: float, bound_s: float) -> None:
         super().__init__(0, -1, 503, RETRY_AFTER_S)
-        self.deployment, self.waited_s = deployment, waited_s
-        self._message = f"{deployment}: every replica busy for {waited_s:.1f} s (the queue's bound); retry"
+        self.deployment, self.expected_s, self.bound_s = deployment, expected_s, bound_s
+        self._message = (f"{deployment}: every replica busy; this request would wait {expected_s:.1f} s in the "
+                         f"queue, over its {bound_s:g} s bound; retry")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return QueuedTooLong, (self.deployment, self.waited_s)
+        return QueuedTooLong, (self.deployment, self.expected_s, self.bound_s)
 
 
 class NoLiveReplica(BackPressureError):
@@ -116,6 +126,7 @@ class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
         self._expired: dict[str, BackPressureError] = {}  # request id -> why the sweeper failed it
         self._sent: dict[str, tuple[float, Any, bool]] = {}  # request id -> (sent at, replica id, taken)
         self._finished_at: dict[Any, float] = {}  # replica id -> when it last finished a call it had taken
+        self._finishes: collections.deque[float] = collections.deque()  # when taken calls finished, the last window
         self._empty_since: float | None = None  # since when no replica is known (None: some are, or no list yet)
         self._sweeper: asyncio.Task | None = None
 
@@ -171,7 +182,10 @@ class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
     def on_request_completed(self, replica_id: Any, internal_request_id: str) -> None:
         sent = self._sent.pop(internal_request_id, None)
         if sent is not None and sent[2]:  # a call the replica took has finished: it makes progress
-            self._finished_at[replica_id] = time.monotonic()
+            self._finished_at[replica_id] = now = time.monotonic()
+            self._finishes.append(now)
+            while self._finishes and self._finishes[0] < now - RATE_WINDOW_S:
+                self._finishes.popleft()
         super().on_request_completed(replica_id, internal_request_id)
 
     def create_replica_wrapper(self, replica_info: Any) -> Any:
@@ -211,29 +225,48 @@ class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
         if self._waiting and self._sweeper is None and self._rules_apply():
             self._sweeper = self._event_loop.create_task(self._sweep())
 
-    def _overdue(self, now: float, queued_since: float, pending: PendingRequest) -> BackPressureError | None:
-        """Why a queued call must fail now, or None."""
+    def finish_rate(self, now: float) -> float | None:
+        """Calls finished per second over the last `RATE_WINDOW_S` (None: too few to tell)."""
+        recent = [t for t in self._finishes if t >= now - RATE_WINDOW_S]
+        if len(recent) < MIN_FINISHES:
+            return None
+        return len(recent) / max(now - recent[0], MIN_RATE_SPAN_S)
+
+    def _overdue(self, now: float, queued_since: float, pending: PendingRequest, ahead: int,
+                 rate: float | None) -> BackPressureError | None:
+        """Why a queued call must fail now (`ahead`: calls before it in the queue; `rate`: `finish_rate`), or
+        None."""
         name = self._deployment_id.name
         empty_since, limit = self._empty_since, self.no_replica_timeout_s
         if empty_since is not None and limit is not None and now - max(queued_since, empty_since) >= limit:
             return NoLiveReplica(name, limit)
-        waited = time.time() - pending.created_at  # since its first attempt
-        if self.max_queue_wait_s is not None and waited >= self.max_queue_wait_s:
-            return QueuedTooLong(name, waited)
-        return None
+        if self.max_queue_wait_s is None or empty_since is not None:
+            return None
+        expected = time.time() - pending.created_at  # waited since its first attempt
+        if rate is not None:
+            expected += (ahead + 1) / rate  # ... and still to wait, at the rate calls finish
+        return QueuedTooLong(name, expected, self.max_queue_wait_s) if expected >= self.max_queue_wait_s else None
 
     async def _sweep(self) -> None:
-        """While calls are queued and a rule applies: fail each call that is overdue (`_overdue`)."""
+        """While calls are queued and a rule applies: fail each call that is overdue (`_overdue`), in the
+        queue's order (oldest first)."""
         limits = [x for x in (self.no_replica_timeout_s, self.max_queue_wait_s) if x is not None]
         tick = min([0.1] + [x / 4 for x in limits])
         try:
             while self._waiting and self._rules_apply():
                 await asyncio.sleep(tick)
                 now = time.monotonic()
-                for rid, (since, pending) in list(self._waiting.items()):
-                    if not pending.future.done() and (error := self._overdue(now, since, pending)) is not None:
+                rate = self.finish_rate(now)
+                queued = sorted(self._waiting.items(), key=lambda item: item[1][1].created_at)
+                ahead = 0
+                for rid, (since, pending) in queued:
+                    if pending.future.done():
+                        continue
+                    if (error := self._overdue(now, since, pending, ahead, rate)) is not None:
                         self._expired[rid] = error
                         pending.future.cancel()  # Serve's own cleanup runs; _choose_replica_for_request raises
+                    else:
+                        ahead += 1
         finally:
             self._sweeper = None
 

@@ -164,6 +164,34 @@ def test_every_deployment_routes_through_the_live_replica_router_with_a_queue_bo
         DeploymentSettings(max_queued_requests=0)
 
 
+def test_the_router_refuses_a_bursts_excess_by_its_expected_wait_and_a_call_with_no_live_replica():
+    """serve.routing.LiveReplicaRouter's decisions on a queued call (Serve's own routing runs in the Ray tests)."""
+    import time
+    from types import SimpleNamespace
+
+    from ray.serve._private.common import DeploymentHandleSource, DeploymentID
+
+    from serve.routing import LiveReplicaRouter, NoLiveReplica, QueuedTooLong
+
+    router = LiveReplicaRouter(deployment_id=DeploymentID(name="Front", app_name="a"),
+                               handle_source=DeploymentHandleSource.UNKNOWN)
+    router.initialize_state(no_replica_timeout_s=1.0, max_queue_wait_s=5.0)
+    now = time.monotonic()
+    queued = SimpleNamespace(created_at=time.time() - 0.45)  # queued 0.45 s ago
+    assert router.finish_rate(now) is None  # nothing finished yet: only the time waited counts
+    assert router._overdue(now, now, queued, ahead=1000, rate=None) is None
+    router._finishes.extend(now - 1.0 + i * 0.05 for i in range(20))  # 20 calls finished over the last second
+    rate = router.finish_rate(now)
+    assert rate == pytest.approx(20.0)
+    assert router._overdue(now, now, queued, ahead=50, rate=rate) is None  # ~3 s in all: within the bound
+    refused = router._overdue(now, now, queued, ahead=150, rate=rate)  # ~8 s: refused now, not after 5 s
+    assert isinstance(refused, QueuedTooLong) and refused.status_code == 503 and refused.retry_after_s == 1.0
+    assert "would wait 8.0 s in the queue, over its 5 s bound" in str(refused)  # 0.45 + 151 / 20
+    router._empty_since = now - 2.0  # and no live replica for 2 s
+    assert isinstance(router._overdue(now, now - 3.0, queued, ahead=0, rate=rate), NoLiveReplica)
+    assert router._overdue(now, now - 0.5, queued, ahead=0, rate=rate) is None  # queued 0.5 s: not yet
+
+
 def test_api_key_from_environment(monkeypatch):
     monkeypatch.setenv("MY_KEY", "s3cret")
     assert ServeSettings(api_key_env="MY_KEY").resolved_api_key() == "s3cret"
