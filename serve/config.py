@@ -169,12 +169,12 @@ class ServeSettings:
     verify: bool = True
     torch_threads: int = 1
     faiss_threads: int = 1
-    encoder_max_batch_size: int = 16
+    encoder_max_batch_size: int = 64
     encoder_batch_wait_timeout_s: float = 0.003
     encoder_index_vocabulary: bool = False
     encoder_backend: str = "torch"
     encoder_precision: str = "fp32"
-    searcher_max_batch_size: int = 16
+    searcher_max_batch_size: int = 64
     searcher_batch_wait_timeout_s: float = 0.001
     request_timeout_s: float = 10.0
     route_timeout_s: float = 1.0

@@ -16,9 +16,10 @@ Serve is replacing them): the call then waits for the replacement, seconds on a 
   never fails a call this way;
 - with `max_queue_wait_s`, a call that would wait longer than that in the queue for a busy replica fails with
   `QueuedTooLong` (503 + ``Retry-After: 1``): the ingress's bound on a burst, sized from the request deadline.
-  "Would": its place in the queue over the rate at which the deployment has been finishing calls (the last
-  `RATE_WINDOW_S`), so that a burst's excess is refused within about a second, not after waiting out the bound;
-  before the router has seen enough calls finish to tell a rate, only a call that has waited the bound fails;
+  "Would": its place in the queue over the rate at which the deployment finishes calls while calls queue for
+  it (measured over the last `RATE_WINDOW_S`; between bursts, the last such rate), so that a burst's excess is
+  refused on arrival, not after waiting out the bound; before the router has ever seen a queue drain, only a
+  call that has waited the bound fails;
 - in Serve's proxy, the death of the replica running a request (the request dies with it; the proxy cannot
   send an HTTP request again) is `ReplicaDied`, 503 + ``Retry-After: 1``, not Serve's bare 500. Elsewhere the
   death stays an `ActorDiedError`, which `serve.calls` answers by sending the call again.
@@ -127,6 +128,7 @@ class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
         self._sent: dict[str, tuple[float, Any, bool]] = {}  # request id -> (sent at, replica id, taken)
         self._finished_at: dict[Any, float] = {}  # replica id -> when it last finished a call it had taken
         self._finishes: collections.deque[float] = collections.deque()  # when taken calls finished, the last window
+        self._saturated_rate: float | None = None  # calls finished per second, last measured while calls queued
         self._empty_since: float | None = None  # since when no replica is known (None: some are, or no list yet)
         self._sweeper: asyncio.Task | None = None
 
@@ -256,7 +258,9 @@ class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
             while self._waiting and self._rules_apply():
                 await asyncio.sleep(tick)
                 now = time.monotonic()
-                rate = self.finish_rate(now)
+                if (rate := self.finish_rate(now)) is not None:  # calls queue: the replicas are full, this is capacity
+                    self._saturated_rate = rate
+                rate = self._saturated_rate
                 queued = sorted(self._waiting.items(), key=lambda item: item[1][1].created_at)
                 ahead = 0
                 for rid, (since, pending) in queued:
