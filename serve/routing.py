@@ -49,7 +49,7 @@ from serve.config import RETRY_AFTER_S
 
 RATE_WINDOW_S = 2.0  # the window over which the router measures how fast calls finish
 MIN_FINISHES = 8  # ... and how many it needs to have seen finish in it to tell a rate
-MIN_RATE_SPAN_S = 0.25  # ... over no less than this (calls finished by one batch at once give no rate)
+MIN_RATE_SPAN_S = 1.0  # ... over no less than this (a batch finishes its calls at once: no rate from one)
 
 
 class QueuedTooLong(BackPressureError):

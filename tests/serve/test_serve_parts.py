@@ -182,7 +182,7 @@ def test_the_router_refuses_a_bursts_excess_by_its_expected_wait_and_a_call_with
     assert router._overdue(now, now, queued, ahead=1000, rate=None) is None
     router._finishes.extend(now - 1.0 + i * 0.05 for i in range(20))  # 20 calls finished over the last second
     rate = router.finish_rate(now)
-    assert rate == pytest.approx(20.0)
+    assert rate == pytest.approx(20.0)  # over 1 s
     assert router._overdue(now, now, queued, ahead=50, rate=rate) is None  # ~3 s in all: within the bound
     refused = router._overdue(now, now, queued, ahead=150, rate=rate)  # ~8 s: refused now, not after 5 s
     assert isinstance(refused, QueuedTooLong) and refused.status_code == 503 and refused.retry_after_s == 1.0
