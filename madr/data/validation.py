@@ -33,6 +33,8 @@ REASONS = {
     "bad_value": "a number out of range, or fields that contradict each other",
     "unknown_id": "a judgment naming a query or document id that the queries or the corpus do not hold",
     "duplicate_id": "an id (or a judged query-document pair) that an earlier row of the same kind already has",
+    "no_position": "a click-log click that its search shows no impression of and that carries no position",
+    "no_query": "a click-log search without any query text (on its search event or its other events)",
 }
 # reason -> what it means (skipped rows are counted, not quarantined)
 SKIPS = {
@@ -40,6 +42,7 @@ SKIPS = {
     "no_consensus": "NLI gold label '-' / -1: the annotators did not agree",
     "below_threshold": "a WikiMatrix pair whose margin score is below min_score",
     "unjudged": "a BEIR query that no qrels file of the read splits judges (no split to put it in)",
+    "other_action": "a click-log event that is no search, impression, click or conversion (filters, sorts, hovers)",
 }
 TEXT_FORMATS = ("tsv", "trec")  # line formats whose cells are all text (numbers are parsed from it)
 

@@ -16,13 +16,17 @@ aliases):
 | `hetpqa` | evidence | qid, question, candidate, source, label (+ ASIN, qa_pair_id, confidence, ...) |
 | `epqa` | evidence | hetPQA's columns with a graded label 0/1/2 (+ title, answer): label = 1 iff grade 2 |
 | `semipqa` | evidence | qid, qa_pair_id, question, candidate (a JSON attribute), label: source "attribute" |
+| `ubi_events` | click_event | UBI events: action_name, query_id, session_id, user_query, object_id, position, dwell_time (`madr.clicks.events`) |
+| `ubi_queries` | click_event | UBI queries: query_id, user_query (each row the `search` event of its search) |
+| `impressions` | click_event | one shown document per row: query, doc_id, position, clicked (+ search_id, session_id, dwell_time, purchased) |
 | `esci_judgments` | judgment | query, product_id, esci_label E/S/C/I or rating 100/10/1/0 (no product text: qrels) |
 
 Normalised task schemas carry the fields of the record types in `madr.data.records` (`ClickRecord`,
 `NLIRecord`, `ParallelRecord`, `EvidenceRecord`); the aspect task follows the catalog layout of
 `madr.data.schema` (multi-valued aspects as list<string> columns, ESCI label + 0-4 grade). The judgment
 task holds graded query-product pairs without product text (evaluation qrels, joined to a catalog by
-product id); it is not tokenised.
+product id); it is not tokenised. The click_event task holds click-log events, which
+`pipelines.data.click_log` groups by search into impressions (`madr.clicks.collapse`); it is not tokenised.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from madr.clicks.events import EVENT_SCHEMA, impression_row, ubi_event, ubi_query
 from madr.data.records import (
     EVIDENCE_SOURCES,
     NLI_LABELS,
@@ -68,6 +73,7 @@ TASK_SCHEMAS: dict[str, pa.Schema] = {
                         + [(a, pa.list_(pa.string())) for a in ASPECTS]),
     "judgment": pa.schema([("query_id", pa.string()), ("query", pa.string()), ("product_id", pa.string()),
                            ("esci", pa.string()), ("relevance", pa.int8()), ("language", pa.string())]),
+    "click_event": EVENT_SCHEMA,
 }
 TASKS = tuple(TASK_SCHEMAS)
 RECORD_TYPES = {"nli": NLIRecord, "click": ClickRecord, "parallel": ParallelRecord, "evidence": EvidenceRecord}
@@ -362,6 +368,17 @@ SOURCES: dict[str, SourceSpec] = {
                                   "esci": ("esci_label", "label", "rating")},
                                  max_chars=10_000, label_values=("E", "S", "C", "I", "100", "10", "1", "0"),
                                  description="ESCI judgments without product text (qrels): label or rating"),
+    "ubi_events": SourceSpec("ubi_events", "click_event", ubi_event,
+                             {"search_id": ("query_id",), "action": ("action_name",), "doc_id": ("object_id",),
+                              "position": ("position",), "query": ("user_query",), "dwell": ("dwell_time",)},
+                             formats=("jsonl", "parquet"), description="UBI events (OpenSearch User Behavior Insights)"),
+    "ubi_queries": SourceSpec("ubi_queries", "click_event", ubi_query,
+                              {"search_id": ("query_id",), "query": ("user_query",)}, formats=("jsonl", "parquet"),
+                              description="UBI queries: the query text of each search"),
+    "impressions": SourceSpec("impressions", "click_event", impression_row,
+                              {"query": ("query",), "doc_id": ("doc_id", "product_id"), "position": ("position",),
+                               "clicked": ("clicked", "click", "clicks"), "search_id": ("search_id", "query_id")},
+                              formats=("jsonl", "parquet"), description="plain impressions / clicks log"),
 }
 
 
