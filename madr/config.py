@@ -199,6 +199,42 @@ class ModelConfig:
 
 
 @dataclass
+class ClickLogConfig:
+    """A click log as the catalog's training judgments (`madr.clicks`): `path` (files or a directory) in `format`
+    "ubi" (events; `queries`: UBI's queries table) or "impressions" (one shown document per row). Its examination
+    curve is estimated by EM up to rank `max_rank`; clicked documents become positives weighted by their clipped
+    inverse propensity (`debias`; weights at most `clip`, normalised to mean 1; `debias: false` weighs every click
+    alike, the naive baseline), documents skipped above a click at ranks examined with probability >=
+    `skip_min_examination` (and never clicked for the query) become its judged negatives. `position_base`: the
+    log's first position, 0, 1 or "auto" (per search). Without `data.catalog_dir` the products come from the log's
+    document texts and the click queries are split `holdout` / `holdout` into dev / test (judged by clicks)."""
+
+    path: str = ""
+    format: str = "ubi"
+    queries: str | None = None
+    position_base: str | int = "auto"
+    max_rank: int = 10
+    debias: bool = True
+    clip: float = 10.0
+    skip_negatives: bool = True
+    skip_min_examination: float = 0.5
+    holdout: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not self.path:
+            raise ValueError("data.clicks.path is empty: the click log's files or directory")
+        _check_choice("data.clicks.format", self.format, ("ubi", "impressions"))
+        if self.queries and self.format != "ubi":
+            raise ValueError("data.clicks.queries is UBI's queries table: it needs format: ubi")
+        if self.position_base not in ("auto", 0, 1):
+            raise ValueError(f"data.clicks.position_base must be auto, 0 or 1, got {self.position_base!r}")
+        if self.max_rank < 1 or self.clip < 1 or not 0 <= self.skip_min_examination <= 1:
+            raise ValueError("data.clicks: max_rank >= 1, clip >= 1 and skip_min_examination in [0, 1] are needed")
+        if not 0 <= self.holdout < 0.5:
+            raise ValueError(f"data.clicks.holdout must be in [0, 0.5), got {self.holdout}")
+
+
+@dataclass
 class DataConfig:
     """Where the catalog comes from: a directory in the `madr.data.schema` layout, a BEIR directory
     (`madr.data.beir`: corpus.jsonl, queries.jsonl, qrels/<split>.tsv; a local path or a pyarrow filesystem
@@ -214,8 +250,11 @@ class DataConfig:
     languages: list[str] = field(default_factory=lambda: ["en"])  # query languages of the generator
     tokenizer: str | None = None
     tokenizer_vocab_size: int = 3000
+    clicks: ClickLogConfig | None = None  # a click log as the training judgments (`ClickLogConfig`)
 
     def __post_init__(self) -> None:
+        if self.clicks is not None and self.beir_dir:
+            raise ValueError("data.clicks reads its products from data.catalog_dir or from the log, not a BEIR dir")
         if self.catalog_dir and self.beir_dir:
             raise ValueError("data.catalog_dir and data.beir_dir are both set; a catalog comes from one of them")
         if self.qrels and not self.beir_dir:
@@ -240,6 +279,8 @@ class StageConfig:
                                       # madr.training.negatives) or "index" (the mine stage's output: the trained
                                       # model's own index, <output_dir>/mine/negatives.parquet; a second round)
     mined_depth: int = 30
+    judged_negative_share: float = 0.0  # with mined negatives: the share drawn from a query's judged lower products
+                                      # when it has any (a click log's skipped impressions: madr.clicks.judgments)
     mlm_probability: float = 0.15
     mlm_weight: float = 1.0           # pretrain: weight of L_MLM; 0 = aspect losses only (no masking, no vocabulary
                                       # projection: the cheap step for a backbone shipped without its MLM head)
@@ -264,6 +305,8 @@ class StageConfig:
         for name in ("grad_accum",):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.<stage>.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.judged_negative_share <= 1.0:
+            raise ValueError(f"train.<stage>.judged_negative_share must be in [0, 1], got {self.judged_negative_share}")
         for name in ("gradcache_chunk", "validate_every", "checkpoint_every", "steps", "mlm_weight", "mined_depth",
                      "freeze_layers"):
             if getattr(self, name) < 0:

@@ -11,6 +11,8 @@ serve), so that a stage never guesses where the previous one wrote:
     <output_dir>/data/vocab.json      phrase / word / token aspect vocabularies (Ray Data aggregation)
     <output_dir>/data/stats.json      aspect coverage (paper 000 Table 3 / paper 001 Table 2)
     <output_dir>/data/quarantine/     BEIR / TREC lines that failed validation (reason, file, line, field) + counts
+    <output_dir>/data/clicks/         a click log's impressions, quarantine, summary.json, examination.json / .png
+                                      (the estimated position bias) and report.json (`data.clicks`, madr.clicks)
     <output_dir>/<stage>/model/       the export of a training stage (pretrain / finetune / distill)
     <output_dir>/index/manifest.json  the sharded index (its fusion chosen by the tune stage)
     <output_dir>/tune/                fusion.json / fusion.png: the dev grid of the dense + BM25 fusion
@@ -56,6 +58,7 @@ class RunLayout:
     vocab = _Under("data", "vocab.json")
     stats = _Under("data", "stats.json")
     quarantine = _Under("data", "quarantine")
+    clicks = _Under("data", "clicks")
     index = _Under("index")
     manifest = _Under("index", "manifest.json")
     evaluation = _Under("evaluation")

@@ -17,6 +17,7 @@ row (0-based) and the field.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +61,7 @@ class Judgment:
     product_id: str
     relevance: int
     esci: str
+    weight: float = 1.0  # a training weight (a click log's inverse-propensity weight); judged catalogs: 1
 
 
 def _err(source: str, row: int, name: str, problem: str) -> ValueError:
@@ -106,7 +108,8 @@ def _is_string_list(t: pa.DataType) -> bool:
     return (pa.types.is_list(t) or pa.types.is_large_list(t)) and _is_string(t.value_type)
 
 
-_TYPE_CHECKS = {"string": _is_string, "integer": pa.types.is_integer, "list<string>": _is_string_list}
+_TYPE_CHECKS = {"string": _is_string, "integer": pa.types.is_integer, "list<string>": _is_string_list,
+                "float": pa.types.is_floating}
 
 
 def _write_rows(path: Path, rows: Sequence[Any], columns: dict[str, pa.DataType],
@@ -227,6 +230,8 @@ class Catalog:
             raise _err(source, row, "relevance", f"must be an integer, got {j.relevance!r}")
         if not MIN_RELEVANCE <= j.relevance <= MAX_RELEVANCE:
             raise _err(source, row, "relevance", f"{j.relevance} outside [{MIN_RELEVANCE}, {MAX_RELEVANCE}]")
+        if not (isinstance(j.weight, float | int) and math.isfinite(j.weight) and j.weight > 0):
+            raise _err(source, row, "weight", f"must be a finite number > 0, got {j.weight!r}")
         if j.esci not in ESCI_LABELS:
             raise _err(source, row, "esci", f"unknown ESCI label {j.esci!r}, expected one of {ESCI_LABELS}")
         if (j.query_id, j.product_id) in pairs:
@@ -246,8 +251,10 @@ class Catalog:
                     self.aspect_names)
         _write_rows(out / QUERIES_FILE, self.queries, {"query_id": text, "text": text, "split": text,
                                                        "language": text}, self.aspect_names)
-        _write_rows(out / JUDGMENTS_FILE, self.judgments, {"query_id": text, "product_id": text,
-                                                           "relevance": pa.int8(), "esci": text})
+        columns = {"query_id": text, "product_id": text, "relevance": pa.int8(), "esci": text}
+        if any(j.weight != 1.0 for j in self.judgments):  # the optional column: judged catalogs stay as they were
+            columns["weight"] = pa.float32()
+        _write_rows(out / JUDGMENTS_FILE, self.judgments, columns)
         return out
 
     @classmethod
@@ -273,6 +280,7 @@ class Catalog:
         jc = _read_columns(
             files["judgments"], _read_table(files["judgments"]),
             {"query_id": "string", "product_id": "string", "relevance": "integer", "esci": "string"},
+            optional={"weight": "float"},
         )
         products = [
             Product(pid, t, desc, {a: list(pc[a][i]) for a in names})
@@ -287,9 +295,10 @@ class Catalog:
                 zip(qc["query_id"], qc["text"], qc["split"], languages, strict=True)
             )
         ]
+        weights = jc.get("weight", [1.0] * len(jc["query_id"]))
         judgments = [
             Judgment(*row)
-            for row in zip(jc["query_id"], jc["product_id"], jc["relevance"], jc["esci"], strict=True)
+            for row in zip(jc["query_id"], jc["product_id"], jc["relevance"], jc["esci"], weights, strict=True)
         ]
         return cls(products, queries, judgments, names).validate({k: str(v) for k, v in files.items()})
 

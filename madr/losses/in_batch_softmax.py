@@ -26,6 +26,8 @@ class InBatchSoftmaxLoss(nn.Module):
     with larger batches. A positive that is also relevant to another query of the batch is scored as
     that query's negative (false negative); batch unique positives to avoid it. Negatives are not
     gathered across devices here. Use `PointwiseCELoss` for graded labels of judged pairs instead.
+    `weights [B]` (optional) weight each query's term of the mean: clipped inverse-propensity weights of clicked
+    positives (Joachims et al., WSDM'17, Eq. 9: the IPS-weighted empirical risk), normalised to mean 1.
     """
 
     def __init__(self, similarity: str = "dot", temperature: float = 1.0) -> None:
@@ -46,7 +48,8 @@ class InBatchSoftmaxLoss(nn.Module):
             q, docs = F.normalize(q, dim=-1), F.normalize(docs, dim=-1)
         return q @ docs.T
 
-    def forward(self, q: torch.Tensor, d_pos: torch.Tensor, hard_negatives: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, d_pos: torch.Tensor, hard_negatives: torch.Tensor | None = None,
+                weights: torch.Tensor | None = None) -> torch.Tensor:
         if q.dim() != 2 or q.shape != d_pos.shape or q.shape[0] == 0:
             raise ValueError(f"q {tuple(q.shape)} and d_pos {tuple(d_pos.shape)} must both be [batch>=1, dim]")
         docs = d_pos
@@ -59,4 +62,6 @@ class InBatchSoftmaxLoss(nn.Module):
             docs = torch.cat([d_pos, hard_negatives.reshape(-1, q.shape[1])])
         logits = self.scores(q, docs, self.similarity) / self.temperature
         target = torch.arange(q.shape[0], device=q.device)
-        return F.cross_entropy(logits, target)
+        if weights is None:
+            return F.cross_entropy(logits, target)
+        return (F.cross_entropy(logits, target, reduction="none") * weights.to(logits)).mean()

@@ -58,12 +58,16 @@ class PointwiseCELoss(nn.Module):
             q, d = F.normalize(q, dim=-1), F.normalize(d, dim=-1)
         return self.scale * (q * d).sum(dim=-1) + self.bias
 
-    def forward(self, q: torch.Tensor, d: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, d: torch.Tensor, target: torch.Tensor,
+                weights: torch.Tensor | None = None) -> torch.Tensor:
+        """The mean binary cross entropy over the pairs, each pair's term times `weights` when given."""
         logits = self.logits(q, d)
         if target.shape != logits.shape:
             raise ValueError(f"target must be [pairs={logits.shape[0]}], got {tuple(target.shape)}")
         target = target.to(device=logits.device, dtype=logits.dtype)
         if ((target < 0) | (target > 1)).any():
             raise ValueError("pointwise targets must lie in [0, 1]")
-        return F.binary_cross_entropy_with_logits(logits, target)
+        if weights is not None:
+            weights = weights.to(device=logits.device, dtype=logits.dtype)
+        return F.binary_cross_entropy_with_logits(logits, target, weight=weights)
 

@@ -110,7 +110,8 @@ class GatheredInBatchSoftmaxLoss(nn.Module):
     batch, and so do the averaged gradients. With one process it is exactly `InBatchSoftmaxLoss`.
 
     Inputs as `InBatchSoftmaxLoss`: `q [b, d]`, `d_pos [b, d]`, optional hard negatives `[b, n, d]` or `[N, d]`.
-    `gather=False` keeps negatives local (each worker's own batch; the loss is then the local mean).
+    `gather=False` keeps negatives local (each worker's own batch; the loss is then the local mean). `weights [b]`
+    weight each local query's term (per-example weights, as `InBatchSoftmaxLoss`).
     """
 
     def __init__(self, similarity: str = "dot", temperature: float = 1.0, gather: bool = True,
@@ -122,9 +123,10 @@ class GatheredInBatchSoftmaxLoss(nn.Module):
             raise ValueError(f"temperature must be > 0, got {temperature}")
         self.similarity, self.temperature, self.gather, self.group = similarity, temperature, gather, group
 
-    def forward(self, q: torch.Tensor, d_pos: torch.Tensor, hard_negatives: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, q: torch.Tensor, d_pos: torch.Tensor, hard_negatives: torch.Tensor | None = None,
+                weights: torch.Tensor | None = None) -> torch.Tensor:
         if not self.gather or world_size(self.group) == 1:
-            return InBatchSoftmaxLoss(self.similarity, self.temperature)(q, d_pos, hard_negatives)
+            return InBatchSoftmaxLoss(self.similarity, self.temperature)(q, d_pos, hard_negatives, weights)
         if q.dim() != 2 or q.shape != d_pos.shape:
             raise ValueError(f"q {tuple(q.shape)} and d_pos {tuple(d_pos.shape)} must both be [batch, dim]")
         all_pos, offset = gather_with_grad(d_pos, self.group)
@@ -135,5 +137,6 @@ class GatheredInBatchSoftmaxLoss(nn.Module):
             docs = torch.cat([all_pos, all_negs])
         logits = InBatchSoftmaxLoss.scores(q, docs, self.similarity) / self.temperature
         target = torch.arange(q.shape[0], device=q.device) + offset
-        total = F.cross_entropy(logits, target, reduction="sum")
+        terms = F.cross_entropy(logits, target, reduction="none")
+        total = (terms * weights.to(terms)).sum() if weights is not None else terms.sum()
         return total * local_loss_scale(q.shape[0], all_pos.shape[0], self.group)

@@ -134,6 +134,7 @@ class FinetuneExample:
     negative: str
     negative_aspects: dict[str, list[str]]
     negative_relevance: float  # graded relevance / max grade, the soft pointwise target
+    weight: float = 1.0  # the positive's judgment weight (a click log's inverse-propensity weight)
 
 
 class CatalogSampler:
@@ -144,22 +145,26 @@ class CatalogSampler:
     negative: a judged product of that query with lower relevance when there is one (paper 001 Sec.
     5.3.2: "a hard negative sample for each query besides in-batch negatives"), else a random product;
     with `mined` (`madr.training.negatives.mine_negatives`), one of the query's mined products instead
-    (relevance 0: not judged relevant), falling back to the above for a query with none.
+    (relevance 0: not judged relevant), falling back to the above for a query with none; `judged_share` of the
+    queries with both take a judged one (`madr.training.negatives.hard_negative`). Each example carries its
+    positive's judgment weight.
     Queries in one batch are distinct, so no query sees its own positive as an in-batch negative.
     """
 
     def __init__(self, catalog: Catalog, split: str = "train", seed: int = 0, min_relevance: int = 3,
-                 max_relevance: int = 4, mined: MinedNegatives | None = None) -> None:
+                 max_relevance: int = 4, mined: MinedNegatives | None = None, judged_share: float = 0.0) -> None:
         self.catalog = catalog
         self.rng = random.Random(seed)
         self.products = list(catalog.products)
         self.product_ids = [p.product_id for p in self.products]
         self.by_id = {p.product_id: p for p in self.products}
         self.queries = list(catalog.queries_in(split))
-        self.max_relevance = max_relevance
+        self.max_relevance, self.judged_share = max_relevance, judged_share
         judged: dict[str, list[tuple[str, int]]] = {}
+        self.weight = {}
         for j in catalog.judgments:
             judged.setdefault(j.query_id, []).append((j.product_id, j.relevance))
+            self.weight[j.query_id, j.product_id] = j.weight
         self.pos = {q.query_id: [p for p, r in judged.get(q.query_id, []) if r >= min_relevance] for q in self.queries}
         self.neg = {q.query_id: [(p, r) for p, r in judged.get(q.query_id, []) if r < min_relevance]
                     for q in self.queries}
@@ -182,10 +187,11 @@ class CatalogSampler:
         for q in self.rng.sample(self.train_queries, min(size, len(self.train_queries))):
             pos = self.by_id[self.rng.choice(self.pos[q.query_id])]
             neg_id, rel = hard_negative(self.rng, self.mined.get(q.query_id, []), self.neg[q.query_id],
-                                        self.product_ids)
+                                        self.product_ids, self.judged_share)
             neg = self.by_id[neg_id]
             out.append(FinetuneExample(q.text, q.aspects, self.catalog.product_text(pos), pos.aspects,
-                                       self.catalog.product_text(neg), neg.aspects, rel / self.max_relevance))
+                                       self.catalog.product_text(neg), neg.aspects, rel / self.max_relevance,
+                                       self.weight[q.query_id, pos.product_id]))
         return out
 
 
@@ -207,7 +213,8 @@ def catalog_sampler(catalog: Catalog, stage: StageConfig, tokenizer, seed: int, 
                     index_negatives: str | Path | None = None) -> CatalogSampler:
     """The sampler of a fine-tuning `stage`, its hard negatives those of `stage_negatives`."""
     return CatalogSampler(catalog, split, seed=seed,
-                          mined=stage_negatives(catalog, stage, tokenizer, split, index_negatives))
+                          mined=stage_negatives(catalog, stage, tokenizer, split, index_negatives),
+                          judged_share=stage.judged_negative_share)
 
 
 def pretrain_batches(model: BiEncoder, sampler: CatalogSampler, size: int) -> tuple[TextBatch, TextBatch]:
@@ -224,6 +231,12 @@ def pretrain_step(model: BiEncoder, sampler: CatalogSampler, stage: StageConfig,
     return pretrain_loss(model, qb, db, stage, generator)
 
 
+def example_weights(examples: list[FinetuneExample]) -> torch.Tensor | None:
+    """The examples' weights (their positives' judgment weights), None when all are 1 (a judged catalog)."""
+    weights = [e.weight for e in examples]
+    return None if all(w == 1.0 for w in weights) else torch.tensor(weights)
+
+
 def finetune_batches(model: BiEncoder, examples: list[FinetuneExample]) -> tuple[TextBatch, TextBatch, TextBatch, torch.Tensor]:
     qb = make_batch(model, [e.query for e in examples], "query", [e.query_aspects for e in examples])
     pb = make_batch(model, [e.positive for e in examples], "doc", [e.positive_aspects for e in examples])
@@ -233,9 +246,11 @@ def finetune_batches(model: BiEncoder, examples: list[FinetuneExample]) -> tuple
 
 def finetune_step(model: BiEncoder, sampler: CatalogSampler, stage: StageConfig,
                   pointwise: PointwiseCELoss | None, step: int = 0) -> LossParts:
-    qb, pb, nb, neg_rel = finetune_batches(model, sampler.finetune_batch(stage.batch_size))
+    examples = sampler.finetune_batch(stage.batch_size)
+    qb, pb, nb, neg_rel = finetune_batches(model, examples)
     negatives = nb if stage.hard_negatives > 0 else None
-    return finetune_loss(model, qb, pb, negatives, stage, pointwise, neg_rel, step=step)
+    return finetune_loss(model, qb, pb, negatives, stage, pointwise, neg_rel, step=step,
+                         weights=example_weights(examples))
 
 
 def stage_runs(kind: str, stage: StageConfig, model_cfg: ModelConfig) -> bool:

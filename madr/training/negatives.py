@@ -64,12 +64,16 @@ def mine_negatives(
 
 
 def hard_negative(
-    rng: random.Random, mined: Sequence[str], judged: Sequence[tuple[str, int]], product_ids: Sequence[str]
+    rng: random.Random, mined: Sequence[str], judged: Sequence[tuple[str, int]], product_ids: Sequence[str],
+    judged_share: float = 0.0,
 ) -> tuple[str, int]:
     """(product id, relevance) of one query's hard negative: one of its `mined` products (relevance 0) when it has
     any, else a lower-judged product of it (`judged`: (id, relevance) pairs; paper 001 Sec. 5.3.2), else a random
-    product of `product_ids` (relevance 0). The in-process sampler and the Ray job's fine-tuning rows both draw
-    with it."""
+    product of `product_ids` (relevance 0). `judged_share` > 0: with that probability a query with both takes a
+    judged one (a click log's skipped impressions, `madr.clicks.judgments`, beside BM25's). The in-process sampler
+    and the Ray job's fine-tuning rows both draw with it."""
+    if judged_share > 0 and mined and judged and rng.random() < judged_share:
+        return rng.choice(judged)
     if mined:
         return rng.choice(mined), 0
     if judged:

@@ -131,13 +131,15 @@ def pretrain_loss(model: BiEncoder, queries: TextBatch, docs: TextBatch, stage: 
 
 def finetune_loss(model: BiEncoder, queries: TextBatch, positives: TextBatch, negatives: TextBatch | None,
                   stage: StageConfig, pointwise: PointwiseCELoss | None = None,
-                  neg_relevance: torch.Tensor | None = None, step: int = 0) -> LossParts:
+                  neg_relevance: torch.Tensor | None = None, step: int = 0,
+                  weights: torch.Tensor | None = None) -> LossParts:
     """Eq. 8 (paper 000) / Eq. 10 (paper 001).
 
     L_SCE: each query against every positive in the batch and every hard negative. L_CE: pointwise
     cross entropy on the judged (query, positive) pairs (target 1) and (query, hard negative) pairs
     (target `neg_relevance`, default 0). Aspect losses on `model.aspect_sides` (both by default), weighted by
-    `stage.aspect_weight`.
+    `stage.aspect_weight`. `weights [B]` (optional) weight each row's L_SCE term and its positive pair's L_CE term
+    (a click log's clipped inverse-propensity weights, `madr.clicks.judgments`).
     """
     cfg = model.config
     q = model.encode(queries.input_ids, queries.attention_mask, "query")
@@ -147,7 +149,7 @@ def finetune_loss(model: BiEncoder, queries: TextBatch, positives: TextBatch, ne
         return hybrid_loss(q, p, n, stage, step)
     temperature = cfg.temperature if cfg.similarity == "cosine" else 1.0
     sce = InBatchSoftmaxLoss(similarity=cfg.similarity, temperature=temperature)(
-        q.embedding, p.embedding, None if n is None else n.embedding)
+        q.embedding, p.embedding, None if n is None else n.embedding, weights)
     total = sce
     parts = {"sce": _value(sce)}
     if pointwise is not None and stage.pointwise_weight > 0:
@@ -157,7 +159,7 @@ def finetune_loss(model: BiEncoder, queries: TextBatch, positives: TextBatch, ne
         if n is not None:
             neg_t = neg_relevance if neg_relevance is not None else torch.zeros(len(n.embedding))
             target = torch.cat([target, neg_t.float().to(target.device)])
-        ce = pointwise(qs, docs, target)
+        ce = pointwise(qs, docs, target, pair_weights(weights, len(qs), target.device))
         parts["ce"] = _value(ce)
         total = total + stage.pointwise_weight * ce
     if stage.aspect_weight > 0:
@@ -173,6 +175,15 @@ def finetune_loss(model: BiEncoder, queries: TextBatch, positives: TextBatch, ne
         parts.update({f"sparse_{k}": v for k, v in sparse.parts.items() if k != "loss"})
     parts["loss"] = _value(total)
     return LossParts(total, parts)
+
+
+def pair_weights(weights: torch.Tensor | None, pairs: int, device: torch.device) -> torch.Tensor | None:
+    """Per-pair weights of L_CE: the rows' weights on their (query, positive) pairs, 1 on the (query, hard
+    negative) pairs that follow them (None when the rows carry no weights)."""
+    if weights is None:
+        return None
+    weights = weights.to(device)
+    return torch.cat([weights, torch.ones(pairs - len(weights), device=device, dtype=weights.dtype)])
 
 
 def hybrid_loss(q: TowerOutput, p: TowerOutput, n: TowerOutput | None, stage: StageConfig, step: int,

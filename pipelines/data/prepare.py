@@ -1,7 +1,8 @@
 """The pipeline's data stage: `python -m pipelines.data.prepare --config EXPERIMENT.yaml`.
 
 From the experiment's data section to the files every later stage reads (layout: `madr.layout`):
-1. the catalog: `data.catalog_dir` (the `madr.data.schema` layout; a bad row is an error naming the file,
+1. the catalog: a click log `data.clicks` (`pipelines.data.click_log`, `madr.clicks`: its judgments the training
+   split's, its estimated examination curve in `data/clicks/examination.json` + `.png`), `data.catalog_dir` (the `madr.data.schema` layout; a bad row is an error naming the file,
    the row and the field), a BEIR directory `data.beir_dir` with optional TREC / BEIR qrels files
    `data.qrels` (`madr.data.beir`, local or a pyarrow filesystem URI; bad rows are counted and quarantined
    under `data/quarantine` with their file, line and field, as every ingested source's), or the seeded
@@ -28,6 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from madr.clicks.catalog import judge_click_log, read_impressions
 from madr.config import ExperimentConfig, load_config
 from madr.data.schema import JUDGMENTS_FILE, PRODUCTS_FILE, QUERIES_FILE, Catalog
 from madr.data.synthetic.catalog import generate_catalog
@@ -38,8 +40,29 @@ from madr.recipes.aspects.experiment import prepare_tokenizer, read_beir_catalog
 CORPUS_ROWS_PER_FILE = 50_000
 
 
+def click_log_catalog(cfg: ExperimentConfig, log: Any = print) -> tuple[Catalog, str]:
+    """`data.clicks`: the log read on Ray Data (`pipelines.data.click_log`), its examination curve estimated and
+    its judgments made (`madr.clicks.catalog.judge_click_log`), everything under `<output_dir>/data/clicks`."""
+    from pipelines.data.click_log import ingest_click_log
+
+    clicks, out = cfg.data.clicks, RunLayout.of(cfg).clicks
+    summary = ingest_click_log(clicks.format, clicks.path, out, out / "quarantine", queries=clicks.queries,
+                               position_base=clicks.position_base)
+    base = Catalog.read(cfg.data.catalog_dir, aspect_names=cfg.model.aspects) if cfg.data.catalog_dir else None
+    catalog, report = judge_click_log(read_impressions(out), clicks, out, base, cfg.model.aspects, summary)
+    searches, judged = summary["searches"], report["judgments"]
+    log(f"[data] click log {clicks.path}: {searches['events']} events, {searches['impressions']} impressions, "
+        f"{searches['clicked_impressions']} clicked, {searches['duplicate_events']} duplicate events; "
+        f"examination {[round(p, 2) for p in report['examination']['propensity']]} -> {out}/examination.png; "
+        f"{judged['positives']} positives, {judged['skip_negatives']} skipped negatives")
+    products = f"products of {cfg.data.catalog_dir}" if base is not None else "products the log describes"
+    return catalog, f"click log {clicks.path} ({clicks.format}, {'debiased' if clicks.debias else 'naive'}), {products}"
+
+
 def source_catalog(cfg: ExperimentConfig, log: Any = print) -> tuple[Catalog, str]:
     """The catalog the config names (validated while read), or a generated one; and where it came from."""
+    if cfg.data.clicks is not None:
+        return click_log_catalog(cfg, log)
     if cfg.data.catalog_dir:
         return Catalog.read(cfg.data.catalog_dir, aspect_names=cfg.model.aspects), cfg.data.catalog_dir
     if cfg.data.beir_dir:
@@ -138,6 +161,8 @@ def prepare(cfg: ExperimentConfig, log: Any = print) -> dict[str, Any]:
               "judgments": len(catalog.judgments), "corpus": docs, "eval_queries": n_queries}
     summary = {"origin": origin, "counts": counts, "tokenizer": tokenizer, "vocab": str(layout.vocab),
                "seconds": round(time.perf_counter() - start, 2)}
+    if (layout.clicks / "report.json").is_file() and cfg.data.clicks is not None:
+        summary["clicks"] = json.loads((layout.clicks / "report.json").read_text())
     (layout.data / "summary.json").write_text(json.dumps(summary, indent=1))
     mark_prepared(cfg, counts)
     return summary

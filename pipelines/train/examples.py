@@ -39,7 +39,7 @@ from pipelines.train.objectives import DistillBatch, FinetuneBatch, PretrainBatc
 COLUMNS = {
     "pretrain": ("row_id", "query", "query_aspects", "doc", "doc_aspects"),
     "finetune": ("row_id", "query", "query_aspects", "positive", "positive_aspects", "negative",
-                 "negative_aspects", "negative_relevance"),
+                 "negative_aspects", "negative_relevance", "weight"),
     "distill": ("row_id", "text"),
 }
 DONE_FILE = "_DONE.json"
@@ -67,17 +67,21 @@ def pretrain_rows(catalog: Catalog, seed: int) -> Iterator[dict[str, Any]]:
 
 
 def finetune_rows(catalog: Catalog, seed: int, min_relevance: int = 3, max_relevance: int = 4,
-                  mined: MinedNegatives | None = None) -> Iterator[dict]:
+                  mined: MinedNegatives | None = None, judged_share: float = 0.0) -> Iterator[dict]:
     """Fine-tuning rows (module docstring); with `mined` (`madr.training.negatives`), a query's hard negative is one
-    of its mined products (relevance 0) instead, as `madr.training.loop.CatalogSampler` draws them."""
+    of its mined products (relevance 0) instead (a share `judged_share` of them its judged lower ones when it has
+    any), as `madr.training.loop.CatalogSampler` draws them. `weight` is the positive's judgment weight (1 for
+    judged catalogs; a click log's inverse-propensity weight, `madr.clicks.judgments`)."""
     mined = dict(mined or {})
     check_mined(mined, {p.product_id for p in catalog.products})
     rng = random.Random(seed)
     by_id = catalog.product_by_id()
     products = sorted(by_id)
     judged: dict[str, list[tuple[str, int]]] = {}
+    weight = {}
     for j in catalog.judgments:
         judged.setdefault(j.query_id, []).append((j.product_id, j.relevance))
+        weight[j.query_id, j.product_id] = j.weight
     plans = []
     for q in catalog.queries_in("train"):
         pos = [p for p, r in judged.get(q.query_id, []) if r >= min_relevance]
@@ -90,12 +94,12 @@ def finetune_rows(catalog: Catalog, seed: int, min_relevance: int = 3, max_relev
         members = [plan for plan in plans if len(plan[1]) > k]
         rng.shuffle(members)
         for q, pos, neg in members:
-            neg_id, rel = hard_negative(rng, mined.get(q.query_id, []), neg, products)
+            neg_id, rel = hard_negative(rng, mined.get(q.query_id, []), neg, products, judged_share)
             p, n = by_id[pos[k]], by_id[neg_id]
             yield {"query": q.text, "query_aspects": json.dumps(q.aspects),
                    "positive": catalog.product_text(p), "positive_aspects": json.dumps(p.aspects),
                    "negative": catalog.product_text(n), "negative_aspects": json.dumps(n.aspects),
-                   "negative_relevance": rel / max_relevance}
+                   "negative_relevance": rel / max_relevance, "weight": weight[q.query_id, pos[k]]}
 
 
 def distill_rows(catalog: Catalog, seed: int) -> Iterator[dict[str, Any]]:
@@ -150,7 +154,7 @@ def _aspects(column: np.ndarray) -> list[dict[str, list[str]]]:
 
 def decode_batch(kind: str, rows: dict[str, np.ndarray], model: BiEncoder, seed: int = 0) -> Any:
     """A numpy batch of stage rows -> the stage batch (tokenised, aspect labels from the model's vocabularies)."""
-    missing = [c for c in COLUMNS[kind] if c not in rows]
+    missing = [c for c in COLUMNS[kind] if c not in rows and c != "weight"]  # rows written before weights: 1
     if missing:
         raise ValueError(f"{kind} batch lacks columns {missing} (got {sorted(rows)})")
     if kind == "pretrain":
@@ -161,6 +165,7 @@ def decode_batch(kind: str, rows: dict[str, np.ndarray], model: BiEncoder, seed:
             make_batch(model, list(rows["query"]), "query", _aspects(rows["query_aspects"])),
             make_batch(model, list(rows["positive"]), "doc", _aspects(rows["positive_aspects"])),
             make_batch(model, list(rows["negative"]), "doc", _aspects(rows["negative_aspects"])),
-            torch.as_tensor(np.asarray(rows["negative_relevance"], dtype=np.float32)))
+            torch.as_tensor(np.asarray(rows["negative_relevance"], dtype=np.float32)),
+            torch.as_tensor(np.asarray(rows["weight"], dtype=np.float32)) if "weight" in rows else None)
     enc = model.tokenize(list(rows["text"]), "query")
     return DistillBatch(enc["input_ids"], enc["attention_mask"])

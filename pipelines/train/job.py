@@ -102,7 +102,7 @@ def _example_rows(cfg: ExperimentConfig, kind: str, catalog: Any):
     stage = cfg.train.finetune
     if kind == "finetune" and stage.negatives != "judged":
         mined = stage_negatives(catalog, stage, prepare_tokenizer(cfg, catalog), "train", RunLayout.of(cfg).negatives)
-        return finetune_rows(catalog, cfg.train.seed, mined=mined)
+        return finetune_rows(catalog, cfg.train.seed, mined=mined, judged_share=stage.judged_negative_share)
     return ROWS[kind](catalog, cfg.train.seed)
 
 

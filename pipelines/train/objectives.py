@@ -31,7 +31,7 @@ from madr.modeling.model import BiEncoder, Tower, objective_keys
 from madr.modeling.outputs import TowerOutput
 from madr.training.distributed import GatheredInBatchSoftmaxLoss
 from madr.training.gradcache import Reps, dot_surrogate
-from madr.training.objectives import aspect_loss, pretrain_loss
+from madr.training.objectives import aspect_loss, pair_weights, pretrain_loss
 
 KINDS = ("pretrain", "finetune", "distill")
 
@@ -49,6 +49,7 @@ class FinetuneBatch:
     positives: TextBatch
     negatives: TextBatch | None
     neg_relevance: torch.Tensor
+    weights: torch.Tensor | None = None  # per-row weights (a click log's inverse-propensity weights); None: all 1
 
 
 @dataclass
@@ -200,7 +201,7 @@ class StageModule(nn.Module):
         q, p, n = _float(reps["q"]), _float(reps["p"]), _float(reps.get("n"))
         if cfg.hybrid_objective:
             return self._hybrid(reps, step)
-        sce = self.sce(q, p, n)
+        sce = self.sce(q, p, n, batch.weights)
         total, parts = sce, {"sce": float(sce.detach())}
         if self._aspect_terms():
             for side, name, tb in (("query", "q", batch.queries), ("doc", "p", batch.positives)):
@@ -234,7 +235,7 @@ class StageModule(nn.Module):
         if n is not None:
             qs, docs = torch.cat([q, q]), torch.cat([p, _float(n)])
             target = torch.cat([target, batch.neg_relevance.to(p.device, p.dtype)])
-        ce = self.pointwise(qs, docs, target)
+        ce = self.pointwise(qs, docs, target, pair_weights(batch.weights, len(qs), p.device))
         return self.stage.pointwise_weight * ce * weight, {"ce": float(ce.detach())}
 
     def surrogate(self, chunk: FinetuneBatch, grads: Reps, weight: float) -> torch.Tensor:

@@ -48,7 +48,9 @@ def catalog_dir(cfg: ExperimentConfig) -> Path:
     prepared = prepared_catalog(cfg)
     if prepared is not None:
         return prepared
-    return Path(cfg.data.catalog_dir) if cfg.data.catalog_dir else Path(cfg.output_dir) / "catalog"
+    if cfg.data.catalog_dir and cfg.data.clicks is None:  # a click log's catalog is the run's own, never the user's
+        return Path(cfg.data.catalog_dir)
+    return Path(cfg.output_dir) / "catalog"
 
 
 def read_beir_catalog(cfg: ExperimentConfig) -> tuple[Catalog, IngestSummary]:
@@ -63,6 +65,13 @@ def load_catalog(cfg: ExperimentConfig) -> Catalog:
     """The catalog of `catalog_dir(cfg)`; read from `data.beir_dir`, or generated (seeded, `data.languages`),
     and written there when the config names no catalog directory and the data stage has not prepared one."""
     where = catalog_dir(cfg)
+    if prepared_catalog(cfg) is None and cfg.data.clicks is not None:  # the click log in process (madr.clicks)
+        from madr.clicks.catalog import build_click_catalog
+
+        base = Catalog.read(cfg.data.catalog_dir, aspect_names=cfg.model.aspects) if cfg.data.catalog_dir else None
+        catalog, _ = build_click_catalog(cfg.data.clicks, RunLayout.of(cfg).clicks, base, cfg.model.aspects)
+        catalog.write(where)
+        return catalog
     if prepared_catalog(cfg) is not None or cfg.data.catalog_dir:
         return Catalog.read(where, aspect_names=cfg.model.aspects)
     if cfg.data.beir_dir:

@@ -1,0 +1,85 @@
+"""Click judgments: clipped inverse-propensity weights and skip-above negatives, hand-computed; the fine-tuning
+losses honour per-example weights in process and in the Ray job's module alike."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+import torch
+
+from madr.clicks.collapse import IMPRESSION_SCHEMA
+from madr.clicks.examination import ExaminationCurve
+from madr.clicks.judgments import click_judgments
+from madr.losses import InBatchSoftmaxLoss, PointwiseCELoss
+from madr.training.distributed import GatheredInBatchSoftmaxLoss
+
+
+def impressions(rows: list[tuple]) -> pa.Table:
+    keys = ("search_id", "query", "doc_id", "position", "clicked")
+    dicts = [{**dict(zip(keys, r, strict=True)), "session_id": "", "doc_text": None, "clicks": int(r[4]),
+              "purchased": False, "dwell": None} for r in rows]
+    return pa.Table.from_pylist(dicts, schema=IMPRESSION_SCHEMA)
+
+
+def curve(propensity: list[float]) -> ExaminationCurve:
+    n = len(propensity)
+    return ExaminationCurve(propensity, propensity, [1] * n, [0] * n, [0.0] * n, 1, 0.0, 0, 0)
+
+
+def test_weights_are_clipped_inverse_propensities_and_skips_above_are_negatives() -> None:
+    log = impressions([("s1", "drill", "A", 1, False), ("s1", "drill", "B", 2, False), ("s1", "drill", "C", 3, True),
+                       ("s2", "drill", "B", 1, True), ("s2", "drill", "A", 2, False),
+                       ("s3", "saw", "X", 1, True)])
+    got = {(j.query, j.doc_id): j for j in click_judgments(log, curve([1.0, 0.5, 0.25]), clip=3.0,
+                                                            skip_min_examination=0.5)}
+    # raw weights: C clicked at rank 3 -> min(1/0.25, 3) = 3; B at rank 1 -> 1; X at rank 1 -> 1; mean 5/3
+    assert got["drill", "C"].weight == pytest.approx(3 / (5 / 3))
+    assert got["drill", "B"].weight == pytest.approx(1 / (5 / 3)) and got["drill", "B"].relevant
+    assert not got["drill", "A"].relevant, "A was skipped above C at rank 1 (examined) and never clicked"
+    assert ("saw", "X") in got and len(got) == 4, "B is clicked in s2: its skip in s1 is no negative"
+    naive = {(j.query, j.doc_id): j.weight for j in click_judgments(log, None) if j.relevant}
+    assert set(naive.values()) == {1.0}, "the naive baseline weighs every click alike"
+    strict = click_judgments(log, curve([1.0, 0.5, 0.25]), skip_min_examination=0.9)
+    assert [j.doc_id for j in strict if not j.relevant] == ["A"], "rank-1 skips only at a high threshold"
+
+
+def test_in_batch_softmax_and_pointwise_ce_take_per_row_weights() -> None:
+    torch.manual_seed(0)
+    q, p, n = torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8)
+    w = torch.tensor([0.5, 2.0, 1.0, 0.5])
+    loss = InBatchSoftmaxLoss("cosine", 0.1)
+    logits = InBatchSoftmaxLoss.scores(q, torch.cat([p, n]), "cosine") / 0.1
+    per_row = torch.nn.functional.cross_entropy(logits, torch.arange(4), reduction="none")
+    assert loss(q, p, n, w).item() == pytest.approx((per_row * w).mean().item(), rel=1e-6)
+    assert loss(q, p, n, torch.ones(4)).item() == pytest.approx(loss(q, p, n).item(), rel=1e-6)
+    assert GatheredInBatchSoftmaxLoss("cosine", 0.1)(q, p, n, w).item() == pytest.approx(loss(q, p, n, w).item())
+    ce = PointwiseCELoss("cosine")
+    target = torch.tensor([1.0, 0.0, 1.0, 0.0])
+    terms = torch.nn.functional.binary_cross_entropy_with_logits(ce.logits(q, p), target, reduction="none")
+    assert ce(q, p, target, w).item() == pytest.approx((terms * w).mean().item(), rel=1e-6)
+
+
+def test_stage_module_and_in_process_loss_agree_with_weights(catalog, tokenizer, vocabularies) -> None:
+    from madr.config import ModelConfig, StageConfig
+    from madr.modeling.model import build_model
+    from madr.training.loop import CatalogSampler, example_weights, finetune_batches
+    from madr.training.objectives import finetune_loss
+    from pipelines.train.objectives import FinetuneBatch, StageModule
+
+    cfg = ModelConfig(name="bibert", aspects=catalog.aspect_names, max_query_length=12, max_doc_length=24)
+    cfg.backbone.tiny = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2,
+                         "intermediate_size": 64, "max_position_embeddings": 64, "hidden_dropout_prob": 0.0,
+                         "attention_probs_dropout_prob": 0.0}
+    torch.manual_seed(0)
+    model = build_model(cfg, tokenizer, vocabularies).eval()
+    examples = CatalogSampler(catalog, seed=1).finetune_batch(8)
+    for i, e in enumerate(examples):
+        e.weight = 0.25 + 0.25 * i
+    qb, pb, nb, rel = finetune_batches(model, examples)
+    stage = StageConfig(aspect_weight=0.0, pointwise_weight=1.0)
+    module = StageModule("finetune", stage, model, gather=False)
+    weighted, _ = module.loss(FinetuneBatch(qb, pb, nb, rel, example_weights(examples)))
+    plain, _ = module.loss(FinetuneBatch(qb, pb, nb, rel))
+    reference = finetune_loss(model, qb, pb, nb, stage, module.pointwise, rel, weights=example_weights(examples))
+    assert weighted.item() == pytest.approx(reference.total.item(), rel=1e-5)
+    assert weighted.item() != pytest.approx(plain.item(), rel=1e-3), "the weights change the loss"
