@@ -1,0 +1,306 @@
+"""Learning from clicks where the truth is known: naive clicks vs debiased clicks vs the judgments themselves.
+
+A click log is simulated from the Home Depot judgments (`madr.data.sources.homedepot`, graded 0-4): for each search
+the old ranker, BM25 on the model tokenizer's word pieces over the whole catalog with Gaussian noise on its scores
+(`--noise` x the query's score spread, fresh per search), shows its top `--top-k` of `--pool` candidates, and users
+click by the position-based model, examination(rank) = (1 / rank) ** `--eta` x attractiveness(grade) = epsilon +
+(1 - epsilon) (2^g - 1) / 15 (`madr.clicks.simulation`). Searches draw the training queries uniformly; every
+(`--sizes` searches, seed) pair is its own log. The same recipe (the config's model, fine-tuning stage, BM25-mined
+negatives) is then trained through the product's own stages (`madr.recipes.aspects.experiment.load_catalog` with
+`data.clicks`: read, estimate the examination curve, judge; `madr.training.loop`) on
+  (a) naive clicks: every clicked document a positive of weight 1 (`data.clicks.debias: false`),
+  (b) debiased clicks: clipped inverse-propensity weights from the curve the log itself gives (`debias: true`),
+  (c) the training queries' judgments (the catalog as it is; one run per seed, shared by every size),
+and evaluated on the test queries (judgments, relevance >= `eval.relevance_threshold`) by exact search over the
+corpus (`--corpus-size`: the test queries' judged products + a seeded sample; 0: all): Recall@10 and MRR@10 per
+query. Reported per size: the means over seeds, paired tests over the test queries (per-query means over seeds;
+Student's t and randomisation, `benchmarks.common.stats.paired_tests`) of (b) vs (a), (c) vs (b) and (c) vs (a),
+the share of the (a) -> (c) gap that (b) recovers, and the estimated vs true examination curve (max abs error).
+
+Resumable: each (row, size, seed) keeps its per-query result in `<out>/runs/<row>/n<size>/seed<seed>/result.json`
+with a fingerprint of what it depends on; a stopped study resumes at the next run. The full study (hours on 2 CPU
+cores: 3 sizes x 3 seeds x 2 click rows + 3 judgment rows, each a 200-step e5-small fine-tune and a corpus encode):
+
+    flock /tmp/madr_bench.lock python -m benchmarks.quality.click_debias --sizes 5000 20000 80000 --seeds 0 1 2 \\
+        --corpus-size 12000 --threads 2
+
+A tiny run for tests: `--catalog synthetic` with a random tiny BERT and a few steps (tests/benchmarks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from benchmarks.common.results import write_result_json
+from benchmarks.common.stats import paired_tests
+from madr.clicks.examination import curve_error
+from madr.clicks.simulation import (
+    ClickSimulation,
+    graded_attractiveness,
+    power_law_examination,
+    simulate_impressions,
+)
+from madr.config import ExperimentConfig, config_hash, load_config
+from madr.config_overrides import parse_overrides
+from madr.data.schema import Catalog
+from madr.index.encode import encode_documents, encode_queries
+from madr.index.lexical import word_pieces
+from madr.search.sparse import BM25Index
+
+ROOT = Path(__file__).resolve().parents[2]
+HOMEDEPOT = ROOT.parent / "shared" / "data" / "product_search" / "homedepot_relevance_dev.parquet"
+ROWS = ("naive", "debiased", "judgments")
+METRICS = ("recall@10", "mrr@10")
+
+
+# -- data -------------------------------------------------------------------------------------------------------
+def base_catalog(args: argparse.Namespace, out: Path) -> Path:
+    """The judged catalog (Home Depot, or a synthetic one for tests), written once under `out/catalog`."""
+    where = out / "catalog"
+    if (where / "judgments.parquet").is_file():
+        return where
+    if args.catalog == "synthetic":
+        from madr.data.synthetic.catalog import generate_catalog
+
+        catalog = generate_catalog(args.synthetic_products, args.synthetic_queries, seed=0)
+    else:
+        from madr.data.sources.homedepot import homedepot_catalog
+
+        catalog = homedepot_catalog(args.homedepot, seed=0, max_queries=args.max_queries)
+    catalog.write(where)
+    return where
+
+
+def old_ranker_candidates(catalog: Catalog, tokenizer: Any, pool: int) -> dict[str, list[tuple[str, float, int]]]:
+    """Each training query's BM25 top `pool` over the catalog: (product id, BM25 score, judged grade or 0)."""
+    grades: dict[str, dict[str, int]] = {}
+    for j in catalog.judgments:
+        grades.setdefault(j.query_id, {})[j.product_id] = j.relevance
+    queries = catalog.queries_in("train")
+    index = BM25Index().fit(word_pieces(tokenizer, [catalog.product_text(p) for p in catalog.products]))
+    scores, rows = index.search(word_pieces(tokenizer, [q.text for q in queries]), k=min(pool, len(catalog.products)))
+    out = {}
+    for q, s, r in zip(queries, scores, rows, strict=True):
+        ids = [(catalog.products[i].product_id, float(v)) for i, v in zip(r, s, strict=True) if i >= 0]
+        out[q.text] = [(pid, score, grades.get(q.query_id, {}).get(pid, 0)) for pid, score in ids]
+    return out
+
+
+def write_log(candidates: dict, args: argparse.Namespace, size: int, seed: int, path: Path) -> Path:
+    """The simulated impressions of `size` searches (one seed) as JSONL (the plain impressions layout)."""
+    if path.is_file():
+        return path
+    sim = ClickSimulation(size, args.top_k, power_law_examination(args.top_k, args.eta),
+                          graded_attractiveness(4, args.epsilon), noise=args.noise, seed=seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in simulate_impressions(candidates, sim)))
+    tmp.rename(path)
+    return path
+
+
+# -- one run ----------------------------------------------------------------------------------------------------
+def run_config(base: ExperimentConfig, row: str, catalog_dir: Path, log: Path | None, out: Path, seed: int,
+               args: argparse.Namespace) -> ExperimentConfig:
+    cfg = load_config(None, {**base.to_dict(), "output_dir": str(out), "data.catalog_dir": str(catalog_dir)})
+    cfg.train.seed = seed
+    if row != "judgments":
+        cfg = load_config(None, {**cfg.to_dict(), "data.clicks": {
+            "path": str(log), "format": "impressions", "max_rank": args.top_k, "debias": row == "debiased",
+            "clip": args.clip}, "train.finetune.judged_negative_share": args.skip_share})
+    return cfg
+
+
+def evaluation_set(catalog: Catalog, cfg: ExperimentConfig, corpus_size: int) -> tuple[list, list, dict]:
+    """Test queries with a relevant product, the corpus (their judged products + a seeded sample), qrels."""
+    threshold = cfg.eval.relevance_threshold
+    qrels = {q: {p: r for p, r in rels.items()} for q, rels in catalog.qrels("test").items()
+             if any(r >= threshold for r in rels.values())}
+    queries = [q for q in catalog.queries_in("test") if q.query_id in qrels]
+    products = catalog.products
+    if corpus_size and corpus_size < len(products):
+        judged = {p for rels in qrels.values() for p in rels}
+        rest = sorted(p.product_id for p in products if p.product_id not in judged)
+        keep = judged | set(np.random.default_rng(0).permutation(rest)[: max(corpus_size - len(judged), 0)])
+        products = [p for p in products if p.product_id in keep]
+    return queries, products, qrels
+
+
+def evaluate(model: Any, catalog: Catalog, cfg: ExperimentConfig, corpus_size: int) -> dict[str, dict[str, float]]:
+    """Per test query Recall@10 and MRR@10 by exact search over the corpus."""
+    queries, products, qrels = evaluation_set(catalog, cfg, corpus_size)
+    d, _ = encode_documents(model, [catalog.product_text(p) for p in products])
+    q, _ = encode_queries(model, [x.text for x in queries])
+    top = np.argsort(-(q @ d.T), axis=1)[:, :10]
+    out = {}
+    for query, ranked in zip(queries, top, strict=True):
+        relevant = {p for p, r in qrels[query.query_id].items() if r >= cfg.eval.relevance_threshold}
+        hits = [products[i].product_id in relevant for i in ranked]
+        first = next((i + 1 for i, h in enumerate(hits) if h), None)
+        out[query.query_id] = {"recall@10": sum(hits) / len(relevant), "mrr@10": 1.0 / first if first else 0.0}
+    return out
+
+
+def train_and_evaluate(cfg: ExperimentConfig, corpus_size: int) -> dict[str, Any]:
+    """The product's in-process stages: catalog (clicks judged when `data.clicks`), model, fine-tune, evaluate."""
+    from madr.recipes.aspects.experiment import (
+        build_catalog_model,
+        load_catalog,
+        prepare_tokenizer,
+        prepare_vocabularies,
+    )
+    from madr.training.loop import catalog_sampler, train_stage
+
+    start = time.perf_counter()
+    catalog = load_catalog(cfg)
+    tokenizer = prepare_tokenizer(cfg, catalog)
+    torch.manual_seed(cfg.train.seed)
+    model = build_catalog_model(cfg.model, catalog, tokenizer, prepare_vocabularies(cfg, catalog, tokenizer))
+    sampler = catalog_sampler(catalog, cfg.train.finetune, tokenizer, cfg.train.seed)
+    history = train_stage(model, sampler, cfg.train.finetune, "finetune", cfg.train.seed, progress=False)
+    per_query = evaluate(model.eval(), catalog, cfg, corpus_size)
+    result: dict[str, Any] = {"per_query": per_query, "final_loss": history[-1]["loss"] if history else None,
+                              "seconds": round(time.perf_counter() - start, 1)}
+    examination = Path(cfg.output_dir) / "data" / "clicks" / "examination.json"
+    if cfg.data.clicks is not None and examination.is_file():
+        result["examination"] = json.loads(examination.read_text())["propensity"]
+    return result
+
+
+def cached_run(cfg: ExperimentConfig, args: argparse.Namespace, log: Path | None) -> dict[str, Any]:
+    """`train_and_evaluate`, kept in `<output_dir>/result.json` under a fingerprint of what it depends on."""
+    path = Path(cfg.output_dir) / "result.json"
+    key = config_hash({"cfg": {k: v for k, v in cfg.to_dict().items() if k != "output_dir"},
+                       "log": log.stat().st_size if log else None, "corpus": args.corpus_size})
+    if path.is_file() and json.loads(path.read_text()).get("fingerprint") == key:
+        return {**json.loads(path.read_text()), "cached": True}
+    result = {"fingerprint": key, **train_and_evaluate(cfg, args.corpus_size)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result))
+    return {**result, "cached": False}
+
+
+# -- report -----------------------------------------------------------------------------------------------------
+def seed_means(runs: list[dict]) -> dict[str, dict[str, float]]:
+    """Per query, each metric's mean over the seeds' runs."""
+    queries = set.intersection(*(set(r["per_query"]) for r in runs))
+    return {q: {m: float(np.mean([r["per_query"][q][m] for r in runs])) for m in METRICS} for q in sorted(queries)}
+
+
+def size_report(runs: dict[str, list[dict]], truth: np.ndarray, draws: int) -> dict[str, Any]:
+    per_query = {row: seed_means(r) for row, r in runs.items() if r}
+    means = {row: {m: float(np.mean([v[m] for v in pq.values()])) for m in METRICS} for row, pq in per_query.items()}
+    tests = {}
+    for a, b in (("debiased", "naive"), ("judgments", "debiased"), ("judgments", "naive")):
+        if a in per_query and b in per_query:
+            tests[f"{a} vs {b}"] = {m: paired_tests({q: v[m] for q, v in per_query[a].items()},
+                                                    {q: v[m] for q, v in per_query[b].items()}, draws)
+                                    for m in METRICS}
+    recovered = {}
+    if all(r in means for r in ROWS):
+        for m in METRICS:
+            gap = means["judgments"][m] - means["naive"][m]
+            recovered[m] = (means["debiased"][m] - means["naive"][m]) / gap if abs(gap) > 1e-9 else None
+    curves = [r["examination"] for r in runs.get("debiased", []) if "examination" in r]
+    errors = [curve_error(_Curve(c), truth) for c in curves]
+    return {"means": means, "tests": tests, "gap_recovered": recovered, "curve_max_abs_error": errors,
+            "estimated_curves": curves, "true_curve": truth.tolist()}
+
+
+class _Curve:
+    """The propensities of an `ExaminationCurve` JSON, for `curve_error`."""
+
+    def __init__(self, propensity: list[float]) -> None:
+        self.propensity = propensity
+
+
+def report_text(result: dict[str, Any]) -> str:
+    lines = []
+    for size, rep in result["sizes"].items():
+        lines.append(f"\n{size} searches: " + ", ".join(
+            f"{row} R@10 {v['recall@10']:.4f} MRR@10 {v['mrr@10']:.4f}" for row, v in rep["means"].items()))
+        for name, per_metric in rep["tests"].items():
+            lines.append(f"  {name}: " + "; ".join(
+                f"{m} {t['diff']:+.4f} (t p={t['p_ttest']:.3g}, rand p={t['p_randomisation']:.3g}, n={t['n']})"
+                for m, t in per_metric.items()))
+        lines.append(f"  gap naive -> judgments recovered by debiasing: {rep['gap_recovered']}")
+        lines.append(f"  examination curve, max abs error vs truth per seed: {rep['curve_max_abs_error']}")
+    return "\n".join(lines)
+
+
+# -- command line -----------------------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.quality.click_debias", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=str(ROOT / "configs" / "product_search.yaml"))
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted config override")
+    p.add_argument("--sizes", type=int, nargs="+", default=[5000, 20000, 80000], help="searches per simulated log")
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
+    p.add_argument("--catalog", choices=("homedepot", "synthetic"), default="homedepot")
+    p.add_argument("--homedepot", default=str(HOMEDEPOT))
+    p.add_argument("--max-queries", type=int, default=None, help="a seeded sample of Home Depot search terms")
+    p.add_argument("--synthetic-products", type=int, default=300)
+    p.add_argument("--synthetic-queries", type=int, default=120)
+    p.add_argument("--top-k", type=int, default=10)
+    p.add_argument("--pool", type=int, default=50, help="the old ranker's candidates per query")
+    p.add_argument("--noise", type=float, default=0.5)
+    p.add_argument("--eta", type=float, default=1.0)
+    p.add_argument("--epsilon", type=float, default=0.1)
+    p.add_argument("--clip", type=float, default=10.0)
+    p.add_argument("--skip-share", type=float, default=0.5, help="train.finetune.judged_negative_share of click rows")
+    p.add_argument("--corpus-size", type=int, default=12000)
+    p.add_argument("--draws", type=int, default=10000)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default=str(ROOT / "runs" / "click_debias"))
+    p.add_argument("--results-dir", default=str(ROOT / "benchmarks"))
+    p.add_argument("--tag", default="click_debias")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    from madr.recipes.aspects.experiment import prepare_tokenizer
+
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    base = load_config(args.config, parse_overrides(args.set))
+    catalog_dir = base_catalog(args, out)
+    catalog = Catalog.read(catalog_dir, aspect_names=base.model.aspects)
+    tokenizer = prepare_tokenizer(load_config(None, {**base.to_dict(), "output_dir": str(out / "old_ranker")}),
+                                  catalog)
+    candidates = old_ranker_candidates(catalog, tokenizer, args.pool)
+    truth = power_law_examination(args.top_k, args.eta)
+    result: dict[str, Any] = {"args": vars(args), "sizes": {}, "runs": {}}
+    judged: list[dict] = []
+    if "judgments" in args.rows:
+        for seed in args.seeds:
+            cfg = run_config(base, "judgments", catalog_dir, None, out / "runs" / "judgments" / f"seed{seed}", seed,
+                             args)
+            judged.append(cached_run(cfg, args, None))
+    for size in args.sizes:
+        runs: dict[str, list[dict]] = {"judgments": judged}
+        for row in (r for r in args.rows if r != "judgments"):
+            runs[row] = []
+            for seed in args.seeds:
+                log = write_log(candidates, args, size, seed, out / "logs" / f"n{size}-seed{seed}.jsonl")
+                cfg = run_config(base, row, catalog_dir, log, out / "runs" / row / f"n{size}" / f"seed{seed}", seed,
+                                 args)
+                runs[row].append(cached_run(cfg, args, log))
+        result["sizes"][str(size)] = size_report(runs, truth, args.draws)
+        result["runs"][str(size)] = {row: [{k: v for k, v in r.items() if k != "per_query"} for r in rs]
+                                     for row, rs in runs.items()}
+    print(report_text(result))
+    write_result_json(args.results_dir, args.tag, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
