@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from benchmarks.quality.click_debias import main
+
+pytestmark = pytest.mark.slow  # a marked step of its own: `make test-slow` (CI runs it)
 
 
 def test_click_debias_tiny_and_resumable(tmp_path: Path) -> None:

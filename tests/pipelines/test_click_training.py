@@ -9,6 +9,7 @@ import random
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from madr.clicks.simulation import (
     ClickSimulation,
@@ -19,6 +20,8 @@ from madr.clicks.simulation import (
 from madr.config import load_config
 from madr.data.synthetic.catalog import generate_catalog
 from tests.madr.clicks.test_click_log import write_jsonl
+
+pytestmark = pytest.mark.slow  # a marked step of its own: `make test-slow` (CI runs it)
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
         "max_position_embeddings": 64}
