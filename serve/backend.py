@@ -116,13 +116,17 @@ def resolve_model_dir(manifest_path: str | Path, model_dir: str | None) -> Path:
     return Path(model_dir)
 
 
-def load_model(model_dir: str | Path, threads: int = 1) -> BiEncoder:
+def load_model(model_dir: str | Path, threads: int = 1, device: str = "cpu") -> BiEncoder:
+    """The saved model in eval mode on `device` ("cpu" or "cuda"; a RuntimeError when torch sees no GPU)."""
     import torch
 
     from madr.modeling.model import BiEncoder
 
     torch.set_num_threads(threads)
-    return BiEncoder.load(model_dir).eval()
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("this replica was given a GPU (num_gpus) but torch sees no CUDA device")
+    model = BiEncoder.load(model_dir).eval()
+    return model if device == "cpu" else model.to(device)
 
 
 def query_encoder(model: BiEncoder, manifest_path: str | Path | None = None, verify: bool = True,

@@ -43,10 +43,14 @@ class DeploymentSettings:
     queue for the deployment while every replica is at `max_ongoing_requests`; a call beyond it is refused at
     once, HTTP 503 + ``Retry-After: 1`` (Serve's backpressure). Set it on the deployment that takes HTTP (the
     ingress, `Colocated`) to shed a burst larger than the app can answer within `request_timeout_s`.
+    `num_gpus` (the deployments that hold the query tower: `encoder`, `colocated`): the GPUs each replica asks Ray
+    for (its `ray_actor_options`; an autoscaler adds a GPU node for it); a replica given a GPU runs the query tower
+    on it (`serve.deployments.replica_device`).
     """
 
     num_replicas: int = 1
     num_cpus: float = 1.0
+    num_gpus: float = 0.0
     max_ongoing_requests: int = 64
     autoscaling: dict[str, Any] | None = None
     health_check_period_s: float | None = 1.0
@@ -57,6 +61,8 @@ class DeploymentSettings:
     def __post_init__(self) -> None:
         if self.max_queued_requests is not None and self.max_queued_requests < 1:
             raise ValueError(f"max_queued_requests must be >= 1 or None (no bound), got {self.max_queued_requests}")
+        if self.num_gpus < 0:
+            raise ValueError(f"num_gpus must be >= 0, got {self.num_gpus}")
 
     def min_cpus(self) -> float:
         """CPUs its replicas hold at the smallest scale (autoscaling: `min_replicas`, default 1)."""
@@ -68,7 +74,8 @@ class DeploymentSettings:
         `serve.routing.LiveReplicaRouter`: they wait for a busy replica (at most `queue_timeout_s`; None: as
         long as it takes), and fail after `route_timeout_s` (None: never) while no replica is alive, unless the
         deployment may scale to zero."""
-        opts: dict[str, Any] = {"ray_actor_options": {"num_cpus": self.num_cpus},
+        actor = {"num_cpus": self.num_cpus, **({"num_gpus": self.num_gpus} if self.num_gpus else {})}
+        opts: dict[str, Any] = {"ray_actor_options": actor,
                                 "max_ongoing_requests": self.max_ongoing_requests,
                                 "max_queued_requests": -1 if self.max_queued_requests is None
                                 else self.max_queued_requests,
@@ -217,6 +224,19 @@ class ServeSettings:
         if self.encoder_precision not in ENCODER_PRECISIONS:
             raise ValueError(f"serve settings: encoder_precision must be one of {', '.join(ENCODER_PRECISIONS)}, "
                              f"got {self.encoder_precision!r}")
+        self._check_gpus()
+
+    def _check_gpus(self) -> None:
+        """GPUs only where the query tower runs (`encoder`, `colocated`), and only for its torch fp32 forward pass:
+        the searchers and the ingress never use one, ONNX and int8 run on the CPU."""
+        for name in ("searcher", "ingress"):
+            if getattr(self, name).num_gpus:
+                raise ValueError(f"serve settings: {name}.num_gpus must be 0: nothing in a {name} replica uses a GPU")
+        gpus = self.colocated.num_gpus if self.topology == "colocated" else self.encoder.num_gpus
+        if gpus and (self.encoder_backend, self.encoder_precision) != ("torch", "fp32"):
+            raise ValueError(f"serve settings: a query tower on a GPU needs encoder_backend 'torch' and "
+                             f"encoder_precision 'fp32' (got {self.encoder_backend!r}, {self.encoder_precision!r}: "
+                             f"they run on the CPU); set num_gpus: 0 or use them")
 
     def ingress_queue_timeout_s(self) -> float:
         """How long a request may wait in Serve's proxy for a busy ingress replica (`queue_timeout_s`)."""

@@ -48,6 +48,14 @@ from serve.calls import CallPolicy, call
 from serve.watchdog import Watchdog
 
 
+def replica_device() -> str:
+    """Where this replica runs the query tower: "cuda" when Ray gave it a GPU (its deployment's `num_gpus`, or
+    `ray_actor_options.num_gpus` in a Serve YAML), else "cpu"."""
+    import ray
+
+    return "cuda" if ray.is_initialized() and ray.get_gpu_ids() else "cpu"
+
+
 def replica_actor_name() -> str:
     """The Ray actor name of the calling replica (namespace "serve"): lets tests kill a given replica."""
     return serve.get_replica_context().replica_id.to_full_id_str()
@@ -63,7 +71,11 @@ class QueryEncoder:
                  verify: bool = True, backend: str = "torch", precision: str = "fp32",
                  stuck_after_s: float | None = None) -> None:
         self.watchdog = Watchdog("QueryEncoder", stuck_after_s)  # check_health fails while a batch is stuck
-        self.model = load_model(model_dir, threads)
+        device = replica_device()
+        if device == "cuda" and (backend, precision) != ("torch", "fp32"):
+            raise ValueError(f"QueryEncoder: a replica with a GPU runs the torch fp32 query tower, not "
+                             f"{backend!r} / {precision!r} (they run on the CPU); give it num_gpus: 0")
+        self.model = load_model(model_dir, threads, device)
         # eval mode set once; with `vocabulary_manifest` a hybrid model projects onto the index's terms only;
         # backend "onnx": the forward pass in onnxruntime (ServeSettings.encoder_backend); precision "int8": its
         # Linear layers quantised (ServeSettings.encoder_precision)

@@ -81,8 +81,8 @@ def _autoscaler_node_groups() -> list[tuple[dict[str, float], int]]:
 
 
 def replica_resources(d: DeploymentSettings) -> dict[str, float]:
-    """What one replica of `d` asks for."""
-    return {"CPU": float(d.num_cpus)}
+    """What one replica of `d` asks for: its CPUs and, with `num_gpus`, its GPUs."""
+    return {"CPU": float(d.num_cpus), **({"GPU": float(d.num_gpus)} if d.num_gpus else {})}
 
 
 def largest_scale(d: DeploymentSettings) -> int:
@@ -104,8 +104,8 @@ def app_deployments(settings: ServeSettings, num_shards: int) -> dict[str, Deplo
 def serve_config_deployments(app: dict[str, Any]) -> dict[str, DeploymentSettings]:
     """The deployments of one application of a Serve YAML (`applications[i]`): its `args` as `build_app` lays
     them out (the manifest is read for the number of shard groups), then each `deployments:` entry's
-    `num_replicas`, `autoscaling_config`, `max_replicas_per_node` and `ray_actor_options.num_cpus` on top, as
-    Serve applies them."""
+    `num_replicas`, `autoscaling_config`, `max_replicas_per_node` and `ray_actor_options.num_cpus` / `num_gpus` on
+    top, as Serve applies them."""
     from madr.index.manifest import Manifest
 
     settings = settings_from_dict(app.get("args"))
@@ -115,14 +115,15 @@ def serve_config_deployments(app: dict[str, Any]) -> dict[str, DeploymentSetting
         if name not in out:
             continue
         d = out[name]
-        cpus = (entry.get("ray_actor_options") or {}).get("num_cpus", d.num_cpus)
+        actor = entry.get("ray_actor_options") or {}
+        cpus, gpus = actor.get("num_cpus", d.num_cpus), actor.get("num_gpus", d.num_gpus)
         if "autoscaling_config" in entry:
             d = dataclasses.replace(d, autoscaling=dict(entry["autoscaling_config"] or {}) or None)
         if "max_replicas_per_node" in entry:
             d = dataclasses.replace(d, max_replicas_per_node=entry["max_replicas_per_node"])
         if isinstance(entry.get("num_replicas"), int):
             d = dataclasses.replace(d, num_replicas=entry["num_replicas"], autoscaling=None)
-        out[name] = dataclasses.replace(d, num_cpus=float(cpus))
+        out[name] = dataclasses.replace(d, num_cpus=float(cpus), num_gpus=float(gpus or 0))
     return out
 
 
@@ -135,7 +136,7 @@ def check_placement(deployments: dict[str, DeploymentSettings], capacity: Capaci
             have = capacity.largest_node.get(res, 0.0)
             if need > have:
                 raise ValueError(f"serve settings: {name}: one replica asks for {need:g} {res} but {where} has "
-                                 f"{have:g}: it can never be placed; lower {_setting(name)}.num_cpus")
+                                 f"{have:g}: it can never be placed; lower {_setting(name)}.{_knob(res)}")
         per_node = getattr(d, "max_replicas_per_node", None)
         if per_node and largest_scale(d) > per_node * capacity.nodes:
             raise ValueError(f"serve settings: {name}: {largest_scale(d)} replicas at most {per_node} per node, but "
@@ -149,9 +150,10 @@ def check_placement(deployments: dict[str, DeploymentSettings], capacity: Capaci
         parts = ", ".join(f"{n} {largest_scale(d)} x {replica_resources(d).get(res, 0.0):g}"
                           for n, d in deployments.items())
         limit = "the autoscaler's maximum" if capacity.can_grow else "the cluster (it cannot grow)"
-        scaled = [n for n, d in deployments.items() if d.autoscaling and d.autoscaling.get("max_replicas", 1) > 1]
+        scaled = [n for n, d in deployments.items() if d.autoscaling and d.autoscaling.get("max_replicas", 1) > 1
+                  and replica_resources(d).get(res, 0.0)]
         hint = _autoscaling_hint(scaled[0], deployments, res, have) if scaled else \
-            "lower num_replicas or num_cpus of encoder / searcher / ingress"
+            f"lower num_replicas or {_knob(res)} of encoder / searcher / ingress"
         raise ValueError(f"serve settings: the app's replicas at their largest scale ask for "
                          f"{sum(need.values()):g} {res} ({parts}) but {limit} has {have:g}: some would never be "
                          f"placed and the app would wait for them forever (UPSCALING); {hint}")
@@ -164,11 +166,16 @@ def _autoscaling_hint(name: str, deployments: dict[str, DeploymentSettings], res
     others = sum(largest_scale(o) * replica_resources(o).get(res, 0.0) for n, o in deployments.items() if n != name)
     fits = int((have - others + 1e-9) // per) if per else 0
     return (f"{name} autoscales to max_replicas {largest_scale(d)} but at most {max(fits, 0)} of its replicas fit: "
-            f"set {_setting(name)}.autoscaling.max_replicas <= {max(fits, 0)} or lower num_cpus")
+            f"set {_setting(name)}.autoscaling.max_replicas <= {max(fits, 0)} or lower {_knob(res)}")
 
 
 def _setting(name: str) -> str:
     return SETTING.get(name, "searcher")
+
+
+def _knob(resource: str) -> str:
+    """The deployment setting that asks for `resource`."""
+    return "num_gpus" if resource == "GPU" else "num_cpus"
 
 
 __all__ = ["Capacity", "app_deployments", "check_placement", "largest_scale", "replica_resources",

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from madr.modeling.batching import model_device
 from madr.modeling.calibration import top_confidence
 from madr.modeling.model import BiEncoder
 from madr.modeling.outputs import TowerOutput
@@ -52,9 +53,15 @@ def match_terms(q_sparse: torch.Tensor, d_sparse: torch.Tensor, q_ids: list[int]
             for t, i in zip(names, ids.tolist(), strict=True)]
 
 
+def _tokenized(model: BiEncoder, text: str, side: str) -> dict[str, torch.Tensor]:
+    """`text` tokenised for `side`'s tower, on the device of the model's weights (a model served on a GPU)."""
+    device = model_device(model)
+    return {k: v.to(device) for k, v in model.tokenize([text], side).items()}
+
+
 def matched_terms(model: BiEncoder, query: str, doc: str, top: int | None = 20) -> list[TermMatch]:
     """`match_terms` of a (query, document) pair encoded by a hybrid `model` (eval mode, no grad)."""
-    q_enc, d_enc = model.tokenize([query], "query"), model.tokenize([doc], "doc")
+    q_enc, d_enc = _tokenized(model, query, "query"), _tokenized(model, doc, "doc")
     was_training = model.training
     model.eval()  # the top-k cut of the sparse vectors applies in eval mode (madr.modeling.heads.hybrid)
     with torch.no_grad():
@@ -109,7 +116,7 @@ def explain_pair(model: BiEncoder, query: str, doc: str) -> dict:
     `hybrid_lambda`) and the top matched terms (`match_terms`)."""
     model.eval()
     result: dict = {"model": model.config.name}
-    encs = {"query": model.tokenize([query], "query"), "doc": model.tokenize([doc], "doc")}
+    encs = {"query": _tokenized(model, query, "query"), "doc": _tokenized(model, doc, "doc")}
     outs = {}
     with torch.no_grad():
         for side, enc in encs.items():

@@ -67,7 +67,14 @@ class EncodeConfig:
     # narrower ones (stages.forward_batch_size); 128 on GPUs
     batch_size: int | None = None
     rows_per_read: int = 2048  # rows per piece: one read task, and the length-bucketing window
+    # cpu; cuda: every encode actor asks Ray for a GPU (an autoscaler adds a GPU node for it); auto: cuda when the
+    # cluster has a GPU or can add one (pipelines.resources.cluster_can_have_gpus: GPUs up now, gpu_nodes, or the
+    # autoscaler's GPU node types where Ray's GCS records them), else cpu; in process (local executor): cuda when
+    # torch sees a GPU here
     device: str = "auto"
+    # whether the cluster's autoscaler adds GPU nodes (a GPU node type, even at min_workers 0: cluster/aws.yaml,
+    # gcp.yaml); None: as Ray's GCS records its node types (Ray 2.60's default autoscaler records none: set true)
+    gpu_nodes: bool | None = None
     # auto: bfloat16 on GPUs that support it, float16 on others, float32 on CPU; bfloat16 on a CPU with AVX512-BF16
     # / AMX: the forward pass under bf16 autocast, 1.7x the fp32 job at 100k docs on 2 cores (RESULTS, issue 23);
     # int8 (CPU only): every Linear weight of the model as per-channel int8 (dynamic quantisation,

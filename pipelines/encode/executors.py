@@ -1,8 +1,12 @@
 """Where the job's stream and tasks run: ``RayExecutor`` (Ray Data: read tasks -> ``TokenizeDocs`` actors ->
-``EncodeDocs`` actors, GPU when present, writing part files, or read tasks -> ``TokenizeEncodeDocs`` actors on
-CPU; shard tasks as Ray tasks), ``ActorExecutor`` (``encode.executor: actors``: plain Ray actors that read,
-tokenise and encode whole pieces, without Ray Data's executor) and ``LocalExecutor`` (the same stages and tasks
-in this process). The encode actors all start at once (``min_encode_actors``)."""
+``EncodeDocs`` actors on GPUs, writing part files, or read tasks -> ``TokenizeEncodeDocs`` actors on CPU; shard
+tasks as Ray tasks), ``ActorExecutor`` (``encode.executor: actors``: plain Ray actors that read, tokenise and encode
+whole pieces, without Ray Data's executor) and ``LocalExecutor`` (the same stages and tasks in this process). The
+encode actors all start at once (``min_encode_actors``).
+
+GPU runs: each encode actor asks Ray for one GPU (``encode_actor_resources``), so on an autoscaling cluster whose
+GPU node types start at zero the autoscaler adds a GPU node for it. ``encode_on_gpu`` decides: ``device: cuda``
+always, ``auto`` when the cluster has a GPU or can add one (``pipelines.resources.cluster_can_have_gpus``)."""
 
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import pyarrow as pa
 
 from pipelines.encode.config import EncodeConfig
 from pipelines.encode.corpus import Piece, read_piece
-from pipelines.encode.stages import EncodeDocs, TokenizeDocs, TokenizeEncodeDocs, resolve_device
+from pipelines.encode.stages import EncodeDocs, TokenizeDocs, TokenizeEncodeDocs
 
 
 def _datasource(pieces: list[Piece], cfg: EncodeConfig):
@@ -67,6 +71,28 @@ def _stage_kwargs(cfg: EncodeConfig, gpu: bool, run: str | None, expect: dict[st
     return tokenize, encode
 
 
+def encode_on_gpu(cfg: EncodeConfig) -> bool:
+    """Whether the encode actors run on GPUs, one each, on the connected cluster: ``device: cuda`` always (a
+    ValueError when the cluster has no GPU and cannot add one, where the actors would wait forever), ``auto`` when
+    the cluster has a GPU or can add one (``encode.gpu_nodes``, else the node types Ray's GCS records), ``cpu``
+    never."""
+    from pipelines.resources import cluster_can_have_gpus
+
+    if cfg.device == "cpu":
+        return False
+    can = cluster_can_have_gpus(cfg.gpu_nodes)
+    if cfg.device == "cuda" and not can:
+        raise ValueError("encode.device is 'cuda' but the Ray cluster has no GPU and no GPU node type it is known "
+                         "to add; set encode.gpu_nodes: true when its autoscaler adds GPU nodes")
+    return cfg.device == "cuda" or can
+
+
+def encode_actor_resources(cfg: EncodeConfig, gpu: bool) -> dict[str, float]:
+    """What one encode actor asks Ray for: one GPU and no CPU on GPU runs (the node's CPUs stay for the tokenise
+    pool), ``encode_cpus`` CPUs otherwise."""
+    return {"num_cpus": 0, "num_gpus": 1} if gpu else {"num_cpus": cfg.encode_cpus, "num_gpus": 0}
+
+
 def tokenize_in_encoder(cfg: EncodeConfig, gpu: bool) -> bool:
     """Whether the encode actors tokenise themselves (``encode.tokenize_in_encoder``; None: on CPU)."""
     return (not gpu) if cfg.tokenize_in_encoder is None else bool(cfg.tokenize_in_encoder)
@@ -85,15 +111,14 @@ def _encoded_dataset(pieces: list[Piece], cfg: EncodeConfig, gpu: bool, run: str
     tokenize, encode = _stage_kwargs(cfg, gpu, run, expect)
     spread = {"scheduling_strategy": "SPREAD"} if cfg.spread_actors else {}
     encoders = _pool(cfg.encode_actors, cfg.spread_actors, cfg.min_encode_actors or cfg.encode_actors)
+    resources = encode_actor_resources(cfg, gpu)
     if tokenize_in_encoder(cfg, gpu):
         return ds.map_batches(TokenizeEncodeDocs, fn_constructor_kwargs={"tokenize": tokenize, "encode": encode},
-                              batch_size=None, batch_format="pyarrow", num_cpus=0 if gpu else cfg.encode_cpus,
-                              num_gpus=1 if gpu else 0, compute=encoders, **spread)
+                              batch_size=None, batch_format="pyarrow", compute=encoders, **resources, **spread)
     ds = ds.map_batches(TokenizeDocs, fn_constructor_kwargs=tokenize, batch_size=None, batch_format="pyarrow",
                         num_cpus=cfg.tokenize_cpus, compute=_pool(cfg.tokenize_actors, cfg.spread_actors), **spread)
     return ds.map_batches(EncodeDocs, fn_constructor_kwargs=encode, batch_size=None, batch_format="pyarrow",
-                          num_cpus=0 if gpu else cfg.encode_cpus, num_gpus=1 if gpu else 0, compute=encoders,
-                          **spread)
+                          compute=encoders, **resources, **spread)
 
 
 class RayExecutor:
@@ -104,8 +129,7 @@ class RayExecutor:
         import ray
 
         self.ray, self.cfg, self.expect = ray, cfg, expect
-        gpus = ray.cluster_resources().get("GPU", 0)
-        self.gpu = resolve_device(cfg.device) == "cuda" if cfg.device != "auto" else gpus > 0
+        self.gpu = encode_on_gpu(cfg)
 
     def stream(self, pieces: list[Piece], run: str) -> Iterator[pa.Table]:
         ds = _encoded_dataset(pieces, self.cfg, self.gpu, run, self.expect)
@@ -147,8 +171,7 @@ class ActorExecutor(RayExecutor):
         tokenize, encode = _stage_kwargs(cfg, self.gpu, run, self.expect)
         columns = (cfg.id_column, cfg.text_columns, cfg.docs_columns if cfg.store_docs else [])
         spread = {"scheduling_strategy": "SPREAD"} if cfg.spread_actors else {}
-        worker = ray.remote(PieceEncoder).options(num_cpus=0 if self.gpu else cfg.encode_cpus,
-                                                  num_gpus=1 if self.gpu else 0, max_restarts=2,
+        worker = ray.remote(PieceEncoder).options(**encode_actor_resources(cfg, self.gpu), max_restarts=2,
                                                   max_task_retries=2, **spread)
         actors = [worker.remote(columns, tokenize, encode) for _ in range(min(cfg.encode_actors, len(pieces)))]
         todo, pending = iter(pieces), {}

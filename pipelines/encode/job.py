@@ -16,7 +16,8 @@ Flow (``run_encode``):
    ``trained.faiss`` with its checksum in ``trained.json``; a re-run reuses it, so resumed shards share
    the quantiser of the completed ones.
 4. Stream the pieces of the pending shards (``pipelines.encode.executors``): read tasks -> ``TokenizeDocs``
-   actors -> ``EncodeDocs`` actors (GPU when present; on CPU one ``TokenizeEncodeDocs`` actor does both), which
+   actors -> ``EncodeDocs`` actors (one GPU each where the cluster has or can add GPUs, ``encode.device``; on CPU
+   one ``TokenizeEncodeDocs`` actor does both), which
    write Parquet parts per shard. The driver
    only sees (shard, rows) counts; when a shard has all its rows, a ``finalize_shard`` task
    (``pipelines.encode.shards``) builds its FAISS index, sparse index, BM25 term frequencies (``lexical:

@@ -24,7 +24,8 @@ class Stage:
 
     kind "module" runs the module; kind "deploy" deploys the Serve config (see `deploy`).
     `optional` stages are left out of `pipeline` unless named in --stages. `ignores`: top-level config
-    sections this stage never reads (left out of its key).
+    sections this stage never reads (left out of its key). GPUs are not a property of the stage: its config asks
+    for them (`distributed.use_gpu`, `encode.device`, the Serve deployments' `num_gpus`) on the workers it starts.
     """
 
     name: str
@@ -32,7 +33,6 @@ class Stage:
     args: tuple[str, ...] = ("--config", "{config}")
     kind: str = "module"
     optional: bool = False
-    gpu: bool = False
     help: str = ""
     ignores: tuple[str, ...] = ()
 
@@ -46,13 +46,13 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           help="validate the catalog (or generate the synthetic one); corpus, eval/train queries + qrels, "
                "tokenizer, aspect vocabularies and statistics (Ray Data)",
           ignores=("train", "distributed", *_INDEX_ON)),
-    Stage("pretrain", "pipelines.train", ("--config", "{config}", "--stage", "pretrain"), gpu=True,
-          ignores=_INDEX_ON, help="MLM + aspect pretraining (paper 000 Eq. 7 / paper 001 Eq. 9)"),
-    Stage("finetune", "pipelines.train", ("--config", "{config}", "--stage", "finetune"), gpu=True,
-          ignores=_INDEX_ON, help="retrieval fine-tuning (paper 000 Eq. 8 / paper 001 Eq. 10)"),
+    Stage("pretrain", "pipelines.train", ("--config", "{config}", "--stage", "pretrain"), ignores=_INDEX_ON,
+          help="MLM + aspect pretraining (paper 000 Eq. 7 / paper 001 Eq. 9)"),
+    Stage("finetune", "pipelines.train", ("--config", "{config}", "--stage", "finetune"), ignores=_INDEX_ON,
+          help="retrieval fine-tuning (paper 000 Eq. 8 / paper 001 Eq. 10)"),
     Stage("distill", "pipelines.train", ("--config", "{config}", "--stage", "distill"), optional=True,
-          gpu=True, ignores=_INDEX_ON, help="distil the query tower into a small student (paper 004)"),
-    Stage("encode", "pipelines.jobs.experiment", ("encode", "--config", "{config}"), gpu=True,
+          ignores=_INDEX_ON, help="distil the query tower into a small student (paper 004)"),
+    Stage("encode", "pipelines.jobs.experiment", ("encode", "--config", "{config}"),
           ignores=("tune", "evaluate", "serve"), help="corpus -> sharded FAISS (+ sparse / BM25) index + manifest"),
     Stage("tune", "pipelines.tune", ignores=("evaluate", "serve"),
           help="dense + BM25 fusion weight and normalisation chosen on the dev queries, into the manifest"),
@@ -79,7 +79,7 @@ def load_table(path: str | Path | None) -> dict[str, Stage]:
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{path}: expected a non-empty `stages:` list")
     table: dict[str, Stage] = {}
-    known = {"name", "module", "args", "kind", "optional", "gpu", "help", "ignores"}
+    known = {"name", "module", "args", "kind", "optional", "help", "ignores"}
     for i, entry in enumerate(entries):
         where = f"{path}: stages[{i}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry.get("module"):
@@ -100,8 +100,7 @@ def load_table(path: str | Path | None) -> dict[str, Stage]:
             raise ValueError(f"{where}: `ignores` must be a list of top-level config section names")
         table[entry["name"]] = Stage(entry["name"], str(entry["module"]), tuple(str(a) for a in args),
                                      kind=entry.get("kind", "module"),
-                                     optional=bool(entry.get("optional", False)),
-                                     gpu=bool(entry.get("gpu", False)), help=str(entry.get("help", "")),
+                                     optional=bool(entry.get("optional", False)), help=str(entry.get("help", "")),
                                      ignores=tuple(ignores))
     return table
 

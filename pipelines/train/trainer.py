@@ -26,18 +26,31 @@ class TrainerSettings:
     placement_strategy: str = "PACK"
 
 
+def worker_resources(s: TrainerSettings) -> dict[str, float]:
+    """What each training worker asks Ray for: `cpus_per_worker` CPUs and, with `use_gpu`, one GPU (its placement
+    group bundle: on an autoscaling cluster whose GPU node types start at zero, the autoscaler adds the GPU nodes)."""
+    return {"CPU": s.cpus_per_worker, **({"GPU": 1} if s.use_gpu else {})}
+
+
+def scaling_config(s: TrainerSettings) -> Any:
+    """Ray Train's `ScalingConfig` of `s`: `num_workers` workers of `worker_resources`, placed by
+    `placement_strategy`."""
+    from ray.train import ScalingConfig
+
+    return ScalingConfig(num_workers=s.num_workers, use_gpu=s.use_gpu, resources_per_worker=worker_resources(s),
+                         placement_strategy=s.placement_strategy)
+
+
 def torch_trainer(loop: Callable[[dict], None], loop_config: dict[str, Any], s: TrainerSettings,
                   callbacks: list[Any] | None = None, **data: Any) -> Any:
     """A `TorchTrainer` running `loop(loop_config)` on every worker; `data`: `datasets=` / `dataset_config=`."""
-    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
-    resources = {"CPU": s.cpus_per_worker, **({"GPU": 1} if s.use_gpu else {})}
     return TorchTrainer(
         loop,
         train_loop_config=loop_config,
-        scaling_config=ScalingConfig(num_workers=s.num_workers, use_gpu=s.use_gpu, resources_per_worker=resources,
-                                     placement_strategy=s.placement_strategy),
+        scaling_config=scaling_config(s),
         torch_config=TorchConfig(backend="nccl" if s.use_gpu else "gloo"),
         run_config=RunConfig(name=s.run_name, storage_path=s.storage_path,
                              failure_config=FailureConfig(max_failures=s.max_failures),

@@ -314,6 +314,27 @@ def test_the_cpu_forward_batch_follows_the_backbone_width(models):
     assert EncodeDocs(models["bibert"], batch_size=7, device="cpu").batch_size == 7
 
 
+@pytest.mark.ray
+def test_the_encode_device_follows_the_gpus_the_cluster_has_or_can_add(ray_local):
+    """On the session's Ray (CPUs only, no autoscaler): `device: auto` encodes on CPU unless `gpu_nodes` says the
+    autoscaler adds GPU nodes; `cuda` asks for GPUs only where some can come, else fails now instead of leaving
+    the actors waiting; a GPU encode actor asks Ray for one GPU and no CPU (tests/cluster/test_autoscaling_gpu.py
+    shows the autoscaler adding the node)."""
+    from pipelines.encode.executors import encode_actor_resources, encode_on_gpu
+    from pipelines.resources import declared_gpu_nodes
+
+    assert ray_local.cluster_resources().get("GPU", 0) == 0 and declared_gpu_nodes() is None
+    assert not encode_on_gpu(EncodeConfig(device="auto")) and not encode_on_gpu(EncodeConfig(device="cpu"))
+    assert encode_on_gpu(EncodeConfig(device="auto", gpu_nodes=True))
+    assert encode_on_gpu(EncodeConfig(device="cuda", gpu_nodes=True))
+    assert not encode_on_gpu(EncodeConfig(device="cpu", gpu_nodes=True))
+    with pytest.raises(ValueError, match="encode.device is 'cuda' but the Ray cluster has no GPU .*encode.gpu_nodes: true"):
+        encode_on_gpu(EncodeConfig(device="cuda"))
+    cfg = EncodeConfig(encode_cpus=1.5)
+    assert encode_actor_resources(cfg, True) == {"num_cpus": 0, "num_gpus": 1}
+    assert encode_actor_resources(cfg, False) == {"num_cpus": 1.5, "num_gpus": 0}
+
+
 def test_an_int8_job_keeps_the_vectors_direction_and_is_another_job(corpus, models, tmp_path):
     """`encode.dtype: int8` encodes with every Linear weight of the model in per-channel int8 (dynamic
     quantisation; RESULTS issue 23: 2.4x the fp32 forward of MiniLM on one core, R@10 -0.019 on the served Home

@@ -60,6 +60,33 @@ def test_a_replica_larger_than_any_node_and_too_many_fixed_replicas_are_refused(
         check_placement(app_deployments(colocated, 3), TWO_CPUS)
 
 
+def test_gpu_replicas_ask_ray_for_gpus_and_need_a_cluster_that_has_them():
+    """`num_gpus` of the query tower's deployment is a real request (its replicas' `ray_actor_options`), checked
+    against the cluster's GPUs like CPUs; deployments that never use a GPU, and CPU-only encoders, refuse it."""
+    from serve.placement import replica_resources
+
+    gpu = DeploymentSettings(num_cpus=0.5, num_gpus=1)
+    assert gpu.options()["ray_actor_options"] == {"num_cpus": 0.5, "num_gpus": 1}
+    assert DeploymentSettings().options()["ray_actor_options"] == {"num_cpus": 1.0}, "no GPU key unless asked"
+    assert replica_resources(gpu) == {"CPU": 0.5, "GPU": 1.0}
+    with pytest.raises(ValueError, match=r"QueryEncoder: one replica asks for 1 GPU but the largest node has 0: .* "
+                                         r"lower encoder.num_gpus"):
+        check_placement(app_deployments(settings(encoder=gpu), 3), Capacity({"CPU": 8.0}, {"CPU": 8.0}))
+    gpu_type = Capacity({"CPU": 8.0, "GPU": 1.0}, {"CPU": 16.0, "GPU": 2.0}, can_grow=True, nodes=2)
+    check_placement(app_deployments(settings(encoder=gpu), 3), gpu_type)
+    autoscaled = DeploymentSettings(num_cpus=0.5, num_gpus=1, autoscaling=AUTOSCALED)
+    with pytest.raises(ValueError, match=r"ask for 4 GPU .* at most 2 of its replicas fit: .* or lower num_gpus"):
+        check_placement(app_deployments(settings(encoder=autoscaled), 3), gpu_type)
+    colocated = ServeSettings(colocated=gpu)
+    assert list(app_deployments(colocated, 3)) == ["Colocated"]
+    check_placement(app_deployments(colocated, 3), gpu_type)
+    with pytest.raises(ValueError, match="searcher.num_gpus must be 0"):
+        settings(searcher=gpu)
+    with pytest.raises(ValueError, match="needs encoder_backend 'torch' and encoder_precision 'fp32'"):
+        settings(encoder=gpu, encoder_precision="int8")
+    settings(colocated=gpu, encoder_backend="onnx")  # the fan-out topology's encoder holds the tower, not colocated
+
+
 def test_the_serve_yaml_with_its_deployment_overrides_is_checked_before_a_local_serve_run(served_index):
     """serve/serve_config.yaml's `deployments:` overrides (which the app builder never sees) are what is checked:
     as shipped the app fits a 2-CPU machine at its largest scale; the sizing of the issue's probe (the encoder
@@ -77,6 +104,11 @@ def test_the_serve_yaml_with_its_deployment_overrides_is_checked_before_a_local_
     encoder["autoscaling_config"]["max_replicas"], encoder["ray_actor_options"]["num_cpus"] = 4, 0.5
     with pytest.raises(ValueError, match="at most 1 of its replicas fit"):
         check_placement(serve_config_deployments(app), TWO_CPUS)
+    encoder["ray_actor_options"]["num_gpus"] = 1  # read like num_cpus: a GPU this machine does not have
+    assert serve_config_deployments(app)["QueryEncoder"].num_gpus == 1
+    with pytest.raises(ValueError, match="asks for 1 GPU .* lower encoder.num_gpus"):
+        check_placement(serve_config_deployments(app), TWO_CPUS)
+    del encoder["ray_actor_options"]["num_gpus"]
     if Capacity.of_machine().total["CPU"] < 3.25:  # the deploy stage's own check, on this machine
         with pytest.raises(ValueError, match="application 'madr' on this machine's .* QueryEncoder autoscales"):
             check_placement_here(cfg)
