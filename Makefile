@@ -1,10 +1,13 @@
-.PHONY: demo test test-e2e lint
+.PHONY: demo test test-slow test-e2e lint
 
 demo:  ## run the main job end to end on embedded defaults
 	bash scripts/demo.sh
 
-test:  ## run ruff and the test suite, less the e2e demo flow (CI runs it next: .ci/run)
-	bash scripts/test.sh -m "not multinode and not e2e"
+test:  ## ruff and the test suite, less the slow integration tests and the e2e demo flow (CI runs both next: .ci/run)
+	bash scripts/test.sh -m "not slow and not multinode and not e2e"
+
+test-slow:  ## the slow integration tests (Ray Train jobs, Serve failure drills, 2-node training, benchmark tables)
+	bash scripts/test.sh -m "slow and not multinode and not e2e"
 
 test-e2e:  ## the demo flow through `ray job submit` on a local cluster (tests/cluster/test_pipeline_e2e.py)
 	bash scripts/test.sh -m e2e tests/cluster

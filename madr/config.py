@@ -332,6 +332,9 @@ class TrainConfig:
                                                                          weight_decay=0.0, warmup_ratio=0.0))
 
 
+REFERENCES = ("bm25", "dense", "untrained")
+
+
 @dataclass
 class EvalConfig:
     """Paper 000 Sec. 8.3: retrieval metrics over the whole corpus (Recall@k), ranking metrics by
@@ -349,12 +352,14 @@ class EvalConfig:
     gains: str = "exp2"
     relevance_threshold: float = 2.0
     top_k: int = 100
-    references: list[str] = field(default_factory=lambda: ["bm25", "dense"])  # an index with a BM25 part: its
-    # two halves evaluated beside the fusion in the same run (bm25: lam 0, what a user has today; dense: lam 1)
+    references: list[str] = field(default_factory=lambda: ["bm25", "dense"])  # evaluated beside the model in the
+    # same run. An index with a BM25 part: bm25 (lam 0, what a user has today) and dense (lam 1, the encoder
+    # alone) search the same index; untrained: the backbone before any training, indexed by the baseline stage
+    # (fused with BM25 as the tune stage chooses for it on dev when the index has a BM25 part)
 
     def __post_init__(self) -> None:
         for ref in self.references:
-            _check_choice("eval.references", ref, ("bm25", "dense"))
+            _check_choice("eval.references", ref, REFERENCES)
 
 
 @dataclass

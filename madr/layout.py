@@ -16,6 +16,8 @@ serve), so that a stage never guesses where the previous one wrote:
     <output_dir>/<stage>/model/       the export of a training stage (pretrain / finetune / distill)
     <output_dir>/index/manifest.json  the sharded index (its fusion chosen by the tune stage)
     <output_dir>/tune/                fusion.json / fusion.png: the dev grid of the dense + BM25 fusion
+    <output_dir>/baseline/            the untrained backbone's model/, index/ (same corpus and BM25 part) and
+                                      tune/: the reference `eval.references: [untrained]` evaluates
     <output_dir>/evaluation/          results.md / results.csv / recall-vs-latency plot
 """
 
@@ -63,6 +65,10 @@ class RunLayout:
     manifest = _Under("index", "manifest.json")
     evaluation = _Under("evaluation")
     negatives = _Under("mine", "negatives.parquet")
+    baseline = _Under("baseline")
+    baseline_model = _Under("baseline", "model")
+    baseline_index = _Under("baseline", "index")
+    baseline_manifest = _Under("baseline", "index", "manifest.json")
     stage_configs = _Under("_stages", "configs")  # the derived config of each stage (pipelines/jobs/experiment.py)
 
     @classmethod

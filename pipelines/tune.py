@@ -31,18 +31,18 @@ def tune_dir(cfg: ExperimentConfig) -> Path:
     return Path(cfg.output_dir) / "tune"
 
 
-def candidate_lists(cfg: ExperimentConfig, texts: list[str], k: int) -> tuple[list, list, Any]:
-    """(dense candidates per shard, BM25 candidates per shard, the opened index) of `texts`, in batches."""
+def candidate_lists(cfg: ExperimentConfig, texts: list[str], k: int, manifest_path: Path) -> tuple[list, list, Any]:
+    """(dense candidates per shard, BM25 candidates per shard, the opened index) of `texts` over the index of
+    `manifest_path`, in batches."""
     from madr.index import Manifest, encode_queries
     from madr.modeling.model import BiEncoder
     from madr.search.sharded import ShardedIndex
 
-    layout = RunLayout.of(cfg)
-    manifest = Manifest.load(layout.manifest)
+    manifest = Manifest.load(manifest_path)
     if not manifest.has_lexical:
-        raise ValueError(f"{layout.manifest}: the index has no BM25 part (index.lexical: bm25): nothing to fuse")
+        raise ValueError(f"{manifest_path}: the index has no BM25 part (index.lexical: bm25): nothing to fuse")
     model = BiEncoder.load(manifest.model_dir).eval()
-    index = ShardedIndex.open(layout.manifest, mmap=True)
+    index = ShardedIndex.open(manifest_path, mmap=True)
     params = SearchParams(k=k, candidates=cfg.tune.candidates)
     dense: list[list] = [[] for _ in index.shards]
     bm25: list[list] = [[] for _ in index.shards]
@@ -61,21 +61,24 @@ def _stack(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.n
     return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
 
-def run_tune(cfg: ExperimentConfig, log=print) -> FusionChoice:
-    """Choose the fusion on the dev queries, write it into the manifest (module docstring); returns the choice."""
+def run_tune(cfg: ExperimentConfig, log=print, manifest_path: Path | None = None,
+             report_dir: Path | None = None) -> FusionChoice:
+    """Choose the fusion on the dev queries, write it into the manifest (module docstring); returns the choice.
+    `manifest_path` / `report_dir`: another index than the experiment's (the baseline stage's) and where its
+    report goes."""
     from madr.index.manifest import record_fusion
     from pipelines.evaluate.job import to_run
     from pipelines.evaluate.searcher import DocKeys
     from pipelines.jobs.experiment import split_inputs
 
-    layout = RunLayout.of(cfg)
+    manifest_path = manifest_path or RunLayout.of(cfg).manifest
     queries, qrels = split_inputs(cfg, cfg.tune.split)
     ids, texts = queries.column("query_id").to_pylist(), queries.column("text").to_pylist()
     k = cfg.eval.top_k
     log(f"[tune] {len(ids)} {cfg.tune.split} queries, {len(qrels)} judged; grid step {cfg.tune.lambda_step}, "
         f"normalisations {cfg.tune.normalisations}, by {cfg.tune.metric}")
-    dense, bm25, _ = candidate_lists(cfg, texts, k)
-    keys = DocKeys(layout.manifest, "product_id")
+    dense, bm25, _ = candidate_lists(cfg, texts, k, manifest_path)
+    keys = DocKeys(manifest_path, "product_id")
 
     def as_run(fused: tuple[np.ndarray, np.ndarray]) -> dict:
         scores, top = fused
@@ -84,10 +87,10 @@ def run_tune(cfg: ExperimentConfig, log=print) -> FusionChoice:
     choice = tune_fusion(dense, bm25, as_run, qrels, cfg.tune.metric, lambda_grid(cfg.tune.lambda_step),
                          cfg.tune.normalisations, k, cfg.tune.candidates, metrics=cfg.eval.retrieval_metrics,
                          relevance_threshold=cfg.eval.relevance_threshold, gains=cfg.eval.gains)
-    record_fusion(layout.manifest, choice.lam, choice.normalisation)
-    write_report(choice, tune_dir(cfg), cfg.tune.normalisations)
+    record_fusion(manifest_path, choice.lam, choice.normalisation)
+    write_report(choice, report_dir or tune_dir(cfg), cfg.tune.normalisations)
     log(f"[tune] chose lam {choice.lam:g} ({choice.lam:g} dense + {1 - choice.lam:g} BM25), "
-        f"{choice.normalisation}: dev {choice.metric} {choice.value:.4f} -> {layout.manifest}")
+        f"{choice.normalisation}: dev {choice.metric} {choice.value:.4f} -> {manifest_path}")
     return choice
 
 

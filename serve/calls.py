@@ -167,9 +167,22 @@ async def _result(response: Any) -> Any:
     return await response
 
 
+def member_error(what: str, e: Exception) -> Exception:
+    """The error one member of a coalesced call (`serve.coalesce`) meets, from the exception its callee returned
+    in its place: as `call` answers the same exception raised by a call of its own (a ValueError: 422; a
+    refusal or a replica gone: 503), without a retry."""
+    if isinstance(e, (BackendBadRequest, BackendUnavailable, BackendTimeout)):
+        return e
+    if isinstance(e, ValueError):
+        return BackendBadRequest(str(e))
+    if isinstance(e, (*REFUSED, *REPLICA_GONE, ray.exceptions.RayError)):
+        return _unavailable(what, e)
+    return e
+
+
 def _unavailable(what: str, e: BaseException) -> BackendUnavailable:
     first = (str(e).splitlines() or [""])[0][:200]
     return BackendUnavailable(f"{what}: {type(e).__name__}: {first}")
 
 
-__all__ = ["REFUSED", "REPLICA_GONE", "CallPolicy", "NotTaken", "call"]
+__all__ = ["REFUSED", "REPLICA_GONE", "CallPolicy", "NotTaken", "call", "member_error"]

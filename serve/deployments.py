@@ -7,7 +7,8 @@
   memory; `@serve.batch` groups concurrent requests with equal search knobs into one FAISS call.
 - `RayBackend`: the `serve.backend.Backend` the ingress uses: encode once, fan out to every shard group,
   `merge_topk` (paper 002 Eq. 1 scores, comparable across shards); each hop is a `serve.calls.call` (busy
-  replicas: the call queues; a dead replica: retried on another, else `BackendUnavailable` -> 503 fast).
+  replicas: the call queues; a dead replica: retried on another, else `BackendUnavailable` -> 503 fast),
+  concurrent requests' hops coalesced into one call with a list (`serve.coalesce`).
   For an index with a BM25 part the groups return their dense and BM25 candidate lists
   (`ShardSearcher.candidates`) and the backend fuses them (`madr.search.sharded.fuse_candidates`).
 
@@ -44,7 +45,8 @@ from serve.backend import (
     search_batched,
     term_names,
 )
-from serve.calls import CallPolicy, call
+from serve.calls import CallPolicy, call, member_error
+from serve.coalesce import Coalescer
 from serve.watchdog import Watchdog
 
 
@@ -89,6 +91,11 @@ class QueryEncoder:
     async def encode(self, text: str) -> EncodedQuery:
         """One query, encoded in a batch with concurrent ones; a bad text fails only its own request."""
         return _raise_or_return(await self._encode_batch(check_text(text, "text")))
+
+    async def encode_many(self, texts: list[str]) -> list[EncodedQuery | Exception]:
+        """An ingress's coalesced queries (`serve.coalesce`), each encoded as `encode` does; a failed one is its
+        exception, in place."""
+        return await _each(self.encode, texts)
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.003)
     async def _encode_batch(self, texts: list[str]) -> list[EncodedQuery | Exception]:
@@ -136,6 +143,14 @@ class ShardSearcher:
         """Dense + BM25 fusion: this group's dense and BM25 candidate lists for one request (batched)."""
         return _raise_or_return(await self._candidates_batch(request))
 
+    async def search_many(self, requests: list[tuple[EncodedQuery, SearchParams]]) -> list[Any]:
+        """An ingress's coalesced `search` requests (`serve.coalesce`); a failed one is its exception, in place."""
+        return await _each(self.search, requests)
+
+    async def candidates_many(self, requests: list[tuple[EncodedQuery, SearchParams]]) -> list[Any]:
+        """An ingress's coalesced `candidates` requests; a failed one is its exception, in place."""
+        return await _each(self.candidates, requests)
+
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.001)
     async def _search_batch(self, requests: list[tuple[EncodedQuery, SearchParams]]
                             ) -> list[tuple[np.ndarray, np.ndarray] | Exception]:
@@ -159,6 +174,11 @@ class ShardSearcher:
         self.watchdog.check()
 
 
+async def _each(method: Callable[[Any], Awaitable[Any]], items: list[Any]) -> list[Any]:
+    """`method(item)` for every item concurrently (so they join the replica's batches), exceptions in place."""
+    return list(await asyncio.gather(*(method(item) for item in items), return_exceptions=True))
+
+
 def _raise_or_return(result: Any) -> Any:
     """A batch member's result, or its exception raised (`isolate` returns them in place)."""
     if isinstance(result, Exception):
@@ -169,24 +189,38 @@ def _raise_or_return(result: Any) -> Any:
 class RayBackend:
     """`Backend` over deployment handles: one encoder, one handle per shard group. Every hop goes through
     `serve.calls.call` (busy replicas: it queues; a dead replica: retried on another one, else 503 once no
-    replica has been alive for `policy.route_timeout_s`)."""
+    replica has been alive for `policy.route_timeout_s`). A request's encode and search hops are coalesced
+    with concurrent requests' (`serve.coalesce`: up to `coalesce` per call; 1: a call per request)."""
 
     def __init__(self, encoder: Any, searchers: Sequence[Any], fusion_lambda: float | None = None,
                  search_mode: str = "dense", policy: CallPolicy | None = None,
-                 fusion_normalisation: str | None = None) -> None:
+                 fusion_normalisation: str | None = None, coalesce: int = 64) -> None:
         self.encoder, self.searchers = encoder, list(searchers)
         self.fusion_lambda, self.search_mode = fusion_lambda, search_mode  # the manifest's
         self.fusion_normalisation = fusion_normalisation  # the manifest's (chosen on dev by the tune stage)
         self.policy = policy or CallPolicy()
+        self._encode = self._coalescer("encode_many", "QueryEncoder", self.encoder, coalesce)
+        self._groups = {method: [self._coalescer(f"{method}_many", f"searcher-{g}", h, coalesce)
+                                 for g, h in enumerate(self.searchers)] for method in ("search", "candidates")}
+
+    def _coalescer(self, method: str, what: str, handle: Any, size: int) -> Coalescer:
+        """Calls of `handle.<method>(list)`; a member's exception answered as `call` answers its own."""
+        async def send_many(items: list[Any]) -> list[Any]:
+            results = await self._call(lambda: getattr(handle, method).remote(items), what, handle)
+            return [member_error(what, r) if isinstance(r, Exception) else r for r in results]
+
+        return Coalescer(send_many, size)
 
     def _call(self, send: Callable[[], Any], what: str, handle: Any) -> Awaitable[Any]:
         return call(send, self.policy, what, handle)
 
     async def encode(self, text: str) -> EncodedQuery:
-        return await self._call(lambda: self.encoder.encode.remote(text), "QueryEncoder", self.encoder)
+        return await self._encode(text)
 
     async def _each_group(self, method: str, *args: Any) -> list[Any]:
-        """`method(*args)` on every shard group, concurrently."""
+        """`method(*args)` on every shard group, concurrently (`search` / `candidates`: coalesced)."""
+        if method in self._groups:
+            return await asyncio.gather(*[c(*args) for c in self._groups[method]])
         return await asyncio.gather(*[
             self._call(lambda h=h: getattr(h, method).remote(*args), f"searcher-{g}", h)
             for g, h in enumerate(self.searchers)])

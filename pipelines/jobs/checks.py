@@ -4,7 +4,8 @@ Each stage reads the experiment YAML (typed: `madr.config.ExperimentConfig`, unk
 path) and the index-side stages derive their own job configs from it (`pipelines.jobs.experiment`); a key of
 `encode:`, `evaluate:`, `serve:` or `distributed:` that the job would reject, or a backbone that cannot be
 resolved here, fails now, naming the key, instead of after training. `not_applicable` says which stages the
-recipe leaves out (a training stage with 0 steps, a tune stage with no BM25 part to fuse).
+recipe leaves out (a training stage with 0 steps, a tune stage with no BM25 part to fuse, a baseline no
+reference asks for).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def experiment(data: Mapping[str, Any], where: str = "") -> ExperimentConfig:
         raise ValueError(f"{where}: {err}" if where else str(err)) from None
 
 
-OPTIONAL_IN_RECIPE = ("pretrain", "finetune", "distill", "tune")  # the stages a recipe may leave out
+OPTIONAL_IN_RECIPE = ("pretrain", "finetune", "distill", "tune", "baseline")  # the stages a recipe may leave out
 
 
 def not_applicable(stage: str, data: Mapping[str, Any], where: str = "") -> str | None:
@@ -39,6 +40,13 @@ def not_applicable(stage: str, data: Mapping[str, Any], where: str = "") -> str 
             return "tune.enabled is false"
         if cfg.index.lexical is None:
             return "index.lexical is null: no BM25 part to fuse"
+    if stage == "baseline":
+        from pipelines.jobs.experiment import has_baseline
+
+        if "untrained" not in cfg.eval.references:
+            return "eval.references has no untrained"
+        if not has_baseline(cfg):
+            return "no training stage runs: the model is the untrained backbone"
     return None
 
 
@@ -75,9 +83,10 @@ def check_stages(cfg: ExperimentConfig, stages: Sequence[str], backbone: bool = 
         from pipelines.train.config import distributed_config
 
         distributed_config(cfg)
-    if backbone and any(s in stages for s in ("data", "pretrain", "finetune", "distill")):
+    if backbone and any(s in stages for s in ("data", "pretrain", "finetune", "distill", "baseline")):
         check_backbone(cfg)
     checks = {"encode": ("pipelines.encode.config", "EncodeConfig", derive.encode_settings),
+              "baseline": ("pipelines.encode.config", "EncodeConfig", derive.baseline_encode_settings),
               "evaluate": ("pipelines.evaluate.job", "EvaluateConfig", derive.evaluate_settings),
               "mine": ("pipelines.mine.job", "MineConfig", derive.mine_settings)}
     for name, (module, cls_name, settings) in checks.items():

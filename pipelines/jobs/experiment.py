@@ -56,6 +56,13 @@ def encode_settings(cfg: ExperimentConfig) -> dict[str, Any]:
     return _merge(derived, cfg.encode)
 
 
+def baseline_encode_settings(cfg: ExperimentConfig) -> dict[str, Any]:
+    """`encode_settings` for the baseline stage: the same corpus, shards and BM25 part, encoded by the untrained
+    model (`<output_dir>/baseline/model`) into `<output_dir>/baseline/index`."""
+    layout = RunLayout.of(cfg)
+    return {**encode_settings(cfg), "model_dir": _abs(layout.baseline_model), "output": _abs(layout.baseline_index)}
+
+
 def _corpus_size(layout: RunLayout) -> int | None:
     try:
         return int(json.loads((layout.data / "summary.json").read_text())["counts"]["corpus"])
@@ -72,12 +79,28 @@ REFERENCE_LAMBDA = {"bm25": 0.0, "dense": 1.0}  # eval.references: one half of t
 
 
 def _references(cfg: ExperimentConfig) -> list[dict[str, Any]]:
-    """`eval.references` of an index with a BM25 part: the same index searched by one half of its fusion."""
-    if cfg.index.lexical is None:
-        return []
-    run = _search(cfg)
-    return [{**run, "name": ref if ref == "bm25" else f"{cfg.model.name}-{ref}",
-             "search": {**run["search"], "lam": REFERENCE_LAMBDA[ref]}} for ref in cfg.eval.references]
+    """`eval.references`: for an index with a BM25 part, the same index searched by one half of its fusion
+    (bm25, dense); the baseline stage's index of the untrained backbone (untrained), searched as it was tuned."""
+    run, runs = _search(cfg), []
+    for ref in cfg.eval.references:
+        if ref == "untrained":
+            if has_baseline(cfg):
+                runs.append({**run, "name": untrained_name(cfg), "index": _abs(RunLayout.of(cfg).baseline_manifest)})
+        elif cfg.index.lexical is not None:
+            runs.append({**run, "name": ref if ref == "bm25" else f"{cfg.model.name}-{ref}",
+                         "search": {**run["search"], "lam": REFERENCE_LAMBDA[ref]}})
+    return runs
+
+
+def has_baseline(cfg: ExperimentConfig) -> bool:
+    """Whether the baseline stage indexes the untrained backbone: asked for by `eval.references` and some
+    training stage runs (otherwise the model is the untrained backbone)."""
+    trains = any(getattr(cfg.train, kind).steps > 0 for kind in ("pretrain", "finetune"))
+    return "untrained" in cfg.eval.references and trains
+
+
+def untrained_name(cfg: ExperimentConfig) -> str:
+    return "untrained+bm25" if cfg.index.lexical is not None else "untrained"
 
 
 def _search_settings(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -138,7 +161,7 @@ def serve_args(cfg: ExperimentConfig) -> dict[str, Any]:
 
 
 def _main_of(stage: str) -> Callable[[list[str]], int]:
-    if stage == "encode":
+    if stage in ("encode", "baseline-encode"):
         from pipelines.encode.cli import main
     elif stage == "evaluate":
         from pipelines.evaluate.cli import main
@@ -147,14 +170,16 @@ def _main_of(stage: str) -> Callable[[list[str]], int]:
     return main
 
 
-SETTINGS = {"encode": encode_settings, "evaluate": evaluate_settings, "mine": mine_settings}
+SETTINGS = {"encode": encode_settings, "evaluate": evaluate_settings, "mine": mine_settings,
+            "baseline-encode": baseline_encode_settings}
+SECTION = {"baseline-encode": "encode"}  # the section of the job's own config file, where it is not the stage's name
 
 
 def write_stage_config(cfg: ExperimentConfig, stage: str) -> Path:
     path = RunLayout.of(cfg).stage_configs / f"{stage}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(f"# derived from the experiment {cfg.name!r} by pipelines/jobs/experiment.py\n"
-                    + yaml.safe_dump({stage: SETTINGS[stage](cfg)}, sort_keys=False))
+                    + yaml.safe_dump({SECTION.get(stage, stage): SETTINGS[stage](cfg)}, sort_keys=False))
     return path
 
 

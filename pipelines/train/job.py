@@ -88,11 +88,17 @@ def _starting_model(cfg: ExperimentConfig, kind: str, catalog: Any, out: Path) -
         return str(previous)
     init = out / "init_model"
     if not (init / "config.json").is_file():
-        torch.manual_seed(cfg.train.seed)
-        tokenizer = prepare_tokenizer(cfg, catalog)
-        model = build_catalog_model(cfg.model, catalog, tokenizer, prepare_vocabularies(cfg, catalog, tokenizer))
-        model.save(init)
+        save_initial_model(cfg, catalog, init)
     return str(init)
+
+
+def save_initial_model(cfg: ExperimentConfig, catalog: Any, path: Path) -> Path:
+    """The model before any training (the backbone's weights, fresh heads from `train.seed`), saved to `path`."""
+    torch.manual_seed(cfg.train.seed)
+    tokenizer = prepare_tokenizer(cfg, catalog)
+    model = build_catalog_model(cfg.model, catalog, tokenizer, prepare_vocabularies(cfg, catalog, tokenizer))
+    model.save(path)
+    return path
 
 
 def _example_rows(cfg: ExperimentConfig, kind: str, catalog: Any):

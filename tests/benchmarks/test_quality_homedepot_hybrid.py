@@ -29,6 +29,8 @@ from benchmarks.quality.aspect_models.rows import ROWS as ROW_LABELS
 from benchmarks.quality.fusion_lists import eq1_grid, weight_grid
 from tests.benchmarks.tiny_backbone import save_tiny_bert
 
+pytestmark = pytest.mark.slow  # a marked step of its own: `make test-slow` (CI runs it)
+
 STEP = 0.25  # bench.fusion_step: 5 weight pairs, 15 weight triples
 NORMS = ["minmax", "zscore"]  # bench.fusion_normalisations: each with every weight vector
 REFERENCES = ["minilm", "e5"]

@@ -19,6 +19,8 @@ from benchmarks.quality import multilingual_e5 as bench
 from benchmarks.quality.multilingual_fusion import GRID
 from tests.benchmarks.tiny_backbone import save_tiny_bert
 
+pytestmark = pytest.mark.slow  # a marked step of its own: `make test-slow` (CI runs it)
+
 
 @pytest.fixture(scope="module")
 def tiny_e5(tokenizer, tmp_path_factory):

@@ -16,6 +16,8 @@ pytest.importorskip("onnxscript")
 from benchmarks.quality import multilingual_int8 as bench  # noqa: E402
 from tests.benchmarks.tiny_backbone import save_tiny_bert
 
+pytestmark = pytest.mark.slow  # a marked step of its own: `make test-slow` (CI runs it)
+
 
 def _small_real_data(shared_data, tmp_path) -> list[str]:
     """`--set`s of a small slice of the real sources and a run directory under `tmp_path`."""

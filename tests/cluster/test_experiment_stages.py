@@ -40,6 +40,23 @@ def test_derived_settings_are_valid_job_configs_on_the_run_layout(tmp_path):
     assert serve.manifest_path == str(layout.manifest.resolve()) and serve.search.nprobe == 8
 
 
+def test_the_untrained_reference_is_the_same_index_of_the_backbone_before_training(tmp_path):
+    """`eval.references: [untrained]`: the baseline stage encodes with the encode stage's settings, only the model
+    and the output differ, and the evaluate stage searches that index beside the model's."""
+    cfg = _cfg(tmp_path, **{"eval.references": ["bm25", "untrained"], "index.num_shards": 3})
+    layout = RunLayout.of(cfg)
+    enc, base = experiment.encode_settings(cfg), experiment.baseline_encode_settings(cfg)
+    assert base["model_dir"] == str(layout.baseline_model.resolve())
+    assert base["output"] == str(layout.baseline_index.resolve())
+    assert {k: v for k, v in base.items() if k not in ("model_dir", "output")} == \
+        {k: v for k, v in enc.items() if k not in ("model_dir", "output")}
+    runs = from_dict(EvaluateConfig, experiment.evaluate_settings(cfg)).runs
+    assert [r.name for r in runs] == [cfg.model.name, "bm25", "untrained+bm25"]
+    assert runs[2].index == str(layout.baseline_manifest.resolve()) and runs[2].search.lam is None  # as tuned
+    path = experiment.write_stage_config(cfg, "baseline-encode")
+    assert from_dict(EncodeConfig, yaml.safe_load(path.read_text())["encode"]).model_dir == base["model_dir"]
+
+
 def test_experiment_sections_override_single_keys(tmp_path):
     cfg = _cfg(tmp_path, **{"encode": {"batch_size": 7, "num_shards": 5}, "evaluate": {"k": 20},
                             "serve": {"max_k": 30}})

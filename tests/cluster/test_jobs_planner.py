@@ -157,10 +157,11 @@ def test_stage_table_and_config_errors_name_the_file(tmp_path, toy, capsys):
 
 
 def test_builtin_table_maps_every_stage_of_the_issue():
-    assert list(STAGES) == ["data", "pretrain", "finetune", "distill", "encode", "tune", "mine", "evaluate",
-                            "deploy"]
+    assert list(STAGES) == ["data", "pretrain", "finetune", "distill", "encode", "tune", "baseline", "mine",
+                            "evaluate", "deploy"]
     assert STAGES["pretrain"].argv("c.yaml") == ["--config", "c.yaml", "--stage", "pretrain"]
-    assert [s.name for s in select(None)] == ["data", "pretrain", "finetune", "encode", "tune", "evaluate", "deploy"]
+    assert [s.name for s in select(None)] == ["data", "pretrain", "finetune", "encode", "tune", "baseline", "evaluate",
+                                              "deploy"]
     assert STAGES["encode"].argv("c.yaml") == ["encode", "--config", "c.yaml"]
     for stage in STAGES.values():  # every entry point of the built-in table exists in this checkout
         check_available(stage)
@@ -182,8 +183,9 @@ def test_a_stage_key_changes_only_with_the_sections_it_reads():
 
     assert changed("serve", {"port": 8123}) == ["deploy"]
     assert changed("evaluate", {"k": 20}) == ["evaluate", "deploy"]
-    assert changed("index", {**base.get("index", {}), "nlist": 7}) == ["encode", "tune", "mine", "evaluate", "deploy"]
-    assert changed("tune", {"lambda_step": 0.05}) == ["tune", "mine", "evaluate", "deploy"]
+    assert changed("index", {**base.get("index", {}), "nlist": 7}) == ["encode", "tune", "baseline", "mine", "evaluate",
+                                                                       "deploy"]
+    assert changed("tune", {"lambda_step": 0.05}) == ["tune", "baseline", "mine", "evaluate", "deploy"]
     assert changed("train", {**base["train"], "seed": 123}) == list(STAGES)[1:]
     assert changed("data", {**base["data"], "seed": 99}) == list(STAGES)
 
@@ -237,6 +239,13 @@ def test_a_stage_the_recipe_leaves_out_is_recorded_not_run(tmp_path, capsys):
                                                                       "index.lexical_tokenizer": None})
     tune = {i.stage: i for i in plan(dense_only, select(None))}["tune"]
     assert tune.action == "skip" and "index.lexical is null" in tune.reason
+    assert items["baseline"].action == "run", "the recipe evaluates the untrained e5 + BM25 beside it"
+    for overrides, reason in (({"eval.references": ["bm25"]}, "eval.references has no untrained"),
+                              ({"train.finetune.steps": 0}, "no training stage runs")):
+        untrained = Invocation("configs/product_search.yaml", overrides={"output_dir": str(tmp_path / "u"),
+                                                                         **overrides})
+        baseline = {i.stage: i for i in plan(untrained, select(None))}["baseline"]
+        assert baseline.action == "skip" and reason in baseline.reason
 
 
 def test_plan_refuses_a_normalisation_the_index_cannot_serve(tmp_path, capsys):

@@ -18,7 +18,7 @@ from pipelines.jobs.local_cluster import free_port
 ROOT = Path(__file__).resolve().parents[2]
 # e2e: `make test` leaves it out (2+ minutes); .ci/run runs it as its own required step (`pytest -m e2e`)
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.e2e]
-STAGES = ("data", "pretrain", "finetune", "encode", "tune", "evaluate")
+STAGES = ("data", "pretrain", "finetune", "encode", "tune", "baseline", "evaluate")
 
 
 def tiny_experiment(out: Path) -> dict:
@@ -32,7 +32,7 @@ def tiny_experiment(out: Path) -> dict:
             "distributed": {"backend": "ddp", "num_workers": 2, "cpus_per_worker": 0.5, "max_failures": 0,
                             "runtime_env": {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}},  # + the job's env
             "index": {"num_shards": 2, "index_factory": "Flat", "lexical": "bm25"},
-            "tune": {"lambda_step": 0.25}}
+            "tune": {"lambda_step": 0.25}, "eval": {"references": ["bm25", "dense", "untrained"]}}
 
 
 def test_demo_flow_submits_every_stage_and_answers_over_http(tmp_path, monkeypatch, capsys):
@@ -56,10 +56,16 @@ def test_demo_flow_submits_every_stage_and_answers_over_http(tmp_path, monkeypat
     assert Path(manifest.model_dir).resolve() == (tmp_path / "out" / "finetune" / "model").resolve()
     results = (tmp_path / "out" / "evaluation" / "results.md").read_text()
     assert results.startswith("| run | index | queries | recall@10") and results in out
-    assert [line.split(" | ")[0] for line in results.splitlines()[2:]] == ["| madral", "| bm25", "| madral-dense"]
+    assert [line.split(" | ")[0] for line in results.splitlines()[2:]] == [
+        "| madral", "| bm25", "| madral-dense", "| untrained+bm25"]
     chosen = json.loads((tmp_path / "out" / "tune" / "fusion.json").read_text())
     assert manifest.fusion == (chosen["lam"], chosen["normalisation"]), "the tune stage's choice is what is served"
     assert len(chosen["grid"]) == 5 * 2 and (tmp_path / "out" / "tune" / "fusion.png").is_file()
+    baseline = Manifest.load(tmp_path / "out" / "baseline" / "index" / "manifest.json")  # the untrained reference
+    assert Path(baseline.model_dir).resolve() == (tmp_path / "out" / "baseline" / "model").resolve()
+    assert baseline.num_docs == 300 and baseline.has_lexical
+    assert baseline.fusion == tuple(json.loads((tmp_path / "out" / "baseline" / "tune" / "fusion.json").read_text())[k]
+                                    for k in ("lam", "normalisation")), "its own fusion, tuned on dev"
 
     queries = pq.read_table(data / "eval" / "queries.parquet").to_pylist()
     languages = sorted({q["language"] for q in queries})

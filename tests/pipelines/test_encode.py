@@ -131,6 +131,7 @@ def _agree(got_ids, got_scores, exp_ids, exp_scores, tol=1e-4):
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_crash_resume_flat_hybrid_job(ray_local, corpus, models, tmp_path_factory):
     catalog, table, root = corpus
     out, ref = tmp_path_factory.mktemp("ray_index"), tmp_path_factory.mktemp("local_index")
@@ -183,6 +184,7 @@ def test_crash_resume_flat_hybrid_job(ray_local, corpus, models, tmp_path_factor
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_ray_data_and_two_actor_executors_equal_the_local_run(ray_local, corpus, models, tmp_path_factory):
     """`encode.executor`: the Ray Data stream with its fused tokenise + encode actors (no longer the CPU default) and
     two plain actors taking pieces as they finish give the files of the in-process run (the crash-and-resume test

@@ -28,7 +28,7 @@ from serve_helpers import Answer, Load, describe, free_port, wait_for
 
 from serve.config import DeploymentSettings, ServeSettings
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 ROUTE_TIMEOUT_S = 1.0
 SLACK_S = 4.0  # Ray, HTTP and noticing the death on a busy 2-core machine (two busy loops beside the tests)

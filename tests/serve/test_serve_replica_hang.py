@@ -26,6 +26,8 @@ from serve_helpers import Load, describe, free_port, wait_for
 
 from serve.config import DeploymentSettings, ServeSettings
 
+pytestmark = pytest.mark.slow  # a marked step of its own: `make test-slow` (CI runs it)
+
 CALL_TIMEOUT_S = 1.0  # a call the frozen replica does not take, or took and does not answer, is sent again
 RETRIES = 1  # replica_retries' default
 SLACK_S = 4.0  # Ray and HTTP overhead on a shared, busy 2-core machine (two busy loops beside the tests)

@@ -13,6 +13,8 @@ from serve_helpers import free_port
 from serve.client import MadrClient
 from serve.config import DeploymentSettings, ServeSettings
 
+pytestmark = pytest.mark.slow  # a marked step of its own: `make test-slow` (CI runs it)
+
 K = 10
 APPS = {"fanout": "topo_fanout", "colocated": "topo_colocated"}
 
