@@ -56,7 +56,7 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
           ignores=("tune", "evaluate", "serve"), help="corpus -> sharded FAISS (+ sparse / BM25) index + manifest"),
     Stage("tune", "pipelines.tune", ignores=("evaluate", "serve"),
           help="dense + BM25 fusion weight and normalisation chosen on the dev queries, into the manifest"),
-    Stage("baseline", "pipelines.baseline", gpu=True, ignores=("evaluate", "serve"),
+    Stage("baseline", "pipelines.baseline", ignores=("evaluate", "serve"),
           help="the untrained backbone indexed and its fusion tuned on dev: the reference of eval.references"),
     Stage("mine", "pipelines.jobs.experiment", ("mine", "--config", "{config}"), optional=True,
           ignores=("evaluate", "serve"), help="hard negatives from the index for the next fine-tuning round"),
