@@ -63,6 +63,19 @@ def check_backbone(cfg: ExperimentConfig) -> None:
             raise ValueError(f"model.backbone.name_or_path: {err}") from None
 
 
+def check_inputs(cfg: ExperimentConfig) -> None:
+    """The data stage's local inputs exist here (`data.catalog_dir`, the click log of `data.clicks`); URIs and a
+    cluster's paths are its nodes' to read."""
+    from pathlib import Path
+
+    paths = {"data.catalog_dir": cfg.data.catalog_dir}
+    if cfg.data.clicks is not None:
+        paths.update({"data.clicks.path": cfg.data.clicks.path, "data.clicks.queries": cfg.data.clicks.queries})
+    for key, path in paths.items():
+        if path and "://" not in str(path) and not Path(path).exists():
+            raise ValueError(f"{key}: {path} does not exist")
+
+
 def check_search(cfg: ExperimentConfig) -> None:
     """`search:` settings the index the experiment builds can serve: a sharded SPLADE-hybrid index interpolates
     unnormalised scores (a document's score must not depend on its shard), so it takes no normalisation."""
@@ -85,6 +98,8 @@ def check_stages(cfg: ExperimentConfig, stages: Sequence[str], backbone: bool = 
         distributed_config(cfg)
     if backbone and any(s in stages for s in ("data", "pretrain", "finetune", "distill", "baseline")):
         check_backbone(cfg)
+    if backbone and "data" in stages:
+        check_inputs(cfg)
     checks = {"encode": ("pipelines.encode.config", "EncodeConfig", derive.encode_settings),
               "baseline": ("pipelines.encode.config", "EncodeConfig", derive.baseline_encode_settings),
               "evaluate": ("pipelines.evaluate.job", "EvaluateConfig", derive.evaluate_settings),

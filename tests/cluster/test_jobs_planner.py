@@ -207,6 +207,9 @@ def test_stage_table_ignores_must_be_a_list(tmp_path):
     ("train.finetune.freeze_layer", "2", "train.finetune.freeze_layer"),
     ("tune.normalisations", "[softmax]", "tune.normalisations"),
     ("model.backbone.name_or_path", "runs/nowhere/e5", "model.backbone.name_or_path"),
+    ("data.catalog_dir", "runs/nowhere/catalog", "data.catalog_dir"),
+    ("data.clicks", "{path: runs/nowhere/events.parquet, format: ubi}", "data.clicks.path"),
+    ("data.clicks", "{path: events.parquet, format: clickstream}", "data.clicks.format"),
 ])
 def test_plan_refuses_what_a_stage_would_refuse_naming_the_file_and_key(tmp_path, capsys, key, value, named):
     """A typo in any section (typed or derived job settings) or a backbone that cannot load fails at `plan` and
