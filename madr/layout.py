@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import overload
 
 from madr.config import ExperimentConfig, config_hash
+from madr.storage import local_dir
 
 PREPARED_MARKER = "prepared.json"
 
@@ -73,7 +74,9 @@ class RunLayout:
 
     @classmethod
     def of(cls, cfg: ExperimentConfig) -> RunLayout:
-        return cls(Path(cfg.output_dir))
+        """The layout of `cfg.output_dir`; an object-store URI's is its local mirror (`madr.storage.local_dir`),
+        which the stage runner syncs with the URI before and after each stage."""
+        return cls(local_dir(cfg.output_dir))
 
     def queries(self, split: str) -> Path:
         """Queries of the evaluation (`eval`), training (`train`) or dev (`dev`) split."""

@@ -97,3 +97,28 @@ def tiny_aspects_config(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint():
+    """The endpoint URL of a moto S3 server on 127.0.0.1 (tests/s3_server.py), one per session."""
+    from tests.s3_server import moto_server
+
+    with moto_server() as endpoint:
+        yield endpoint
+
+
+@pytest.fixture()
+def s3_bucket(s3_endpoint, tmp_path, monkeypatch) -> str:
+    """`s3://<fresh bucket>` on the session's server, reached through the AWS environment variables (inherited by
+    the stages' child processes), with this test's own local staging root (`madr.storage`)."""
+    import uuid
+
+    from tests.s3_server import CREDENTIALS, create_bucket
+
+    for key, value in {**CREDENTIALS, "AWS_ENDPOINT_URL_S3": s3_endpoint,
+                       "MADR_STAGING_DIR": str(tmp_path / "staging")}.items():
+        monkeypatch.setenv(key, value)
+    name = f"madr-{uuid.uuid4().hex[:12]}"
+    create_bucket(s3_endpoint, name)
+    return f"s3://{name}"

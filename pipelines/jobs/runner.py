@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from madr import storage
 from madr.config import config_hash
 from madr.config_overrides import apply_overrides as dotted
 from pipelines.jobs import markers
@@ -142,21 +143,54 @@ def run_stage_here(stage: Stage, inv: Invocation, force: bool = False, python: s
         return 0
     check_available(stage)
     markers.clear_marker(inv.state_dir, stage.name)  # a crash from here on must not leave an old marker
-    cmd = [python or sys.executable, "-m", stage.module, *stage.argv(config)]
+    remote = remote_output_dir(config)
+    child_config = on_local_mirror(config, remote) if remote else config
+    cmd = [python or sys.executable, "-m", stage.module, *stage.argv(child_config)]
     print(f"[madr.jobs] {stage.name}: run ({'forced' if complete else why}): {' '.join(cmd)}", flush=True)
     up = upstream_of(stage, inv.table)
     up_marker = markers.read_marker(inv.state_dir, up.name) if up is not None else None
     started = time.time()
+    if remote:
+        sync(stage.name, "pull", remote)
     rc = subprocess.call(cmd, env=stage_env(extra_env))
     if rc != 0:
         print(f"[madr.jobs] {stage.name}: failed with exit code {rc}; no marker written", flush=True)
         return rc
+    if remote:
+        sync(stage.name, "push", remote)
     path = markers.write_marker(inv.state_dir, stage.name, key, config=config, command=cmd,
                                 duration_s=round(time.time() - started, 3), ray_job=current_job_id(),
                                 run_id=uuid.uuid4().hex,
                                 upstream_run=None if up_marker is None else up_marker.get("run_id"))
     print(f"[madr.jobs] {stage.name}: done in {time.time() - started:.1f} s; marker {path}", flush=True)
     return 0
+
+
+def remote_output_dir(config: str) -> str | None:
+    """The stage config's `output_dir` when it is an object-store URI (the stage then runs on its local mirror)."""
+    out = load_yaml(config).get("output_dir")
+    return out if isinstance(out, str) and storage.is_uri(out) else None
+
+
+def on_local_mirror(config: str, uri: str) -> str:
+    """A copy of the stage config whose `output_dir` is the local mirror of `uri`, beside the mirror's markers
+    (`_stages/`, never pushed): the stage reads and writes local files; the runner syncs them with `uri`."""
+    data = load_yaml(config)
+    data["output_dir"] = str(storage.local_dir(uri).resolve())
+    folder = storage.local_dir(uri) / "_stages" / "local-configs"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{Path(config).stem}-{config_hash(data)[:8]}.yaml"
+    path.write_text(f"# {config} with output_dir {uri} on its local mirror\n" + yaml.safe_dump(data, sort_keys=False))
+    return str(path)
+
+
+def sync(stage: str, direction: str, uri: str) -> None:
+    """Pull `uri` into its local mirror before a stage, or push the mirror to it after (`madr.storage`)."""
+    local = storage.local_dir(uri)
+    started = time.time()
+    counts = storage.pull(uri, local) if direction == "pull" else storage.push(local, uri)
+    print(f"[madr.jobs] {stage}: {direction} {uri} <-> {local}: {counts} in {time.time() - started:.1f} s",
+          flush=True)
 
 
 def current_job_id() -> str | None:
