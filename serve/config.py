@@ -17,6 +17,7 @@ import yaml
 
 from madr.config import from_dict
 from madr.search.params import SearchParams
+from madr.storage import is_uri, pull_index
 
 DEFAULT_API_KEY_ENV = "MADR_API_KEY"
 TOPOLOGIES = ("colocated", "fanout")
@@ -102,8 +103,9 @@ class DeploymentSettings:
 class ServeSettings:
     """Everything the HTTP app and its deployments need.
 
-    Index / model: `manifest_path` (a `madr.index` manifest JSON or its directory), `model_dir` (None: the
-    manifest's).
+    Index / model: `manifest_path` (a `madr.index` manifest JSON or its directory; on object storage, a URI
+    below a run's `output_dir`, downloaded with its model into the run's local mirror by `madr.storage.pull_index`),
+    `model_dir` (None: the manifest's).
     Topology (`serve/colocated.py`): `colocated` (the default, for small nodes): one deployment whose replicas
     each serve HTTP, encode and search every shard (`colocated` settings: replicas, CPUs); `fanout` (clusters):
     an ingress, a `QueryEncoder` deployment (`encoder`) and shard-group deployments (`searcher`, `shard_groups`),
@@ -258,6 +260,8 @@ class ServeSettings:
     def require_manifest(self) -> Path:
         if not self.manifest_path:
             raise ValueError("serve settings: manifest_path is required (a madr.index manifest JSON)")
+        if is_uri(self.manifest_path):  # an index on object storage: into the run's local mirror first
+            return pull_index(self.manifest_path)
         path = Path(self.manifest_path).expanduser()
         if path.is_dir():
             path = path / "manifest.json"

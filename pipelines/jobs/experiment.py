@@ -23,6 +23,7 @@ import yaml
 from madr.config import ExperimentConfig, load_config
 from madr.layout import RunLayout
 from madr.search.params import SearchParams
+from madr.storage import is_uri
 
 DISPLAY = ["title"]
 
@@ -154,7 +155,9 @@ def mine_settings(cfg: ExperimentConfig) -> dict[str, Any]:
 
 def serve_args(cfg: ExperimentConfig) -> dict[str, Any]:
     """The Serve application's args (`serve.config.ServeSettings`) for this experiment's index."""
-    derived: dict[str, Any] = {"manifest_path": _abs(RunLayout.of(cfg).manifest), "doc_text_field": "title"}
+    manifest = (cfg.output_dir.rstrip("/") + "/index/manifest.json" if is_uri(cfg.output_dir)
+                else _abs(RunLayout.of(cfg).manifest))  # a URI: each Serve host downloads it (madr.storage)
+    derived: dict[str, Any] = {"manifest_path": manifest, "doc_text_field": "title"}
     if _search_settings(cfg):
         derived["search"] = _search_settings(cfg)
     return _merge(derived, cfg.serve)
