@@ -135,3 +135,38 @@ def test_deploy_stage_serves_over_http(head, tmp_path, capsys):
         reply = json.loads(resp.read())
     # --serve-arg applied; a relative path made absolute for replicas that do not run in this directory
     assert reply == {"greeting": "hello", "manifest_path": str(Path.cwd() / "runs/demo/index/manifest.json")}
+
+
+def test_submitted_stages_sync_an_s3_output_dir(head, toy, s3_bucket, tmp_path, capsys, monkeypatch):
+    """Stages submitted as jobs with `output_dir: s3://...`: each job's runner runs its stage on the job's
+    local mirror and pushes it; the markers and outputs are in the bucket, where the next run finds them."""
+    from madr import storage
+    from pipelines.jobs import markers
+    from tests.s3_server import CREDENTIALS
+
+    monkeypatch.chdir(ROOT)
+    uri = s3_bucket + "/toy"
+    toy["config"].write_text(yaml.safe_dump({"output_dir": uri, "lr": 0.1}))
+    job_mirror = tmp_path / "job-staging"  # the jobs' own mirror, not the driver's
+    env = tmp_path / "runtime_env.yaml"
+    env.write_text(yaml.safe_dump({"env_vars": {
+        "PYTHONPATH": str(toy["mods"]), "RAY_USAGE_STATS_ENABLED": "0", **CREDENTIALS,
+        "AWS_ENDPOINT_URL_S3": os.environ["AWS_ENDPOINT_URL_S3"], "MADR_STAGING_DIR": str(job_mirror)}}))
+    argv = ["pipeline", "--config", str(toy["config"]), "--stage-table", str(toy["table"]), "--address",
+            head.address, "--runtime-env", str(env), "--token-file", head.token_file, "--same-host",
+            "--no-follow", "--timeout", "240"]
+
+    assert cli.main(argv) == 0
+    for stage in ("prep", "train", "index"):
+        marker = markers.read_marker(uri + "/_stages", stage)
+        assert marker is not None and marker["ray_job"], stage
+    record = storage.remote_checksums(uri)
+    assert {"runs.log", "prep.json", "train.json", "index.json"} <= set(record), sorted(record)
+    seen = json.loads((job_mirror / "s3" / uri.removeprefix("s3://") / "index.json").read_text())
+    assert seen["config"]["output_dir"] == str((job_mirror / "s3" / uri.removeprefix("s3://")).resolve())
+    assert not list(ROOT.glob("s3:*"))
+
+    capsys.readouterr()
+    assert cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "prep: skip" in out and "index: skip" in out
