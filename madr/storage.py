@@ -2,9 +2,12 @@
 
 The stages and Serve work on local files (FAISS, safetensors and Parquet writers want paths), so an
 `output_dir` that is a URI has a local mirror, `local_dir(uri)`: `$MADR_STAGING_DIR/<scheme>/<bucket>/<path>`
-(default `~/.cache/madr/staging`), the same path on every node that has the same staging root. The stage runner
-`pull`s the remote tree into the mirror before a stage and `push`es the mirror back after it exits 0; Serve pulls
-before loading the index. Each push writes `_sync/checksums.json` (sha256 and size of every file) *last*, so a
+(default `~/.cache/madr/staging`). The stage runner (`pipelines.jobs.runner`) `pull`s the remote tree into the
+mirror, runs the stage on a copy of its config whose `output_dir` is the mirror, and `push`es the mirror back
+after the stage exits 0; Serve pulls the index and its model before loading them (`pull_index`). A manifest
+records its model's absolute path, so every node of a cluster needs the same staging root (the default, or one
+`MADR_STAGING_DIR`). A stage killed part-way pushes nothing: its rerun finds the bucket as the last complete
+stage left it (and, on the same node, the killed run's local files). Each push writes `_sync/checksums.json` (sha256 and size of every file) *last*, so a
 push killed part-way leaves the previous record and the next push uploads again what differs from it; a pull
 skips files whose local sha256 already matches the record and verifies every file it downloads.
 

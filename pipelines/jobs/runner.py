@@ -173,8 +173,8 @@ def remote_output_dir(config: str) -> str | None:
 
 
 def on_local_mirror(config: str, uri: str) -> str:
-    """A copy of the stage config whose `output_dir` is the local mirror of `uri`, beside the mirror's markers
-    (`_stages/`, never pushed): the stage reads and writes local files; the runner syncs them with `uri`."""
+    """A copy of the stage config whose `output_dir` is the local mirror of `uri`, written in the mirror's
+    `_stages/` (never pushed): the stage reads and writes local files; the runner syncs them with `uri`."""
     data = load_yaml(config)
     data["output_dir"] = str(storage.local_dir(uri).resolve())
     folder = storage.local_dir(uri) / "_stages" / "local-configs"
