@@ -46,7 +46,8 @@ class SearchIngress:
         manifest = Manifest.load(self.settings.require_manifest())
         lam, norm = manifest.fusion
         policy = CallPolicy(self.settings.route_timeout_s, self.settings.replica_retries, self.settings.call_timeout_s)
-        self.backend = RayBackend(encoder, searchers, lam, manifest.search_mode, policy, fusion_normalisation=norm)
+        self.backend = RayBackend(encoder, searchers, lam, manifest.search_mode, policy, fusion_normalisation=norm,
+                                  coalesce=self.settings.ingress_coalesce)
         self.docs = Docs.open(self.settings.require_manifest())
 
     def __serve_build_asgi_app__(self) -> Any:

@@ -184,6 +184,8 @@ class ServeSettings:
     encoder_backend: str = "torch"
     encoder_precision: str = "fp32"
     searcher_max_batch_size: int = 64
+    ingress_coalesce: int = 1  # fan-out: the ingress sends up to this many concurrent requests' hops as one call
+    # (serve.coalesce); 1 (default): a call per request. Above 1, a frozen replica holds the whole call's requests
     searcher_batch_wait_timeout_s: float = 0.001
     request_timeout_s: float = 10.0
     route_timeout_s: float = 1.0
@@ -201,7 +203,7 @@ class ServeSettings:
     def __post_init__(self) -> None:
         positive = ("max_query_chars", "max_k", "max_encode_texts", "max_body_bytes", "max_header_bytes",
                     "filter_overfetch", "max_filter_fetch", "shard_groups", "torch_threads", "faiss_threads",
-                    "encoder_max_batch_size", "searcher_max_batch_size", "port")
+                    "encoder_max_batch_size", "searcher_max_batch_size", "ingress_coalesce", "port")
         for name in positive:
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"serve settings: {name} must be >= 1, got {getattr(self, name)}")

@@ -8,7 +8,7 @@
 - `RayBackend`: the `serve.backend.Backend` the ingress uses: encode once, fan out to every shard group,
   `merge_topk` (paper 002 Eq. 1 scores, comparable across shards); each hop is a `serve.calls.call` (busy
   replicas: the call queues; a dead replica: retried on another, else `BackendUnavailable` -> 503 fast),
-  concurrent requests' hops coalesced into one call with a list (`serve.coalesce`).
+  concurrent requests' hops coalesced into one call with a list when `ingress_coalesce` > 1 (`serve.coalesce`).
   For an index with a BM25 part the groups return their dense and BM25 candidate lists
   (`ShardSearcher.candidates`) and the backend fuses them (`madr.search.sharded.fuse_candidates`).
 
@@ -189,16 +189,17 @@ def _raise_or_return(result: Any) -> Any:
 class RayBackend:
     """`Backend` over deployment handles: one encoder, one handle per shard group. Every hop goes through
     `serve.calls.call` (busy replicas: it queues; a dead replica: retried on another one, else 503 once no
-    replica has been alive for `policy.route_timeout_s`). A request's encode and search hops are coalesced
-    with concurrent requests' (`serve.coalesce`: up to `coalesce` per call; 1: a call per request)."""
+    replica has been alive for `policy.route_timeout_s`). With `coalesce` > 1 a request's encode and search hops
+    are coalesced with concurrent requests' (`serve.coalesce`: up to `coalesce` per call; 1: a call per request)."""
 
     def __init__(self, encoder: Any, searchers: Sequence[Any], fusion_lambda: float | None = None,
                  search_mode: str = "dense", policy: CallPolicy | None = None,
-                 fusion_normalisation: str | None = None, coalesce: int = 64) -> None:
+                 fusion_normalisation: str | None = None, coalesce: int = 1) -> None:
         self.encoder, self.searchers = encoder, list(searchers)
         self.fusion_lambda, self.search_mode = fusion_lambda, search_mode  # the manifest's
         self.fusion_normalisation = fusion_normalisation  # the manifest's (chosen on dev by the tune stage)
         self.policy = policy or CallPolicy()
+        self.coalesce = coalesce
         self._encode = self._coalescer("encode_many", "QueryEncoder", self.encoder, coalesce)
         self._groups = {method: [self._coalescer(f"{method}_many", f"searcher-{g}", h, coalesce)
                                  for g, h in enumerate(self.searchers)] for method in ("search", "candidates")}
@@ -215,11 +216,13 @@ class RayBackend:
         return call(send, self.policy, what, handle)
 
     async def encode(self, text: str) -> EncodedQuery:
-        return await self._encode(text)
+        if self.coalesce > 1:
+            return await self._encode(text)
+        return await self._call(lambda: self.encoder.encode.remote(text), "QueryEncoder", self.encoder)
 
     async def _each_group(self, method: str, *args: Any) -> list[Any]:
-        """`method(*args)` on every shard group, concurrently (`search` / `candidates`: coalesced)."""
-        if method in self._groups:
+        """`method(*args)` on every shard group, concurrently (`search` / `candidates`: coalesced when asked)."""
+        if self.coalesce > 1 and method in self._groups:
             return await asyncio.gather(*[c(*args) for c in self._groups[method]])
         return await asyncio.gather(*[
             self._call(lambda h=h: getattr(h, method).remote(*args), f"searcher-{g}", h)
