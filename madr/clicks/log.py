@@ -88,15 +88,9 @@ def validate_parquet(uri: str, source: str, filesystem: pafs.FileSystem | None =
     with fs.open_input_file(path) as handle:
         for batch in pq.ParquetFile(handle).iter_batches(batch_size=PARQUET_BATCH):
             rows = batch.to_pylist()
-            block = validate_rows(NORMALIZERS[source], None, uri, rows, range(start, start + len(rows)), "parquet",
-                                  (), MAX_CHARS, source, strict)
+            result.extend(validate_rows(NORMALIZERS[source], None, uri, rows, range(start, start + len(rows)),
+                                        "parquet", (), MAX_CHARS, source, strict))
             start += len(rows)
-            result.good += block.good
-            result.good_rows += block.good_rows
-            result.bad += block.bad
-            result.rows += block.rows
-            result.skipped.update(block.skipped)
-            result.quarantined.update(block.quarantined)
     return result
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from madr.data import quarantine
-from madr.data.validation import validate_rows
+from madr.data.validation import BlockResult, validate_rows
 
 BOM = b"\xef\xbb\xbf"
 CHUNK_BYTES = 1 << 20
@@ -45,6 +45,15 @@ class FileResult:
         """The counts record of `madr.data.quarantine.write_block` (rows = good + skipped + quarantined)."""
         return {"file": self.file, "first_row": self.first_row, "rows": self.rows, "good": len(self.good),
                 "skipped": dict(self.skipped), "quarantined": dict(self.quarantined)}
+
+    def extend(self, block: BlockResult) -> None:
+        """Add the rows and counts of one validated block of the same file (`validate_rows`) to this result."""
+        self.good += block.good
+        self.good_rows += block.good_rows
+        self.bad += block.bad
+        self.rows += block.rows
+        self.skipped.update(block.skipped)
+        self.quarantined.update(block.quarantined)
 
     def skip_good(self, keep: Callable[[dict[str, Any]], bool], reason: str) -> int:
         """Move the good rows for which `keep` is false to the skipped count under `reason`; how many moved."""
@@ -118,13 +127,7 @@ def validate_file(uri: str, normalize: Callable[..., dict[str, Any]], *, fmt: st
     name = display or uri
     result = FileResult(name, first_row=2 if skip_header else 1)
     for rows, lines in _blocks(fs, path, skip_header):
-        block = validate_rows(normalize, None, name, lines, rows, fmt, header, max_chars, source, strict)
-        result.good += block.good
-        result.good_rows += block.good_rows
-        result.bad += block.bad
-        result.rows += block.rows
-        result.skipped.update(block.skipped)
-        result.quarantined.update(block.quarantined)
+        result.extend(validate_rows(normalize, None, name, lines, rows, fmt, header, max_chars, source, strict))
     return result
 
 
