@@ -71,8 +71,8 @@ class ModelConfig:
     (paper 002 Eq. 3) and FLOPS (Eq. 4, defined on the Eq. 2 weights, i.e. before the cut) see the full
     pooled log(1 + ReLU) vector, as SPLADE trains it (Formal et al. 2021: sparsity from the FLOPS
     regulariser, not from a cut); True also cuts in training (the cut of paper 002 Sec. 4.2 / Fig. 2 inside
-    the trained model: what this code did before issue 20, and every hetPQA table before it).
-    `sparse_head` (any model with a backbone; issue 26): the model also gives paper 002's sparse vector (Eq. 2,
+    the trained model).
+    `sparse_head` (any model with a backbone): the model also gives paper 002's sparse vector (Eq. 2,
     `sparse_*` as for hybrid) from an MLM head over its backbone's last states, beside its own dense vector
     (kept as the model makes it: the fused aspect vector of MADRAL, unit length for cosine models). Fine-tuning
     adds the sparse contrastive term and FLOPS (Eq. 3-5) to the model's own loss; pairs score by Eq. 1 with

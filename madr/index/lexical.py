@@ -1,7 +1,7 @@
 """The lexical part of a sharded index: BM25 over the model tokenizer's word pieces, sharded like the FAISS shards.
 
 A dense model fused with BM25 on word pieces (per-query min-max over the union of both top lists,
-``madr.search.score_fusion.weighted_fusion``) is the strong afternoon baseline of product search (issue 26).
+``madr.search.score_fusion.weighted_fusion``) is the strong afternoon baseline of product search.
 BM25 weights depend on corpus statistics (document frequencies, N, the average document length), which a
 shard written on its own does not know. So each shard stores only what is local to it, and the weights are
 computed when a shard is opened, with the collection's statistics:

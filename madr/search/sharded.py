@@ -13,7 +13,7 @@ shard a document lives in; ``merge_topk`` then keeps the best ``k`` over all sha
 ``candidates`` >= the shard size the result equals the unsharded ``HybridSearcher`` (exhaustive candidates)
 and brute-force search (``madr.search.exact``).
 
-Dense + BM25 fusion (issue 26; indexes whose manifest has a ``lexical`` part, ``madr.index.lexical``):
+Dense + BM25 fusion (indexes whose manifest has a ``lexical`` part, ``madr.index.lexical``):
 ``search(dense, params, lexical=term_counts)``. Every shard nominates its dense top-``candidates`` and its BM25
 top-``candidates`` (BM25 weights computed with the collection's statistics, so BM25 scores are comparable
 across shards); each list is merged over all shards to the global top-``candidates``, and the two are fused

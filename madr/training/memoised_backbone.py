@@ -1,7 +1,7 @@
 """Cached encodings for a frozen backbone: while only the heads train (aspect pretraining of MADRAL on a frozen
 e5, paper 000 Eq. 7 without L_MLM), a text's token states never change, so the backbone runs once per distinct
-text and every later visit reads its states from memory. A step then costs the heads alone: the issue-26 way to
-"make each step cheaper before making more of them" where the method allows it.
+text and every later visit reads its states from memory. A step then costs the heads alone: each step made
+cheaper before making more of them, where the method allows it.
 
 `memoised_backbones(model)` swaps every tower's backbone for a `MemoisedBackbone` for the duration of a block;
 it refuses a backbone with a trainable weight (the cache would go stale as it trained).

@@ -9,7 +9,7 @@ Fine-tuning:
     paper 001 Eq. 10: L_SCE with one hard negative per query (set pointwise_weight=0, aspect_weight=0;
         aspect_weight > 0 adds lambda * L_A, which Sec. 6.4 found to raise aspect accuracy but hurt retrieval)
     paper 002 Eq. 3-5 (hybrid): L_dense + L_sparse + lambda_q FLOPS(queries) + lambda_d FLOPS(passages)
-    a model with `model.sparse_head` (issue 26): its own loss above + L_sparse + the two FLOPS terms
+    a model with `model.sparse_head`: its own loss above + L_sparse + the two FLOPS terms
 OTHER never receives an aspect loss: it has no annotations and no objective key.
 """
 

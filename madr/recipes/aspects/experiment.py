@@ -112,7 +112,7 @@ def prepare_vocabularies(cfg: ExperimentConfig, catalog: Catalog,
 
 def build_catalog_model(cfg: ModelConfig, catalog: Catalog, tokenizer: PreTrainedTokenizerBase,
                         vocab: AspectVocabularies | None) -> BiEncoder:
-    """`build_model`; a `sparse_head` model gets the lean MLM head of this catalog (issue 26 item 1a): its decoder
+    """`build_model`; a `sparse_head` model gets the lean MLM head of this catalog: its decoder
     keeps only the word pieces of the catalog's product texts (`corpus_term_ids`, `BiEncoder.restrict_sparse_terms`;
     e.g. 9,742 of multilingual-e5's 250k for Home Depot), the only pieces a document of the index can weigh, so
     paper 002 Eq. 1-2 score every indexed document as the full head would, at a fraction of the projection's cost.

@@ -37,7 +37,7 @@ def _tiny_backbone() -> BackboneConfig:
     """A 6-layer, 64-wide BERT built from its config (no download), the benchmark's default.
 
     Dropout is off: trained from scratch on toy data, this model reached the same held-out NLI AUC and
-    cross-lingual top-1 in about half the steps without BERT's 0.1 dropout (measured with
+    cross-lingual top-1 in fewer steps without BERT's 0.1 dropout (on
     benchmarks.quality.multilingual_synthetic's data). A pretrained backbone keeps its own config.
     """
     return BackboneConfig(tiny={"hidden_size": 64, "num_hidden_layers": 6, "num_attention_heads": 4,
@@ -225,9 +225,9 @@ class StudentConfig:
     `doc_layers` (None: the document tower stays the trained encoder): the document tower too is cut to its
     first `doc_layers` layers and distilled the same way, on the document-side texts (click documents,
     premises, English sentences), for a teacher deeper than the paper's 6-layer document encoder (the
-    12-layer multilingual-e5 teacher of issue 27). `steps` / `batch_size` / `learning_rate` serve both.
+    12-layer multilingual-e5 teacher). `steps` / `batch_size` / `learning_rate` serve both.
 
-    Issue 27 settings (defaults reproduce the paper's recipe):
+    Settings beyond the paper (defaults reproduce the paper's recipe):
     - `query_layers` / `doc_layer_indices`: the teacher layers each student keeps, in order (e.g. `[0, 6, 11]`,
       DistilBERT-style spread picks); their count must be `num_layers` / `doc_layers`; null: the first ones;
     - `loss`: "mse" (Sec. V-A's L2, `DistillationMSELoss`) or "cosine" (`DistillationCosineLoss`: the score is

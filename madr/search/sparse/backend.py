@@ -1,5 +1,5 @@
 """Which sparse retrieval backend a hybrid index searches with, chosen in the index config and recorded in
-the manifest (issue 23):
+the manifest:
 
 - ``exact`` (default): the inverted index, searched in one compiled pass (``InvertedIndex``,
   ``madr.search.sparse.compiled``); exact top-k.

@@ -21,16 +21,14 @@ score are kept; bounds carry a relative slack for float32 rounding (``_slack``),
 added in bound order, not query order. Bounds need non-negative weights: a query with a weight <= 0 runs the
 plain kernel, and ``InvertedIndex`` uses the plain kernel for an index with a negative weight.
 
-Where it pays: the read lists plus the candidates' lookups must cost less than the skipped postings. On the
-benchmark's SPLADE title vectors, k = 10, one thread (provisional, shared cores): 1.3x the plain kernel on
-the 40,721 real titles, 1.5x on 300,000 drawn documents. The gain shrinks with k, since every survivor
-costs a lookup per query term: 1.0x at k = 25-32 on the real titles; 1.2x at k = 40 and 1.0x at k = 100 on
-300,000. ``InvertedIndex``'s default engine picks it for k <= ``MAXSCORE_MAX_K``.
+Where it pays: the read lists plus the candidates' lookups must cost less than the skipped postings. The
+gain shrinks as k grows, since every survivor costs a lookup per query term and a larger k leaves more
+survivors; ``InvertedIndex``'s default engine picks it for k <= ``MAXSCORE_MAX_K``, the plain kernel beyond.
 
 Tuning (``BREAK_RATIO``, real titles, k = 10, per query): stopping the essential terms as soon as the unread
 bounds fall below ``theta`` reads 11,100 of 42,800 postings but leaves 4,300 candidates; waiting until they
-fall below half of it reads 18,200 and leaves 400. 1.0 was no faster than the plain kernel; 0.5 was the best
-of 0.3, 0.5, 0.7 at 300,000 documents and within noise of the best (0.4) on the titles.
+fall below half of it reads 18,200 and leaves 400. 1.0 leaves so many candidates that it saves nothing over
+the plain kernel; 0.5 balances the postings read against the candidates left to look up.
 """
 
 from __future__ import annotations

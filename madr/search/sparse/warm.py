@@ -1,7 +1,7 @@
 """Compile the sparse search kernels ahead of first use: `python -m madr.search.sparse.warm`.
 
 The numba kernels (`compiled.py`, `maxscore.py`) are cached on disk (`cache=True`, beside their source or under
-`NUMBA_CACHE_DIR`), but the first process that searches compiles them, ~30 s on 2 cores, and every process after
+`NUMBA_CACHE_DIR`), but the first process that searches compiles them, which takes a while, and every process after
 it loads the cache. Installing runs this once (`scripts/bootstrap.sh`; a cluster image's setup can too), so
 that a served replica's or a test's first query does not pay the compiler. Every variant a search can take is
 compiled: exact and MaxScore, one thread and many.
