@@ -1,4 +1,4 @@
-"""The local Ray a job driver starts dies with the driver, however the driver ends (issue 24).
+"""The local Ray a job driver starts dies with the driver, however the driver ends.
 
 `ray.init()` starts the node's processes (GCS, raylet, dashboard, log monitor) as children of the driver, bound
 to it by `PR_SET_PDEATHSIG = SIGKILL`; the raylet starts the dashboard and runtime-env agents. When the driver

@@ -67,8 +67,8 @@ _reaper: Any = None  # the reaper's Popen, kept so that it is not collected (and
 
 
 def start_reaper() -> None:
-    """The local Ray this process starts ends with it, even when it is SIGKILLed (`pipelines.reaper`; issue 24:
-    the agents of a killed driver's Ray lived on for 60 s, ignoring SIGTERM)."""
+    """The local Ray this process starts ends with it, even when it is SIGKILLed (`pipelines.reaper`:
+    without it the agents of a killed driver's Ray live on for 60 s, ignoring SIGTERM)."""
     global _reaper
     from pipelines import reaper
 

@@ -132,7 +132,7 @@ def auto_split_bytes(size: int, cpus: int | None = None) -> int | None:
     of AUTO_MIN_PART_BYTES..AUTO_MAX_PART_BYTES; None (read whole) when the file is under two minimum parts.
 
     One task per part is the reader's only parallelism: a single large file read whole keeps one core busy
-    however many the cluster has (benchmarks/RESULTS.md, "Ray Data ingestion throughput")."""
+    however many the cluster has."""
     if size < 2 * AUTO_MIN_PART_BYTES:
         return None
     target = -(-size // (AUTO_PARTS_PER_CPU * (cpus or cluster_cpus())))

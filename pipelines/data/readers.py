@@ -166,9 +166,9 @@ def read_tokenized(source: str, paths: str | Sequence[str], tokenizer: str | os.
     compute="tasks" (default): tokenised inside the read tasks, `rows_per_block` rows per tokenizer call,
     at most `workers` tasks at a time (default: as many as the cluster's CPUs). compute="actors": read
     tasks validate, an autoscaling pool of 1..`workers` actors tokenises in `map_batches`. `bucket` sorts
-    each `rows_per_block` window by length. Output blocks of about `block_bytes` (1 MiB: with 8 MiB a
-    consumer waited for whole file parts, 7 s for its first batch in benchmarks.speed.ingest at 200k rows,
-    2.7 s with 1 MiB, same CPU per row). Quarantine and strict mode as in `read_source`.
+    each `rows_per_block` window by length. Output blocks of about `block_bytes` (1 MiB: with larger blocks a
+    consumer waits for whole file parts before its first batch, at the same CPU per row). Quarantine and
+    strict mode as in `read_source`.
     """
     if compute not in ("tasks", "actors"):
         raise ValueError(f"compute must be 'tasks' or 'actors', got {compute!r}")

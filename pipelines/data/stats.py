@@ -45,7 +45,7 @@ def coverage(ds: Dataset, aspects: Sequence[str], key: str | None = None) -> tup
     """(documents, {aspect: fraction of documents with at least one non-empty value}).
 
     `map_batches` computes partial sums per batch; the driver adds them up (a global `Dataset.aggregate`
-    cost 8-9 s per call here, for the same result). With `key` (e.g. product_id, when items repeat over
+    gives the same result far more slowly). With `key` (e.g. product_id, when items repeat over
     query-item pairs) each distinct key is one document, annotated if any of its rows is.
     """
     partial = ds.map_batches(_partial, fn_kwargs={"aspects": list(aspects), "key": key}, batch_format="pyarrow")

@@ -18,9 +18,9 @@ tokeniser inside the read tasks (rows then cross the object store once, as token
 Loading: `SharedEncoder` loads the tokenizer once on the driver (`madr.modeling.tokenization.load_tokenizer`, so
 the ids are exactly the `transformers` tokenizer's) and ships its Rust backend (`tokenizers` JSON, with
 truncation set) through the object store; each worker process rebuilds it once (`SharedEncoder.get`,
-cached per process) with `tokenizers` alone, so a worker never imports `transformers` / `torch` (about
-3 s of CPU per process on this machine). Encoding uses `Tokenizer.encode_batch_fast` (no offsets; same
-ids, about 20% faster here) on whole batches.
+cached per process) with `tokenizers` alone, so a worker never imports `transformers` / `torch` (seconds
+of CPU per process). Encoding uses `Tokenizer.encode_batch_fast` (no offsets: same ids, less work) on whole
+batches.
 """
 
 from __future__ import annotations
@@ -144,7 +144,7 @@ def make_encoder(tokenizer: Any, max_length: int) -> Encoder:
     """texts -> token ids with special tokens, truncated to `max_length`, unpadded.
 
     For a fast tokenizer this calls a private copy of its Rust backend with truncation set once (the
-    `transformers` call builds a BatchEncoding per call, about 30% slower here); the ids are the same as
+    `transformers` call builds a BatchEncoding per call, which is slower); the ids are the same as
     `tokenizer(texts, truncation=True, max_length=max_length)["input_ids"]`.
     """
     state = backend_state(tokenizer, max_length)

@@ -10,8 +10,8 @@ build_vocabularies` computes in process, at corpus scale:
    partial counts (aspect, granularity, piece, n) -- a map-side combiner;
 2. the final reduce, on the driver: the partial counts are streamed (`iter_batches`) and summed. They are
    vocabulary-sized per batch, not corpus-sized, and the vocabularies end up on the driver anyway. (A
-   `groupby(...).sum("n")` does the same through a hash shuffle; on this 2-core machine it cost 5-14 s per
-   call on a few thousand rows, against well under a second for the driver reduce, so it is not used);
+   `groupby(...).sum("n")` does the same through a hash shuffle, far slower than the driver reduce on
+   vocabulary-sized partial counts, so it is not used);
 3. on the driver: the `min_freq` filter, the (-count, piece) order, the `max_size` cut, and the token
    segments of every phrase seen (what `build_vocabularies` caches).
 

@@ -62,8 +62,8 @@ class EncodeConfig:
     sparse_backend: dict | None = None  # hybrid models: {name: exact | seismic, seismic: {...}} (madr.search.sparse.backend)
     # encoding
     max_length: int | None = None  # default: the model's max_doc_length
-    # rows per forward pass (cut from a length-sorted piece); None: on CPU 32 for 384-wide models and wider (1.17x
-    # the speed of 128 there: less padding within a piece, smaller working set; RESULTS issue 23), up to 128 for
+    # rows per forward pass (cut from a length-sorted piece); None: on CPU 32 for 384-wide models and wider (faster
+    # than 128 there: less padding within a piece, smaller working set), up to 128 for
     # narrower ones (stages.forward_batch_size); 128 on GPUs
     batch_size: int | None = None
     rows_per_read: int = 2048  # rows per piece: one read task, and the length-bucketing window
@@ -76,16 +76,16 @@ class EncodeConfig:
     # gcp.yaml); None: as Ray's GCS records its node types (Ray 2.60's default autoscaler records none: set true)
     gpu_nodes: bool | None = None
     # auto: bfloat16 on GPUs that support it, float16 on others, float32 on CPU; bfloat16 on a CPU with AVX512-BF16
-    # / AMX: the forward pass under bf16 autocast, 1.7x the fp32 job at 100k docs on 2 cores (RESULTS, issue 23);
+    # / AMX: the forward pass under bf16 autocast, faster than the fp32 job;
     # int8 (CPU only): every Linear weight of the model as per-channel int8 (dynamic quantisation,
-    # madr.export.quantize.int8_model), activations float32. On the served Home Depot model (e5-small, 12k docs,
-    # RESULTS issue 23): bf16 1.63x and int8 1.66x the fp32 job; bf16 keeps every metric (R@10 +0.0003, p 0.63),
-    # int8 costs R@10 -0.019 (p 1e-6): bf16 where the CPU has it, int8 only where it has neither bf16 nor time
+    # madr.export.quantize.int8_model), activations float32. Both speed up the fp32 job about alike, but bf16
+    # keeps the retrieval metrics and int8 loses some recall: bf16 where the CPU has it, int8 only where it has
+    # neither bf16 nor time
     dtype: str = "auto"
     tokenize_actors: int = 1
     encode_actors: int = 1
     # None: encode actors start all at once (a pool of encode_actors); k: k at once, more as the stream backs up
-    # (autoscaling clusters, where GPUs may come later). Starting one after another cost ~10 s per actor.
+    # (autoscaling clusters, where GPUs may come later). Starting them one after another delays each actor.
     min_encode_actors: int | None = None
     # None: tokenise inside the encode actors when they run on CPU (one process to start, torch imported once),
     # in a pool of their own (tokenize_actors x tokenize_cpus) in front of GPU encoders (which it keeps fed)

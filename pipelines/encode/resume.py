@@ -33,7 +33,7 @@ def model_info(model_dir: str) -> ModelInfo:
 
     Contents, not sizes: a retrained model has the same file sizes, and its index must not resume from
     shards the previous weights encoded. Read from the model's files (``model_shape``) without importing torch
-    or building the model (that cost the driver 3.6 s of the job's start-up); the encode actors check these
+    or building the model (which would slow the job's start-up on the driver); the encode actors check these
     values against the model they load."""
     path = Path(model_dir)
     h = hashlib.sha256()

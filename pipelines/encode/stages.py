@@ -47,7 +47,7 @@ def resolve_device(device: str) -> str:
 def forward_batch_size(device: str, width: int) -> int:
     """Rows per forward pass when ``encode.batch_size`` is None: 128 on a GPU. On CPU, 32 rows for a backbone
     ``width`` (hidden size) of 384 or more, where a piece's length-sorted rows cut into small batches pad less and
-    fit the caches (1.17x the speed of 128 for MiniLM on one core here, RESULTS issue 23), and up to 128 for
+    fit the caches (faster than 128 for MiniLM), and up to 128 for
     narrower models, whose batches cost little and whose per-batch overhead dominates."""
     if device == "cuda":
         return 128

@@ -44,7 +44,7 @@ class ScalingConfig:
     `<name>-multitask`). `runtime_env`: Ray runtime env of the workers (e.g. for `ray job submit`).
     `materialize`: read the task datasets into the object store before training starts instead of streaming
     them during it; None (default) does so only when the workers leave less than one CPU of the cluster free,
-    because Ray Data's read tasks need one and would otherwise wait for the workers forever (measured: a
+    because Ray Data's read tasks need one and would otherwise wait for the workers forever (a
     2-CPU Ray with 2 workers of 1 CPU hangs in the first batch).
     """
 

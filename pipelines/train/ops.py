@@ -1,7 +1,7 @@
 """DeepSpeed's JIT-built ops, built ahead: `python -m pipelines.train.ops`.
 
 On CPU, DeepSpeed's communication backend compiles a shared-memory op (`deepspeed_shm_comm`, its intra-node
-all-reduce) with ninja the first time a process initialises it: 40-60 s of C++ on 2 cores, inside the first
+all-reduce) with ninja the first time a process initialises it: a long C++ build inside the first
 training step of a fresh environment. `deepspeed_env` keeps the build with the environment (under
 `sys.prefix`, so every Ray worker of this venv finds it); installing runs this module once
 (`scripts/bootstrap.sh`; a cluster image's setup can too), so no training job or test compiles it.
