@@ -15,8 +15,8 @@ if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ scripts/install.sh 
   bash scripts/install.sh --python "$VENV/bin/python" --torch cpu --extras test
   touch "$STAMP"
 fi
-# Build what the first search or training step would otherwise compile (~30 s of numba kernels, cached beside
-# madr/search/sparse; ~60 s of DeepSpeed's CPU op, cached in the venv), again when their sources change.
+# Build what the first search or training step would otherwise compile (the numba kernels, cached beside
+# madr/search/sparse; DeepSpeed's CPU op, cached in the venv), again when their sources change.
 WARM="$VENV/.madr-warmed"
 if [ ! -f "$WARM" ] || [ "$STAMP" -nt "$WARM" ] \
    || [ -n "$(find madr/search/sparse pipelines/train/ops.py -name '*.py' -newer "$WARM" -print -quit)" ]; then

@@ -412,8 +412,8 @@ class Docs:
 
         path = Path(docs_path)
         path = path if path.is_absolute() else manifest_path.parent / path
-        # One chunk per column: `take` over the 8 row-group chunks of a 1M-row Parquet file cost 17 ms per
-        # 10-id look-up on dev-cpu, 0.6 ms after combine_chunks.
+        # One chunk per column: `take` over a column split into row-group chunks is far slower per look-up
+        # than over one contiguous chunk.
         store = DocStore.open(path)
         store = DocStore(store.table.combine_chunks(), str(path))
         return cls(store, [n for n in store.table.column_names if n != ID_COLUMN], path)

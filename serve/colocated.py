@@ -4,7 +4,7 @@
 
 - ``fanout`` (clusters): ``SearchIngress -> QueryEncoder -> searcher-0 .. searcher-{G-1}``, three kinds of
   deployments, each scaled and placed on its own (shard groups on other nodes, encoders on GPUs); every query
-  makes a handle hop to the encoder and one to each shard group (14-17 ms each on 2 shared cores, issue 23).
+  makes a handle hop to the encoder and one to each shard group.
 - ``colocated`` (small nodes, the default): one deployment, ``Colocated``: each replica is the HTTP ingress
   *and* holds the lean query encoder and every shard of the index, so a query crosses only Serve's proxy ->
   replica hop; scaled by replicas (``ServeSettings.colocated``: ``num_replicas`` or ``autoscaling``), each
@@ -18,8 +18,8 @@ answers as fan-out for the same index (tests/serve/test_serve_topology.py).
 
 Threads: a one-thread sparse search runs numba's serial kernel, which starts no thread pool
 (`madr.search.sparse.compiled`); `NUMBA_NUM_THREADS` = `faiss_threads` in the replica's environment caps a
-search that asks for more. Numba's pool, a thread per core, once ran beside the encoder in the same process and
-slowed it 2-5x (encode p50 19-49 ms vs 9 ms at concurrency 1, 1M docs; RESULTS).
+search that asks for more. Numba's pool, a thread per core, would otherwise run beside the encoder in the same
+process and slow it down, both competing for the same cores.
 
 Failures: there is no handle hop for `serve.calls` to bound; Serve's proxy routes each request to a replica
 through `serve.routing.LiveReplicaRouter`. A burst queues in the proxy until a replica has a slot (beyond

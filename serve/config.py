@@ -34,7 +34,7 @@ class DeploymentSettings:
     `autoscaling` is a Ray Serve `autoscaling_config` mapping (min_replicas, max_replicas,
     target_ongoing_requests, ...); when set it replaces `num_replicas`. `health_check_period_s` is how often
     the controller checks a replica, i.e. how soon a dead one is noticed and a replacement started (1 s here;
-    Serve's default, 10 s, left a dead replica unnoticed that long: issue 24); `health_check_timeout_s` how long a
+    Serve's default, 10 s, leaves a dead replica unnoticed that long); `health_check_timeout_s` how long a
     check may take before a live but frozen replica is replaced (5 s; None: Serve's 30 s). A replica whose batch
     is stuck in a long call fails its check itself (`serve.watchdog`). `num_replicas: 2` keeps a replica's death
     invisible to clients (the other answers; see `serve.calls`). `max_replicas_per_node`
@@ -109,20 +109,19 @@ class ServeSettings:
     Topology (`serve/colocated.py`): `colocated` (the default, for small nodes): one deployment whose replicas
     each serve HTTP, encode and search every shard (`colocated` settings: replicas, CPUs); `fanout` (clusters):
     an ingress, a `QueryEncoder` deployment (`encoder`) and shard-group deployments (`searcher`, `shard_groups`),
-    a handle hop between them. Same API, same answers. On a 2-core node co-located answers faster at every
-    concurrency (1M docs, p50 at concurrency 1: 34 vs 48 ms; 1.4-1.5x fan-out's queries/s; RESULTS, issue 23).
+    a handle hop between them. Same API, same answers. On a small node co-located answers faster at every
+    concurrency: it skips the two handle hops fan-out pays per query.
     Searchers: the manifest's shards are split into `shard_groups` contiguous groups, one `ShardSearcher`
     deployment per group (`searcher-0`, `searcher-1`, ...), each with its own replicas.
     Query encoder: `encoder_index_vocabulary` (hybrid models; off by default) projects queries onto the terms
     the index's sparse shards hold only (`madr.search.query_encoder.LeanQueryEncoder`): a faster MLM projection,
     with the top-k cut taken over those terms (results can then differ from the offline reference).
     `encoder_backend`: "torch" (default) or "onnx": the query tower exported at replica start
-    (`madr.export.onnx`) and run in onnxruntime with `torch_threads` threads, the same vectors (benchmarks/RESULTS.md,
-    "ONNX query encoder"); "onnx" needs `pip install "madr[export]"` and projects onto the whole vocabulary
+    (`madr.export.onnx`) and run in onnxruntime with `torch_threads` threads, the same vectors;
+    "onnx" needs `pip install "madr[export]"` and projects onto the whole vocabulary
     (not with `encoder_index_vocabulary`). `encoder_precision`: "fp32" (default) or "int8": the query tower's Linear
     layers dynamically quantised to int8 at replica start (`madr.export.quantize`; with "torch" a qint8 copy of the
-    tower, with "onnx" the exported graph quantised by onnxruntime); vectors close to, not equal to, fp32's
-    (benchmarks/RESULTS.md, "Int8 multilingual-e5-small").
+    tower, with "onnx" the exported graph quantised by onnxruntime); vectors close to, not equal to, fp32's.
     Search settings: `search` (`madr.search.params.SearchParams`, YAML section `search:`): `candidates`,
     `nprobe`, `ef_search` for every shard (None: the index defaults) and `lam` for requests that do not send
     one (None: the index's `hybrid_lambda`); `k` comes with each request.

@@ -4,8 +4,8 @@ Ray Serve (2.56+) has a throughput-optimised mode, ``RAY_SERVE_THROUGHPUT_OPTIMI
 Throughput" guide): among other things every ingress replica starts its own HTTP server (on
 ``http_options.host``, ports from 30000, allocated by Serve's controller) besides the usual proxy on
 ``http_options.port``. With the co-located topology the ingress replica *is* the whole app (encoder + every
-shard, `serve.colocated`), so a client that calls the replica's port skips the proxy -> replica hop: on 2 shared
-cores that hop was most of the gap between Serve and the same code in one process (issue 23, RESULTS).
+shard, `serve.colocated`), so a client that calls the replica's port skips the proxy -> replica hop, most of
+what Serve adds to the latency of the same code run in one process.
 
 The mode is read by every Serve process when it imports Serve, so it must be in the environment **before the
 Ray cluster starts** (`throughput_env` before `ray.init` / ``ray start``); it cannot be switched per app. The

@@ -1,7 +1,7 @@
 """Whether the Serve app's replicas can ever be placed on the cluster, checked before anything is deployed.
 
 Ray Serve waits without limit for a replica the cluster cannot hold: at deploy time `serve.run` never returns;
-later, an autoscaled deployment that wants one more replica than fits stays "UPSCALING" forever (issue 24: the
+later, an autoscaled deployment that wants one more replica than fits stays "UPSCALING" forever (e.g. the
 encoder on a 2-CPU cluster). `check_placement` turns both into a `ValueError` naming the deployment, the
 resource and what to lower:
 

@@ -1,4 +1,4 @@
-"""A replica's health check that fails when its work is stuck (issue 24: a replica that hangs without dying).
+"""A replica's health check that fails when its work is stuck (a replica that hangs without dying).
 
 Serve replaces a replica whose `check_health` raises or does not answer within `health_check_timeout_s`. Our
 deployments run each batch in a thread (`asyncio.to_thread`), so their event loop, and with it a plain health

@@ -8,7 +8,7 @@
 # On the device machine (Python 3.12 with torch and transformers; no Ray, DeepSpeed, FAISS or registry): first, here,
 #   bash scripts/device/gpu_check_prepare.sh      # .gpu/: slimmed Ray, FAISS, DeepSpeed, missing deps, e5 tokenizer
 # then run(command="bash scripts/device/gpu_check.sh", carry=[".gpu"], timeout_s=600).
-# Here, on the CPU, with tiny sizes and this environment's packages (the wiring check; ~2 min on 2 cores):
+# Here, on the CPU, with tiny sizes and this environment's packages (the wiring check):
 #   bash scripts/device/gpu_check.sh --dry-run
 # Other arguments go to the Python module (e.g. --steps 200 --docs 2000000).
 set -u

@@ -1,5 +1,5 @@
 #!/bin/bash
-# Issue 26's paper-claim rows on a lent GPU machine (the `device` tool), one process per (seed, row), each row-seed
+# The paper-claim rows of benchmarks/quality/homedepot_claims.py on a lent GPU machine (the `device` tool), one process per (seed, row), each row-seed
 # exported per query (benchmarks/quality/row_export.py) for `python -m benchmarks.quality.homedepot_claims` here.
 #
 # The machine has torch + transformers but no network, no faiss, no e5 and no ../shared: prepare a carried
