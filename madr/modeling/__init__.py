@@ -1,2 +1,3 @@
-"""The model: backbones, towers and heads, aspect fusion and value tables, structured outputs,
-tokenisation and explanations (DESIGN.md, "Model library")."""
+"""The model: backbones (`backbone`), towers and the bi-encoder (`model`), heads (`heads`), aspect fusion and
+value tables (`fusion`, `aspect_tables`, `aspect_vocabulary`), structured outputs (`outputs`), tokenisation
+(`tokenization`, `batching`) and explanations (`explain`, `calibration`)."""

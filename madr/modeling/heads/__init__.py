@@ -1,4 +1,5 @@
-"""Tower heads: what turns a backbone's sequence output into the retrieval vector (DESIGN.md)."""
+"""Tower heads: what turns a backbone's sequence output into the retrieval vector (one module per head;
+`base` holds what they share)."""
 
 from madr.modeling.heads.aspect_attention import AspectAttentionHead, AspectExtractionNetwork
 from madr.modeling.heads.aspect_tokens import AspectTokensHead, objective_token_index
