@@ -3,7 +3,7 @@
 torch (the peer) and the int8 variants on the held-out sets, scored as the teacher is in the published table,
 the untouched e5 scored on the same items and timed in the same rounds, cached per seed; mean +- std over the
 seeds and per-seed paired tests against the fp32 teacher and the untouched e5. The variants, metrics, latency
-and plot are `benchmarks.quality.multilingual_int8`'s."""
+and plot are `benchmarks.quality.int8_variants`'s."""
 
 from __future__ import annotations
 
@@ -18,9 +18,7 @@ import numpy as np
 
 from benchmarks.common.stats import seed_mean_std
 from benchmarks.quality import multilingual_scores as item
-from benchmarks.quality.multilingual import seed_runs, settings, write_result
-from benchmarks.quality.multilingual_e5 import COLUMNS, row_metrics
-from benchmarks.quality.multilingual_int8 import (
+from benchmarks.quality.int8_variants import (
     E5_PEER,
     FP32,
     HEADLINE,
@@ -41,6 +39,8 @@ from benchmarks.quality.multilingual_int8 import (
     untouched_e5,
     verdict,
 )
+from benchmarks.quality.multilingual import seed_runs, settings, write_result
+from benchmarks.quality.multilingual_e5 import COLUMNS, row_metrics
 from madr.data.records import MultilingualData
 from madr.modeling.model import BiEncoder
 from madr.recipes.multitask.data import doc_text

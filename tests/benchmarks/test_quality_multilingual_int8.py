@@ -13,6 +13,7 @@ import torch
 
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
+from benchmarks.quality import int8_variants as variants  # noqa: E402
 from benchmarks.quality import multilingual_int8 as bench  # noqa: E402
 from tests.benchmarks.tiny_backbone import save_tiny_bert
 
@@ -64,19 +65,19 @@ def test_variants_metrics_latency_and_outputs(shared_data, tiny_e5, tmp_path):
         )
     finally:
         torch.set_num_threads(threads)
-    assert list(result["variants"]) == list(bench.VARIANTS)
-    for name in bench.VARIANTS:
+    assert list(result["variants"]) == list(variants.VARIANTS)
+    for name in variants.VARIANTS:
         assert f"| {name} |" in result["table"], name
         row = result["variants"][name]
         assert {"click_auc_qadsm", "click_auc_qam", "nli_auc_en", "xling_top1"} <= set(row["metrics"])
         assert all(lat > 0 for lat in result["latency"][name].values())
         assert result["agreement"][name]["query"]["min_cosine"] > 0.99
-    assert result["variants"][bench.FP32]["kept"]["click_auc"] == 1.0
-    paired = result["variants"][bench.ONNX_INT8]["paired_minus_fp32"]
+    assert result["variants"][variants.FP32]["kept"]["click_auc"] == 1.0
+    paired = result["variants"][variants.ONNX_INT8]["paired_minus_fp32"]
     assert all(math.isfinite(v["diff"]) and 0.0 <= v["p_bootstrap"] <= 1.0 for v in paired.values())
-    assert result["agreement"][bench.ONNX]["doc"]["min_cosine"] > 0.9999, "fp32 onnxruntime is the same model"
+    assert result["agreement"][variants.ONNX]["doc"]["min_cosine"] > 0.9999, "fp32 onnxruntime is the same model"
     assert result["reference_check"]["query"]["min_cosine"] > 0.9999, "madr's fp32 path is e5's own recipe"
-    assert set(result["verdict"][bench.INT8]) == {"speed_up", "kept_click_auc", "kept_xling_top1", "meets"}
+    assert set(result["verdict"][variants.INT8]) == {"speed_up", "kept_click_auc", "kept_xling_top1", "meets"}
     assert (
         json.loads((tmp_path / "results" / "smoke.json").read_text())["variants"].keys()
         == result["variants"].keys()
@@ -121,11 +122,11 @@ def test_saved_teachers_per_seed(shared_data, tiny_e5, tmp_path):
     assert multilingual_e5.PAIR not in trained["mean"], "no serving pair without the student"
     assert (tmp_path / "run" / "seed0" / "teacher" / "heads.safetensors").is_file()
     assert not (tmp_path / "run" / "seed0" / "serving_pair").exists()
-    assert result["seeds"] == [0] and result["variants"] == [bench.FP32, bench.ONNX_INT8_PC]
+    assert result["seeds"] == [0] and result["variants"] == [variants.FP32, variants.ONNX_INT8_PC]
     run = result["runs"][0]
     teacher = trained["mean"][multilingual_e5.TEACHER]
     for key in ("click_auc", "nli_auc_all3", "xling_top1"):  # the same model, scored the same way
-        assert run["rows"][bench.FP32][key] == pytest.approx(teacher[key], abs=1e-6), key
+        assert run["rows"][variants.FP32][key] == pytest.approx(teacher[key], abs=1e-6), key
     assert result["untouched_e5"]["click_auc"] == pytest.approx(
         trained["mean"][multilingual_e5.E5]["click_auc"], abs=1e-6
     )
@@ -133,10 +134,10 @@ def test_saved_teachers_per_seed(shared_data, tiny_e5, tmp_path):
         paired = run["variants"][v]["paired_minus_e5"]
         assert all(math.isfinite(p["diff"]) and 0.0 <= p["p_bootstrap"] <= 1.0 for p in paired.values())
         assert f"| {v} |" in result["table"]
-    assert set(run["latency"]) == {bench.FP32, bench.ONNX_INT8_PC, bench.E5_PEER}
-    assert run["agreement"][bench.ONNX_INT8_PC]["query"]["mean_cosine"] > 0.9
-    assert result["mean"][bench.FP32]["kept_click_auc"] == 1.0 and bench.E5_PEER in result["mean"]
-    assert set(result["meets_every_seed"]) == {bench.FP32, bench.ONNX_INT8_PC}
+    assert set(run["latency"]) == {variants.FP32, variants.ONNX_INT8_PC, variants.E5_PEER}
+    assert run["agreement"][variants.ONNX_INT8_PC]["query"]["mean_cosine"] > 0.9
+    assert result["mean"][variants.FP32]["kept_click_auc"] == 1.0 and variants.E5_PEER in result["mean"]
+    assert set(result["meets_every_seed"]) == {variants.FP32, variants.ONNX_INT8_PC}
     assert (tmp_path / "plots" / "real_multitask_e5_teacher_int8.png").is_file()
     assert again["runs"][0]["latency"] == run["latency"], "the seed comes from the cache"
     assert merged["seeds"] == [0] and merged["runs"][0]["latency"] == run["latency"], (
