@@ -183,8 +183,8 @@ class ServeSettings:
     encoder_backend: str = "torch"
     encoder_precision: str = "fp32"
     searcher_max_batch_size: int = 64
-    ingress_coalesce: int = 1  # fan-out: the ingress sends up to this many concurrent requests' hops as one call
-    # (serve.coalesce); 1 (default): a call per request. Above 1, a frozen replica holds the whole call's requests
+    ingress_coalesce: int = 64  # fan-out: the ingress sends up to this many concurrent requests' hops as one
+    # call, a few calls in flight per hop (serve.coalesce); 1: a call per request
     searcher_batch_wait_timeout_s: float = 0.001
     request_timeout_s: float = 10.0
     route_timeout_s: float = 1.0

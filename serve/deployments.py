@@ -8,7 +8,7 @@
 - `RayBackend`: the `serve.backend.Backend` the ingress uses: encode once, fan out to every shard group,
   `merge_topk` (paper 002 Eq. 1 scores, comparable across shards); each hop is a `serve.calls.call` (busy
   replicas: the call queues; a dead replica: retried on another, else `BackendUnavailable` -> 503 fast),
-  concurrent requests' hops coalesced into one call with a list when `ingress_coalesce` > 1 (`serve.coalesce`).
+  concurrent requests' hops coalesced into calls with a list (`serve.coalesce`; `ingress_coalesce`: 1, a call each).
   For an index with a BM25 part the groups return their dense and BM25 candidate lists
   (`ShardSearcher.candidates`) and the backend fuses them (`madr.search.sharded.fuse_candidates`).
 

@@ -137,12 +137,13 @@ def start_serve(manifest: Path, port: int, args: argparse.Namespace, topologies:
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     front = {"max_ongoing_requests": args.ingress_max_ongoing, "max_queued_requests": args.max_queued}
     urls = {}
+    coalesce = {} if args.coalesce is None else {"ingress_coalesce": args.coalesce}
     for topology in topologies:
         settings = ServeSettings(manifest_path=str(manifest), port=port, api_key_env="MADR_BENCH_NO_KEY",
                                  topology=topology, request_timeout_s=args.request_timeout,
                                  route_timeout_s=args.route_timeout, queue_timeout_s=args.queue_timeout,
                                  encoder_max_batch_size=args.batch_size, searcher_max_batch_size=args.batch_size,
-                                 ingress_coalesce=args.coalesce, log_level="WARNING", access_log=False,
+                                 **coalesce, log_level="WARNING", access_log=False,
                                  encoder=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
                                  searcher=DeploymentSettings(num_cpus=0.25, max_ongoing_requests=128,
                                                              num_replicas=args.searcher_replicas),
@@ -314,7 +315,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--ingress-max-ongoing", type=int, default=128, help="Serve: the ingress's max_ongoing_requests")
     p.add_argument("--max-queued", type=int, default=256, help="Serve: the ingress's max_queued_requests")
     p.add_argument("--batch-size", type=int, default=64, help="Serve: the encoder's and searchers' max batch size")
-    p.add_argument("--coalesce", type=int, default=1, help="Serve fan-out: ingress_coalesce (1: a call per request)")
+    p.add_argument("--coalesce", type=int, default=None,
+                   help="Serve fan-out: ingress_coalesce (1: a call per request; default: ServeSettings')")
     p.add_argument("--queue-timeout", type=float, default=None,
                    help="Serve: queue_timeout_s (None: half of --request-timeout)")
     p.add_argument("--apps", default="plain,fanout,colocated", help="plain and the Serve topologies to measure")

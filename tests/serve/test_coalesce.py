@@ -1,8 +1,9 @@
-"""serve.coalesce.Coalescer: concurrent calls gathered into one call with a list while one is in flight."""
+"""serve.coalesce.Coalescer: concurrent calls gathered into one call with a list while every slot is in flight."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 
 import pytest
 
@@ -29,7 +30,7 @@ class Callee:
 def test_a_burst_makes_few_calls_in_order_and_a_bad_member_fails_alone():
     async def main():
         callee = Callee()
-        coalescer = Coalescer(callee, max_size=4)
+        coalescer = Coalescer(callee, max_size=4, max_in_flight=1)
         items = [f"q{i}" for i in range(10)] + ["bad"]
         results = await asyncio.gather(*(coalescer(x) for x in items), return_exceptions=True)
         return callee, coalescer, items, results
@@ -37,8 +38,8 @@ def test_a_burst_makes_few_calls_in_order_and_a_bad_member_fails_alone():
     callee, coalescer, items, results = asyncio.run(main())
     assert results[:10] == [f"Q{i}" for i in range(10)]
     assert isinstance(results[10], ValueError) and str(results[10]) == "bad bad"
-    # arrivals of one event-loop turn go together, in calls of <= 4, in arrival order
-    assert [len(s) for s in callee.sent] == [4, 4, 3] and coalescer.calls == 3
+    # the first is sent at once; those arriving while it is in flight go together, in calls of <= 4, in order
+    assert [len(s) for s in callee.sent] == [1, 4, 4, 2] and coalescer.calls == 4
     assert [x for s in callee.sent for x in s] == items
 
 
@@ -47,7 +48,7 @@ def test_a_call_failing_as_a_whole_fails_each_member_and_a_cancelled_member_is_l
         failing = Coalescer(Callee(fail_call=True))
         failed = await asyncio.gather(*(failing(x) for x in ("a", "b")), return_exceptions=True)
         callee = Callee(delay_s=0.05)
-        coalescer = Coalescer(callee)
+        coalescer = Coalescer(callee, max_in_flight=1)
         first = asyncio.ensure_future(coalescer("first"))
         await asyncio.sleep(0)
         late = [asyncio.ensure_future(coalescer(x)) for x in ("gone", "kept")]
@@ -68,3 +69,57 @@ def test_a_members_exception_is_answered_as_a_call_of_its_own_would_be():
     assert member_error("searcher-0", other) is other
     with pytest.raises(ValueError, match="max_size"):
         Coalescer(Callee(), max_size=0)
+    with pytest.raises(ValueError, match="max_in_flight"):
+        Coalescer(Callee(), max_in_flight=0)
+
+
+class Frozen(Callee):
+    """A callee whose first call never returns (a frozen replica holds it) until `release` is set."""
+
+    def __init__(self) -> None:
+        super().__init__(delay_s=0.01)
+        self.release = asyncio.Event()
+
+    async def __call__(self, items: list[str]) -> list[object]:
+        if not self.sent:
+            self.sent.append(list(items))
+            await self.release.wait()
+            return [x.upper() for x in items]
+        return await super().__call__(items)
+
+
+def test_a_call_held_by_a_frozen_callee_does_not_hold_the_requests_that_come_after_it():
+    async def main():
+        callee = Frozen()
+        coalescer = Coalescer(callee, max_size=8, max_in_flight=2)
+        held = asyncio.ensure_future(coalescer("held"))
+        await asyncio.sleep(0)
+        later = await asyncio.wait_for(asyncio.gather(*(coalescer(f"q{i}") for i in range(20))), 2.0)
+        callee.release.set()
+        return await held, later, callee.sent
+
+    held, later, sent = asyncio.run(main())
+    assert later == [f"Q{i}" for i in range(20)] and held == "HELD"
+    assert sent[0] == ["held"] and all(len(s) <= 8 for s in sent) and len(sent) < 21  # gathered while busy
+
+
+def test_a_burst_fills_every_slot_first_and_each_call_carries_no_request_context():
+    request = contextvars.ContextVar("request", default=None)
+    seen: list[object] = []
+
+    async def send_many(items: list[str]) -> list[str]:
+        seen.append(request.get())
+        await asyncio.sleep(0.02)
+        return items
+
+    async def one(coalescer: Coalescer, i: int) -> str:
+        request.set(f"request-{i}")  # what Ray Serve keeps per request (its id)
+        return await coalescer(str(i))
+
+    async def main():
+        coalescer = Coalescer(send_many, max_size=16, max_in_flight=3)
+        return await asyncio.gather(*(one(coalescer, i) for i in range(30))), coalescer.calls
+
+    answers, calls = asyncio.run(main())
+    assert answers == [str(i) for i in range(30)]
+    assert seen == [None] * calls and 3 < calls < 30
