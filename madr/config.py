@@ -442,9 +442,12 @@ class ExperimentConfig:
     `serve.config.ServeSettings`), so a typo there is an error naming the key. `distributed` is how
     `python -m pipelines.train` runs a stage on Ray Train (workers, backend, checkpoints, runtime env): Ray-only
     settings, so the library keeps the YAML section as a mapping and `pipelines.train.config.DistributedConfig`
-    owns (and checks) its keys; the in-process loop never reads it."""
+    owns (and checks) its keys; the in-process loop never reads it. `recipe` names the stage table that
+    `python -m pipelines.jobs` runs: this config is the product-search recipe's (a `recipe: multilingual` YAML is
+    `pipelines.multitask.config.PipelineConfig`)."""
 
     name: str = "demo"
+    recipe: str = "product_search"
     output_dir: str = "runs/demo"
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -457,6 +460,9 @@ class ExperimentConfig:
     encode: dict[str, Any] = field(default_factory=dict)
     evaluate: dict[str, Any] = field(default_factory=dict)
     serve: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_choice("recipe", self.recipe, ("product_search",))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

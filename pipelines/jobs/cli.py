@@ -7,6 +7,11 @@
         [--serve-arg search.nprobe=16 ...]                              # (app args: serve/config.py)
     python -m pipelines.jobs up [--num-cpus 2]                          # a loopback cluster on this machine
     python -m pipelines.jobs down
+    python -m pipelines.jobs pipeline --config configs/multilingual.yaml  # paper 004's multi-task recipe
+
+The config's top-level `recipe:` picks the stage table (`pipelines.jobs.recipes`): product_search (default:
+data, pretrain, finetune, encode, tune, baseline, evaluate, deploy) or multilingual (data, train, distil,
+encode, evaluate; deploy when named in --stages).
 
 Without --address each stage runs here as `python -m <module> --config ...` on its own local Ray (loopback).
 With --address it is a Ray job (`ray job submit`) whose entrypoint is `run-stage`, with the runtime env of
@@ -30,18 +35,16 @@ from pipelines.jobs import local_cluster, markers, runner, submit
 from pipelines.jobs.stages import STAGES, Stage, StageUnavailable, check_available, load_table, select
 
 
-def _table(args: argparse.Namespace) -> dict[str, Stage]:
-    return load_table(args.stage_table)
-
-
 def _invocation(args: argparse.Namespace) -> runner.Invocation:
-    table = _table(args)
-    return runner.Invocation(args.config, runner.parse_stage_configs(args.stage_config, table),
-                             parse_overrides(args.set), args.state_dir, table)
+    """The run: the config's recipe gives the stage table unless --stage-table replaces it."""
+    table = load_table(args.stage_table) if args.stage_table else None
+    inv = runner.Invocation(args.config, {}, parse_overrides(args.set), args.state_dir, table)
+    inv.per_stage = runner.parse_stage_configs(args.stage_config, inv.stage_table)
+    return inv
 
 
-def _stages(args: argparse.Namespace, names: Sequence[str] | None) -> list[Stage]:
-    return select(names, _table(args))
+def _stages(inv: runner.Invocation, names: Sequence[str] | None) -> list[Stage]:
+    return select(names, inv.stage_table)
 
 
 def _forwarded(args: argparse.Namespace, stage: str, force: bool) -> list[str]:
@@ -100,14 +103,11 @@ def _submit_stage(args: argparse.Namespace, cluster: submit.Cluster, stage: Stag
 
 
 def _serve_args(args: argparse.Namespace) -> dict:
-    """The app args: those of the experiment (`--config`, its index's manifest), then every --serve-arg."""
+    """The app args: those of the run (`--config`, its recipe's index manifest), then every --serve-arg."""
     derived: dict = {}
     if getattr(args, "config", None):
-        from madr.config import load_config
-        from pipelines.jobs.experiment import serve_args
-
         try:
-            derived = serve_args(load_config(args.config, parse_overrides(args.set)))
+            derived = _invocation(args).serve_args()
         except ValueError as err:  # not an experiment config (e.g. a custom stage table's): no derived args
             print(f"[madr.jobs] deploy: {args.config} is not an experiment config ({err}); "
                   f"using the Serve config's args", flush=True)
@@ -134,12 +134,14 @@ def _token(args: argparse.Namespace) -> str | None:
     return Path(args.token_file).read_text().strip() if args.token_file else None
 
 
-def _run(args: argparse.Namespace, stages: Sequence[Stage]) -> int:
-    """Run `stages` in order (here or as jobs), skipping complete ones; stop at the first failure."""
+def _run(args: argparse.Namespace, names: Sequence[str] | None) -> int:
+    """Run the stages `names` (None: the table's non-optional ones) in order (here or as jobs), skipping complete
+    ones; stop at the first failure."""
     if not args.config:
         raise ValueError("--config is required")
     inv = _invocation(args)
     assert inv.state_dir is not None
+    stages = _stages(inv, names)
     missing = []
     for s in stages:
         try:
@@ -158,7 +160,8 @@ def _run(args: argparse.Namespace, stages: Sequence[Stage]) -> int:
               f"copy of the working_dir; put output_dir on shared storage "
               f"(--set output_dir=s3://... or /mnt/...)",
               file=sys.stderr)
-    print(f"[madr.jobs] state dir {inv.state_dir}; stages {', '.join(s.name for s in stages)}", flush=True)
+    print(f"[madr.jobs] recipe {inv.recipe.name}; state dir {inv.state_dir}; "
+          f"stages {', '.join(s.name for s in stages)}", flush=True)
     for stage in stages:
         if stage.kind == "deploy":
             rc = _deploy(args)
@@ -178,14 +181,15 @@ def _run(args: argparse.Namespace, stages: Sequence[Stage]) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    if args.stage in _table(args) and _table(args)[args.stage].kind == "deploy":
+    table = _invocation(args).stage_table if args.config else load_table(args.stage_table)
+    if args.stage in table and table[args.stage].kind == "deploy":
         return _deploy(args)
-    return _run(args, _stages(args, [args.stage]))
+    return _run(args, [args.stage])
 
 
 def cmd_pipeline(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.stages.split(",") if n.strip()] if args.stages else None
-    return _run(args, _stages(args, names))
+    return _run(args, names)
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -194,23 +198,28 @@ def cmd_plan(args: argparse.Namespace) -> int:
     inv = _invocation(args)
     assert inv.state_dir is not None
     names = [n.strip() for n in args.stages.split(",") if n.strip()] if args.stages else None
-    stages = _stages(args, names)
+    stages = _stages(inv, names)
     runner.check(inv, stages, here=not getattr(args, "address", None))  # plan refuses what pipeline would
+    print(f"recipe: {inv.recipe.name}")
     print(f"state dir: {inv.state_dir}")
     for item in runner.plan(inv, stages, visible=_state_visible(args, inv.state_dir)):
-        stage = inv.table.get(item.stage)
+        stage = inv.stage_table.get(item.stage)
         print(f"{item.stage:<9} {item.action:<7} key {item.key}  {item.reason}"
                 + ("" if stage is None or stage.kind != "module" else f"  [python -m {stage.module}]"))
+    for stage in inv.stage_table.values():
+        if stage.optional and stage not in stages:
+            print(f"{stage.name:<9} {'-':<7} optional, not in this run (name it in --stages): {stage.help}")
     return 0
 
 
 def cmd_run_stage(args: argparse.Namespace) -> int:
     """The entrypoint of a submitted job (also usable by hand): one stage, here."""
     inv = _invocation(args)
-    if args.stage not in inv.table or inv.table[args.stage].kind != "module":
+    table = inv.stage_table
+    if args.stage not in table or table[args.stage].kind != "module":
         raise ValueError(f"run-stage: {args.stage!r} is not a module stage of the table "
-                         f"({', '.join(n for n, s in inv.table.items() if s.kind == 'module')})")
-    return runner.run_stage_here(inv.table[args.stage], inv, force=args.force)
+                         f"({', '.join(n for n, s in table.items() if s.kind == 'module')})")
+    return runner.run_stage_here(table[args.stage], inv, force=args.force)
 
 
 def cmd_up(args: argparse.Namespace) -> int:
@@ -279,7 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("submit", help="run or submit one stage")
-    p.add_argument("--stage", required=True, help=f"one of {', '.join(STAGES)} (or of --stage-table)")
+    p.add_argument("--stage", required=True, help=f"one of {', '.join(STAGES)} (or of the config's recipe, or of "
+                                                  f"--stage-table)")
     _common(p)
     p.set_defaults(fn=cmd_submit)
     p = sub.add_parser("pipeline", help="all stages in order, skipping complete ones")

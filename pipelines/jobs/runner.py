@@ -24,7 +24,7 @@ from madr import storage
 from madr.config import config_hash
 from madr.config_overrides import apply_overrides as dotted
 from pipelines.jobs import markers
-from pipelines.jobs.checks import check_config, not_applicable
+from pipelines.jobs.recipes import Recipe, recipe_of
 from pipelines.jobs.stages import STAGES, Stage, StageConfigs, check_available, load_yaml, stage_keys
 
 
@@ -49,18 +49,22 @@ class Invocation:
     """What the user asked for: config file(s), `--set` overrides of the default config, and the state dir.
 
     With overrides, the default config is written out (materialised) next to the markers and the stages
-    read that file, so the module entry points need no override syntax of their own.
+    read that file, so the module entry points need no override syntax of their own. The config's `recipe:`
+    (`pipelines.jobs.recipes`) gives the stage table, unless `table` replaces it (a --stage-table file).
     """
 
     config: str
     per_stage: dict[str, str] = field(default_factory=dict)
     overrides: dict[str, Any] = field(default_factory=dict)
     state_dir: str | None = None
-    table: Mapping[str, Stage] = field(default_factory=lambda: STAGES)
+    table: Mapping[str, Stage] | None = None
 
     def __post_init__(self) -> None:
         base = load_yaml(self.config)
         self._default_data = apply_overrides(base, self.overrides) if self.overrides else base
+        self.recipe: Recipe = recipe_of(self._default_data, self.config)
+        if self.table is None:
+            self.table = self.recipe.table
         if self.state_dir is None:
             self.state_dir = markers.default_state_dir(self._default_data, self.config)
         self._default_path: str | None = None if self.overrides else self.config
@@ -84,13 +88,30 @@ class Invocation:
             self._default_path = self._materialise()
         return StageConfigs(self._default_path, dict(self.per_stage))
 
+    @property
+    def stage_table(self) -> Mapping[str, Stage]:
+        assert self.table is not None
+        return self.table
+
     def parsed(self) -> dict[str, dict[str, Any]]:
         """The parsed config of every stage of the table (overrides applied)."""
         return {name: load_yaml(self.per_stage[name]) if name in self.per_stage else self._default_data
-                for name in self.table}
+                for name in self.stage_table}
 
     def keys(self, stages: Sequence[Stage]) -> dict[str, str]:
-        return stage_keys(stages, self.parsed(), self.table)
+        return stage_keys(stages, self.parsed(), self.stage_table)
+
+    def builtin(self, stage: Stage) -> bool:
+        """`stage` is the recipe's own (not one of a --stage-table file, whose stages check themselves)."""
+        return self.recipe.table.get(stage.name) == stage
+
+    def not_applicable(self, stage: Stage, data: Mapping[str, Any], where: str) -> str | None:
+        """Why the recipe leaves the recipe stage `stage` out of the run of config `data` (None: it runs)."""
+        return self.recipe.not_applicable(stage.name, data, where) if self.builtin(stage) else None
+
+    def serve_args(self) -> dict[str, Any]:
+        """The deploy stage's Serve app args derived from the default config (overrides applied)."""
+        return self.recipe.serve_args(self._default_data, self.config)
 
 
 def upstream_of(stage: Stage, table: Mapping[str, Stage]) -> Stage | None:
@@ -112,7 +133,7 @@ def status(stage: Stage, inv: Invocation, key: str) -> tuple[bool, str]:
         return False, "no completion marker"
     if marker.get("key") != key:
         return False, f"config changed (marker key {marker.get('key')}, now {key})"
-    up = upstream_of(stage, inv.table)
+    up = upstream_of(stage, inv.stage_table)
     if up is not None:
         up_marker = markers.read_marker(inv.state_dir, up.name)
         up_run = None if up_marker is None else up_marker.get("run_id")
@@ -131,10 +152,10 @@ def run_stage_here(stage: Stage, inv: Invocation, force: bool = False, python: s
         print(f"[madr.jobs] {stage.name}: skip, {why}", flush=True)
         return 0
     config = inv.configs.path(stage.name)
-    skipped = not_applicable(stage.name, load_yaml(config), config) if STAGES.get(stage.name) == stage else None
+    skipped = inv.not_applicable(stage, load_yaml(config), config)
     if skipped:  # recorded as done, so the stages after it run on the stage before it
         markers.clear_marker(inv.state_dir, stage.name)
-        up = upstream_of(stage, inv.table)
+        up = upstream_of(stage, inv.stage_table)
         up_marker = markers.read_marker(inv.state_dir, up.name) if up is not None else None
         markers.write_marker(inv.state_dir, stage.name, key, config=config, command=[], duration_s=0.0,
                              ray_job=current_job_id(), run_id=uuid.uuid4().hex, skipped=skipped,
@@ -147,7 +168,7 @@ def run_stage_here(stage: Stage, inv: Invocation, force: bool = False, python: s
     child_config = on_local_mirror(config, remote) if remote else config
     cmd = [python or sys.executable, "-m", stage.module, *stage.argv(child_config)]
     print(f"[madr.jobs] {stage.name}: run ({'forced' if complete else why}): {' '.join(cmd)}", flush=True)
-    up = upstream_of(stage, inv.table)
+    up = upstream_of(stage, inv.stage_table)
     up_marker = markers.read_marker(inv.state_dir, up.name) if up is not None else None
     started = time.time()
     if remote:
@@ -226,7 +247,7 @@ def plan(inv: Invocation, stages: Sequence[Stage], visible: bool = True) -> list
     running: set[str] = set()
     for stage in stages:
         key = keys[stage.name]
-        up = upstream_of(stage, inv.table)
+        up = upstream_of(stage, inv.stage_table)
         if stage.kind == "deploy":
             items.append(markers.PlanItem(stage.name, key, "run", "deploy always runs (idempotent)"))
             continue
@@ -238,8 +259,7 @@ def plan(inv: Invocation, stages: Sequence[Stage], visible: bool = True) -> list
             complete, why = False, f"{up.name} runs first"
         if not complete:
             running.add(stage.name)
-            skipped = not_applicable(stage.name, configs[stage.name], inv.configs.path(stage.name)) \
-                if STAGES.get(stage.name) == stage else None
+            skipped = inv.not_applicable(stage, configs[stage.name], inv.configs.path(stage.name))
             if skipped:
                 items.append(markers.PlanItem(stage.name, key, "skip", f"not in this recipe: {skipped}"))
                 continue
@@ -251,7 +271,7 @@ def check(inv: Invocation, stages: Sequence[Stage], here: bool = True) -> None:
     """Every stage's config as the stage will load it (`pipelines.jobs.checks`); a ValueError naming the file
     and key when one would fail. `here`: the stages run on this machine (its backbone packages are checked)."""
     configs = inv.parsed()
-    builtin = [s for s in stages if STAGES.get(s.name) == s]  # a table file's own stages check themselves
+    builtin = [s for s in stages if inv.builtin(s)]  # a table file's own stages check themselves
     paths = {s.name: inv.per_stage.get(s.name, inv.config) for s in builtin}  # the files the user named
-    check_config(configs, paths, [s.name for s in builtin
-                                  if not_applicable(s.name, configs[s.name], paths[s.name]) is None], here)
+    inv.recipe.check(configs, paths, [s.name for s in builtin
+                                      if inv.not_applicable(s, configs[s.name], paths[s.name]) is None], here)

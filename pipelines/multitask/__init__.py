@@ -10,6 +10,10 @@
 | `distil` | optional distil stage: the serving towers (Sec. V-A) in a Ray task |
 | `encode` | encode stage: held-out English candidates -> FAISS shards (`pipelines.encode`) |
 | `evaluate` | evaluate stage: held-out metrics + cross-lingual top-1 through the index -> `metrics.json` |
-| `run` | `run_pipeline`: the stages in order |
-| `cli` | the command line |
+| `run` | the stages as functions over `output_dir`; `run_pipeline`: all of them in order, in one process |
+| `stage` | `python -m pipelines.multitask.stage NAME`: one stage, the entry point of the runner's multilingual table |
+| `cli` | the command line (the whole recipe in one process) |
+
+`python -m pipelines.jobs pipeline --config configs/multilingual.yaml` runs the same stages through the pipeline
+runner (`pipelines.jobs.multilingual`): one process per stage, completion markers, `--address` submission.
 """

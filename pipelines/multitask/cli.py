@@ -8,6 +8,9 @@ Stages: data (sources -> usable rows per task -> Ray Data -> proportional `TaskM
 DDP over `scaling.num_workers` workers) -> distil (with `student.enabled`) -> encode (held-out English
 candidates -> FAISS shards) -> evaluate (`metrics.json`). Ray starts locally on loopback (the settings of
 scripts/ray_env.sh) unless RAY_ADDRESS names a cluster.
+
+All stages run in this process on one Ray, without completion markers; `python -m pipelines.jobs pipeline
+--config configs/multilingual.yaml` runs the same stages through the pipeline runner (resumable, submittable).
 """
 
 from __future__ import annotations

@@ -9,6 +9,9 @@ level) plus what only the Ray run needs.
 | `index:` | `IndexSettings` | the encode stage's shards, FAISS factory and actors; search depth |
 | `bench:` | (read, not required) | `pooling` and `freeze_word_embeddings` of the in-process e5 benchmark, so
   `configs/real/multitask_e5.yaml` trains the same recipe here; its other keys are that script's own |
+| `serve:` | `serve.config.ServeSettings` keys | the deploy stage's Serve args over the ones derived from the run
+  (e.g. `encoder_backend: onnx`, `encoder_precision: int8`: the int8 query tower) |
+| `recipe:` | `multilingual` | which stage table `python -m pipelines.jobs` runs (`pipelines.jobs.recipes`) |
 
 Unknown keys are errors naming their dotted path (`madr.config.from_dict`).
 """
@@ -27,6 +30,8 @@ from madr.data.sources.real_multilingual import RealMultilingualConfig
 from madr.recipes.multitask.config import MultiTaskExperimentConfig
 
 SPLITS = ("batch", "step")
+RECIPE = "multilingual"
+SECTIONS = ("recipe", "real_data", "scaling", "index", "bench", "serve")  # the top-level keys beside the recipe's
 BENCH_KEYS = ("pooling", "freeze_word_embeddings")
 
 
@@ -99,6 +104,7 @@ class PipelineConfig:
     scaling: ScalingConfig = field(default_factory=ScalingConfig)
     index: IndexSettings = field(default_factory=IndexSettings)
     freeze_word_embeddings: bool = False
+    serve: dict[str, Any] = field(default_factory=dict)
 
     @property
     def output_dir(self) -> Path:
@@ -111,22 +117,41 @@ class PipelineConfig:
         out["scaling"] = dataclasses.asdict(self.scaling)
         out["index"] = dataclasses.asdict(self.index)
         out["bench"] = {"freeze_word_embeddings": self.freeze_word_embeddings, "pooling": self.recipe.model.pooling}
+        out["serve"] = dict(self.serve)
+        out["recipe"] = RECIPE
         return out
 
 
 def load_pipeline_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> PipelineConfig:
     """The YAML at `path` (defaults when None) with dotted-key `overrides` (`--set a.b=value`) applied."""
     data, where = read_config_file(path)
-    data = apply_overrides(data, overrides or {})
+    return pipeline_config(apply_overrides(data, overrides or {}), where)
+
+
+def pipeline_config(data: dict[str, Any], where: str = "<config>") -> PipelineConfig:
+    """The typed config of a parsed YAML mapping; errors name `where` and the dotted key."""
+    data = dict(data)
     try:
+        unknown = sorted(set(data) - set(SECTIONS) - {f.name for f in dataclasses.fields(MultiTaskExperimentConfig)})
+        if unknown:
+            raise ValueError(f"unknown config key(s) {', '.join(unknown)}; known: the recipe's "
+                             f"{', '.join(f.name for f in dataclasses.fields(MultiTaskExperimentConfig))} and "
+                             f"the pipeline's {', '.join(SECTIONS)}")
+        recipe_name = data.pop("recipe", RECIPE)
+        if recipe_name != RECIPE:
+            raise ValueError(f"recipe: {recipe_name!r} is not this config's recipe ({RECIPE})")
         real = data.pop("real_data", None)
         scaling = from_dict(ScalingConfig, data.pop("scaling", None), "scaling.")
         index = from_dict(IndexSettings, data.pop("index", None), "index.")
         bench = dict(data.pop("bench", None) or {})
+        serve = data.pop("serve", None) or {}
+        if not isinstance(serve, dict):
+            raise ValueError(f"serve: expected a mapping of Serve settings, got {serve!r}")
         recipe = from_dict(MultiTaskExperimentConfig, data)
         real_cfg = None if real is None else from_dict(RealMultilingualConfig, real, "real_data.")
     except (TypeError, ValueError) as err:
         raise ValueError(f"{where}: {err}") from None
     if bench.get("pooling"):
         recipe.model = dataclasses.replace(recipe.model, pooling=str(bench["pooling"]))
-    return PipelineConfig(recipe, real_cfg, scaling, index, bool(bench.get("freeze_word_embeddings", False)))
+    return PipelineConfig(recipe, real_cfg, scaling, index, bool(bench.get("freeze_word_embeddings", False)),
+                          dict(serve))

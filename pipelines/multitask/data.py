@@ -10,7 +10,10 @@
    every train worker starts from these same weights and this tokenizer;
 3. each enabled task's *usable* records (`usable_records`: clicked pairs, no contradictions; the others are
    counted as `dropped`), in a seeded shuffled order, written as Parquet in the task's normalised schema
-   (`pipelines.multitask.records`) under `data/<task>/`.
+   (`pipelines.multitask.records`) under `data/<task>/`;
+4. the sets themselves (training and held-out, every record) under `sets/<set>.parquet`, and what the stage
+   wrote in `data_summary.json`: the later stages read these (`read_data_stage`), so each stage can run as its
+   own process (`pipelines.multitask.stage`).
 
 `mixer(...)` then reads them as Ray Data datasets and mixes them with `pipelines.data.mixing.TaskMixer` in the
 schedule of `schedule:` (proportional by default, paper 004 Sec. III-B: one task per batch, every row once
@@ -33,9 +36,11 @@ from madr.recipes.multitask.data import build_data
 from madr.recipes.multitask.encoders import build_encoder, build_tokenizer, make_tasks, task_records
 from madr.recipes.multitask.trainer import usable_records
 from pipelines.multitask.config import PipelineConfig
-from pipelines.multitask.records import records_table
+from pipelines.multitask.records import read_records, records_table
 
-DATA_DIR, INIT_MODEL, SUMMARY = "data", "init_model", "data_summary.json"
+DATA_DIR, INIT_MODEL, SUMMARY, SETS_DIR = "data", "init_model", "data_summary.json", "sets"
+SET_TASKS = {"clicks_train": "click", "clicks_eval": "click", "nli_train": "nli", "nli_eval": "nli",
+             "parallel_train": "translation", "parallel_eval": "translation"}  # MultilingualData field -> schema
 ROWS_PER_FILE = 50_000
 
 
@@ -82,8 +87,21 @@ def write_task(records: list[Any], task: str, out: Path, seed: int) -> int:
     return len(records)
 
 
+def write_sets(sets: MultilingualData, out: Path) -> None:
+    """Every set of `sets` as `<out>/<set>.parquet` in its task's schema, in its order."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name, task in SET_TASKS.items():
+        pq.write_table(records_table(getattr(sets, name), task), out / f"{name}.parquet")
+
+
+def read_sets(out: Path) -> MultilingualData:
+    """The sets `write_sets` wrote under `out`."""
+    return MultilingualData(**{name: read_records(str(out / f"{name}.parquet"), task)
+                               for name, task in SET_TASKS.items()})
+
+
 def prepare_data(cfg: PipelineConfig) -> DataStage:
-    """Steps 1-3 of the module docstring; `data_summary.json` under the output directory."""
+    """Steps 1-4 of the module docstring; `data_summary.json` under the output directory."""
     out = cfg.output_dir
     out.mkdir(parents=True, exist_ok=True)
     _resolve_backbone(cfg)
@@ -101,11 +119,23 @@ def prepare_data(cfg: PipelineConfig) -> DataStage:
             raise ValueError(f"task {name!r} has no usable training record (dropped {dropped[name]})")
         dirs[name] = str(out / DATA_DIR / name)
         sizes[name] = write_task(kept, name, Path(dirs[name]), recipe.seed)
+    write_sets(sets, out / SETS_DIR)
     summary = {"sizes": sizes, "dropped": dropped, "sets": sets.sizes(),
                "source": "real" if cfg.real_data is not None else "synthetic",
-               **({"real": sets.summary} if hasattr(sets, "summary") else {})}
+               **({"real": sets.summary} if hasattr(sets, "summary") else {}),
+               "task_dirs": dirs, "init_model": str(out / INIT_MODEL)}
     (out / SUMMARY).write_text(json.dumps(summary, indent=1, default=str))
     return DataStage(dirs, sizes, dropped, str(out / INIT_MODEL), sets, summary)
+
+
+def read_data_stage(cfg: PipelineConfig) -> DataStage:
+    """What `prepare_data` wrote under `output_dir` (a ValueError naming the file when the stage has not run)."""
+    path = cfg.output_dir / SUMMARY
+    if not path.is_file():
+        raise ValueError(f"{path} is missing: run the data stage first")
+    summary = json.loads(path.read_text())
+    return DataStage(dict(summary["task_dirs"]), dict(summary["sizes"]), dict(summary["dropped"]),
+                     str(summary["init_model"]), read_sets(cfg.output_dir / SETS_DIR), summary)
 
 
 def task_datasets(stage: DataStage, materialize: bool = False) -> dict[str, Any]:

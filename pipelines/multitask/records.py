@@ -51,3 +51,10 @@ def columns_to_records(columns: Mapping[str, np.ndarray], task: str) -> list[Any
     kinds = {name: schema.field(name).type for name in columns if name in schema.names}
     return [to_record({name: _plain(columns[name][i], kind) for name, kind in kinds.items()}, SCHEMA_OF[task])
             for i in range(n)]
+
+
+def read_records(path: str, task: str) -> list[Any]:
+    """The records of a Parquet file that `records_table(records, task)` wrote, in its row order."""
+    import pyarrow.parquet as pq
+
+    return [to_record(row, SCHEMA_OF[task]) for row in pq.read_table(path).to_pylist()]

@@ -1,0 +1,112 @@
+"""The multilingual recipe (paper 004) through the runner of `python -m pipelines.jobs`: `recipe: multilingual`
+picks its stage table (data -> train -> distil -> encode -> evaluate, deploy on request), `plan` lists it and
+refuses an unknown key naming it, stage keys follow the sections each stage reads, and a run end to end (real
+child processes, each on its own local Ray) writes the evaluate stage's metrics, after which a second run
+skips every stage by its completion marker."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from madr.config import load_config
+from pipelines.jobs import cli, markers
+from pipelines.jobs.runner import Invocation, plan
+from pipelines.jobs.stages import select
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "multilingual.yaml"
+STAGES = ["data", "train", "distil", "encode", "evaluate"]
+
+
+def _sets(**values: object) -> list[str]:
+    return sum((["--set", f"{k}={json.dumps(v)}"] for k, v in values.items()), [])
+
+
+def _actions(out: Path, **overrides: object) -> dict[str, tuple[str, str]]:
+    inv = Invocation(str(CONFIG), overrides={"output_dir": str(out), **overrides})
+    return {i.stage: (i.action, i.reason) for i in plan(inv, select(None, inv.stage_table))}
+
+
+def test_plan_lists_the_multilingual_stages(tmp_path, capsys):
+    assert cli.main(["plan", "--config", str(CONFIG), *_sets(output_dir=str(tmp_path / "run"))]) == 0
+    out = capsys.readouterr().out
+    assert "recipe: multilingual" in out, out
+    listed = [line.split()[0] for line in out.splitlines() if line.split()[1:2] == ["run"]]
+    assert listed == STAGES, out
+    assert "pipelines.multitask.stage" in out and "deploy" in out and "optional" in out, \
+        f"deploy is listed as an optional stage: {out}"
+    assert _actions(tmp_path / "run", **{"student.enabled": False})["distil"] == \
+        ("skip", "not in this recipe: student.enabled is false"), "no student: the distil stage is left out"
+
+
+@pytest.mark.parametrize("key, value, named", [
+    ("bogus", 1, "bogus"), ("scaling.workers", 2, "scaling.workers"), ("student.foo", 1, "student.foo"),
+    ("recipe", "nope", "recipe"), ("serve.no_such_setting", 1, "no_such_setting")])
+def test_plan_refuses_an_unknown_key_naming_it(tmp_path, capsys, key, value, named):
+    stages = ["--stages", "data,train,distil,encode,evaluate,deploy"]
+    assert cli.main(["plan", "--config", str(CONFIG), *stages, *_sets(output_dir=str(tmp_path), **{key: value})]) == 2
+    err = capsys.readouterr().err
+    assert named in err and "error:" in err, f"the error must name {named!r}: {err}"
+
+
+def test_product_search_configs_name_their_recipe_or_none():
+    assert load_config(ROOT / "configs" / "demo.yaml").recipe == "product_search"
+    with pytest.raises(ValueError, match="recipe"):
+        load_config(ROOT / "configs" / "demo.yaml", {"recipe": "multilingual"})
+
+
+def test_a_stage_key_changes_only_with_the_sections_it_reads(tmp_path):
+    def keys(**overrides: object) -> dict[str, str]:
+        inv = Invocation(str(CONFIG), overrides={"output_dir": str(tmp_path), **overrides})
+        return inv.keys(select(None, inv.stage_table))
+
+    base = keys()
+    changed = {name: [s for s in STAGES if keys(**{name: value})[s] != base[s]]
+               for name, value in {"student.steps": 5, "index.num_shards": 1, "eval.batch_size": 64,
+                                   "serve.encoder_backend": "onnx", "steps": 10}.items()}
+    assert changed == {"student.steps": ["distil", "encode", "evaluate"], "index.num_shards": ["encode", "evaluate"],
+                       "eval.batch_size": ["evaluate"], "serve.encoder_backend": [],
+                       "steps": ["train", "distil", "encode", "evaluate"]}, changed
+
+
+def test_sets_round_trip_through_parquet(tmp_path):
+    from madr.recipes.multitask.data import build_data
+    from pipelines.multitask.config import load_pipeline_config
+    from pipelines.multitask.data import read_sets, write_sets
+
+    cfg = load_pipeline_config(CONFIG, {"data.click_queries": 10, "data.click_products": 30, "data.nli_train": 40,
+                                        "data.nli_eval": 20, "data.parallel_train": 40, "data.parallel_eval": 20})
+    sets = build_data(cfg.recipe)
+    write_sets(sets, tmp_path)
+    assert read_sets(tmp_path) == sets, "a later stage reads exactly the data stage's sets"
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_pipeline_runs_the_stages_then_skips_them(tmp_path, capfd):
+    out = tmp_path / "run"
+    args = ["pipeline", "--config", str(CONFIG), *_sets(output_dir=str(out), steps=40, **{"student.steps": 20})]
+    assert cli.main(args) == 0, capfd.readouterr().err[-3000:]
+    first = capfd.readouterr().out
+    for stage in STAGES:
+        assert f"[madr.jobs] {stage}: done" in first, f"{stage} did not run: {first[-3000:]}"
+
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["rows"]) == {"untrained", "multitask", "served"}, metrics["rows"].keys()
+    index = metrics["index"]
+    assert index["shards"] == 2 and index["documents"] > 0 and 0.0 <= index["index_xling_top1"] <= 1.0, index
+    summary = json.loads((out / "pipeline.json").read_text())
+    assert summary["stages"] == STAGES and sum(summary["train"]["steps_per_task"].values()) == 40, summary["train"]
+    run_ids = {s: markers.read_marker(str(out / "_stages"), s)["run_id"] for s in STAGES}
+
+    assert cli.main(args) == 0
+    second = capfd.readouterr().out
+    for stage in STAGES:
+        assert f"[madr.jobs] {stage}: skip, complete" in second, f"{stage} was not skipped: {second[-3000:]}"
+    assert {s: markers.read_marker(str(out / "_stages"), s)["run_id"] for s in STAGES} == run_ids
+    later = _actions(out, steps=40, **{"student.steps": 10})
+    assert {s: a for s, (a, _) in later.items()} == {"data": "skip", "train": "skip", "distil": "run",
+                                                     "encode": "run", "evaluate": "run"}, later
