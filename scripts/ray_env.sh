@@ -1,5 +1,5 @@
 # Network hygiene for Ray (source this before anything that may start Ray): no usage stats, no cloud
-# metadata probe, bind 127.0.0.1. See the project README, "Running without outbound network".
+# metadata probe, bind 127.0.0.1. See docs/development.md, "Running without outbound network".
 export RAY_USAGE_STATS_ENABLED=0
 export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0
 export HF_HUB_OFFLINE="${HF_HUB_OFFLINE:-1}"

@@ -10,7 +10,7 @@ for ``topology: fanout``; ``topology: colocated`` (the default) serves the same 
 replicas each hold the encoder and every shard (`serve.colocated`).
 
 Run locally with ``serve run serve/serve_config.yaml`` or from Python with `run_local`; deploy to a running
-cluster with ``serve deploy serve/serve_config.yaml`` (see the README "Serving" section).
+cluster with ``serve deploy serve/serve_config.yaml`` (see docs/serving.md).
 """
 
 from __future__ import annotations

@@ -120,10 +120,13 @@ def install_dry_run(*args: str, index: str | None) -> str:
 
 
 def readme_cluster_section() -> str:
+    """The cluster documentation: the README's "On a cluster", docs/cluster.md and docs/pipeline.md's stage commands."""
     text = (ROOT / "README.md").read_text()
-    start = text.index("## Running stage by stage, and on a cluster")
+    start = text.index("## On a cluster")
     end = text.index("\n## ", start + 1)
-    return text[start:end]
+    pipeline = (ROOT / "docs" / "pipeline.md").read_text()
+    stages = pipeline[pipeline.index("## Stage by stage"):]
+    return "\n".join([text[start:end], (ROOT / "docs" / "cluster.md").read_text(), stages])
 
 
 def readme_code(section: str) -> str:
@@ -295,7 +298,7 @@ def test_shared_storage_save_writes_the_env_file_the_nodes_read(tmp_path):
 
 
 def test_every_secret_a_manifest_reads_has_a_documented_create_command():
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text() + (ROOT / "docs" / "cluster.md").read_text()
     for path, doc in kuberay_docs():
         for key, value in walk(doc):
             if key == "secretKeyRef":
