@@ -60,7 +60,7 @@ def test_make_targets_exist(page):
 def test_repository_paths_exist(page):
     missing = []
     for span in _code(page.read_text()):
-        for token in re.findall(r"(?<![\w./~-])((?:%s)[\w./-]*)" % "|".join(map(re.escape, TOP)), span):
+        for token in re.findall(r"(?<![\w./~-])((?:" + "|".join(map(re.escape, TOP)) + r")[\w./-]*)", span):
             token = token.rstrip(".,:;)")
             if PLACEHOLDER.search(token) or token.startswith("tests/") and "::" in token:
                 continue
@@ -121,7 +121,7 @@ def _resolves(cls: typing.Any, path: list[str]) -> bool:
 @pytest.mark.parametrize("page", PAGES, ids=_ids(PAGES))
 def test_config_keys_exist(page):
     classes = _section_classes()
-    pattern = re.compile(r"(?<![\w./@-])(%s)\.([a-z_][\w.]*[a-z_])(?![\w/(-])" % "|".join(classes))
+    pattern = re.compile(r"(?<![\w./@-])(" + "|".join(classes) + r")\.([a-z_][\w.]*[a-z_])(?![\w/(-])")
     unknown = []
     for span in _code(page.read_text()):
         for section, rest in pattern.findall(span):
