@@ -88,11 +88,11 @@ def plain_loop(work: str, size: str, steps: int, batch: int, threads: int) -> di
 
     from madr.modeling.model import BiEncoder
     from madr.training.loop import Optimisation
+    from madr.training.stage_module import StageModule
     from pipelines.train.data import example_files
     from pipelines.train.engine import trainable
     from pipelines.train.examples import decode_batch
     from pipelines.train.job import stage_dir
-    from pipelines.train.objectives import StageModule
 
     torch.set_num_threads(threads)
     cfg = config(work, size, steps, batch)
@@ -204,7 +204,7 @@ torch.set_num_threads(1)
 from madr.config import StageConfig
 from madr.modeling.model import BiEncoder
 from pipelines.train.engine import DDPEngine
-from pipelines.train.objectives import StageModule
+from madr.training.stage_module import StageModule
 model = BiEncoder.load({model!r})
 batch = torch.load({batch_file!r}, weights_only=False)
 stage = StageConfig(batch_size={batch}, aspect_weight=0.1, gradcache_chunk={chunk})
@@ -228,7 +228,7 @@ def memory_inputs(out: str, batch: int) -> tuple[str, str]:
     from madr.modeling.model import build_model
     from madr.recipes.aspects.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies
     from madr.training.loop import CatalogSampler, finetune_batches
-    from pipelines.train.objectives import FinetuneBatch
+    from madr.training.stage_module import FinetuneBatch
 
     cfg = load_config(ROOT / "configs" / "train_tiny.yaml", {
         "output_dir": out, "data.synthetic_products": 4000, "data.synthetic_queries": 3000,

@@ -21,7 +21,6 @@ from transformers import get_cosine_schedule_with_warmup, get_linear_schedule_wi
 
 from madr.config import ModelConfig, StageConfig
 from madr.data.schema import Catalog
-from madr.losses import PointwiseCELoss
 from madr.modeling.batching import TextBatch, make_batch, model_device
 from madr.modeling.model import BiEncoder
 from madr.training.freezing import stage_frozen
@@ -32,7 +31,8 @@ from madr.training.negatives import (
     mine_negatives,
     read_index_negatives,
 )
-from madr.training.objectives import LossParts, finetune_loss, pretrain_loss
+from madr.training.objectives import LossParts, pretrain_loss
+from madr.training.stage_module import FinetuneBatch, StageModule
 
 Schedule = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
 
@@ -244,13 +244,13 @@ def finetune_batches(model: BiEncoder, examples: list[FinetuneExample]) -> tuple
     return qb, pb, nb, torch.tensor([e.negative_relevance for e in examples])
 
 
-def finetune_step(model: BiEncoder, sampler: CatalogSampler, stage: StageConfig,
-                  pointwise: PointwiseCELoss | None, step: int = 0) -> LossParts:
+def finetune_step(module: StageModule, sampler: CatalogSampler, stage: StageConfig, step: int = 0) -> LossParts:
+    """One fine-tuning batch's loss through the stage module (the objective the Ray Train job steps too)."""
     examples = sampler.finetune_batch(stage.batch_size)
-    qb, pb, nb, neg_rel = finetune_batches(model, examples)
-    negatives = nb if stage.hard_negatives > 0 else None
-    return finetune_loss(model, qb, pb, negatives, stage, pointwise, neg_rel, step=step,
-                         weights=example_weights(examples))
+    qb, pb, nb, neg_rel = finetune_batches(module.model, examples)
+    batch = FinetuneBatch(qb, pb, nb if stage.hard_negatives > 0 else None, neg_rel, example_weights(examples))
+    total, parts = module.loss(batch, step)
+    return LossParts(total, parts)
 
 
 def stage_runs(kind: str, stage: StageConfig, model_cfg: ModelConfig) -> bool:
@@ -271,14 +271,14 @@ def train_stage(model: BiEncoder, sampler: CatalogSampler, stage: StageConfig, k
         raise ValueError(f"stage kind must be pretrain or finetune, got {kind!r}")
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
-    pointwise = PointwiseCELoss(similarity=model.config.similarity).to(model_device(model)) if kind == "finetune" \
+    module = StageModule("finetune", stage, model, gather=False).to(model_device(model)) if kind == "finetune" \
         else None
-    params = list(model.parameters()) + (list(pointwise.parameters()) if pointwise is not None else [])
+    params = list(model.parameters()) if module is None else list(module.parameters())
 
     def step_fn(step: int) -> LossParts:
-        if kind == "pretrain":
+        if module is None:
             return pretrain_step(model, sampler, stage, generator)
-        return finetune_step(model, sampler, stage, pointwise, step)
+        return finetune_step(module, sampler, stage, step)
 
     def log(step: int, record: dict[str, float]) -> None:
         if on_log is not None and (step % stage.log_every == 0 or step == stage.steps):

@@ -1,4 +1,6 @@
-"""The combined pretraining and fine-tuning objectives of the two aspect papers.
+"""The combined pretraining and fine-tuning objectives of the two aspect papers: pretraining and the pieces of
+fine-tuning (aspect losses, pair weights, the hybrid loss); `madr.training.stage_module.StageModule` puts the
+fine-tuning objective together for every training path.
 
 Pretraining, per tower input X (queries through the query tower, products through the document tower):
     MADRAL / MtBERT (paper 000 Eq. 7): L_MLM + sum_{a != OTHER} (L_AP^a + L_APP^a)
@@ -24,9 +26,7 @@ from madr.losses import (
     AspectPredictionLoss,
     AspectPresenceLoss,
     HybridLoss,
-    InBatchSoftmaxLoss,
     MLMLoss,
-    PointwiseCELoss,
     combine_objectives,
     mask_tokens,
 )
@@ -125,54 +125,6 @@ def pretrain_loss(model: BiEncoder, queries: TextBatch, docs: TextBatch, stage: 
             parts.update({f"{side}_{k}": v for k, v in asp_parts.items()})
         total = loss if total is None else total + loss
         parts[f"{side}_mlm"] = _value(mlm)
-    parts["loss"] = _value(total)
-    return LossParts(total, parts)
-
-
-def finetune_loss(model: BiEncoder, queries: TextBatch, positives: TextBatch, negatives: TextBatch | None,
-                  stage: StageConfig, pointwise: PointwiseCELoss | None = None,
-                  neg_relevance: torch.Tensor | None = None, step: int = 0,
-                  weights: torch.Tensor | None = None) -> LossParts:
-    """Eq. 8 (paper 000) / Eq. 10 (paper 001).
-
-    L_SCE: each query against every positive in the batch and every hard negative. L_CE: pointwise
-    cross entropy on the judged (query, positive) pairs (target 1) and (query, hard negative) pairs
-    (target `neg_relevance`, default 0). Aspect losses on `model.aspect_sides` (both by default), weighted by
-    `stage.aspect_weight`. `weights [B]` (optional) weight each row's L_SCE term and its positive pair's L_CE term
-    (a click log's clipped inverse-propensity weights, `madr.clicks.judgments`).
-    """
-    cfg = model.config
-    q = model.encode(queries.input_ids, queries.attention_mask, "query")
-    p = model.encode(positives.input_ids, positives.attention_mask, "doc")
-    n = model.encode(negatives.input_ids, negatives.attention_mask, "doc") if negatives is not None else None
-    if cfg.hybrid_objective:
-        return hybrid_loss(q, p, n, stage, step)
-    temperature = cfg.temperature if cfg.similarity == "cosine" else 1.0
-    sce = InBatchSoftmaxLoss(similarity=cfg.similarity, temperature=temperature)(
-        q.embedding, p.embedding, None if n is None else n.embedding, weights)
-    total = sce
-    parts = {"sce": _value(sce)}
-    if pointwise is not None and stage.pointwise_weight > 0:
-        docs = p.embedding if n is None else torch.cat([p.embedding, n.embedding])
-        qs = q.embedding if n is None else torch.cat([q.embedding, q.embedding])
-        target = torch.ones(len(p.embedding), device=p.embedding.device)
-        if n is not None:
-            neg_t = neg_relevance if neg_relevance is not None else torch.zeros(len(n.embedding))
-            target = torch.cat([target, neg_t.float().to(target.device)])
-        ce = pointwise(qs, docs, target, pair_weights(weights, len(qs), target.device))
-        parts["ce"] = _value(ce)
-        total = total + stage.pointwise_weight * ce
-    if stage.aspect_weight > 0:
-        for side, out, batch in (("query", q, queries), ("doc", p, positives)):
-            if side not in cfg.aspect_sides:
-                continue
-            asp, asp_parts = aspect_loss(model, out, batch, side)
-            total = total + stage.aspect_weight * asp
-            parts.update({f"{side}_{k}": v for k, v in asp_parts.items()})
-    if cfg.has_sparse:  # the sparse head beside the model's own dense vector
-        sparse = hybrid_loss(q, p, n, stage, step, terms=("sparse",))
-        total = total + sparse.total
-        parts.update({f"sparse_{k}": v for k, v in sparse.parts.items() if k != "loss"})
     parts["loss"] = _value(total)
     return LossParts(total, parts)
 

@@ -3,8 +3,7 @@
 | module | holds |
 |---|---|
 | `config` | `DistributedConfig`: the experiment's `distributed:` section (workers, backend, storage, runtime env) |
-| `objectives` | `StageModule`: model + stage losses in one module (DDP / DeepSpeed wrap it); Ray-free |
-| `engine` | `DDPEngine` / `DeepSpeedEngine`: accumulation, GradCache, clipping, warm-up + decay, save/load |
+| `engine` | `DDPEngine` / `DeepSpeedEngine` over `madr.training.stage_module.StageModule`: accumulation, GradCache, clipping, warm-up + decay, save/load |
 | `examples` | a stage's training rows from a catalog, as Parquet; batch decoding in the worker |
 | `data` | deterministic streaming split + `RowStream` (resumable data position) |
 | `loop` | `train_loop_per_worker`: resume, stream, step, validate, checkpoint, report, failure drill |

@@ -30,8 +30,8 @@ from madr.config import StageConfig
 from madr.training.distributed import world_size
 from madr.training.gradcache import chunk_slices, gradcache_step, take_rows
 from madr.training.loop import Optimisation, build_scheduler
+from madr.training.stage_module import FinetuneBatch, StageModule, num_rows
 from pipelines.train.config import DistributedConfig
-from pipelines.train.objectives import FinetuneBatch, StageModule, num_rows
 from pipelines.train.ops import deepspeed_env
 
 STATE_FILE = "stage_module.safetensors"

@@ -34,7 +34,7 @@ from madr.data.schema import Catalog
 from madr.modeling.batching import make_batch
 from madr.modeling.model import BiEncoder
 from madr.training.negatives import MinedNegatives, check_mined, hard_negative
-from pipelines.train.objectives import DistillBatch, FinetuneBatch, PretrainBatch
+from madr.training.stage_module import DistillBatch, FinetuneBatch, PretrainBatch
 
 COLUMNS = {
     "pretrain": ("row_id", "query", "query_aspects", "doc", "doc_aspects"),

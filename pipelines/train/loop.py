@@ -39,11 +39,11 @@ from madr.training.distill import attach_query_student, make_student, student_te
 from madr.training.distributed import mean_over_ranks
 from madr.training.freezing import freeze_backbone
 from madr.training.objectives import pretrain_loss
+from madr.training.stage_module import StageModule, step_seed
 from pipelines.train.config import distributed_config
 from pipelines.train.data import Position, RowStream
 from pipelines.train.engine import Engine, make_engine
 from pipelines.train.examples import decode_batch, holdout_products
-from pipelines.train.objectives import StageModule, step_seed
 
 PROGRESS_FILE = "progress.json"
 MODEL_DIR = "model"

@@ -56,9 +56,9 @@ class InProcess:
     """The same engine in this process (no process group): one step at a time over the whole global batch."""
 
     def __init__(self, cfg, init_model: str, rows: dict) -> None:
+        from madr.training.stage_module import StageModule
         from pipelines.train.engine import DDPEngine
         from pipelines.train.examples import decode_batch
-        from pipelines.train.objectives import StageModule
 
         stage = cfg.train.finetune
         model = BiEncoder.load(init_model)

@@ -11,7 +11,7 @@ from madr.losses import FlopsLoss, FlopsWeightSchedule
 from madr.modeling.batching import make_batch
 from madr.modeling.heads.hybrid import term_weights, top_k_sparsify
 from madr.modeling.model import BiEncoder, build_model
-from madr.training.objectives import finetune_loss
+from madr.training.stage_module import FinetuneBatch, StageModule
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
         "max_position_embeddings": 96}
@@ -88,9 +88,11 @@ def test_hybrid_loss_trains_and_round_trips(hybrid, catalog, tmp_path):
     model = hybrid.train()
     qb = make_batch(model, [q.text for q in catalog.queries[:4]], "query")
     pb = make_batch(model, [catalog.product_text(p) for p in catalog.products[:4]], "doc")
-    res = finetune_loss(model, qb, pb, None, StageConfig(flops_query_weight=0.01, flops_doc_weight=0.001), step=5)
-    assert {"dense", "sparse", "flops_q", "flops_d"} <= set(res.parts)
-    res.total.backward()
+    stage = StageConfig(flops_query_weight=0.01, flops_doc_weight=0.001)
+    total, parts = StageModule("finetune", stage, model, gather=False).loss(
+        FinetuneBatch(qb, pb, None, torch.zeros(4)), 5)
+    assert {"dense", "sparse", "flops_q", "flops_d"} <= set(parts)
+    total.backward()
     assert model.query_tower.mlm_head.dense.weight.grad.abs().sum() > 0, "sparse loss reaches the MLM head"
     model.eval()
     model.save(tmp_path / "h")

@@ -6,7 +6,8 @@ import torch
 from madr.config import BackboneConfig, ModelConfig, StageConfig
 from madr.modeling.batching import make_batch
 from madr.modeling.model import BiEncoder, build_model, objective_keys
-from madr.training.objectives import finetune_loss, pretrain_loss
+from madr.training.objectives import pretrain_loss
+from madr.training.stage_module import FinetuneBatch, StageModule
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
         "max_position_embeddings": 96}
@@ -44,7 +45,7 @@ def test_shapes_gradients_and_round_trip(name, catalog, tokenizer, vocabularies,
     # gradients reach the backbone and the head through the fine-tuning and pretraining objectives
     model.train()
     stage = StageConfig(batch_size=4, aspect_weight=0.5)
-    loss = finetune_loss(model, qb, pb, None, stage).total
+    loss, _ = StageModule("finetune", stage, model, gather=False).loss(FinetuneBatch(qb, pb, None, torch.zeros(4)))
     if name != "dssm":
         loss = loss + pretrain_loss(model, qb, pb, stage, torch.Generator().manual_seed(0)).total
     loss.backward()

@@ -20,7 +20,7 @@ from madr.modeling.tokenization import corpus_term_ids
 from madr.search.hybrid import EncodedTexts, HybridSearcher
 from madr.search.query_encoder import LeanQueryEncoder
 from madr.training.loop import CatalogSampler, finetune_batches
-from madr.training.objectives import finetune_loss
+from madr.training.stage_module import FinetuneBatch, StageModule
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
         "max_position_embeddings": 64, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
@@ -126,15 +126,16 @@ def test_training_moves_the_sparse_head_and_lowers_its_loss(catalog, tokenizer, 
     model = sparse_madral(catalog, tokenizer, vocabularies).train()
     stage = StageConfig(aspect_weight=0.1, pointwise_weight=1.0, flops_query_weight=1e-3, flops_doc_weight=1e-3)
     qb, pb, nb, rel = finetune_batches(model, CatalogSampler(catalog, seed=3).finetune_batch(16))
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    module = StageModule("finetune", stage, model, gather=False)
+    opt = torch.optim.Adam(module.parameters(), lr=3e-3)
     first = None
     for step in range(30):
-        out = finetune_loss(model, qb, pb, nb, stage, None, rel, step=step)
-        assert {"sce", "sparse_sparse", "sparse_flops_q", "sparse_flops_d"} <= set(out.parts)
+        total, parts = module.loss(FinetuneBatch(qb, pb, nb, rel), step)
+        assert {"sce", "sparse_sparse", "sparse_flops_q", "sparse_flops_d"} <= set(parts)
         opt.zero_grad()
-        out.total.backward()
+        total.backward()
         if step == 0:
-            first = out.parts["sparse_sparse"]
+            first = parts["sparse_sparse"]
             assert float(model.query_tower.mlm_head.dense.weight.grad.abs().sum()) > 0
         opt.step()
-    assert out.parts["sparse_sparse"] < 0.7 * first, (first, out.parts["sparse_sparse"])
+    assert parts["sparse_sparse"] < 0.7 * first, (first, parts["sparse_sparse"])

@@ -99,8 +99,8 @@ def _toy(rank: int, world: int, sizes: list[int], data: dict) -> dict:
 def _engine(rank: int, world: int, out: Path) -> dict:
     from madr.modeling.model import BiEncoder
     from madr.training.gradcache import take_rows
+    from madr.training.stage_module import StageModule
     from pipelines.train.engine import DDPEngine
-    from pipelines.train.objectives import StageModule
 
     setup = torch.load(out / "setup.pt", weights_only=False)
     result = {}
@@ -121,9 +121,9 @@ def _one_step_each_backend(rank: int, world: int, out: Path, setup: dict) -> dic
     """One optimiser step: DDP plain backprop vs DeepSpeed ZeRO-2 with GradCache chunks of 3 rows."""
     from madr.modeling.model import BiEncoder
     from madr.training.gradcache import take_rows
+    from madr.training.stage_module import StageModule
     from pipelines.train.config import DistributedConfig
     from pipelines.train.engine import DDPEngine, DeepSpeedEngine
-    from pipelines.train.objectives import StageModule
 
     n = len(setup["batch"].queries.input_ids) // world
     mine = take_rows(setup["batch"], slice(rank * n, (rank + 1) * n))
@@ -170,7 +170,7 @@ def _two_workers(out: Path, catalog, tokenizer, vocabularies) -> dict:
     from madr.config import ModelConfig, StageConfig
     from madr.modeling.model import build_model
     from madr.training.loop import CatalogSampler, finetune_batches
-    from pipelines.train.objectives import FinetuneBatch, StageModule
+    from madr.training.stage_module import FinetuneBatch, StageModule
 
     torch.manual_seed(1)
     data = {k: torch.randn(6, 6) for k in ("q", "p", "n")}

@@ -6,11 +6,19 @@ from madr.config import BackboneConfig, ModelConfig, StageConfig
 from madr.modeling.batching import make_batch
 from madr.modeling.model import build_model
 from madr.training.loop import stage_runs
-from madr.training.objectives import aspect_loss, finetune_loss, pretrain_loss
+from madr.training.objectives import LossParts, aspect_loss, pretrain_loss
+from madr.training.stage_module import FinetuneBatch, StageModule
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
         "max_position_embeddings": 96}
 
+
+
+def _finetune(model, qb, pb, nb, stage, rel=None, step=0):
+    """The fine-tuning objective every training path steps (`StageModule`), on one batch in one process."""
+    rel = torch.zeros(len(qb.input_ids)) if rel is None else rel
+    total, parts = StageModule("finetune", stage, model, gather=False).loss(FinetuneBatch(qb, pb, nb, rel), step)
+    return LossParts(total, parts)
 
 def _model(name, tokenizer, vocabularies, **kw):
     torch.manual_seed(0)
@@ -57,7 +65,7 @@ def test_pretrain_and_finetune_terms(catalog, tokenizer, vocabularies):
     expected = (pre.parts["query_mlm"] + pre.parts["doc_mlm"]
                 + 0.1 * (pre.parts.get("query_aspect", 0.0) + pre.parts["doc_aspect"]))
     assert abs(pre.parts["loss"] - expected) < 1e-4, (pre.parts, expected)
-    fin = finetune_loss(model, qb, pb, None, StageConfig(aspect_weight=0.0))
+    fin = _finetune(model, qb, pb, None, StageConfig(aspect_weight=0.0, pointwise_weight=0.0))
     assert set(fin.parts) == {"sce", "loss"}, fin.parts  # MURAL Eq. 10: SCE only
 
 
@@ -70,7 +78,7 @@ def test_aspect_sides_train_aspect_losses_on_one_side_only(catalog, tokenizer, v
     qb = make_batch(both, [q.text for q in qs], "query", [q.aspects for q in qs])
     pb = make_batch(both, [catalog.product_text(p) for p in ps], "doc", [p.aspects for p in ps])
     both.eval(), doc_only.eval()  # no dropout: the two losses differ by the query-side aspect terms only
-    full, ablated = finetune_loss(both, qb, pb, None, stage), finetune_loss(doc_only, qb, pb, None, stage)
+    full, ablated = _finetune(both, qb, pb, None, stage), _finetune(doc_only, qb, pb, None, stage)
     assert any(k.startswith("query_") for k in full.parts) and not any(k.startswith("query_") for k in ablated.parts)
     assert any(k.startswith("doc_ap_") for k in ablated.parts), ablated.parts
     query_terms = sum(v for k, v in full.parts.items() if k.startswith("query_ap_") or k == "query_app")

@@ -13,12 +13,11 @@ import pytest
 import torch
 
 from madr.config import ExperimentConfig, ModelConfig, StageConfig, from_dict, load_config
-from madr.losses import PointwiseCELoss
 from madr.modeling.model import build_model
 from madr.training.loop import CatalogSampler, finetune_step, pretrain_step, train_stage
+from madr.training.stage_module import StageModule
 from pipelines.train.engine import DDPEngine
 from pipelines.train.examples import decode_batch
-from pipelines.train.objectives import StageModule
 
 PAPER_CONFIG = Path(__file__).resolve().parents[4] / "configs" / "mural_paper.yaml"
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
@@ -136,8 +135,8 @@ def test_finetune_step_in_process_equals_ray_stage(catalog, tokenizer, vocabular
     cfg = _paper_cfg(aspect_weight=aspect_weight)
     stage = cfg.train.finetune
     ours = _model(cfg, tokenizer, vocabularies)
-    pointwise = PointwiseCELoss(similarity=ours.config.similarity)
-    ref = finetune_step(ours, CatalogSampler(catalog, seed=SAMPLER_SEED), stage, pointwise, step=0)
+    module = StageModule("finetune", stage, ours, gather=False)
+    ref = finetune_step(module, CatalogSampler(catalog, seed=SAMPLER_SEED), stage, step=0)
     ref.total.backward()
     expected = {"sce", "loss"} | ({"query_aspect", "doc_aspect"} if aspect_weight else set())
     assert set(ref.parts) == expected, ref.parts

@@ -1,17 +1,21 @@
-"""What one data-parallel worker trains in a stage: the model plus the stage's losses, as one `nn.Module`
-whose `forward` returns the loss (what DDP and DeepSpeed wrap). Ray-free: tests run it in plain processes.
+"""What a stage trains: the model plus the stage's losses, as one `nn.Module` whose `forward` returns the loss.
+The in-process loop (`madr.training.loop.train_stage`) steps it, and the Ray Train job's DDP / DeepSpeed engines
+(`pipelines.train.engine`) wrap it: one objective for every training path.
 
 * pretrain: paper 000 Eq. 7 / paper 001 Eq. 9 (`madr.training.objectives.pretrain_loss`): per-row losses, so each
   worker's mean is averaged over workers by the gradient all-reduce.
 * finetune: paper 000 Eq. 8 / paper 001 Eq. 10 / paper 002 Eq. 3-5 (hybrid), written as
-  - a *representation* loss over the batch: L_SCE with in-batch negatives gathered from every worker
-    (`madr.training.distributed.GatheredInBatchSoftmaxLoss`), plus the aspect losses (Eq. 8's lambda term; for
-    MURAL the optional lambda * L_A, paper 001 Eq. 2-5, whose value scores h_a^g . E_a^g are per-row logits like
-    MADRAL's) from the aspect / presence logits; for the hybrid model dense + sparse contrastive terms
-    (gathered) + FLOPS; a `model.sparse_head` model adds the sparse term (gathered) + FLOPS to its own loss;
-  - a *row-local* loss: pointwise L_CE on each (query, positive) / (query, hard negative) pair.
-  With one worker and no chunking this is `madr.training.objectives.finetune_loss` term for term. The split lets
-  GradCache (`madr.training.gradcache`) cache gradients of the representations and recompute chunk by chunk.
+  - a *representation* loss over the batch: L_SCE with in-batch negatives (gathered from every worker when
+    `gather`; `madr.training.distributed.GatheredInBatchSoftmaxLoss`), plus the aspect losses on
+    `model.aspect_sides` (Eq. 8's lambda term; for MURAL the optional lambda * L_A, paper 001 Eq. 2-5, whose value
+    scores h_a^g . E_a^g are per-row logits like MADRAL's) from the aspect / presence logits; for the hybrid model
+    dense + sparse contrastive terms (gathered) + FLOPS; a `model.sparse_head` model adds the sparse term
+    (gathered) + FLOPS to its own loss;
+  - a *row-local* loss: pointwise L_CE on each (query, positive) / (query, hard negative) pair (target 1 / the
+    negative's relevance), its (query, positive) pairs weighted like their rows.
+  `FinetuneBatch.weights [B]` (optional) weight each row's L_SCE term and its positive pair's L_CE term (a click
+  log's clipped inverse-propensity weights, `madr.clicks.judgments`). The split lets GradCache
+  (`madr.training.gradcache`) cache gradients of the representations and recompute chunk by chunk.
 * distill: paper 004 Sec. V-A, L2 between the student's and the frozen teacher's query embeddings.
 """
 
@@ -205,6 +209,8 @@ class StageModule(nn.Module):
         total, parts = sce, {"sce": float(sce.detach())}
         if self._aspect_terms():
             for side, name, tb in (("query", "q", batch.queries), ("doc", "p", batch.positives)):
+                if side not in cfg.aspect_sides:
+                    continue
                 out = TowerOutput(embedding=reps[name],
                                   aspect_logits={k: reps[f"{name}_logits/{k}"] for k in self._aspect_terms()},
                                   presence_logits=reps.get(f"{name}_presence"))
@@ -223,7 +229,10 @@ class StageModule(nn.Module):
         total, parts = self.hybrid(_float(reps["q"]), _float(reps["p"]), _float(reps.get("n")),
                                    _float(reps["q_sparse"]), _float(reps["p_sparse"]), _float(reps.get("n_sparse")),
                                    step)
-        return total, {k: float(v) for k, v in parts.items()}
+        values = {k: float(v) for k, v in parts.items()}
+        if reps.get("q_sparse") is not None:
+            values["nnz_q"] = float((reps["q_sparse"] > 0).sum(-1).float().mean())
+        return total, values
 
     def local_loss(self, q: torch.Tensor, p: torch.Tensor, n: torch.Tensor | None, batch: FinetuneBatch,
                    weight: float = 1.0) -> tuple[torch.Tensor, dict[str, float]]:
