@@ -12,7 +12,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from madr.clicks.simulation import ClickSimulation, graded_attractiveness, power_law_examination, simulate_impressions
+from madr.clicks.simulation import (
+    ClickSimulation,
+    graded_attractiveness,
+    power_law_examination,
+    simulate_impressions,
+)
 from pipelines.jobs import cli
 from pipelines.multitask.config import load_pipeline_config
 from pipelines.multitask.data import SUMMARY, prepare_data, read_data_stage

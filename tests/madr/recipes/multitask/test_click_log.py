@@ -13,7 +13,12 @@ import numpy as np
 import pytest
 
 from madr.clicks.examination import ExaminationCurve, curve_error
-from madr.clicks.simulation import ClickSimulation, graded_attractiveness, power_law_examination, simulate_impressions
+from madr.clicks.simulation import (
+    ClickSimulation,
+    graded_attractiveness,
+    power_law_examination,
+    simulate_impressions,
+)
 from madr.config import ClickLogConfig
 from madr.data.records import ClickRecord, MultilingualData
 from madr.recipes.multitask.click_log import MAX_SKIP_NEGATIVES, apply_click_log
