@@ -397,8 +397,8 @@ def to_record(row: Mapping[str, Any], task: str) -> Any:
         raise ValueError(f"task {task!r} has no record type (record tasks: {', '.join(RECORD_TYPES)})")
     values = dict(row)
     for key in ("fields", "extra", "negatives"):
-        if key in values and isinstance(values[key], list):
-            values[key] = dict(values[key])  # Arrow maps come back as (key, value) pairs
+        if values.get(key) is not None and not isinstance(values[key], dict):
+            values[key] = dict(values[key])  # Arrow maps come back as (key, value) pairs (a list or an array)
     for key in _DEFAULTED:
         if key in values and values[key] is None:
             del values[key]  # a source without the column: the record's default (weight 1, no negatives)
