@@ -20,6 +20,10 @@ class ClickRecord:
     `fields` holds the document's text fields (title, description, url, ...). `position` is the
     1-based rank the old ranker showed it at: clicks are biased toward small positions, which is the
     bias paper 004 trains away from.
+
+    From a raw click log (`madr.recipes.multitask.click_log`): `weight` is the clicked pair's debiasing
+    weight in the triplet loss (clipped inverse propensity, 1 without debiasing) and `negatives` the
+    documents (id -> text) its query's users skipped above a click, extra negatives of that query.
     """
 
     query: str
@@ -32,6 +36,8 @@ class ClickRecord:
     query_id: str = ""
     doc_id: str = ""
     relevance: int | None = None  # ground truth where known (synthetic data), never used for training
+    weight: float = 1.0
+    negatives: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

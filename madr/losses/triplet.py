@@ -26,6 +26,8 @@ one of four strategies (`negatives=`):
   from the `generator` (seed it for reproducibility).
 
 Eq. 3's normaliser N is the number of queries in the batch: a query without a usable negative adds 0.
+Per-example `weights` w_j (e.g. the clipped inverse propensities of clicks in a position-biased log; Joachims et
+al., WSDM'17) make it the weighted mean `sum_j w_j [...]_+ / sum_j w_j`, which is Eq. 3 when every w_j = 1.
 Distances: `"l1"` = sum |x - y| (the paper's best, default), `"l2"` = Euclidean norm (not squared),
 `"cosine"` = 1 - cos(x, y).
 """
@@ -65,6 +67,16 @@ def distance_matrix(x: torch.Tensor, y: torch.Tensor, distance: str = "l1") -> t
     raise ValueError(f"distance {distance!r} is not one of {', '.join(DISTANCES)}")
 
 
+def weighted_mean(values: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """`sum_j w_j v_j / sum_j w_j` over a `[B]` vector (the plain mean without weights)."""
+    if weights is None:
+        return values.mean()
+    if weights.shape != values.shape:
+        raise ValueError(f"weights {tuple(weights.shape)} must match the batch {tuple(values.shape)}")
+    weights = weights.to(values)
+    return (weights * values).sum() / weights.sum().clamp_min(1e-12)
+
+
 def _one_hot(index: torch.Tensor, has_any: torch.Tensor, width: int) -> torch.Tensor:
     """Boolean `[B, width]` mask with True at `index[b]` for the rows where `has_any[b]`."""
     mask = torch.zeros(index.shape[0], width, dtype=torch.bool, device=index.device)
@@ -88,6 +100,8 @@ class TripletLoss(nn.Module):
     optional extra `negatives` `[B, n, d]` (per query) or `[N, d]` (shared by all queries). The candidate
     negatives of query i are the other rows' positives plus the extra negatives. `positive_ids` (`[B]`, ints)
     marks rows whose positive is the same document: those in-batch candidates are not used as negatives.
+    `negative_mask` (`[B, n]`, bool) marks which per-query extra negatives exist (padding is False); `weights`
+    (`[B]`, >= 0) weigh each query's hinge (module docstring).
     """
 
     def __init__(self, distance: str = "l1", margin: float = 1.0, negatives: str = "semi_hard",
@@ -154,7 +168,8 @@ class TripletLoss(nn.Module):
         return semi | farthest
 
     def forward(self, anchors: torch.Tensor, positives: torch.Tensor, negatives: torch.Tensor | None = None,
-                positive_ids: torch.Tensor | None = None) -> torch.Tensor:
+                positive_ids: torch.Tensor | None = None, negative_mask: torch.Tensor | None = None,
+                weights: torch.Tensor | None = None) -> torch.Tensor:
         if anchors.dim() != 2 or anchors.shape != positives.shape or anchors.shape[0] == 0:
             raise ValueError(f"anchors {tuple(anchors.shape)} and positives {tuple(positives.shape)} must both "
                              "be [batch>=1, dim]")
@@ -165,7 +180,13 @@ class TripletLoss(nn.Module):
         dist_an = distance_matrix(anchors, torch.cat([positives, shared]), self.distance)
         if per_query is not None:
             dist_an = torch.cat([dist_an, pairwise_distance(anchors[:, None, :], per_query, self.distance)], dim=1)
-        valid = torch.cat([valid, valid.new_ones(batch, dist_an.shape[1] - batch)], dim=1)
+        extra = valid.new_ones(batch, dist_an.shape[1] - batch)
+        if negative_mask is not None:
+            if per_query is None or negative_mask.shape != per_query.shape[:2]:
+                raise ValueError(f"negative_mask {tuple(negative_mask.shape)} must be [batch, n] of per-query "
+                                 "negatives [batch, n, d]")
+            extra[:, shared.shape[0]:] = negative_mask.to(device=extra.device, dtype=torch.bool)
+        valid = torch.cat([valid, extra], dim=1)
         mask = self.select_negatives(dist_ap, dist_an, self.negatives, self.margin, valid, self.generator,
                                      self.semi_hard_fallback)
         count = mask.sum(dim=1)
@@ -174,7 +195,7 @@ class TripletLoss(nn.Module):
             hinge = F.relu(dist_ap - dist_neg + self.margin)
         else:  # mean hinge over the selected negatives (exactly one for hard / semi_hard / random)
             hinge = (F.relu(dist_ap[:, None] - dist_an + self.margin) * mask).sum(dim=1) / count.clamp_min(1)
-        return (hinge * (count > 0)).sum() / batch
+        return weighted_mean(hinge * (count > 0), weights)
 
     def _centroid_distance(self, anchors: torch.Tensor, candidates: torch.Tensor, per_query: torch.Tensor | None,
                            mask: torch.Tensor, count: torch.Tensor) -> torch.Tensor:

@@ -61,7 +61,7 @@ TASK_SCHEMAS: dict[str, pa.Schema] = {
     "click": pa.schema([("query", pa.string()), ("fields", _STR_MAP), ("clicked", pa.bool_()),
                         ("position", pa.int32()), ("impressions", pa.int32()), ("clicks", pa.int32()),
                         ("language", pa.string()), ("query_id", pa.string()), ("doc_id", pa.string()),
-                        ("relevance", pa.int32())]),
+                        ("relevance", pa.int32()), ("weight", pa.float64()), ("negatives", _STR_MAP)]),
     "parallel": pa.schema([("source", pa.string()), ("target", pa.string()), ("source_lang", pa.string()),
                            ("target_lang", pa.string()), ("score", pa.float64())]),
     "evidence": pa.schema([("question_id", pa.string()), ("question", pa.string()), ("evidence_id", pa.string()),
@@ -388,13 +388,19 @@ def get_source(name: str) -> SourceSpec:
     return SOURCES[name]
 
 
+_DEFAULTED = ("weight", "negatives")
+
+
 def to_record(row: Mapping[str, Any], task: str) -> Any:
     """A normalised row (a dict as `Dataset.take` gives it) -> its `madr.data.records` dataclass."""
     if task not in RECORD_TYPES:
         raise ValueError(f"task {task!r} has no record type (record tasks: {', '.join(RECORD_TYPES)})")
     values = dict(row)
-    for key in ("fields", "extra"):
-        if key in values and isinstance(values[key], list):
-            values[key] = dict(values[key])  # Arrow maps come back as (key, value) pairs
+    for key in ("fields", "extra", "negatives"):
+        if values.get(key) is not None and not isinstance(values[key], dict):
+            values[key] = dict(values[key])  # Arrow maps come back as (key, value) pairs (a list or an array)
+    for key in _DEFAULTED:
+        if key in values and values[key] is None:
+            del values[key]  # a source without the column: the record's default (weight 1, no negatives)
     names = RECORD_TYPES[task].__dataclass_fields__
     return RECORD_TYPES[task](**{k: v for k, v in values.items() if k in names})

@@ -8,7 +8,7 @@ evaluate (`metrics.json`) -> deploy (optional: the Serve app over that index and
 `serve:` section may ask for the int8 onnxruntime query tower, `encoder_precision: int8`).
 
 The config is `pipelines.multitask.config.PipelineConfig` (unknown keys fail naming their dotted path);
-`check` loads it as every stage will, and checks the backbone, the real data and the Serve settings here.
+`check` loads it as every stage will, and checks the backbone, the real data, the click log and the Serve settings here.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def serve_args(cfg: Any) -> dict[str, Any]:
 def check(configs: Mapping[str, Mapping[str, Any]], paths: Mapping[str, str], stages: Sequence[str],
           here: bool = True) -> None:
     """Every named stage's config as the stage will load it; `here`: the stages run on this machine, so the
-    backbone and `real_data.data_dir` must resolve here. A ValueError naming the file and the key otherwise."""
+    backbone, `real_data.data_dir` and `data.clicks.path` must resolve here. A ValueError naming the file and the key otherwise."""
     for stage in stages:
         where = paths[stage]
         cfg = config(configs[stage], where)
@@ -90,6 +90,9 @@ def _check_one(cfg: Any, stage: str, here: bool) -> None:
                 raise ValueError(f"model.backbone.name_or_path: {err}") from None
         if cfg.real_data is not None and not Path(cfg.real_data.data_dir).exists():
             raise ValueError(f"real_data.data_dir: {cfg.real_data.data_dir} does not exist")
+        clicks = cfg.recipe.data.clicks
+        if clicks is not None and "://" not in clicks.path and not Path(clicks.path).exists():
+            raise ValueError(f"data.clicks.path: {clicks.path} does not exist")
     if stage == "deploy":
         from madr.config import from_dict
         from serve.config import ServeSettings

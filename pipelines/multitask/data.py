@@ -5,6 +5,9 @@
    real files (`madr.data.sources.real_multilingual.load_real_multilingual`, whose held-out splits never
    share a query, premise or English sentence with training; it stops at a bad row naming the file, row
    and field, and counts the rows it skips: SNLI without consensus, training rows of held-out queries);
+   with `data.clicks`, a raw click log's debiased (query, document) pairs replace the training click records
+   (`madr.recipes.multitask.click_log`: examination curve, quarantine and report under `data/clicks/`, the
+   click summary in `data_summary.json` under `clicks`);
 2. the tokenizer (`build_tokenizer`: the backbone's own, or a WordPiece trained on the training text) and the
    untrained encoder (`build_encoder`, weights from the seed), saved with `BiEncoder.save` as `init_model/`:
    every train worker starts from these same weights and this tokenizer;
@@ -67,6 +70,18 @@ def load_sets(cfg: PipelineConfig) -> MultilingualData:
     return load_real_multilingual(real)
 
 
+def with_click_log(cfg: PipelineConfig, sets: MultilingualData) -> tuple[MultilingualData, dict[str, Any] | None]:
+    """`sets` with `data.clicks`' records as the training clicks (None: no click log configured)."""
+    clicks = cfg.recipe.data.clicks
+    if clicks is None:
+        return sets, None
+    from madr.recipes.multitask.click_log import CLICKS_DIR, apply_click_log
+
+    local = "://" not in clicks.path and Path(clicks.path).exists()
+    clicks = dataclasses.replace(clicks, path=str(Path(clicks.path).resolve()) if local else clicks.path)
+    return apply_click_log(sets, clicks, cfg.output_dir / CLICKS_DIR, cfg.recipe.tasks.click.field_order[0])
+
+
 def _resolve_backbone(cfg: PipelineConfig) -> None:
     """A relative backbone path that exists here -> absolute (workers and tasks may run elsewhere)."""
     b = cfg.recipe.model.backbone
@@ -106,7 +121,7 @@ def prepare_data(cfg: PipelineConfig) -> DataStage:
     out.mkdir(parents=True, exist_ok=True)
     _resolve_backbone(cfg)
     recipe = cfg.recipe
-    sets = load_sets(cfg)
+    sets, clicks = with_click_log(cfg, load_sets(cfg))
     tokenizer = build_tokenizer(recipe, sets, out)
     model = build_encoder(recipe, tokenizer, recipe.seed)
     model.save(out / INIT_MODEL)
@@ -123,6 +138,7 @@ def prepare_data(cfg: PipelineConfig) -> DataStage:
     summary = {"sizes": sizes, "dropped": dropped, "sets": sets.sizes(),
                "source": "real" if cfg.real_data is not None else "synthetic",
                **({"real": sets.summary} if hasattr(sets, "summary") else {}),
+               **({"clicks": clicks} if clicks is not None else {}),
                "task_dirs": dirs, "init_model": str(out / INIT_MODEL)}
     (out / SUMMARY).write_text(json.dumps(summary, indent=1, default=str))
     return DataStage(dirs, sizes, dropped, str(out / INIT_MODEL), sets, summary)

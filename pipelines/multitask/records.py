@@ -27,8 +27,9 @@ def records_table(records: Sequence[Any], task: str) -> pa.Table:
     rows = []
     for r in records:
         row = dataclasses.asdict(r)
-        if "fields" in row:
-            row["fields"] = list(row["fields"].items())
+        for key in ("fields", "negatives"):
+            if key in row:
+                row[key] = list(row[key].items())
         rows.append({name: row.get(name) for name in schema.names})
     return pa.Table.from_pylist(rows, schema=schema)
 

@@ -8,6 +8,8 @@ all in one. The evaluate stage writes `pipeline.json` (what each stage did and h
 `metrics.json`:
 
     <output_dir>/data/<task>/part-*.parquet   usable training rows per task (normalised task schema)
+    <output_dir>/data/clicks/                 with data.clicks: the log's impressions, quarantine, examination
+                                              curve (examination.json / .png) and report.json
     <output_dir>/sets/<set>.parquet           the training and held-out sets (read by distil, encode, evaluate)
     <output_dir>/data_summary.json            rows per task, rows dropped, set sizes (+ real-data counts)
     <output_dir>/init_model/                  the untrained encoder every worker starts from

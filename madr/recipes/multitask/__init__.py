@@ -8,6 +8,7 @@ and the multilingual multi-task experiment.
 | `trainer` | `MultiTaskTrainer`: one optimiser, one task per batch, exact resume |
 | `config` | `MultiTaskExperimentConfig`: the experiment YAML (`configs/multitask.yaml`) |
 | `data` | the experiment's synthetic click / NLI / parallel sets with held-out splits, and their text views |
+| `click_log` | a raw click log (`data.clicks`) as the click task's training records: debiased weights, skip negatives |
 | `encoders` | the experiment's tokenizer, encoder, tasks, multi-task training and distilled query student |
 | `evaluation` | held-out metrics of an encoder: click NDCG, NLI AUC, cross-lingual top-1 |
 | `baselines` | training-free rows: random, logged ranker, token BM25, minimum edit distance |

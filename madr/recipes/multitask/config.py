@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from madr.config import BackboneConfig, load_dataclass
+from madr.config import BackboneConfig, ClickLogConfig, load_dataclass
 from madr.data.synthetic.multilingual import (
     CLICK_LANGUAGES,
     MULTILINGUAL_LANGUAGES,
@@ -64,6 +64,11 @@ class MultilingualDataConfig:
     training clicks, `eval_split` queries are judged by the catalog's ground truth). NLI and parallel pairs:
     training and held-out sets drawn with different seeds; held-out pairs that also occur in training (NLI:
     the same premise and hypothesis; parallel: the same English sentence) are removed.
+
+    `clicks`: a raw click log (`madr.config.ClickLogConfig`, the product-search recipe's `data.clicks`) whose
+    (query, shown document) pairs replace the click task's training records, debiased by the examination
+    curve estimated from the log (`madr.recipes.multitask.click_log`); the held-out click evaluation keeps the
+    judged candidates above (or `real_data:`'s), so `clicks.holdout` is not used.
     """
 
     seed: int = 0
@@ -84,6 +89,7 @@ class MultilingualDataConfig:
     parallel_languages: list[str] = field(default_factory=lambda: list(PARALLEL_LANGUAGES))
     parallel_noise_rate: float = 0.15
     parallel_threshold: float | None = WIKIMATRIX_THRESHOLD
+    clicks: ClickLogConfig | None = None
 
     def __post_init__(self) -> None:
         _subset("data.click_languages", self.click_languages, CLICK_LANGUAGES)
@@ -321,6 +327,10 @@ class MultiTaskExperimentConfig:
 
     def __post_init__(self) -> None:
         _choice("schedule.mode", self.schedule.mode, MODES)
+        clicks = self.data.clicks
+        if clicks is not None and clicks.skip_negatives and self.tasks.click.field_attention is not None:
+            raise ValueError("data.clicks.skip_negatives needs concatenated documents: set it to false with "
+                             "tasks.click.field_attention")
         if self.steps < 0:
             raise ValueError(f"steps must be >= 0, got {self.steps}")
         if self.schedule.weights is not None:

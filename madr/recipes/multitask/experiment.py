@@ -5,7 +5,9 @@ Steps (`run_multitask_experiment`):
 1. Data (`data.build_data`): a position-biased click log over a synthetic catalog (train queries give the
    training clicks; held-out queries keep every shown document with the catalog's graded relevance), NLI
    pairs and WikiMatrix-like parallel pairs (score-filtered at the WikiMatrix threshold), each with a held-out
-   set drawn from another seed and cleared of pairs seen in training.
+   set drawn from another seed and cleared of pairs seen in training. With `data.clicks`, a raw click log's
+   debiased (query, document) pairs replace the training clicks (`click_log.apply_click_log`, files under
+   `output_dir/data/clicks`).
 2. Tokenizer (`encoders.build_tokenizer`): the backbone's own, a given one, or a WordPiece trained on the
    training text only (lowercased, accents kept, no alphabet limit: Latin, Cyrillic, CJK and Arabic survive).
 3. Encoders (`encoders.train_encoder`), all from the same initial weights (same seed): the untrained
@@ -47,6 +49,7 @@ from typing import Any
 import numpy as np
 
 from madr.recipes.multitask.baselines import baseline_rows
+from madr.recipes.multitask.click_log import CLICKS_DIR, apply_click_log
 from madr.recipes.multitask.config import MultiTaskExperimentConfig
 from madr.recipes.multitask.data import build_data
 from madr.recipes.multitask.encoders import (
@@ -95,6 +98,8 @@ def run_multitask_experiment(cfg: MultiTaskExperimentConfig, write: bool = True)
     out_dir = Path(cfg.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     data = build_data(cfg)
+    if cfg.data.clicks is not None:
+        data, _ = apply_click_log(data, cfg.data.clicks, out_dir / CLICKS_DIR, cfg.tasks.click.field_order[0])
     tokenizer = build_tokenizer(cfg, data, out_dir)
     seconds: dict[str, float] = {}
     rows = baseline_rows(data, tokenizer, cfg)

@@ -8,7 +8,7 @@ hands them to the optimiser through `parameters()` and to checkpoints through `s
 
 | task | records | loss | towers |
 |---|---|---|---|
-| `ClickTask` | `ClickRecord` (clicked only) | `TripletLoss`, in-batch negatives, L1 (Eq. 3-7) | query -> query, document -> doc |
+| `ClickTask` | `ClickRecord` (clicked only) | `TripletLoss`, in-batch negatives, L1 (Eq. 3-7), per-record weights | query -> query, document -> doc |
 | `NLITask` | `NLIRecord` (no contradictions) | `NLICosineLoss` (Eq. 2) | hypothesis -> query, premise -> doc |
 | `TranslationTask` | `ParallelRecord` | `TranslationLoss`, in-batch softmax (bridge task) | both -> doc |
 
@@ -36,6 +36,7 @@ from transformers import PreTrainedTokenizerBase
 
 from madr.data.records import ClickRecord, NLIRecord, ParallelRecord
 from madr.losses import NLICosineLoss, TranslationLoss, TripletLoss, nli_targets, pairwise_distance
+from madr.losses.triplet import weighted_mean
 from madr.modeling.heads.field_attention import DEFAULT_SEP, FieldAttention, concat_fields
 from madr.modeling.model import BiEncoder
 
@@ -167,7 +168,10 @@ class ClickTask(BaseTask):
             is cosine, i.e. the geometry `BiEncoder.encode_texts` searches in).
 
     Only clicked records are used (`accepts`); rows showing the same document (`doc_id`, else its text) are
-    never each other's negatives.
+    never each other's negatives. A record's `weight` weighs its hinge (`TripletLoss(weights=...)`: the
+    clipped inverse propensity of a logged click, 1 by default) and its `negatives` (documents skipped above
+    a click for its query) join the batch's in-batch negatives for that query alone; those need
+    concatenated documents (no `field_attention`).
     """
 
     record_type = ClickRecord
@@ -194,9 +198,18 @@ class ClickTask(BaseTask):
             if not r.query.strip():
                 raise ValueError(f"task {self.name!r}: clicked record {i} (doc {r.doc_id!r}) has an empty query")
         texts = {"query": self.tokenize([r.query for r in kept], "query")}
-        tensors = {"doc_ids": group_ids([self._doc_key(r) for r in kept])}
+        tensors = {"doc_ids": group_ids([self._doc_key(r) for r in kept]),
+                   "weights": torch.tensor([float(r.weight) for r in kept], dtype=torch.float32)}
         if self.field_attention is None:
             texts["doc"] = self.tokenize([concat_fields(r.fields, self.field_order, self.sep) for r in kept], "doc")
+            width = max(len(r.negatives) for r in kept)
+            if width:
+                rows = [list(r.negatives.values()) for r in kept]
+                texts["negatives"] = self.tokenize([t for row in rows for t in row + [""] * (width - len(row))],
+                                                   "doc")
+                tensors["negative_mask"] = torch.tensor([[j < len(row) for j in range(width)] for row in rows])
+        elif any(r.negatives for r in kept):
+            raise ValueError(f"task {self.name!r}: skip negatives need concatenated documents, not field attention")
         else:
             names = self.field_order or list(dict.fromkeys(k for r in kept for k in r.fields))
             cells = [[(r.fields.get(n) or "").strip() for n in names] for r in kept]
@@ -216,7 +229,12 @@ class ClickTask(BaseTask):
         doc_ids = batch.tensors["doc_ids"]
         if self.field_attention is None:
             d = self._normalise(model, self._embed(model, batch.texts["doc"], "doc"))
-            loss = self.triplet(q, d, positive_ids=doc_ids)
+            negatives, mask = None, batch.tensors.get("negative_mask")
+            if mask is not None:
+                flat = self._normalise(model, self._embed(model, batch.texts["negatives"], "doc"))
+                negatives = flat.view(mask.shape[0], mask.shape[1], -1)
+            loss = self.triplet(q, d, negatives, positive_ids=doc_ids, negative_mask=mask,
+                                weights=batch.tensors.get("weights"))
             positive = pairwise_distance(q, d, self.triplet.distance)
             return loss, {"triplet": float(loss.detach()), "positive_distance": float(positive.detach().mean())}
         mask = batch.tensors["field_mask"]
@@ -224,17 +242,18 @@ class ClickTask(BaseTask):
         att = self.field_attention.grid(q, fields, mask)
         docs = self._normalise(model, att.embedding)
         valid = doc_ids[:, None] != doc_ids[None, :]
-        loss, positive = grid_triplet_loss(self.triplet, q, docs, valid)
+        loss, positive = grid_triplet_loss(self.triplet, q, docs, valid, batch.tensors.get("weights"))
         return loss, {"triplet": float(loss.detach()), "positive_distance": float(positive.detach().mean())}
 
 
-def grid_triplet_loss(loss: TripletLoss, q: torch.Tensor, docs: torch.Tensor,
-                      valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def grid_triplet_loss(loss: TripletLoss, q: torch.Tensor, docs: torch.Tensor, valid: torch.Tensor,
+                      weights: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 3-7 when each query sees its own version of every document (field attention, Eq. 8-9).
 
     `q [B, d]`; `docs [B, B, d]`, row i = the batch's documents as attended by query i, the positive of query
     i at column i; `valid [B, B]`: which columns may be query i's negatives. Same negative selection
-    (`TripletLoss.select_negatives`) and averaging as `loss` itself; returns (loss, positive distances [B]).
+    (`TripletLoss.select_negatives`) and (weighted) averaging as `loss` itself; returns (loss, positive distances
+    [B]).
     """
     batch = q.shape[0]
     if docs.shape[:2] != (batch, batch) or valid.shape != (batch, batch):
@@ -252,7 +271,7 @@ def grid_triplet_loss(loss: TripletLoss, q: torch.Tensor, docs: torch.Tensor,
         hinge = F.relu(dist_ap - pairwise_distance(q, centroid, loss.distance) + loss.margin)
     else:
         hinge = (F.relu(dist_ap[:, None] - dist + loss.margin) * mask).sum(dim=1) / count.clamp_min(1)
-    return (hinge * (count > 0)).sum() / batch, dist_ap
+    return weighted_mean(hinge * (count > 0), weights), dist_ap
 
 
 # ---------------------------------------------------------------------------------------------- NLI
