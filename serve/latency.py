@@ -34,6 +34,7 @@ with the access log; the plain app logs it on `serve.latency` when `access_log` 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -110,21 +111,24 @@ class StageMetrics:
         self.histogram = histogram
         self._tags: dict[str, dict[str, str]] = {}
         self._tally: dict[str, list[float]] = {}
+        self._lock = threading.Lock()  # batches observe from worker threads, the ingress from its event loop
 
     def observe(self, stages: Mapping[str, float], times: int = 1) -> None:
         """Each stage's ms, observed `times` times (a batch's stages once for each of its requests)."""
         for name, ms in stages.items():
             tags = self._tags.get(name) or self._tags.setdefault(name, {"stage": name})
-            tally = self._tally.get(name) or self._tally.setdefault(name, [0, 0.0])
-            tally[0] += times
-            tally[1] += ms * times
+            with self._lock:
+                tally = self._tally.setdefault(name, [0, 0.0])
+                tally[0] += times
+                tally[1] += ms * times
             if self.histogram is not None:
                 for _ in range(times):
                     self.histogram.observe(ms, tags=tags)
 
     def tally(self) -> dict[str, tuple[int, float]]:
         """(observations, ms summed) per stage so far."""
-        return {name: (int(n), total) for name, (n, total) in self._tally.items()}
+        with self._lock:
+            return {name: (int(n), total) for name, (n, total) in self._tally.items()}
 
 
 @cache
