@@ -316,8 +316,8 @@ def _jsonable(value: Any) -> Any:
 
 def create_api(backend: Backend, settings: ServeSettings, docs: Docs, latency: StageSink | None = None) -> FastAPI:
     """The FastAPI app over `backend`; wrapped in `Guard` (API key + body size) and, outermost, `StageTimer`:
-    every `/search` request's stage breakdown goes to `latency` (default: logged on `serve.latency` when
-    `settings.access_log`; `serve.latency`). Refuses (ValueError) to build an open API on a non-loopback host
+    every `/search` request's stage breakdown (`serve.latency`) goes to `latency` (default: a line on the
+    `serve.latency` logger when `settings.access_log`). Refuses (ValueError) to build an open API on a non-loopback host
     unless the settings say `public` (`ServeSettings.check_exposure`)."""
     settings.check_exposure()
     routes = SearchRoutes(backend, settings, docs)
