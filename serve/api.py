@@ -21,6 +21,7 @@ bound of a busy app (``max_queued_requests``) gets Serve's 503 with ``Retry-Afte
 # real classes, not strings naming local variables.
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable
 from typing import Any
@@ -34,6 +35,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from madr.index.manifest import Manifest
 from madr.search.params import SearchParams
+from madr.search.timing import stage
 from serve.backend import (
     Backend,
     BackendBadRequest,
@@ -46,6 +48,7 @@ from serve.backend import (
 from serve.config import RETRY_AFTER_S, ServeSettings
 from serve.filters import check_filters, matches
 from serve.guard import Guard
+from serve.latency import StageSink, StageTimer, route_done, route_started
 
 TITLE = "madr search"
 RETRY_AFTER = {"Retry-After": f"{RETRY_AFTER_S:g}"}  # 503 (no live replica, a full queue) and 504 (slow backend)
@@ -209,6 +212,7 @@ class SearchRoutes:
         return self.s.search.replace(k=k, **({} if lam is None else {"lam": lam}))
 
     async def search(self, req: Any) -> dict[str, Any]:
+        route_started()
         start = time.perf_counter()
         if req.lam is not None and req.lam != 1.0 and not self.has_sparse:
             raise HTTPException(422, "lam: the index is dense-only (no sparse or BM25 part); a lambda does not apply")
@@ -223,13 +227,16 @@ class SearchRoutes:
             scores, ids = await self._call(self.backend.search(query, self._params(req.k, req.lam)))
             searched = time.perf_counter()
             live = ids >= 0
-            docs = self.docs.get(ids[live]) if req.include_docs else None
+            with stage("fields"):
+                docs = self.docs.get(ids[live]) if req.include_docs else None
             hits, report = _hits(scores[live], ids[live], docs), None
-        for h in hits:
-            h["doc"] = _project(h["doc"], req.fields) if req.include_docs else None
+        with stage("fields"):
+            for h in hits:
+                h["doc"] = _project(h["doc"], req.fields) if req.include_docs else None
         end = time.perf_counter()
         timings = {"encode": 1000 * (encoded - start), "search": 1000 * (searched - encoded),
                    "docs": 1000 * (end - searched)}
+        route_done()
         return {"query": req.query, "k": req.k, "lam": req.lam, "results": hits, "filter": report,
                 "took_ms": 1000 * (end - start), "timings_ms": timings}
 
@@ -240,7 +247,8 @@ class SearchRoutes:
         while True:
             scores, ids = await self._call(self.backend.search(query, self._params(fetch, req.lam)))
             live = ids >= 0
-            docs = self.docs.get(ids[live])
+            with stage("fields"):
+                docs = self.docs.get(ids[live])
             keep = [i for i, d in enumerate(docs) if matches(d, wanted)]
             exhausted = int(live.sum()) < fetch or fetch >= self.s.max_filter_fetch
             if len(keep) >= req.k or exhausted:
@@ -306,9 +314,11 @@ def _jsonable(value: Any) -> Any:
     return value if isinstance(value, (str, int, float, bool, list, dict, type(None))) else str(value)
 
 
-def create_api(backend: Backend, settings: ServeSettings, docs: Docs) -> FastAPI:
-    """The FastAPI app over `backend`; wrapped in `Guard` (API key + body size). Refuses (ValueError) to build an
-    open API on a non-loopback host unless the settings say `public` (`ServeSettings.check_exposure`)."""
+def create_api(backend: Backend, settings: ServeSettings, docs: Docs, latency: StageSink | None = None) -> FastAPI:
+    """The FastAPI app over `backend`; wrapped in `Guard` (API key + body size) and, outermost, `StageTimer`:
+    every `/search` request's stage breakdown (`serve.latency`) goes to `latency` (default: a line on the
+    `serve.latency` logger when `settings.access_log`). Refuses (ValueError) to build an open API on a non-loopback host
+    unless the settings say `public` (`ServeSettings.check_exposure`)."""
     settings.check_exposure()
     routes = SearchRoutes(backend, settings, docs)
     models = request_models(settings, docs.filter_fields(settings), docs.fields)
@@ -339,6 +349,9 @@ def create_api(backend: Backend, settings: ServeSettings, docs: Docs) -> FastAPI
 
     app.add_middleware(Guard, api_key=settings.resolved_api_key(), max_body=settings.max_body_bytes,
                        max_header=settings.max_header_bytes, body_timeout_s=settings.body_timeout_s)
+    if latency is None:
+        latency = StageSink(logging.getLogger("serve.latency"), settings.access_log)
+    app.add_middleware(StageTimer, sink=latency)  # added last: the outermost, so `http` includes the guard
     return app
 
 

@@ -29,6 +29,7 @@ from serve.calls import CallPolicy
 from serve.colocated import build_colocated
 from serve.config import ServeSettings, settings_from_dict
 from serve.deployments import QueryEncoder, RayBackend, ShardSearcher
+from serve.latency import StageSink
 from serve.placement import Capacity, app_deployments, check_placement
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ class SearchIngress:
         self.docs = Docs.open(self.settings.require_manifest())
 
     def __serve_build_asgi_app__(self) -> Any:
-        return create_api(self.backend, self.settings, self.docs)
+        return create_api(self.backend, self.settings, self.docs, StageSink.for_serve(self.settings.access_log))
 
 
 def _absolute(settings: ServeSettings) -> ServeSettings:

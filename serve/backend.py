@@ -35,6 +35,7 @@ from madr.search.params import SearchParams, resolve
 from madr.search.protocol import TopK, merge_topk
 from madr.search.sharded import ShardedIndex, load_shard
 from madr.search.sparse import SparseBatch
+from madr.search.timing import stage
 
 if TYPE_CHECKING:
     from madr.modeling.model import BiEncoder
@@ -52,6 +53,16 @@ class EncodedQuery:
     dense: np.ndarray
     sparse: SparseBatch | None
     lexical: SparseBatch | None = None
+    stage_ms: dict[str, float] | None = None  # a replica's encode time for its batch (`serve.latency`)
+
+
+@dataclass
+class Searched:
+    """A searcher replica's answer to one request: its arrays (`(scores, ids)`, or `ShardGroup.candidates`'
+    four) and the stage times of the batch it was searched in (`madr.search.timing`, ms)."""
+
+    arrays: tuple[np.ndarray, ...]
+    stage_ms: dict[str, float]
 
 
 class Backend(Protocol):
@@ -182,13 +193,14 @@ def encode_texts(encoder: LeanQueryEncoder, texts: list[str], lexical_vocab: int
     `EncodedQuery` each; with `lexical_vocab` (the index's BM25 vocabulary size) also the raw texts' word-piece
     counts, split by `lexical_tokenizer` (the index's own, `lexical_tokenizer_dir`) or, when None, the model's
     tokenizer."""
-    dense, sparse = encoder.encode(list(texts))
-    terms = None
-    if lexical_vocab is not None:
-        from madr.index.lexical import query_term_counts
+    with stage("encode"):
+        dense, sparse = encoder.encode(list(texts))
+        terms = None
+        if lexical_vocab is not None:
+            from madr.index.lexical import query_term_counts
 
-        tok = encoder.model.tokenizer if lexical_tokenizer is None else lexical_tokenizer
-        terms = query_term_counts(tok, list(texts), lexical_vocab)
+            tok = encoder.model.tokenizer if lexical_tokenizer is None else lexical_tokenizer
+            terms = query_term_counts(tok, list(texts), lexical_vocab)
     rows = []
     for i in range(len(texts)):
         rows.append(EncodedQuery(np.ascontiguousarray(dense[i], dtype=np.float32),
@@ -280,7 +292,10 @@ class ShardGroup:
         """A `madr.search.protocol.Searcher` over these shards: `Shard.search` each, then `merge_topk`."""
         params = resolve(params, overrides)
         parts = [s.search(dense, params, sparse=sparse) for s in self.shards]
-        return parts[0] if len(parts) == 1 else merge_topk(parts, params.k)
+        if len(parts) == 1:
+            return parts[0]
+        with stage("merge"):
+            return merge_topk(parts, params.k)
 
     def candidates(self, dense: np.ndarray, params: SearchParams | None = None, *, sparse: SparseBatch | None = None,
                    lexical: SparseBatch | None = None, **overrides: Any
@@ -293,8 +308,9 @@ class ShardGroup:
             raise ValueError("candidates: needs the queries' word-piece counts (lexical=)")
         parts = [s.candidates(dense, lexical, params) for s in self.shards]
         n = params.num_candidates
-        d = merge_topk([p[0] for p in parts], n)
-        b = merge_topk([p[1] for p in parts], n)
+        with stage("merge"):
+            d = merge_topk([p[0] for p in parts], n)
+            b = merge_topk([p[1] for p in parts], n)
         return d[0], d[1], b[0], b[1]
 
     @property

@@ -49,6 +49,7 @@ from serve.backend import BackendBadRequest, Docs, lexical_tokenizer_dir, lexica
 from serve.calls import CallPolicy
 from serve.config import ServeSettings, settings_from_dict
 from serve.deployments import QueryEncoder, RayBackend, ShardSearcher
+from serve.latency import StageSink
 
 DEPLOYMENT = "Colocated"
 
@@ -120,7 +121,7 @@ class ColocatedSearch:
         self.docs = Docs.open(s.require_manifest())
 
     def __serve_build_asgi_app__(self) -> Any:
-        return create_api(self.backend, self.settings, self.docs)
+        return create_api(self.backend, self.settings, self.docs, StageSink.for_serve(self.settings.access_log))
 
     def info(self) -> dict[str, Any]:
         """The shards this replica holds and its process (`ShardSearcher.info`: the same process)."""

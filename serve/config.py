@@ -151,7 +151,8 @@ class ServeSettings:
     `Retry-After: 1` (None: only `request_timeout_s` bounds it). Keep (replica_retries + 1) x call_timeout_s
     below request_timeout_s. A replica whose batch runs longer than `request_timeout_s` fails its health check
     and is replaced (`serve.watchdog`).
-    Logging (`run_local` only; the Serve YAML has its own `logging_config`): `log_level`, `access_log`.
+    Logging (`run_local` only; the Serve YAML has its own `logging_config`): `log_level`, `access_log` (Serve's
+    access log, and with it each `/search` request's stage breakdown, `serve.latency`).
     """
 
     manifest_path: str = ""

@@ -16,6 +16,11 @@ A batch isolates its members: a text is checked (`check_text`) before it joins a
 raises is retried member by member (`isolate`), so a bad request fails alone, never its batch-mates.
 A replica's health check fails while one of its batches has run longer than `stuck_after_s` (a hung call,
 `serve.watchdog`), so that Serve replaces it.
+
+Stage times (`serve.latency`): each replica times its batches' stages (`timed_batch`: encode; dense, sparse, bm25,
+fusion, merge), observes them in its metrics and sends them back with every answer (`EncodedQuery.stage_ms`,
+`Searched`); `RayBackend` times its hops (`encode_call`, `search_call`) and its own fusion / merge, and reports the
+replicas' times to the request's log line.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -31,9 +37,11 @@ from ray import serve
 from madr.search.params import SearchParams
 from madr.search.protocol import merge_topk
 from madr.search.sharded import fuse_candidates
+from madr.search.timing import stage
 from serve.backend import (
     BackendBadRequest,
     EncodedQuery,
+    Searched,
     ShardGroup,
     check_text,
     encode_texts,
@@ -47,6 +55,7 @@ from serve.backend import (
 )
 from serve.calls import CallPolicy, call, member_error
 from serve.coalesce import Coalescer
+from serve.latency import report, timed_batch
 from serve.watchdog import Watchdog
 
 
@@ -101,8 +110,12 @@ class QueryEncoder:
     async def _encode_batch(self, texts: list[str]) -> list[EncodedQuery | Exception]:
         # In a thread: the event loop keeps queueing requests for the next batch meanwhile.
         with self.watchdog.running():
-            return await asyncio.to_thread(isolate, lambda batch: encode_texts(
-                self.encoder, batch, self.lexical_vocab, self.lexical_tokenizer), texts)
+            results, stages = await asyncio.to_thread(timed_batch, partial(isolate, lambda batch: encode_texts(
+                self.encoder, batch, self.lexical_vocab, self.lexical_tokenizer)), texts)
+        for r in results:
+            if isinstance(r, EncodedQuery):
+                r.stage_ms = stages  # the batch's encode time travels back with each query (`serve.latency`)
+        return results
 
     def explain(self, query: str, doc_text: str) -> dict[str, Any]:
         return explain_texts(self.model, query, doc_text)
@@ -134,13 +147,14 @@ class ShardSearcher:
             batched.set_max_batch_size(max_batch_size)
             batched.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
-    async def search(self, request: tuple[EncodedQuery, SearchParams]) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k of one (query, params), searched in a batch with concurrent ones; failures stay its own."""
+    async def search(self, request: tuple[EncodedQuery, SearchParams]) -> Searched:
+        """Top-k of one (query, params), searched in a batch with concurrent ones; failures stay its own.
+        `Searched.arrays`: (scores, ids); its `stage_ms`: the batch's stage times (`serve.latency`)."""
         return _raise_or_return(await self._search_batch(request))
 
-    async def candidates(self, request: tuple[EncodedQuery, SearchParams]
-                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Dense + BM25 fusion: this group's dense and BM25 candidate lists for one request (batched)."""
+    async def candidates(self, request: tuple[EncodedQuery, SearchParams]) -> Searched:
+        """Dense + BM25 fusion: this group's dense and BM25 candidate lists for one request (batched), as
+        `Searched.arrays` (dense scores, dense ids, BM25 scores, BM25 ids)."""
         return _raise_or_return(await self._candidates_batch(request))
 
     async def search_many(self, requests: list[tuple[EncodedQuery, SearchParams]]) -> list[Any]:
@@ -152,17 +166,22 @@ class ShardSearcher:
         return await _each(self.candidates, requests)
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.001)
-    async def _search_batch(self, requests: list[tuple[EncodedQuery, SearchParams]]
-                            ) -> list[tuple[np.ndarray, np.ndarray] | Exception]:
-        with self.watchdog.running():
-            return await asyncio.to_thread(isolate, lambda batch: search_batched(self.group.search, batch), requests)
+    async def _search_batch(self, requests: list[tuple[EncodedQuery, SearchParams]]) -> list[Searched | Exception]:
+        return await self._batch(self.group.search, requests)
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.001)
     async def _candidates_batch(self, requests: list[tuple[EncodedQuery, SearchParams]]
-                                ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | Exception]:
+                                ) -> list[Searched | Exception]:
+        return await self._batch(self.group.candidates, requests)
+
+    async def _batch(self, search: Callable[..., Any], requests: list[tuple[EncodedQuery, SearchParams]]
+                     ) -> list[Searched | Exception]:
+        """One batch through `search` (`ShardGroup.search` / `.candidates`) in a worker thread, its members
+        isolated, each answer with the batch's stage times."""
         with self.watchdog.running():
-            return await asyncio.to_thread(isolate, lambda batch: search_batched(self.group.candidates, batch),
-                                           requests)
+            results, stages = await asyncio.to_thread(
+                timed_batch, partial(isolate, lambda batch: search_batched(search, batch)), requests)
+        return [r if isinstance(r, Exception) else Searched(r, stages) for r in results]
 
     def info(self) -> dict[str, Any]:
         return {"shards": self.group.shard_ids, "ntotal": self.group.ntotal, "replica": replica_actor_name(),
@@ -216,9 +235,13 @@ class RayBackend:
         return call(send, self.policy, what, handle)
 
     async def encode(self, text: str) -> EncodedQuery:
-        if self.coalesce > 1:
-            return await self._encode(text)
-        return await self._call(lambda: self.encoder.encode.remote(text), "QueryEncoder", self.encoder)
+        with stage("encode_call"):
+            if self.coalesce > 1:
+                query = await self._encode(text)
+            else:
+                query = await self._call(lambda: self.encoder.encode.remote(text), "QueryEncoder", self.encoder)
+        report([query.stage_ms])
+        return query
 
     async def _each_group(self, method: str, *args: Any) -> list[Any]:
         """`method(*args)` on every shard group, concurrently (`search` / `candidates`: coalesced when asked)."""
@@ -228,26 +251,35 @@ class RayBackend:
             self._call(lambda h=h: getattr(h, method).remote(*args), f"searcher-{g}", h)
             for g, h in enumerate(self.searchers)])
 
+    async def _searched(self, method: str, query: EncodedQuery, params: SearchParams) -> list[tuple[np.ndarray, ...]]:
+        """Every group's arrays for `method` ("search" / "candidates"); their stage times reported."""
+        with stage("search_call"):
+            parts: list[Searched] = await self._each_group(method, (query, params))
+        report([p.stage_ms for p in parts])
+        return [p.arrays for p in parts]
+
     async def search(self, query: EncodedQuery, params: SearchParams) -> tuple[np.ndarray, np.ndarray]:
         if query.lexical is not None:
             return await self._fused(query, params)
-        parts = await self._each_group("search", (query, params))
+        parts = await self._searched("search", query, params)
         if len(parts) == 1:
             return parts[0]
-        scores, ids = merge_topk([(s[None, :], i[None, :]) for s, i in parts], params.k)
+        with stage("merge"):
+            scores, ids = merge_topk([(s[None, :], i[None, :]) for s, i in parts], params.k)
         return scores[0], ids[0]
 
     async def _fused(self, query: EncodedQuery, params: SearchParams) -> tuple[np.ndarray, np.ndarray]:
         """Dense + BM25: every group's candidate lists, fused once over all of them (as ShardedIndex.search)."""
-        parts = await self._each_group("candidates", (query, params))
+        parts = await self._searched("candidates", query, params)
         lam = self.fusion_lambda if params.lam is None else params.lam
         if lam is None:
             raise BackendBadRequest("the index records no fusion_lambda; send lam")
         if self.fusion_normalisation is not None:
             params = params.replace(normalisation=params.normalisation_or(self.fusion_normalisation))
         try:
-            scores, ids = fuse_candidates([(ds[None], di[None]) for ds, di, _, _ in parts],
-                                          [(bs[None], bi[None]) for _, _, bs, bi in parts], float(lam), params)
+            with stage("fusion"):
+                scores, ids = fuse_candidates([(ds[None], di[None]) for ds, di, _, _ in parts],
+                                              [(bs[None], bi[None]) for _, _, bs, bi in parts], float(lam), params)
         except ValueError as e:
             raise BackendBadRequest(str(e)) from e
         return scores[0], ids[0]

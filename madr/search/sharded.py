@@ -27,6 +27,10 @@ fanning out to its shard groups).
 
 Results follow ``madr.search.protocol``: [Q, k] float32 scores and int64 global ids, padded with -inf / -1,
 ties broken by id ascending. Writing an index (shards, manifest, checksums) is ``madr.index``.
+
+Stages (``madr.search.timing``, for a caller that collects them): ``dense`` (FAISS), ``sparse`` (the hybrid
+sparse top-``candidates``), ``bm25``, ``fusion`` (hybrid re-scoring and interpolation; dense + BM25 fusion) and
+``merge`` (the top-``k`` over shards).
 """
 
 from __future__ import annotations
@@ -47,6 +51,7 @@ from madr.search.score_fusion import hybrid_merge, union_candidates, weighted_fu
 from madr.search.sparse import InvertedIndex, SparseBatch
 from madr.search.sparse.backend import SparseBackend
 from madr.search.sparse.seismic_index import SeismicSparseIndex
+from madr.search.timing import stage
 
 __all__ = ["Shard", "ShardedIndex", "faiss_params", "fuse_candidates", "load_shard", "sparse_term_ids"]
 
@@ -189,8 +194,10 @@ class Shard:
         if len(lexical) != dense.shape[0]:
             raise ValueError(f"search: {dense.shape[0]} dense but {len(lexical)} lexical query vectors")
         n = p.num_candidates
-        d_top = self._dense_topk(dense, n, faiss_params(self.index, p))
-        b_top = self.lexical.search(lexical, k=n)
+        with stage("dense"):
+            d_top = self._dense_topk(dense, n, faiss_params(self.index, p))
+        with stage("bm25"):
+            b_top = self.lexical.search(lexical, k=n)
         return d_top, b_top
 
     def search(self, dense: np.ndarray, params: SearchParams | None = None, *, sparse: SparseBatch | None = None,
@@ -204,7 +211,8 @@ class Shard:
         if lexical is not None:
             d_top, b_top = self.candidates(dense, lexical, p)
             p = self.fusion_params(p)
-            return fuse_candidates([d_top], [b_top], p.lam, p)
+            with stage("fusion"):
+                return fuse_candidates([d_top], [b_top], p.lam, p)
         dense = self._check_dense(dense)
         if p.normalisation_or("none") != "none":
             raise ValueError(f"search: a sharded index interpolates unnormalised scores (a score must not depend on "
@@ -212,15 +220,22 @@ class Shard:
         lam = self._resolve_lam(sparse, p)
         fp = faiss_params(self.index, p)
         if lam is None:
-            return merge_topk([self._dense_topk(dense, p.k, fp)], p.k)
+            with stage("dense"):
+                return merge_topk([self._dense_topk(dense, p.k, fp)], p.k)
         if len(sparse) != dense.shape[0]:
             raise ValueError(f"search: {dense.shape[0]} dense but {len(sparse)} sparse query vectors")
         return self._hybrid(dense, sparse, lam, p.k, p.num_candidates, fp)
 
     def _hybrid(self, dense: np.ndarray, sparse: SparseBatch, lam: float, k: int, n_cand: int,
                 params: faiss.SearchParameters | None) -> TopK:
-        d_top = self._dense_topk(dense, n_cand, params)
-        s_top = self.sparse.search(sparse, k=n_cand) if self.ntotal else d_top
+        with stage("dense"):
+            d_top = self._dense_topk(dense, n_cand, params)
+        with stage("sparse"):
+            s_top = self.sparse.search(sparse, k=n_cand) if self.ntotal else d_top
+        with stage("fusion"):  # exact scores of the candidates' union, interpolated
+            return self._rescore(dense, sparse, d_top, s_top, lam, k)
+
+    def _rescore(self, dense: np.ndarray, sparse: SparseBatch, d_top: TopK, s_top: TopK, lam: float, k: int) -> TopK:
         _, cand = union_candidates(d_top[1], s_top[1])
         live = cand != PAD_ID
         d_exact = np.full(cand.shape, -np.inf)
@@ -398,5 +413,8 @@ class ShardedIndex:
         if lexical is not None:
             parts = [s.candidates(dense, lexical, p) for s in self.shards]
             p = self.shards[0].fusion_params(p)
-            return fuse_candidates([d for d, _ in parts], [b for _, b in parts], p.lam, p)
-        return merge_topk([s.search(dense, p, sparse=sparse) for s in self.shards], p.k)
+            with stage("fusion"):
+                return fuse_candidates([d for d, _ in parts], [b for _, b in parts], p.lam, p)
+        parts = [s.search(dense, p, sparse=sparse) for s in self.shards]
+        with stage("merge"):
+            return merge_topk(parts, p.k)

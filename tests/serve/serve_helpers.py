@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -151,3 +152,20 @@ def describe(answers: list[Answer]) -> str:
     for a in answers:
         by.setdefault(a.status, []).append(a.took_s)
     return ", ".join(f"{s}: {len(t)} (max {max(t):.2f} s)" for s, t in sorted(by.items()))
+
+
+def latency_lines(app: str, deployment: str, n: int, timeout_s: float = 20.0) -> list[tuple[int, dict[str, float]]]:
+    """(status, stages) of the `/search` latency lines (`serve.latency`) in the Serve log files of `app`'s
+    `deployment` replicas on this test's Ray; polled until there are `n` or `timeout_s` has passed."""
+    import ray
+
+    from serve.latency import parse_line
+
+    logs = Path(ray._private.worker._global_node.get_logs_dir_path()) / "serve"
+    deadline = time.monotonic() + timeout_s
+    while True:
+        lines = [p for f in sorted(logs.glob(f"replica_{app}_{deployment}_*.log"))
+                 for p in map(parse_line, f.read_text(errors="replace").splitlines()) if p is not None]
+        if len(lines) >= n or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.5)

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import requests
 import torch
-from serve_helpers import TINY, assert_same_ranking, docs_table, free_port, running_plain_app
+from serve_helpers import TINY, assert_same_ranking, docs_table, free_port, latency_lines, running_plain_app
 
 from madr.config import BackboneConfig, ModelConfig
 from madr.index.manifest import record_fusion
@@ -157,5 +157,8 @@ def test_ray_serve_app_serves_the_fused_results(ray_local, which, request):
         client.wait_ready(timeout=90)
         client.close()
         _check(url(settings), lexical_index)
+        # the access log's latency line: the BM25 candidates and their fusion (`serve.latency`)
+        lines = latency_lines("madr_lexical", "Colocated", 1)
+        assert lines and all({"dense", "bm25", "fusion", "total"} <= set(st) for s, st in lines if s == 200), lines
     finally:
         serve.shutdown()

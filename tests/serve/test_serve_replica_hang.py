@@ -147,7 +147,8 @@ def _stuck_search_fails_then_passes(check_health, searcher, query) -> None:
         with pytest.raises(RuntimeError, match=r"ShardSearcher: a batch has run 0\.\d s \(stuck after 0.3 s\)"):
             check_health()
         stuck.release.set()
-        ((scores, ids),) = await asyncio.wait_for(task, 10)
+        (found,) = await asyncio.wait_for(task, 10)
+        scores, ids = found.arrays
         assert len(ids) == 3
         check_health()  # answered: healthy again
 
