@@ -88,7 +88,8 @@ def answer_queries(cfg: ExperimentConfig, url: str, k: int = 3) -> list[dict[str
     grades = judged(cfg)
     answers = []
     wait_ready(url)
-    for q in sample_queries(cfg):
+    samples = sample_queries(cfg)
+    for q in samples:
         reply = http_json(f"{url}/search", {"query": q["text"], "k": k, "include_docs": True})
         answers.append(reply)
         print(f"\nPOST {url}/search  {json.dumps({'query': q['text'], 'k': k}, ensure_ascii=False)}"
@@ -97,8 +98,10 @@ def answer_queries(cfg: ExperimentConfig, url: str, k: int = 3) -> list[dict[str
             doc = hit.get("doc") or {}
             grade = grades.get(q["query_id"], {}).get(doc.get("product_id", ""), "-")
             print(f"  {rank}. {hit['score']:.3f}  {doc.get('title', hit['id'])}  (relevance {grade})")
-    if answers and answers[0]["results"]:
-        first = answers[0]
+    # the English sample's first answer: the BM25 part's word pieces are English ones, so its matches show
+    candidates = [a for a, q in zip(answers, samples, strict=True) if q["language"] == "en"] + answers
+    if candidates and candidates[0]["results"]:
+        first = candidates[0]
         top = first["results"][0]
         explained = http_json(f"{url}/explain", {"query": first["query"], "doc_id": top["id"]})
         print(f"\nPOST {url}/explain  query {first['query']!r}, document {top['id']}:")
