@@ -5,7 +5,8 @@
 
 Routes: ``POST /search`` (query, k, aspect filters, lambda override -> ids, scores, DocStore fields),
 ``POST /explain`` (paper 000 Table 8 aspect predictions / presence / fusion weights and paper 002 matched
-and expansion terms of a query and a document), ``POST /encode`` (dense vector + top sparse terms),
+and expansion terms of a query and a document; an index with a BM25 part adds the pair's BM25 score and
+matched word pieces), ``POST /encode`` (dense vector + top sparse terms),
 ``GET /healthz`` (the process answers; ``search_mode``: dense, hybrid or dense+bm25), ``GET /ready`` (model and
 every shard loaded), ``/openapi.json``,
 ``/docs``. Bad input answers 4xx with a message naming the field: 401 (API key), 404 (unknown doc id),
@@ -43,6 +44,7 @@ from serve.backend import (
     BackendUnavailable,
     Docs,
     EncodedQuery,
+    LexicalExplainer,
     check_text,
 )
 from serve.config import RETRY_AFTER_S, ServeSettings
@@ -188,6 +190,8 @@ class SearchRoutes:
         manifest = Manifest.load(settings.require_manifest())
         self.has_sparse = manifest.has_sparse or manifest.has_lexical  # a lam applies
         self.search_mode = manifest.search_mode
+        self.lexical = LexicalExplainer(settings.require_manifest(), settings.model_dir) if manifest.has_lexical \
+            else None  # /explain adds the pair's BM25 part
 
     async def within_deadline(self, route: Awaitable[Any]) -> Any:
         """A route's answer, bounded as a whole by `request_timeout_s` (HTTP 504 + Retry-After after it)."""
@@ -268,6 +272,8 @@ class SearchRoutes:
             except ValueError as e:
                 raise HTTPException(422, str(e)) from e
         out = await self._call(self.backend.explain(req.query, text))
+        if self.lexical is not None:
+            out["bm25"] = await asyncio.to_thread(self.lexical.explain, req.query, text)
         return {"doc_id": doc_id, **out}
 
     async def encode(self, req: Any) -> dict[str, Any]:

@@ -265,6 +265,42 @@ def explain_texts(model: BiEncoder, query: str, doc_text: str) -> dict[str, Any]
     return out
 
 
+
+class LexicalExplainer:
+    """`/explain`'s BM25 part for an index with one: the pair's BM25 score with the index's word pieces and
+    collection statistics, and the pieces query and text share (`madr.index.lexical.bm25_matches`). The text is
+    the one explained (a DocStore field by `doc_id`), which may be shorter than the text the index counted, so
+    the score is that text's. Its tokenizer (the index's own, else the model's) is loaded on first use, so the
+    ingress imports no transformers until an explanation is asked for."""
+
+    def __init__(self, manifest_path: str | Path, model_dir: str | None = None) -> None:
+        self.manifest_path, self.model_dir = Path(manifest_path), model_dir
+        self._parts: tuple[Any, Any, np.ndarray] | None = None
+
+    def _load(self) -> tuple[Any, Any, np.ndarray]:
+        if self._parts is None:
+            from madr.index.lexical import LexicalInfo
+            from madr.modeling.tokenization import load_tokenizer
+
+            info = LexicalInfo.from_dict(Manifest.load(self.manifest_path).lexical)
+            base = self.manifest_path if self.manifest_path.is_dir() else self.manifest_path.parent
+            tok = info.tokenizer(base) or load_tokenizer(resolve_model_dir(self.manifest_path, self.model_dir)
+                                                         / "tokenizer")
+            self._parts = (tok, info, info.idf_values(base))
+        return self._parts
+
+    def explain(self, query: str, text: str, top: int = 10) -> dict[str, Any]:
+        """{"score": BM25 of (query, text), "matched_terms": the top shared pieces, largest contribution first}."""
+        from madr.index.lexical import bm25_matches, word_pieces
+
+        tok, info, idf = self._load()
+        q_ids, d_ids = word_pieces(tok, [query, text])
+        matches = bm25_matches(q_ids, d_ids, idf, info.avgdl, info.k1, info.b)
+        names = tok.convert_ids_to_tokens([m["term_id"] for m in matches[:top]])
+        terms = [{"term": name, **{k: v for k, v in m.items() if k != "term_id"}}
+                 for name, m in zip(names, matches, strict=False)]
+        return {"score": float(sum(m["contribution"] for m in matches)), "matched_terms": terms}
+
 def term_names(model: BiEncoder, ids: list[int]) -> list[str]:
     return list(model.tokenizer.convert_ids_to_tokens([int(i) for i in ids]))
 

@@ -85,6 +85,24 @@ def query_term_counts(tokenizer: Any, texts: Sequence[str], vocab_size: int | No
     return term_counts(word_pieces(tokenizer, texts), vocab_size or len(tokenizer))
 
 
+
+def bm25_matches(query_ids: Sequence[int], doc_ids: Sequence[int], idf: np.ndarray, avgdl: float,
+                 k1: float = 0.9, b: float = 0.4) -> list[dict[str, float | int]]:
+    """BM25 of one (query, document) pair term by term: each term id both word-piece lists share, with its query
+    count, document count, idf and contribution ``qtf * w(t, d)`` (``madr.search.sparse.bm25``, the document's
+    length its number of pieces), largest contribution first (ties: lower term id). The contributions sum to the
+    pair's BM25 score."""
+    q_terms, q_counts = np.unique(np.asarray(query_ids, dtype=np.int64), return_counts=True)
+    d_terms, d_counts = np.unique(np.asarray(doc_ids, dtype=np.int64), return_counts=True)
+    shared, qi, di = np.intersect1d(q_terms, d_terms, assume_unique=True, return_indices=True)
+    tf = d_counts[di].astype(np.float64)
+    norm = k1 * (1.0 - b + b * len(doc_ids) / avgdl) if avgdl > 0 else k1
+    term_idf = np.asarray(idf, dtype=np.float64)[shared]
+    contribution = q_counts[qi] * term_idf * tf * (k1 + 1.0) / (tf + norm)
+    order = np.argsort(-contribution, kind="stable")
+    return [{"term_id": int(shared[i]), "query_count": int(q_counts[qi[i]]), "doc_count": int(tf[i]),
+             "idf": float(term_idf[i]), "contribution": float(contribution[i])} for i in order]
+
 # ---- a tokenizer of the lexical part's own ------------------------------------------------------------------
 
 def load_lexical_tokenizer(name_or_path: str | Path) -> Any:

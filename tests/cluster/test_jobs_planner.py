@@ -254,6 +254,6 @@ def test_a_stage_the_recipe_leaves_out_is_recorded_not_run(tmp_path, capsys):
 def test_plan_refuses_a_normalisation_the_index_cannot_serve(tmp_path, capsys):
     """A SPLADE-hybrid index (no BM25 part) sums raw scores across shards: min-max is refused at plan."""
     sets = ["--set", f"output_dir={tmp_path}", "--set", "model.name=hybrid", "--set", "index.lexical=null"]
-    assert cli.main(["plan", "--config", "configs/demo.yaml", *sets, "--set", "search.normalisation=minmax"]) == 2
+    assert cli.main(["plan", "--config", "configs/experiment.yaml", *sets, "--set", "search.normalisation=minmax"]) == 2
     assert "search.normalisation" in capsys.readouterr().err
-    assert cli.main(["plan", "--config", "configs/demo.yaml", *sets, "--set", "search.normalisation=none"]) == 0
+    assert cli.main(["plan", "--config", "configs/experiment.yaml", *sets, "--set", "search.normalisation=none"]) == 0

