@@ -1,4 +1,4 @@
-.PHONY: demo test test-slow test-e2e lint
+.PHONY: demo test test-slow test-e2e test-multinode lint
 
 demo:  ## run the main job end to end on embedded defaults
 	bash scripts/demo.sh
@@ -9,8 +9,11 @@ test:  ## ruff and the test suite, less the slow integration tests and the e2e d
 test-slow:  ## the slow integration tests (Ray Train jobs, Serve failure drills, 2-node training, benchmark tables)
 	bash scripts/test.sh -m "slow and not multinode and not e2e"
 
-test-e2e:  ## the demo flow through `ray job submit` on a local cluster (tests/cluster/test_pipeline_e2e.py)
+test-e2e:  ## the demo flow through `ray job submit` on a local cluster; the README's cluster command on 2 nodes
 	bash scripts/test.sh -m e2e tests/cluster
+
+test-multinode:  ## encode and Serve on a 3-node local cluster, a node killed under load (tests/multinode)
+	bash scripts/test.sh -m multinode tests/multinode
 
 lint:
 	.venv/bin/ruff check madr pipelines serve tests benchmarks

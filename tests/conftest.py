@@ -19,8 +19,9 @@ SHARED = ROOT.parent / "shared"
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "e2e: the demo's flow through `ray job submit` (2+ min); `make test` leaves it "
-                                       "out, .ci/run runs it as its own required step: pytest -m e2e tests/cluster")
+    config.addinivalue_line("markers", "e2e: the demo's flow through `ray job submit` and the README's cluster command "
+                                       "on 2 nodes of a fresh install (minutes); `make test` leaves them out, .ci/run "
+                                       "runs them as their own required step: make test-e2e")
 
 
 @pytest.fixture(scope="session")

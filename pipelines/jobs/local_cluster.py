@@ -1,9 +1,12 @@
-"""A single-machine Ray cluster for job submission and Serve: `ray start --head --block` on loopback.
+"""A single-machine Ray cluster for job submission and Serve: `ray start --head --block` on loopback, and
+worker nodes beside it (`add_node`: a raylet of its own on 127.0.0.1, `pipelines.jobs.local_node`).
 
 Bound to 127.0.0.1 with every port chosen free, its own --temp-dir, token auth with a fresh token of its
-own (never ~/.ray/auth_token), no usage stats. `ray start --block` owns the cluster's processes and takes
-them down on SIGTERM, so stopping it never touches other Ray instances on the machine (no `ray stop`).
+own (never ~/.ray/auth_token), no usage stats. `ray start --block` (`local_node` for a worker node) owns the
+node's processes and takes them down on SIGTERM, so stopping it never touches other Ray instances on the machine (no `ray stop`).
 State (pid, ports, token file) lives in a JSON file so `up` and `down` can be separate commands.
+`python` (of `start` and `add_node`) runs the nodes from another environment's `ray` and `python` (a venv made
+the way a cluster node makes it) instead of this process's.
 """
 
 from __future__ import annotations
@@ -50,13 +53,7 @@ class LocalCluster:
         return Path(self.token_file).read_text().strip()
 
     def alive(self) -> bool:
-        try:
-            os.kill(self.pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return _not_zombie(self.pid)
+        return _alive(self.pid)
 
     def save(self, path: str | Path) -> None:
         p = Path(path)
@@ -68,6 +65,20 @@ class LocalCluster:
         return cls(**json.loads(Path(path).read_text()))
 
 
+@dataclass
+class LocalNode:
+    """A worker node that `add_node` joined to a LocalCluster: its `ray start --block` process and Ray node id."""
+
+    pid: int
+    node_id: str
+    temp_dir: str
+    log_file: str
+    owns_temp_dir: bool = False
+
+    def alive(self) -> bool:
+        return _alive(self.pid)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -75,7 +86,8 @@ def free_port() -> int:
 
 
 def start(num_cpus: int | None = None, num_gpus: int | None = None, temp_dir: str | None = None,
-          object_store_memory: int | None = None, timeout_s: float = 180.0) -> LocalCluster:
+          object_store_memory: int | None = None, timeout_s: float = 180.0,
+          resources: dict[str, float] | None = None, python: str | None = None) -> LocalCluster:
     """Start the head and wait until its dashboard answers an authenticated request. Without `temp_dir` the
     head's session files (logs, sockets, the token) go to a new /tmp/madr-ray-* directory that `stop` removes."""
     temp, owned = head_temp_dir(temp_dir)
@@ -83,20 +95,15 @@ def start(num_cpus: int | None = None, num_gpus: int | None = None, temp_dir: st
     token_file.unlink(missing_ok=True)  # a fresh token per start (a reused --temp-dir keeps the old file)
     write_secret(token_file, secrets.token_hex(24))
     gcs, dash = free_port(), free_port()
-    cmd = [_ray_bin(), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
+    cmd = [_ray_bin(python), "start", "--head", "--block", "--node-ip-address", "127.0.0.1", "--port", str(gcs),
            "--dashboard-host", "127.0.0.1", "--dashboard-port", str(dash), "--include-dashboard", "true",
            "--ray-client-server-port", str(free_port()), "--dashboard-agent-listen-port", str(free_port()),
-           "--temp-dir", str(temp), "--disable-usage-stats"]
-    if num_cpus is not None:
-        cmd += ["--num-cpus", str(num_cpus)]
-    if num_gpus is not None:
-        cmd += ["--num-gpus", str(num_gpus)]
-    if object_store_memory is not None:
-        cmd += ["--object-store-memory", str(object_store_memory)]
+           "--temp-dir", str(temp), "--disable-usage-stats",
+           *_resource_args(num_cpus, num_gpus, resources, object_store_memory)]
     log = temp / "ray-start.log"
     with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, env=cluster_env(str(token_file)), stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+        proc = subprocess.Popen(cmd, env=cluster_env(str(token_file), python), stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     cluster = LocalCluster(proc.pid, gcs, dash, str(temp), str(token_file), str(log), owned)
     try:
         _wait_ready(cluster, proc, timeout_s)
@@ -104,6 +111,73 @@ def start(num_cpus: int | None = None, num_gpus: int | None = None, temp_dir: st
         stop(cluster)
         raise
     return cluster
+
+
+def add_node(head: LocalCluster, num_cpus: int | None = None, num_gpus: int | None = None,
+             resources: dict[str, float] | None = None, object_store_memory: int | None = None,
+             python: str | None = None, timeout_s: float = 120.0) -> LocalNode:
+    """Join a worker node to `head`: a raylet of its own on 127.0.0.1 (every port chosen free, a new
+    /tmp/madr-ray-* temp dir that `stop` removes) with the head's token, run by `pipelines.jobs.local_node`
+    (`ray start --address` cannot join a loopback-only head: see there). Returns once the head lists it alive."""
+    temp, owned = head_temp_dir(None)
+    before = _alive_worker_ids(head)
+    cmd = [python or sys.executable, "-m", "pipelines.jobs.local_node", "--address", head.gcs_address,
+           "--temp-dir", str(temp)]
+    for port in ("node-manager-port", "object-manager-port", "metrics-export-port", "metrics-agent-port",
+                 "dashboard-agent-listen-port", "runtime-env-agent-port"):
+        cmd += ["--" + port, str(free_port())]
+    cmd += _resource_args(num_cpus, num_gpus, resources, object_store_memory)
+    log = temp / "ray-start.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, env=cluster_env(head.token_file, python), stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    node = LocalNode(proc.pid, "", str(temp), str(log), owned)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not node.node_id:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the worker node exited with {proc.returncode}:\n{_tail(node.log_file)}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the worker node did not join {head.address} within {timeout_s} s:\n"
+                                   f"{_tail(node.log_file)}")
+            new = _alive_worker_ids(head) - before
+            if new:
+                node.node_id = new.pop()
+            else:
+                time.sleep(0.5)
+    except BaseException:
+        stop(node)
+        raise
+    return node
+
+
+def nodes(cluster: LocalCluster) -> list[dict]:
+    """The cluster's nodes as the head's state API lists them (node_id, is_head_node, state, resources_total...)."""
+    req = urllib.request.Request(cluster.address + "/api/v0/nodes?limit=1000",
+                                 headers={"Authorization": f"Bearer {cluster.token}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        return json.loads(resp.read())["data"]["result"]["result"]
+
+
+def _alive_worker_ids(cluster: LocalCluster) -> set[str]:
+    try:
+        return {n["node_id"] for n in nodes(cluster) if n["state"] == "ALIVE" and not n["is_head_node"]}
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError, KeyError, ValueError):
+        return set()
+
+
+def _resource_args(num_cpus: int | None, num_gpus: int | None, resources: dict[str, float] | None,
+                   object_store_memory: int | None) -> list[str]:
+    args = []
+    if num_cpus is not None:
+        args += ["--num-cpus", str(num_cpus)]
+    if num_gpus is not None:
+        args += ["--num-gpus", str(num_gpus)]
+    if resources:
+        args += ["--resources", json.dumps(resources)]
+    if object_store_memory is not None:
+        args += ["--object-store-memory", str(object_store_memory)]
+    return args
 
 
 def head_temp_dir(temp_dir: str | None) -> tuple[Path, bool]:
@@ -123,8 +197,9 @@ def write_secret(path: str | Path, text: str) -> None:
         out.write(text)
 
 
-def cluster_env(token_file: str) -> dict[str, str]:
-    """Environment of the head (and so of every job on it): loopback, no usage stats, token auth."""
+def cluster_env(token_file: str, python: str | None = None) -> dict[str, str]:
+    """Environment of a node (and so of every job on it): loopback, no usage stats, token auth; `python`'s bin
+    directory first on PATH (the jobs' `python`), this process's by default."""
     env = dict(os.environ)
     env.update(RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="token",
                RAY_AUTH_TOKEN_PATH=token_file)
@@ -134,16 +209,20 @@ def cluster_env(token_file: str) -> dict[str, str]:
     env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
     env.pop("RAY_AUTH_TOKEN", None)
     env.pop("RAY_ADDRESS", None)
-    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")  # jobs' `python`
+    if python is not None:  # another environment: nothing of this process's interpreter
+        env.pop("PYTHONPATH", None)
+        env["VIRTUAL_ENV"] = str(Path(python).parent.parent)
+    env["PATH"] = str(Path(python or sys.executable).parent) + os.pathsep + env.get("PATH", "")  # jobs' `python`
     bootstrap = Path.home() / "ray_bootstrap_config.yaml"
     if not bootstrap.exists():
         bootstrap.write_text("provider:\n  type: local\n")
     return env
 
 
-def stop(cluster: LocalCluster, timeout_s: float = 60.0) -> None:
+def stop(cluster: LocalCluster | LocalNode, timeout_s: float = 60.0) -> None:
     """SIGTERM `ray start --block` (it stops its own processes), then SIGKILL its process group if needed; then
-    remove the head's temp dir when `start` created it (a --temp-dir given by the caller is kept)."""
+    remove the node's temp dir when `start` / `add_node` created it (a --temp-dir given by the caller is kept).
+    Stop worker nodes before their head."""
     try:
         _terminate(cluster, timeout_s)
     finally:
@@ -151,7 +230,7 @@ def stop(cluster: LocalCluster, timeout_s: float = 60.0) -> None:
             shutil.rmtree(cluster.temp_dir, ignore_errors=True)
 
 
-def _terminate(cluster: LocalCluster, timeout_s: float) -> None:
+def _terminate(cluster: LocalCluster | LocalNode, timeout_s: float) -> None:
     try:
         os.kill(cluster.pid, signal.SIGTERM)
     except ProcessLookupError:
@@ -220,9 +299,11 @@ def _wait_ready(cluster: LocalCluster, proc: subprocess.Popen, timeout_s: float)
                        f"{_tail(cluster.log_file)}")
 
 
-def _ray_bin() -> str:
-    here = Path(sys.executable).parent / "ray"
-    return str(here) if here.exists() else (shutil.which("ray") or "ray")
+def _ray_bin(python: str | None = None) -> str:
+    here = Path(python or sys.executable).parent / "ray"
+    if python is not None or here.exists():
+        return str(here)
+    return shutil.which("ray") or "ray"
 
 
 def _tail(path: str, n: int = 30) -> str:
@@ -230,6 +311,16 @@ def _tail(path: str, n: int = 30) -> str:
         return "\n".join(Path(path).read_text().splitlines()[-n:])
     except OSError:
         return ""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return _not_zombie(pid)
 
 
 def _not_zombie(pid: int) -> bool:

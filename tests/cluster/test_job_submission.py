@@ -170,3 +170,30 @@ def test_submitted_stages_sync_an_s3_output_dir(head, toy, s3_bucket, tmp_path, 
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
     assert "prep: skip" in out and "index: skip" in out
+
+
+def test_a_worker_node_joins_on_loopback_and_runs_tasks(head):
+    """`local_cluster.add_node` (what `ray start --address` cannot do on a loopback-only head): a raylet with
+    its own resources, listed alive by the head, bound to 127.0.0.1 only; a task that needs its resource runs
+    on it, and `stop` takes its processes down and leaves the head running."""
+    import subprocess
+
+    node = local_cluster.add_node(head, num_cpus=1, resources={"second_node": 1}, object_store_memory=80 * 2**20)
+    try:
+        listed = {n["node_id"]: n for n in local_cluster.nodes(head)}
+        assert listed[node.node_id]["state"] == "ALIVE" and not listed[node.node_id]["is_head_node"]
+        assert listed[node.node_id]["resources_total"]["second_node"] == 1
+        pids = subprocess.run(["pgrep", "-g", str(node.pid)], capture_output=True, text=True).stdout.split()
+        sockets = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True).stdout.splitlines()
+        bound = [line.split()[3] for line in sockets if any(f"pid={p}," in line for p in pids)]
+        assert bound and all(a.rsplit(":", 1)[0] in ("127.0.0.1", "[::ffff:127.0.0.1]") for a in bound), bound
+
+        entry = ("python -c \"import ray; ray.init(); print('ran on', ray.get(ray.remote(resources="
+                 "{'second_node': 1})(lambda: ray.get_runtime_context().get_node_id()).remote()))\"")
+        cluster = submit.Cluster(head.address, head.token)
+        job = cluster.submit(entry, submit.load_runtime_env(None, same_host=True))
+        assert cluster.wait(job, timeout_s=120) == "SUCCEEDED", cluster.logs(job)
+        assert f"ran on {node.node_id}" in cluster.logs(job)
+    finally:
+        local_cluster.stop(node, timeout_s=10)
+    assert not node.alive() and not Path(node.temp_dir).exists() and head.alive()

@@ -1,6 +1,6 @@
 """The encode job and the Serve app on a 3-node cluster (conftest: separate raylets on 127.0.0.1), behind the
 `multinode` marker (not in the default run: 150-240 s measured on the shared 2 cores at load average 25-45;
-`pytest -m multinode tests/multinode`):
+`make test-multinode`, a CI step of its own):
 
 1. encode: 600 docs -> 3 Flat hybrid shards with 2 tokenise and 2 encode actors started at once and SPREAD
    (`spread_actors`): each kind of actor ran on 2 different nodes (Ray's actor table), and the index is exact:
