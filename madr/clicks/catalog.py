@@ -25,8 +25,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from madr.clicks.examination import ExaminationCurve, estimate_from_table, write_curve
-from madr.clicks.judgments import ClickJudgment, click_judgments, summarize_judgments
+from madr.clicks.examination import ExaminationCurve
+from madr.clicks.judgments import ClickJudgment, judge_log_impressions, summarize_judgments
 from madr.data.schema import Catalog, Judgment, Product, Query
 
 POSITIVE, NEGATIVE = (4, "E"), (0, "I")
@@ -99,12 +99,7 @@ def judge_click_log(impressions: pa.Table, clicks: Any, out_dir: str | Path, bas
                     aspect_names: Sequence[str], log_summary: dict[str, Any]) -> tuple[Catalog, dict[str, Any]]:
     """From a log's impressions to the catalog: the examination curve (`out_dir/examination.json` + `.png`), the
     judgments (`ClickLogConfig` `clicks`), the catalog and `out_dir/report.json`."""
-    if impressions.num_rows == 0:
-        raise ValueError(f"{clicks.path}: the click log holds no impression (see {out_dir}/summary.json)")
-    curve = estimate_from_table(impressions, clicks.max_rank)
-    write_curve(curve, out_dir)
-    judgments = click_judgments(impressions, curve if clicks.debias else None, clip=clicks.clip,
-                                skip_negatives=clicks.skip_negatives, skip_min_examination=clicks.skip_min_examination)
+    curve, judgments = judge_log_impressions(impressions, clicks, out_dir)
     products = base.products if base is not None else log_products(impressions)
     catalog, left_out = click_catalog(judgments, products, base, clicks.holdout, aspect_names)
     summary = report(log_summary, curve, judgments, left_out, clicks.debias)

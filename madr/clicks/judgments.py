@@ -15,11 +15,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 
-from madr.clicks.examination import ExaminationCurve
+from madr.clicks.examination import ExaminationCurve, estimate_from_table, write_curve
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,20 @@ def click_judgments(impressions: pa.Table, curve: ExaminationCurve | None, *, cl
     out = [ClickJudgment(q, d, True, w / mean, clicks[q, d]) for (q, d), w in weight.items()]
     out += [ClickJudgment(q, d, False, 1.0, 0) for q, d in skipped if (q, d) not in weight]
     return sorted(out, key=lambda j: (j.query, j.doc_id))
+
+
+def judge_log_impressions(impressions: pa.Table, clicks: Any,
+                          out_dir: str | Path) -> tuple[ExaminationCurve, list[ClickJudgment]]:
+    """A log's examination curve, estimated from its impressions and written to `out_dir` (`examination.json` +
+    `.png`), and the judgments `clicks` (a `madr.config.ClickLogConfig`) asks for: clipped inverse-propensity
+    weights from that curve with `debias`, naive weights without."""
+    if impressions.num_rows == 0:
+        raise ValueError(f"{clicks.path}: the click log holds no impression (see {out_dir}/summary.json)")
+    curve = estimate_from_table(impressions, clicks.max_rank)
+    write_curve(curve, out_dir)
+    judgments = click_judgments(impressions, curve if clicks.debias else None, clip=clicks.clip,
+                                skip_negatives=clicks.skip_negatives, skip_min_examination=clicks.skip_min_examination)
+    return curve, judgments
 
 
 def summarize_judgments(judgments: list[ClickJudgment]) -> dict[str, Any]:

@@ -36,8 +36,7 @@ from typing import Any
 import pyarrow as pa
 
 from madr.clicks.catalog import log_products, normalise_query, query_id, report
-from madr.clicks.examination import estimate_from_table, write_curve
-from madr.clicks.judgments import ClickJudgment, click_judgments
+from madr.clicks.judgments import ClickJudgment, judge_log_impressions
 from madr.data.records import ClickRecord, MultilingualData
 
 CLICKS_DIR = Path("data") / "clicks"  # under the run's output_dir, as the product-search data stage
@@ -120,12 +119,7 @@ def records_summary(records: Sequence[ClickRecord]) -> dict[str, Any]:
 def judge_log(impressions: pa.Table, clicks: Any, out_dir: str | Path, field: str, eval_queries: Collection[str],
               log_summary: dict[str, Any]) -> tuple[list[ClickRecord], dict[str, Any]]:
     """Steps 2-4 of the module docstring on a log's impressions; `out_dir/report.json` says what they did."""
-    if impressions.num_rows == 0:
-        raise ValueError(f"{clicks.path}: the click log holds no impression (see {out_dir}/summary.json)")
-    curve = estimate_from_table(impressions, clicks.max_rank)
-    write_curve(curve, out_dir)
-    judgments = click_judgments(impressions, curve if clicks.debias else None, clip=clicks.clip,
-                                skip_negatives=clicks.skip_negatives, skip_min_examination=clicks.skip_min_examination)
+    curve, judgments = judge_log_impressions(impressions, clicks, out_dir)
     records, left_out = log_click_records(impressions, judgments, field, eval_queries)
     summary = {**report(log_summary, curve, judgments, left_out, clicks.debias), "records": records_summary(records),
                "path": clicks.path, "format": clicks.format}
