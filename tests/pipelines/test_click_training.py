@@ -43,6 +43,16 @@ def click_log(catalog, path: Path, searches: int = 3000) -> Path:
     return write_jsonl(path, simulate_impressions(candidates, sim))
 
 
+def tiny_click_config(tmp_path: Path, clicks: dict, data: dict):
+    """The recipe's shape (BiBERT, BM25-mined negatives) on a tiny random backbone, trained from click log `clicks`."""
+    return load_config(None, {
+        "output_dir": str(tmp_path / "run"), **data, "data.clicks": clicks,
+        "model.name": "bibert", "model.backbone.tiny": TINY, "model.max_query_length": 12,
+        "model.max_doc_length": 24, "index.num_shards": 1,
+        "train.finetune": {"steps": 3, "batch_size": 8, "negatives": "mined", "mined_depth": 5,
+                           "judged_negative_share": 0.5, "aspect_weight": 0.0}})
+
+
 def test_data_stage_from_a_click_log_then_tiny_finetune(ray_local, tmp_path: Path) -> None:
     from madr.recipes.aspects.experiment import load_catalog, prepare_tokenizer
     from madr.training.loop import catalog_sampler, train_stage
@@ -51,13 +61,8 @@ def test_data_stage_from_a_click_log_then_tiny_finetune(ray_local, tmp_path: Pat
     base = generate_catalog(num_products=150, num_queries=60, seed=3)
     base.write(tmp_path / "catalog")
     log = click_log(base, tmp_path / "log.jsonl")
-    cfg = load_config(None, {
-        "output_dir": str(tmp_path / "run"), "data.catalog_dir": str(tmp_path / "catalog"),
-        "data.tokenizer_vocab_size": 600, "data.clicks": {"path": str(log), "format": "impressions", "max_rank": 8},
-        "model.name": "bibert", "model.backbone.tiny": TINY, "model.max_query_length": 12,
-        "model.max_doc_length": 24, "index.num_shards": 1,
-        "train.finetune": {"steps": 3, "batch_size": 8, "negatives": "mined", "mined_depth": 5,
-                           "judged_negative_share": 0.5, "aspect_weight": 0.0}})
+    cfg = tiny_click_config(tmp_path, {"path": str(log), "format": "impressions", "max_rank": 8},
+                            {"data.catalog_dir": str(tmp_path / "catalog"), "data.tokenizer_vocab_size": 600})
     summary = prepare(cfg, log=lambda *_: None)
     clicks = Path(cfg.output_dir) / "data" / "clicks"
     curve = json.loads((clicks / "examination.json").read_text())
@@ -91,13 +96,8 @@ def test_the_real_ubi_sample_through_the_data_stage_and_training(ray_local, shar
     from pipelines.data.prepare import prepare
 
     events, queries = (str(shared_data / "esci" / f"ubi_esci_{n}.parquet") for n in ("events", "queries"))
-    cfg = load_config(None, {
-        "output_dir": str(tmp_path / "run"), "data.tokenizer_vocab_size": 800,
-        "data.clicks": {"path": events, "format": "ubi", "queries": queries},
-        "model.name": "bibert", "model.backbone.tiny": TINY, "model.max_query_length": 12,
-        "model.max_doc_length": 24, "index.num_shards": 1,
-        "train.finetune": {"steps": 3, "batch_size": 8, "negatives": "mined", "mined_depth": 5,
-                           "judged_negative_share": 0.5, "aspect_weight": 0.0}})
+    cfg = tiny_click_config(tmp_path, {"path": events, "format": "ubi", "queries": queries},
+                            {"data.tokenizer_vocab_size": 800})
     summary = prepare(cfg, log=lambda *_: None)
     clicks = Path(cfg.output_dir) / "data" / "clicks"
     curve = json.loads((clicks / "examination.json").read_text())
