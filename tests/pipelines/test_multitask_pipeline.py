@@ -30,6 +30,13 @@ def test_shipped_config_loads_and_names_the_stages():
     real = load_pipeline_config(ROOT / "configs" / "real" / "multitask_e5.yaml")
     assert real.real_data is not None and real.recipe.model.pooling == "mean", "bench.pooling applies (e5 recipe)"
     assert real.freeze_word_embeddings, "bench.freeze_word_embeddings applies (e5 recipe)"
+    served = load_pipeline_config(ROOT / "configs" / "real" / "multilingual.yaml")
+    assert served.real_data == real.real_data and served.recipe.model == real.recipe.model, \
+        "the recipe to use trains what its benchmark measured"
+    assert (served.recipe.tasks.enabled, served.recipe.optimizer, served.recipe.steps) == \
+        (real.recipe.tasks.enabled, real.recipe.optimizer, real.recipe.steps)
+    assert not served.recipe.student.enabled and served.freeze_word_embeddings
+    assert (served.serve["encoder_backend"], served.serve["encoder_precision"]) == ("onnx", "int8")
     with pytest.raises(ValueError, match="scaling.workers"):
         load_pipeline_config(CONFIG, {"scaling.workers": 2})
 
