@@ -415,7 +415,10 @@ class TuneConfig:
     """The tune stage (`pipelines.tune`): the dense + BM25 fusion's weight and normalisation chosen on the `split`
     queries by `metric` over a grid (`lambda_step`, `normalisations`; `madr.search.fusion_tuning`) and written
     into the index manifest, so evaluation and `/search` use exactly what was chosen. It runs for indexes with a
-    BM25 part (`index.lexical: bm25`); `enabled: false` keeps `index.fusion_lambda` and min-max as set."""
+    BM25 part (`index.lexical: bm25`); `enabled: false` keeps `index.fusion_lambda` and min-max as set. When the
+    index also stores aspect data (`index.aspect_top_k`, an aspect model), the aspect-match score's weight is then
+    chosen from `aspect_weights` (a grid holding 0: the aspects may not help) with the chosen fusion, and written
+    into the manifest's `aspects` record (`madr.search.fusion_tuning.tune_aspect_weight`)."""
 
     enabled: bool = True
     split: str = "dev"
@@ -423,9 +426,13 @@ class TuneConfig:
     lambda_step: float = 0.1
     normalisations: list[str] = field(default_factory=lambda: ["minmax", "zscore"])
     candidates: int | None = None  # each retriever's candidates per query (None: the search default)
+    aspect_weights: list[float] = field(default_factory=lambda: [0.0, 0.1, 0.2, 0.3, 0.5])
 
     def __post_init__(self) -> None:
         from madr.metrics import parse_metric
+        from madr.search.fusion_tuning import check_aspect_weights
+
+        check_aspect_weights(self.aspect_weights, "tune.aspect_weights")
         from madr.search.fusion_tuning import lambda_grid
         from madr.search.params import NORMALISATIONS
 
