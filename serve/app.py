@@ -24,7 +24,14 @@ from ray.serve import Application
 
 from madr.index.manifest import Manifest
 from serve.api import create_api
-from serve.backend import Docs, lexical_tokenizer_dir, lexical_vocab, resolve_model_dir, shard_groups
+from serve.backend import (
+    Docs,
+    aspect_k,
+    lexical_tokenizer_dir,
+    lexical_vocab,
+    resolve_model_dir,
+    shard_groups,
+)
 from serve.calls import CallPolicy
 from serve.colocated import build_colocated
 from serve.config import ServeSettings, settings_from_dict
@@ -75,7 +82,7 @@ def build_app(args: dict[str, Any] | ServeSettings | None = None) -> Application
         s.model_dir, s.torch_threads, s.encoder_max_batch_size, s.encoder_batch_wait_timeout_s,
         lexical_vocab(manifest), lexical_tokenizer_dir(s.manifest_path),
         s.manifest_path if s.encoder_index_vocabulary else None, s.verify, s.encoder_backend, s.encoder_precision,
-        stuck_after_s=s.request_timeout_s)
+        aspect_k(manifest), stuck_after_s=s.request_timeout_s)
     searchers = [
         ShardSearcher.options(name=f"searcher-{g}", **s.searcher.options(s.route_timeout_s)).bind(
             s.manifest_path, group, s.mmap, s.verify, s.faiss_threads, s.searcher_max_batch_size,

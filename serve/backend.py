@@ -17,6 +17,11 @@ dense + BM25 fusion: the encoder also counts the raw query's word pieces (`Encod
 index's own lexical tokenizer when the manifest names one, `lexical_tokenizer_dir`, else the model's), every shard
 group returns its dense and BM25 top-`candidates` (`ShardGroup.candidates`), and the backend fuses the lists
 of all groups with `madr.search.sharded.fuse_candidates`, as `ShardedIndex.search(..., lexical=...)` does.
+
+An index with aspect data (`madr.index.aspects`) gets each query's calibrated top-k aspect values from the encoder
+too (`EncodedQuery.aspects`, `madr.modeling.aspect_distributions.encode_aspects`; an extra forward pass of the
+query tower's aspect heads); the API applies the aspect-match fusion and aspect filters to the candidates
+(`serve/api.py`, `madr.search.aspect_match`).
 """
 
 from __future__ import annotations
@@ -54,6 +59,7 @@ class EncodedQuery:
     sparse: SparseBatch | None
     lexical: SparseBatch | None = None
     stage_ms: dict[str, float] | None = None  # a replica's encode time for its batch (`serve.latency`)
+    aspects: dict | None = None  # indexes with aspect data: the query's top-k aspect values (one row)
 
 
 @dataclass
@@ -188,11 +194,12 @@ def onnx_query_encoder(model: BiEncoder, manifest_path: str | Path | None, threa
 
 
 def encode_texts(encoder: LeanQueryEncoder, texts: list[str], lexical_vocab: int | None = None,
-                 lexical_tokenizer: Any | None = None) -> list[EncodedQuery]:
+                 lexical_tokenizer: Any | None = None, aspect_k: int | None = None) -> list[EncodedQuery]:
     """Query-tower dense (+ sparse for hybrid models) vectors of `texts` (`LeanQueryEncoder.encode`), one
     `EncodedQuery` each; with `lexical_vocab` (the index's BM25 vocabulary size) also the raw texts' word-piece
     counts, split by `lexical_tokenizer` (the index's own, `lexical_tokenizer_dir`) or, when None, the model's
-    tokenizer."""
+    tokenizer; with `aspect_k` (an index with aspect data) the calibrated top-k aspect values of a model that
+    predicts them."""
     with stage("encode"):
         dense, sparse = encoder.encode(list(texts))
         terms = None
@@ -201,17 +208,29 @@ def encode_texts(encoder: LeanQueryEncoder, texts: list[str], lexical_vocab: int
 
             tok = encoder.model.tokenizer if lexical_tokenizer is None else lexical_tokenizer
             terms = query_term_counts(tok, list(texts), lexical_vocab)
+    aspects = None
+    if aspect_k:
+        from madr.index.aspects import select_rows
+        from madr.modeling.aspect_distributions import encode_aspects
+
+        aspects = encode_aspects(encoder.model, list(texts), "query", aspect_k) or None
     rows = []
     for i in range(len(texts)):
         rows.append(EncodedQuery(np.ascontiguousarray(dense[i], dtype=np.float32),
                                  None if sparse is None else sparse.select([i]),
-                                 None if terms is None else terms.select([i])))
+                                 None if terms is None else terms.select([i]),
+                                 aspects=None if aspects is None else select_rows(aspects, np.array([i]))))
     return rows
 
 
 def lexical_vocab(manifest: Manifest) -> int | None:
     """The BM25 vocabulary size of an index with a lexical part (what the encoder counts query terms over)."""
     return int(manifest.lexical["vocab_size"]) if manifest.has_lexical else None
+
+
+def aspect_k(manifest: Manifest) -> int | None:
+    """The top-k of an index's stored aspect values (what the encoder keeps of a query's), None without them."""
+    return int(manifest.aspects["k"]) if manifest.has_aspects else None
 
 
 def lexical_tokenizer_dir(manifest_path: str | Path) -> str | None:
@@ -402,12 +421,13 @@ class LocalBackend:
                                          encoder_backend, threads, encoder_precision)
         self.lexical_vocab = lexical_vocab(self.index.manifest)
         self.lexical_tokenizer = self.index.lexical_tokenizer  # None: the model's splits the queries
+        self.aspect_k = aspect_k(self.index.manifest)
         self._lock = asyncio.Lock()
 
     async def encode(self, text: str) -> EncodedQuery:
         async with self._lock:  # torch modules are not re-entrant across threads
             return (await asyncio.to_thread(encode_texts, self.encoder, [text], self.lexical_vocab,
-                                            self.lexical_tokenizer))[0]
+                                            self.lexical_tokenizer, self.aspect_k))[0]
 
     async def search(self, query: EncodedQuery, params: SearchParams) -> tuple[np.ndarray, np.ndarray]:
         dense, sparse = stack([query])

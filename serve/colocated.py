@@ -45,7 +45,7 @@ from ray.serve import Application
 
 from madr.index.manifest import Manifest
 from serve.api import create_api
-from serve.backend import BackendBadRequest, Docs, lexical_tokenizer_dir, lexical_vocab
+from serve.backend import BackendBadRequest, Docs, aspect_k, lexical_tokenizer_dir, lexical_vocab
 from serve.calls import CallPolicy
 from serve.config import ServeSettings, settings_from_dict
 from serve.deployments import QueryEncoder, RayBackend, ShardSearcher
@@ -97,7 +97,8 @@ def encoder_args(s: ServeSettings, manifest: Manifest) -> tuple[Any, ...]:
     """`QueryEncoder(...)` arguments for these settings (the fan-out deployment's, `serve.app.build_app`)."""
     return (s.model_dir, s.torch_threads, s.encoder_max_batch_size, s.encoder_batch_wait_timeout_s,
             lexical_vocab(manifest), lexical_tokenizer_dir(s.manifest_path),
-            s.manifest_path if s.encoder_index_vocabulary else None, s.verify, s.encoder_backend, s.encoder_precision)
+            s.manifest_path if s.encoder_index_vocabulary else None, s.verify, s.encoder_backend, s.encoder_precision,
+            aspect_k(manifest))
 
 
 @serve.deployment(name=DEPLOYMENT)

@@ -80,7 +80,7 @@ class QueryEncoder:
                  batch_wait_timeout_s: float = 0.003, lexical_vocab: int | None = None,
                  lexical_tokenizer: str | None = None, vocabulary_manifest: str | None = None,
                  verify: bool = True, backend: str = "torch", precision: str = "fp32",
-                 stuck_after_s: float | None = None) -> None:
+                 aspect_k: int | None = None, stuck_after_s: float | None = None) -> None:
         self.watchdog = Watchdog("QueryEncoder", stuck_after_s)  # check_health fails while a batch is stuck
         device = replica_device()
         if device == "cuda" and (backend, precision) != ("torch", "fp32"):
@@ -94,6 +94,7 @@ class QueryEncoder:
         self.lexical_vocab = lexical_vocab  # an index with a BM25 part: also count the queries' word pieces
         # ... split by the index's own lexical tokenizer (a directory of the index) when it has one
         self.lexical_tokenizer = load_lexical_tokenizer(lexical_tokenizer, lexical_vocab)
+        self.aspect_k = aspect_k  # an index with aspect data: also the queries' calibrated top-k aspect values
         self._encode_batch.set_max_batch_size(max_batch_size)
         self._encode_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
@@ -111,7 +112,7 @@ class QueryEncoder:
         # In a thread: the event loop keeps queueing requests for the next batch meanwhile.
         with self.watchdog.running():
             results, stages = await asyncio.to_thread(timed_batch, partial(isolate, lambda batch: encode_texts(
-                self.encoder, batch, self.lexical_vocab, self.lexical_tokenizer)), texts)
+                self.encoder, batch, self.lexical_vocab, self.lexical_tokenizer, self.aspect_k)), texts)
         for r in results:
             if isinstance(r, EncodedQuery):
                 r.stage_ms = stages  # the batch's encode time travels back with each query (`serve.latency`)

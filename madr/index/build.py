@@ -25,6 +25,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from madr.index.aspects import (
+    ASPECTS_SUFFIX,
+    AspectInfo,
+    AspectTable,
+    save_shard_aspects,
+    select_rows,
+    write_aspect_values,
+)
 from madr.index.lexical import TOKENIZER_DIR, merge_statistics, save_term_counts, save_tokenizer
 from madr.index.manifest import (
     MANIFEST_FILE,
@@ -147,9 +155,11 @@ def shard_index(trained: faiss.Index, dense: np.ndarray, ids: np.ndarray) -> fai
 
 def write_shard(out_dir: str | Path, shard: int, trained: faiss.Index, dense: np.ndarray, ids: np.ndarray,
                 sparse: SparseBatch | None = None, extra_files: Sequence[str] = (),
-                lexical: SparseBatch | None = None, sparse_backend: SparseBackend | None = None) -> ShardInfo:
+                lexical: SparseBatch | None = None, sparse_backend: SparseBackend | None = None,
+                aspects: AspectTable | None = None) -> ShardInfo:
     """Write shard ``shard`` (rows sorted by id) atomically: index, ids, sparse part, lexical part (``lexical``:
-    the raw word-piece term frequencies of the same rows, ``madr.index.lexical``), then its record. An
+    the raw word-piece term frequencies of the same rows, ``madr.index.lexical``), aspect part (``aspects``: the
+    rows' calibrated top-k aspect values, ``madr.index.aspects``), then its record. An
     approximate ``sparse_backend`` (``madr.search.sparse.backend``) adds its own index of the sparse part.
 
     ``extra_files`` (paths relative to ``out_dir``, already written, e.g. the shard's display rows) get
@@ -162,13 +172,17 @@ def write_shard(out_dir: str | Path, shard: int, trained: faiss.Index, dense: np
         raise ValueError(f"shard {shard}: {len(sparse)} sparse rows for {ids.size} documents")
     if lexical is not None and len(lexical) != ids.size:
         raise ValueError(f"shard {shard}: {len(lexical)} lexical rows for {ids.size} documents")
+    bad = [a for a, t in (aspects or {}).items() if len(t) != ids.size]
+    if bad:
+        raise ValueError(f"shard {shard}: aspect rows of {bad} differ from its {ids.size} documents")
     order = np.argsort(ids, kind="stable")
     dense, ids = dense[order], ids[order]
     stem, backend = shard_stem(shard), sparse_backend or SparseBackend()
     files = {"dense": f"{stem}.faiss", "ids": f"{stem}.ids.npy",
              "sparse": f"{stem}.sparse.npz" if sparse is not None else None,
              "lexical": f"{stem}.lexical.npz" if lexical is not None else None,
-             "approx": f"{stem}{SEISMIC_SUFFIX}" if sparse is not None and backend.approximate else None}
+             "approx": f"{stem}{SEISMIC_SUFFIX}" if sparse is not None and backend.approximate else None,
+             "aspects": f"{stem}{ASPECTS_SUFFIX}" if aspects else None}
     index = shard_index(trained, dense, ids)
     atomic_write(out / files["dense"], lambda tmp: faiss.write_index(index, tmp))
     atomic_save_npy(out / files["ids"], ids)
@@ -179,10 +193,12 @@ def write_shard(out_dir: str | Path, shard: int, trained: faiss.Index, dense: np
             atomic_write(out / files["approx"], lambda tmp: backend.write(inv, tmp))
     if lexical is not None:
         save_term_counts(out / files["lexical"], lexical.select(order))
+    if aspects:
+        save_shard_aspects(out / files["aspects"], select_rows(aspects, order))
     info = ShardInfo(shard=shard, dense_path=files["dense"], sparse_path=files["sparse"], ids_path=files["ids"],
                      count=int(ids.size), min_id=int(ids[0]) if ids.size else -1,
                      max_id=int(ids[-1]) if ids.size else -1, lexical_path=files["lexical"],
-                     approx_sparse_path=files["approx"])
+                     approx_sparse_path=files["approx"], aspects_path=files["aspects"])
     info.sha256 = {rel: sha256_file(out / rel) for rel in [*info.files(), *extra_files]}
     info.save(out / f"{stem}.json")
     return info
@@ -221,12 +237,13 @@ def assemble_manifest(out_dir: str | Path, shards: Sequence[ShardInfo], dim: int
                       model_dir: str | None = None, config_hash: str | None = None,
                       docs_path: str | None = None, lexical_vocab_size: int | None = None,
                       fusion_lambda: float = 0.5, lexical_tokenizer: str | None = None,
-                      sparse_backend: SparseBackend | None = None) -> Path:
+                      sparse_backend: SparseBackend | None = None,
+                      aspects: AspectInfo | None = None) -> Path:
     """Write ``manifest.json`` over complete shards (ids unique across shards, or a ValueError). With
     ``lexical_vocab_size`` (shards with a lexical part) the collection's BM25 statistics are merged from the
     shards' files first (``madr.index.lexical.merge_statistics``) and recorded with ``fusion_lambda``, and with
     ``lexical_tokenizer`` (a directory under ``out_dir`` holding the lexical part's own tokenizer) its files'
-    checksums."""
+    checksums. ``aspects``: the record of the shards' aspect part (its values file already written)."""
     shards = sorted(shards, key=lambda s: s.shard)
     report = id_report(out_dir, shards)
     if report["duplicates"]:
@@ -243,7 +260,8 @@ def assemble_manifest(out_dir: str | Path, shards: Sequence[ShardInfo], dim: int
                         shards=list(shards), model_dir=model_dir, config_hash=config_hash,
                         hybrid_lambda=hybrid_lambda,
                         sparse_vocab_size=sparse_vocab_size, docs_path=docs_path, lexical=lexical,
-                        sparse_backend=_backend_record(shards, sparse_backend))
+                        sparse_backend=_backend_record(shards, sparse_backend),
+                        aspects=None if aspects is None else aspects.to_dict())
     return manifest.save(Path(out_dir) / MANIFEST_FILE)
 
 
@@ -281,12 +299,15 @@ def build_index(dense: np.ndarray, ids: np.ndarray, out_dir: str | Path, num_sha
                 model_dir: str | None = None, config_hash: str | None = None, docs: pa.Table | None = None,
                 train_size: int | None = None, seed: int = 0, lexical: SparseBatch | None = None,
                 fusion_lambda: float = 0.5, lexical_tokenizer: Any | None = None,
-                sparse_backend: SparseBackend | None = None) -> Path:
+                sparse_backend: SparseBackend | None = None, aspects: AspectTable | None = None,
+                aspect_values: dict[str, list[str]] | None = None, calibrated: bool = False) -> Path:
     """Build a sharded index in-process; returns the manifest path. ``lexical``: the documents' raw word-piece
     term frequencies (``madr.index.lexical.term_counts``), for BM25 fused with the dense scores at
     ``fusion_lambda`` by default; ``lexical_tokenizer``: the tokenizer they were counted with when it is not
     the model's (saved into the index, ``madr.index.lexical.TOKENIZER_DIR``; queries are then split by it);
-    ``sparse_backend``: how the sparse part is searched (``madr.search.sparse.backend``; default exact).
+    ``sparse_backend``: how the sparse part is searched (``madr.search.sparse.backend``; default exact);
+    ``aspects`` / ``aspect_values``: the documents' calibrated top-k aspect values and each aspect's value strings
+    (``madr.index.aspects``; ``calibrated``: the distributions were temperature-scaled).
 
     Rows are sorted by id and cut into ``num_shards`` contiguous id ranges (sizes differ by at most one).
     The quantiser is trained once on ``train_size`` rows sampled with ``seed`` (default: all rows up to
@@ -311,14 +332,34 @@ def build_index(dense: np.ndarray, ids: np.ndarray, out_dir: str | Path, num_sha
         part = sparse.select(rows) if sparse is not None else None
         lex = lexical.select(rows) if lexical is not None else None
         infos.append(write_shard(out, s, trained, dense[rows], ids[rows], part, lexical=lex,
-                                 sparse_backend=sparse_backend))
+                                 sparse_backend=sparse_backend,
+                                 aspects=None if aspects is None else select_rows(aspects, rows)))
     docs_path = write_docs(out, docs) if docs is not None else None
     if lexical_tokenizer is not None:
         save_tokenizer(lexical_tokenizer, out / TOKENIZER_DIR)
     return assemble_manifest(out, infos, dense.shape[1], index_factory, hybrid_lambda,
                              sparse.vocab_size if sparse is not None else None, model_dir, config_hash, docs_path,
                              lexical.vocab_size if lexical is not None else None, fusion_lambda,
-                             TOKENIZER_DIR if lexical_tokenizer is not None else None, sparse_backend)
+                             TOKENIZER_DIR if lexical_tokenizer is not None else None, sparse_backend,
+                             aspect_record(out, aspects, aspect_values, calibrated))
+
+
+def aspect_record(out_dir: str | Path, aspects: AspectTable | None, values: dict[str, list[str]] | None,
+                  calibrated: bool = False) -> AspectInfo | None:
+    """Write ``aspect_values.json`` and return the manifest's aspects record (None without ``aspects``)."""
+    if not aspects:
+        return None
+    return aspect_info(out_dir, list(aspects), int(next(iter(aspects.values())).values.shape[1]), values, calibrated)
+
+
+def aspect_info(out_dir: str | Path, names: list[str], k: int, values: dict[str, list[str]] | None,
+                calibrated: bool = False) -> AspectInfo:
+    """Write ``aspect_values.json`` for the aspects ``names`` and return the manifest's record of a top-``k``
+    aspect part."""
+    if values is None or not set(names) <= set(values):
+        raise ValueError(f"aspect values: need the value strings of every stored aspect {sorted(names)}")
+    digest = write_aspect_values(out_dir, {a: list(values[a]) for a in names})
+    return AspectInfo(k=k, aspects=list(names), sha256=digest, calibrated=calibrated)
 
 
 def sample_rows(x: np.ndarray, size: int | None, seed: int = 0) -> np.ndarray:

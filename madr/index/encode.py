@@ -9,7 +9,9 @@ built from them is searched with the same scores:
   of the index is the model's similarity (paper 000 Sec. 8.3 ranks by cosine).
 
 ``encode_token_batch`` is the piece the Ray encode job runs on already tokenised, unpadded id lists:
-it pads per batch (``pad_token_ids``), so a length-sorted batch carries little padding.
+it pads per batch (``pad_token_ids``), so a length-sorted batch carries little padding. With ``aspect_k`` it
+also returns, from the same forward pass, the batch's calibrated top-k aspect values
+(``madr.modeling.aspect_distributions.calibrated_topk``; empty for a model without aspect heads).
 """
 
 from __future__ import annotations
@@ -68,12 +70,13 @@ def pad_token_ids(rows: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Ten
 @torch.no_grad()
 def encode_token_batch(model: BiEncoder, rows: Sequence[Sequence[int]], side: str = "doc",
                        device: torch.device | str | None = None,
-                       dtype: torch.dtype | None = None) -> tuple[np.ndarray, SparseBatch | None]:
+                       dtype: torch.dtype | None = None, aspect_k: int | None = None) -> tuple:
     """Encode one batch of tokenised texts (ids with special tokens, unpadded), in the given order.
 
     ``dtype`` (e.g. ``torch.bfloat16`` on a GPU) runs the forward pass under autocast; outputs are float32.
     The model must already be on ``device``; it runs in eval mode (no dropout, and the hybrid top-k cut of
-    paper 002 Sec. 4.2, which training mode skips by default) and is put back in its mode after."""
+    paper 002 Sec. 4.2, which training mode skips by default) and is put back in its mode after.
+    Returns (dense, sparse or None), and with ``aspect_k`` (dense, sparse or None, aspect table)."""
     device = torch.device(device) if device is not None else next(model.parameters()).device
     ids, mask = pad_token_ids(rows, model.tokenizer.pad_token_id or 0)
     ids, mask = ids.to(device), mask.to(device)
@@ -90,6 +93,9 @@ def encode_token_batch(model: BiEncoder, rows: Sequence[Sequence[int]], side: st
     emb = out.embedding.float()
     if model.config.unit_dense:
         emb = nn.functional.normalize(emb, dim=-1)
-    if not model.config.has_sparse:
-        return emb.cpu().numpy(), None
-    return emb.cpu().numpy(), SparseBatch.from_dense(out.sparse.float().cpu())
+    sparse = SparseBatch.from_dense(out.sparse.float().cpu()) if model.config.has_sparse else None
+    if aspect_k is None:
+        return emb.cpu().numpy(), sparse
+    from madr.modeling.aspect_distributions import calibrated_topk
+
+    return emb.cpu().numpy(), sparse, calibrated_topk(model, out, side, aspect_k)

@@ -8,6 +8,8 @@ An index directory holds, per shard ``s`` (``shard-{s:05d}`` below):
 - ``shard-{s:05d}.sparse.npz``: hybrid models only, the sparse ``InvertedIndex`` of the same documents;
 - ``shard-{s:05d}.lexical.npz``: indexes with a lexical part only, the raw word-piece term frequencies of the
   same documents (``madr.index.lexical``; BM25 weights are computed from them when the shard is opened);
+- ``shard-{s:05d}.aspects.npz``: indexes of aspect models only, the products' calibrated top-k aspect values
+  (``madr.index.aspects``);
 - ``shard-{s:05d}.json``: the shard's ``ShardInfo``, written last: a shard is complete when this record
   exists and the checksums of its files match (the encode job's resume test);
 
@@ -99,10 +101,11 @@ class ShardInfo:
     sha256: dict[str, str] = field(default_factory=dict)
     lexical_path: str | None = None
     approx_sparse_path: str | None = None  # the approximate sparse backend's index (manifest.sparse_backend)
+    aspects_path: str | None = None  # the products' top-k aspect values (madr.index.aspects)
 
     def files(self) -> list[str]:
         return [p for p in (self.dense_path, self.sparse_path, self.ids_path, self.lexical_path,
-                            self.approx_sparse_path) if p is not None]
+                            self.approx_sparse_path, self.aspects_path) if p is not None]
 
     def verify(self, base: str | Path) -> None:
         """Raise a ValueError naming the file whose sha256 differs from the record (or that is missing);
@@ -140,7 +143,8 @@ class Manifest:
     """A sharded index (see the module docstring). ``hybrid_lambda``: the lam of paper 002 Eq. 1 the index
     was built with (the model's ``hybrid_lambda`` unless the encode job set another), the lam of a hybrid
     search whose ``madr.search.params.SearchParams.lam`` is None; None = a dense-only index. ``lexical``:
-    the BM25 part's record (``madr.index.lexical.LexicalInfo.to_dict``), None without one."""
+    the BM25 part's record (``madr.index.lexical.LexicalInfo.to_dict``), None without one. ``aspects``: the
+    products' aspect distributions' record (``madr.index.aspects.AspectInfo.to_dict``), None without them."""
 
     dim: int
     index_factory: str
@@ -154,6 +158,7 @@ class Manifest:
     docs_path: str | None = None
     lexical: dict[str, Any] | None = None
     sparse_backend: dict[str, Any] | None = None  # madr.search.sparse.backend.SparseBackend.to_dict; None: exact
+    aspects: dict[str, Any] | None = None  # madr.index.aspects.AspectInfo.to_dict; None: no aspect data
     created_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     format: str = FORMAT
 
@@ -176,6 +181,13 @@ class Manifest:
             info = LexicalInfo.from_dict(self.lexical)
             if info.num_docs != self.num_docs:
                 raise ValueError(f"manifest: lexical.num_docs is {info.num_docs} but the index holds {self.num_docs}")
+        if self.aspects is not None:
+            from madr.index.aspects import AspectInfo
+
+            AspectInfo.from_dict(self.aspects)
+            missing = [s.shard for s in self.shards if not s.aspects_path]
+            if missing:
+                raise ValueError(f"manifest: an aspects record but shards {missing} have no aspect file")
 
     @property
     def has_sparse(self) -> bool:
@@ -184,6 +196,16 @@ class Manifest:
     @property
     def has_lexical(self) -> bool:
         return self.lexical is not None and bool(self.shards) and all(s.lexical_path for s in self.shards)
+
+    @property
+    def has_aspects(self) -> bool:
+        """The index stores its products' calibrated aspect distributions (``madr.index.aspects``)."""
+        return self.aspects is not None
+
+    @property
+    def aspect_weight(self) -> float:
+        """The aspect-match weight a search that sets none uses (0 without aspect data)."""
+        return float(self.aspects["aspect_weight"]) if self.aspects is not None else 0.0
 
     @property
     def fusion(self) -> tuple[float | None, str | None]:
@@ -236,6 +258,10 @@ class Manifest:
             from madr.index.lexical import LexicalInfo
 
             LexicalInfo.from_dict(self.lexical).verify(base)
+        if self.aspects is not None:
+            from madr.index.aspects import AspectInfo
+
+            AspectInfo.from_dict(self.aspects).values(base)
 
 
 def record_fusion(path: str | Path, lam: float, normalisation: str) -> Manifest:
@@ -246,6 +272,18 @@ def record_fusion(path: str | Path, lam: float, normalisation: str) -> Manifest:
         raise ValueError(f"{path}: the index has no BM25 part: no fusion to record")
     manifest.lexical = {**manifest.lexical, "fusion_lambda": float(lam), "normalisation": normalisation}
     manifest.__post_init__()  # the record is checked as when it is loaded
+    manifest.save(Path(path) / MANIFEST_FILE if Path(path).is_dir() else path)
+    return manifest
+
+
+def record_aspect_weight(path: str | Path, weight: float) -> Manifest:
+    """Set the aspect-match weight an index serves by default (its ``aspects`` record's ``aspect_weight``; the
+    tune stage's choice) and rewrite the manifest atomically. The shards are unchanged."""
+    manifest = Manifest.load(path)
+    if manifest.aspects is None:
+        raise ValueError(f"{path}: the index has no aspect data: no aspect weight to record")
+    manifest.aspects = {**manifest.aspects, "aspect_weight": float(weight)}
+    manifest.__post_init__()
     manifest.save(Path(path) / MANIFEST_FILE if Path(path).is_dir() else path)
     return manifest
 

@@ -5,6 +5,9 @@ document weights and contribution, marking expansion terms (weighted by the mode
 text). Aspect models (paper 000 Table 8): per aspect the top predicted value with its confidence, the
 presence probability and the fusion weight. The confidence is the softmax of the value logits divided by
 the model's fitted temperature for that side and aspect (`madr.modeling.calibration`; 1 when it has none).
+Aspect models also get the pair's aspect-match score (`madr.search.aspect_match`: per aspect the inner
+product of the two calibrated value distributions, weighted by the query's presence, paper 000 Sec. 5 and
+Sec. 6.2), with both sides' top values and probabilities and each aspect's contribution.
 """
 
 from __future__ import annotations
@@ -109,6 +112,31 @@ def aspect_summary(model: BiEncoder, out: TowerOutput, row: int = 0, side: str =
     return rows
 
 
+def aspect_match_summary(model: BiEncoder, q: TowerOutput, d: TowerOutput, k: int = 5) -> dict:
+    """The aspect-match score of one encoded (query, document) pair (``madr.search.aspect_match.aspect_match``
+    over both sides' calibrated top-``k``): the total and, per aspect, the query's presence, its share of the
+    weight, the match, its contribution (share * match) and both sides' top values with their probabilities."""
+    from madr.modeling.aspect_distributions import calibrated_topk
+    from madr.search.aspect_match import aspect_match
+
+    qt, dt = calibrated_topk(model, q, "query", k), calibrated_topk(model, d, "doc", k)
+    m = aspect_match(qt, 0, dt)
+    rows = []
+    for a in qt:
+        names = model.vocabularies.get(a, "phrase")
+        rows.append({"aspect": a, "query_presence": m.presence[a], "weight": m.weight[a],
+                     "match": float(m.scores[a][0]), "contribution": float(m.weight[a] * m.scores[a][0]),
+                     "query_values": _top_values(names, qt[a].values[0], qt[a].probs[0]),
+                     "doc_values": _top_values(names, dt[a].values[0], dt[a].probs[0]),
+                     "doc_presence": float(dt[a].presence[0])})
+    return {"score": float(m.total[0]), "calibrated": model.calibration is not None, "aspects": rows}
+
+
+def _top_values(vocabulary, values, probs) -> list[dict]:
+    ids = [int(v) for v in values if int(v) >= 0]
+    return [{"value": s, "probability": float(p)} for s, p in zip(vocabulary.decode(ids), probs, strict=False)]
+
+
 def explain_pair(model: BiEncoder, query: str, doc: str) -> dict:
     """Everything explainable about one (query, document) pair, as plain JSON-ready data.
 
@@ -124,6 +152,8 @@ def explain_pair(model: BiEncoder, query: str, doc: str) -> dict:
             result[side] = {"aspects": aspect_summary(model, outs[side], side=side),
                             "expansion_terms": expansion_terms(model, outs[side], enc["input_ids"])}
         result["score"] = float(model.similarity(outs["query"].embedding, outs["doc"].embedding)[0, 0])
+        if model.predicts_aspect_values:
+            result["aspect_match"] = aspect_match_summary(model, outs["query"], outs["doc"])
         if outs["query"].sparse is not None:
             q, d = outs["query"], outs["doc"]
             result["dense_score"] = float(model.hybrid_scores(q, d, 1.0)[0, 0])

@@ -9,6 +9,10 @@ fused exactly as a search does): each retriever runs once, each grid point costs
 
 Ties on the tuning metric go to the first grid point in order (normalisations as given, ``lam`` rising), so the
 choice is deterministic.
+
+Indexes with aspect data add a third signal, the aspect-match score (``madr.search.aspect_match``), fused into the
+chosen dense + BM25 ranking at ``aspect_weight``; ``tune_aspect_weight`` picks it from a small grid that holds 0,
+so "the aspects do not help on dev" is a possible answer (ties go to the smaller weight).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from madr.metrics import Qrels, Run, evaluate
+from madr.search.aspect_match import AspectStore, aspect_rescore
 from madr.search.params import NORMALISATIONS, SearchParams
 from madr.search.protocol import TopK
 from madr.search.sharded import fuse_candidates
@@ -83,6 +88,44 @@ def tune_fusion(dense: Sequence[TopK], bm25: Sequence[TopK], to_run: Callable[[T
     best = max(range(len(grid)), key=lambda i: (grid[i].metrics[metric], -i))
     point = grid[best]
     return FusionChoice(point.lam, point.normalisation, metric, point.metrics[metric], grid)
+
+
+@dataclass(frozen=True)
+class AspectChoice:
+    """The chosen aspect weight, what it was chosen by, and every grid point's metrics (weight -> metrics)."""
+
+    aspect_weight: float
+    metric: str
+    value: float
+    grid: dict[float, dict[str, float]]
+
+    def to_dict(self) -> dict:
+        return {"aspect_weight": self.aspect_weight, "metric": self.metric, "value": self.value,
+                "grid": [{"aspect_weight": w, "metrics": m} for w, m in self.grid.items()]}
+
+
+def check_aspect_weights(weights: Sequence[float], where: str = "aspect weights") -> list[float]:
+    """The grid as floats: non-empty, each in [0, 1], 0 among them (the choice may be "no help")."""
+    out = [float(w) for w in weights]
+    if not out or any(not 0.0 <= w <= 1.0 for w in out) or 0.0 not in out:
+        raise ValueError(f"{where} must be a non-empty list of weights in [0, 1] that holds 0, got {list(weights)}")
+    return out
+
+
+def tune_aspect_weight(base: TopK, query_aspects: dict, store: AspectStore, to_run: Callable[[TopK], Run],
+                       qrels: Qrels, metric: str, weights: Sequence[float], k: int, metrics: Sequence[str] = (),
+                       relevance_threshold: float = 1.0, gains: str = "exp2") -> AspectChoice:
+    """The weight of ``weights`` whose aspect-match fusion (``aspect_rescore`` of the ``base`` candidates, the
+    chosen dense + BM25 fusion's whole pool per query, with the queries' top-k aspect values) has the highest mean
+    ``metric``; ties go to the smaller weight."""
+    names = list(dict.fromkeys([metric, *metrics]))
+    grid: dict[float, dict[str, float]] = {}
+    for w in sorted(set(check_aspect_weights(weights))):
+        values = evaluate(to_run(aspect_rescore(base, query_aspects, store, w, k)), qrels, names,
+                          relevance_threshold=relevance_threshold, gains=gains)
+        grid[w] = {n: float(v) for n, v in values.items()}
+    best = max(grid, key=lambda w: (grid[w][metric], -w))
+    return AspectChoice(best, metric, grid[best][metric], grid)
 
 
 def as_arrays(points: Sequence[FusionPoint], normalisation: str, metric: str) -> tuple[np.ndarray, np.ndarray]:

@@ -14,7 +14,10 @@ to it and ignores the others (an exact or sparse searcher has no ``nprobe``):
   fusion; sharded SPLADE-hybrid search supports only ``"none"``, which keeps a score independent of the
   shard a document is in);
 - ``nprobe``: IVF indexes, inverted lists probed (None: the index's own);
-- ``ef_search``: HNSW indexes, the search beam (None: the index's own).
+- ``ef_search``: HNSW indexes, the search beam (None: the index's own);
+- ``aspect_weight``: indexes with aspect data only, the weight ``w`` of the aspect-match score fused with the
+  candidates' retrieval score, ``(1 - w) * minmax(s) + w * match`` (``madr.search.aspect_match``; None: the
+  index's own, recorded by the tune stage, 0 when it has none; 0 = the retrieval score alone).
 
 Configs hold a ``search: SearchParams`` field (YAML section ``search:``): the experiment
 (``madr.config.ExperimentConfig``), an evaluation or mining run (``pipelines.evaluate.searcher.SearchSpec``)
@@ -42,6 +45,7 @@ class SearchParams:
     normalisation: str | None = None
     nprobe: int | None = None
     ef_search: int | None = None
+    aspect_weight: float | None = None
 
     def __post_init__(self) -> None:
         for name in ("k", "candidates", "nprobe", "ef_search"):
@@ -55,6 +59,10 @@ class SearchParams:
             if isinstance(self.lam, bool | str) or not _is_unit(self.lam):
                 raise ValueError(f"search.lam must be in [0, 1] or null, got {self.lam!r}")
             object.__setattr__(self, "lam", float(self.lam))
+        if self.aspect_weight is not None:
+            if isinstance(self.aspect_weight, bool | str) or not _is_unit(self.aspect_weight):
+                raise ValueError(f"search.aspect_weight must be in [0, 1] or null, got {self.aspect_weight!r}")
+            object.__setattr__(self, "aspect_weight", float(self.aspect_weight))
         if self.normalisation is not None and self.normalisation not in NORMALISATIONS:
             raise ValueError(f"search.normalisation must be one of {', '.join(NORMALISATIONS)} or null, "
                              f"got {self.normalisation!r}")

@@ -25,6 +25,11 @@ word pieces, fused the same way (Flat shards); the lists are merged before fusin
 the same candidates however the index is sharded (``fuse_candidates``, also what the Serve app runs after
 fanning out to its shard groups).
 
+Aspect-match fusion (indexes with aspect data, ``madr.index.aspects``): ``search(..., aspects=query_table)`` with
+the queries' calibrated top-k aspect values (``madr.modeling.aspect_distributions.encode_aspects``) and an
+``aspect_weight`` > 0 (the params', else the manifest's) re-scores the base search's candidates with the
+aspect-match score (``madr.search.aspect_match.aspect_rescore``; stage ``aspects``).
+
 Results follow ``madr.search.protocol``: [Q, k] float32 scores and int64 global ids, padded with -inf / -1,
 ties broken by id ascending. Writing an index (shards, manifest, checksums) is ``madr.index``.
 
@@ -45,6 +50,7 @@ import numpy as np
 from madr.index.build import hnsw_of, ivf_of
 from madr.index.lexical import LexicalInfo, bm25_shard_index
 from madr.index.manifest import MANIFEST_FILE, Manifest, ShardInfo, sha256_file
+from madr.search.aspect_match import AspectStore, aspect_rescore
 from madr.search.params import SearchParams, resolve
 from madr.search.protocol import PAD_ID, TopK, merge_topk
 from madr.search.score_fusion import hybrid_merge, union_candidates, weighted_fusion
@@ -285,6 +291,13 @@ def _open_shard(base: Path, info: ShardInfo, manifest: Manifest, mmap: bool, ver
     return Shard(index, ids, sparse, manifest.hybrid_lambda, info.shard, lexical, lam, norm)
 
 
+def candidate_pool(params: SearchParams, fused: bool) -> int:
+    """How many base candidates the aspect stage re-scores: the whole union of the dense and BM25 top
+    ``candidates`` for a fused search (at most twice that), else the top ``candidates`` (at least ``k``)."""
+    n = max(params.num_candidates, params.k)
+    return 2 * n if fused else n
+
+
 def sparse_term_ids(manifest_path: str | Path, verify: bool = True) -> np.ndarray | None:
     """The term ids with a posting in any shard's sparse index (ascending int64), None for an index without
     sparse shards: the vocabulary a hybrid query encoder may project onto
@@ -307,8 +320,10 @@ def sparse_term_ids(manifest_path: str | Path, verify: bool = True) -> np.ndarra
 class ShardedIndex:
     """All shards of a manifest, searched one after the other and merged (``merge_topk``)."""
 
-    def __init__(self, manifest: Manifest, shards: list[Shard], base: Path | None = None) -> None:
+    def __init__(self, manifest: Manifest, shards: list[Shard], base: Path | None = None,
+                 aspects: AspectStore | None = None) -> None:
         self.manifest, self.shards, self.base = manifest, shards, base
+        self.aspects = aspects  # the products' stored aspect values (None: the index has none)
         self._lexical_tokenizer: Any = None
 
     @classmethod
@@ -324,7 +339,7 @@ class ShardedIndex:
             idf = lex.idf_values(path.parent)
         shards = [_open_shard(path.parent, info, manifest, mmap, verify, idf)
                   for info in manifest.shards]
-        return cls(manifest, shards, path.parent)
+        return cls(manifest, shards, path.parent, AspectStore.open(path))
 
     @property
     def dim(self) -> int:
@@ -403,13 +418,34 @@ class ShardedIndex:
             raise ValueError(f"reconstruct: id {int(ids[~done][0])} is in no shard")
         return out
 
+    def aspect_weight(self, params: SearchParams) -> float:
+        """The aspect-match weight of a search: the params', else the manifest's (0 without aspect data); a
+        weight > 0 asked of an index without aspect data is a ValueError."""
+        if params.aspect_weight is None:
+            return self.manifest.aspect_weight
+        if params.aspect_weight > 0 and self.aspects is None:
+            raise ValueError("search: aspect_weight > 0 but the index has no aspect data (built from a model "
+                             "without aspect heads, or with encode.aspect_top_k 0)")
+        return params.aspect_weight
+
     def search(self, dense: np.ndarray, params: SearchParams | None = None, *, sparse: SparseBatch | None = None,
-               lexical: SparseBatch | None = None, **overrides) -> TopK:
+               lexical: SparseBatch | None = None, aspects: dict | None = None, **overrides) -> TopK:
         """``Shard.search`` on every shard, merged to the global top ``params.k``; with ``lexical`` (query
-        word-piece counts, ``query_terms``) dense + BM25 fusion over all shards (module docstring)."""
+        word-piece counts, ``query_terms``) dense + BM25 fusion over all shards; with ``aspects`` (the queries'
+        top-k aspect values) and an aspect weight > 0, aspect-match fusion over the candidates (module
+        docstring)."""
+        p = resolve(params, overrides)
+        weight = self.aspect_weight(p)
+        if aspects is None or weight == 0:
+            return self._search(dense, p, sparse, lexical)
+        base = self._search(dense, p.replace(k=candidate_pool(p, lexical is not None)), sparse, lexical)
+        with stage("aspects"):
+            return aspect_rescore(base, aspects, self.aspects, weight, p.k)
+
+    def _search(self, dense: np.ndarray, p: SearchParams, sparse: SparseBatch | None,
+                lexical: SparseBatch | None) -> TopK:
         if not self.shards:
             raise ValueError("search: the index has no shards")
-        p = resolve(params, overrides)
         if lexical is not None:
             parts = [s.candidates(dense, lexical, p) for s in self.shards]
             p = self.shards[0].fusion_params(p)

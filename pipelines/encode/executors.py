@@ -67,7 +67,7 @@ def _stage_kwargs(cfg: EncodeConfig, gpu: bool, run: str | None, expect: dict[st
     threads = cfg.torch_threads or max(1, int(np.ceil(cfg.encode_cpus)))
     encode = {"model_dir": cfg.model_dir, "batch_size": cfg.batch_size, "device": "cuda" if gpu else "cpu",
               "dtype": cfg.dtype, "torch_threads": threads, "out_dir": cfg.output if run else None, "run": run,
-              "expect": expect}
+              "expect": expect, "aspect_top_k": cfg.aspect_top_k}
     return tokenize, encode
 
 

@@ -32,6 +32,9 @@ Flow (``run_encode``):
    the model's: it is saved into the index first (``lexical_tokenizer/``, ``madr.index.lexical.save_tokenizer``;
    its fingerprint is part of the job's identity), the tokenise actors load it from there, and the manifest's
    ``lexical`` record names its files with their checksums, so queries are split by the same tokenizer.
+6. Aspects: a model with aspect heads (``model_aspects``) and ``aspect_top_k`` > 0 also stores every product's
+   calibrated top-k aspect values, computed by the encode actors in the same forward pass and written per shard
+   (``madr.index.aspects``), with the value strings and the manifest's ``aspects`` record.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from madr.index.build import TRAINED_FILE, assemble_manifest, completed_shard, id_report
+from madr.index.build import TRAINED_FILE, aspect_info, assemble_manifest, completed_shard, id_report
 from madr.index.lexical import TOKENIZER_DIR, load_lexical_tokenizer, save_tokenizer
 from madr.index.manifest import MANIFEST_FILE, ShardInfo, atomic_write_text
 from madr.search.sparse.backend import SparseBackend
@@ -60,6 +63,7 @@ from pipelines.encode.resume import (
     job_identity,
     job_identity_hash,
     lexical_tokenizer_fingerprint,
+    model_aspects,
     model_info,
     start_or_resume,
 )
@@ -184,7 +188,9 @@ def run_encode(cfg: EncodeConfig, fail_after_shards: int | None = None, log: Cal
     plan = plan_corpus(cfg.input, cfg.num_shards, cfg.max_docs_per_shard, cfg.rows_per_read, cfg.format)
     lex_tok = load_lexical_tokenizer(cfg.lexical_tokenizer) if cfg.lexical is not None and cfg.lexical_tokenizer \
         else None
-    ident = job_identity(cfg, plan, info, None if lex_tok is None else lexical_tokenizer_fingerprint(lex_tok))
+    aspects = model_aspects(cfg.model_dir) if cfg.aspect_top_k else None
+    ident = job_identity(cfg, plan, info, None if lex_tok is None else lexical_tokenizer_fingerprint(lex_tok),
+                         cfg.aspect_top_k if aspects else 0)
     start_or_resume(out, ident, cfg.overwrite, cfg.replace_other_job)
     lex_vocab = None
     if cfg.lexical is not None:
@@ -212,11 +218,12 @@ def run_encode(cfg: EncodeConfig, fail_after_shards: int | None = None, log: Cal
         if fail_after_shards is not None:
             raise InjectedFailure(f"injected failure after {len(fin.infos)} shards: {sorted(fin.infos)}")
     shutil.rmtree(out / PARTS_DIR, ignore_errors=True)
-    return _finish(cfg, plan, info, out, done, pending, start, lex_vocab)
+    return _finish(cfg, plan, info, out, done, pending, start, lex_vocab, aspects)
 
 
 def _finish(cfg: EncodeConfig, plan: CorpusPlan, info: ModelInfo, out: Path, done: dict[int, ShardInfo],
-            pending: list[int], start: float, lexical_vocab: int | None = None) -> EncodeResult:
+            pending: list[int], start: float, lexical_vocab: int | None = None,
+            aspects: tuple[dict[str, list[str]], bool] | None = None) -> EncodeResult:
     shards = [done[s] for s in range(plan.num_shards)]
     bad = {s.shard: (s.count, plan.shard_rows[s.shard]) for s in shards if s.count != plan.shard_rows[s.shard]}
     if bad:
@@ -230,7 +237,9 @@ def _finish(cfg: EncodeConfig, plan: CorpusPlan, info: ModelInfo, out: Path, don
                              DOCS_DIR if cfg.store_docs else None,
                              lexical_vocab, cfg.fusion_lambda,
                              TOKENIZER_DIR if lexical_vocab is not None and cfg.lexical_tokenizer else None,
-                             SparseBackend.from_dict(cfg.sparse_backend) if info.hybrid else None)
+                             SparseBackend.from_dict(cfg.sparse_backend) if info.hybrid else None,
+                             None if aspects is None else aspect_info(out, list(aspects[0]), cfg.aspect_top_k,
+                                                                      aspects[0], aspects[1]))
     return EncodeResult(path, plan.num_rows, sorted(pending), sorted(set(done) - set(pending)),
                         time.perf_counter() - start, report)
 

@@ -46,6 +46,24 @@ def model_info(model_dir: str) -> ModelInfo:
     return ModelInfo(dim, hybrid, lam, vocab, h.hexdigest()[:16])
 
 
+def model_aspects(model_dir: str) -> tuple[dict[str, list[str]], bool] | None:
+    """({aspect: phrase value strings}, calibrated) of a saved model that predicts aspect values (aspect learning
+    and its vocabularies), read from its files without torch; None for a model without aspect heads."""
+    from madr.config import ModelConfig, from_dict
+    from madr.modeling.aspect_vocabulary import AspectVocabularies
+    from madr.modeling.calibration import CALIBRATION_FILE
+
+    path = Path(model_dir)
+    cfg = from_dict(ModelConfig, json.loads((path / "config.json").read_text()))
+    vocab_file = path / "aspect_vocabularies.json"
+    if not cfg.learns_aspects or not cfg.aspects or not vocab_file.is_file():
+        return None
+    if cfg.uses_granularities and "phrase" not in cfg.granularities:
+        return None  # the stored distributions are over phrase values
+    vocab = AspectVocabularies.load(vocab_file)
+    return {a: list(vocab.get(a, "phrase").values) for a in cfg.aspects}, (path / CALIBRATION_FILE).is_file()
+
+
 def model_shape(path: Path) -> tuple[int, bool, float, int]:
     """(embedding dim, has_sparse, hybrid_lambda, tokenizer length) of the saved model at `path`: from its
     ``config.json``, the backbone's ``config.json`` (hidden size) and ``tokenizer/tokenizer.json`` (pieces with
@@ -82,7 +100,7 @@ def lexical_tokenizer_fingerprint(tokenizer: Any) -> str:
 
 
 def job_identity(cfg: EncodeConfig, plan: CorpusPlan, info: ModelInfo,
-                 lexical_tokenizer: str | None = None) -> dict[str, Any]:
+                 lexical_tokenizer: str | None = None, aspect_top_k: int = 0) -> dict[str, Any]:
     """What must not change between a run and its resumption (performance knobs may); ``lexical_tokenizer``:
     the fingerprint of the lexical part's own tokenizer (``lexical_tokenizer_fingerprint``)."""
     keys = ("id_column", "text_columns", "docs_columns", "store_docs", "index_factory", "train_size", "seed",
@@ -94,6 +112,8 @@ def job_identity(cfg: EncodeConfig, plan: CorpusPlan, info: ModelInfo,
         ident["lexical_tokenizer"] = lexical_tokenizer
     if cfg.sparse_backend is not None:  # likewise: the shards' files depend on it
         ident["sparse_backend"] = cfg.sparse_backend
+    if aspect_top_k:  # likewise: only for indexes that store aspect values
+        ident["aspect_top_k"] = aspect_top_k
     if cfg.dtype == "int8":  # likewise: int8 weights give other vectors (a float dtype only rounds the same ones)
         ident["dtype"] = cfg.dtype
     ident.update(model=info.fingerprint, plan=plan.fingerprint(), num_shards=plan.num_shards)

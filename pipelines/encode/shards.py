@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 from madr.index.build import TRAINED_FILE, new_index, train_index, write_shard
 from madr.index.manifest import atomic_write, atomic_write_text, sha256_file, shard_stem
 from pipelines.encode.corpus import CorpusPlan, Piece
-from pipelines.encode.stages import PARTS_DIR, parts_dir
+from pipelines.encode.stages import PARTS_DIR, parts_dir, read_aspects
 
 TRAINED_RECORD = "trained.json"
 DOCS_DIR = "docs"
@@ -83,7 +83,7 @@ def finalize_shard(out_dir: str, run: str, shard: int, expected: int, index_fact
     trained = faiss.read_index(trained_path) if trained_path else new_index(index_factory, dim)
     lex = _term_counts(table, lexical_vocab_size or vocab_size) if lexical else None
     info = write_shard(out_dir, shard, trained, dense, ids, sparse, extra, lexical=lex,
-                       sparse_backend=SparseBackend.from_dict(sparse_backend))
+                       sparse_backend=SparseBackend.from_dict(sparse_backend), aspects=read_aspects(table) or None)
     shutil.rmtree(src, ignore_errors=True)
     return info.to_dict()
 

@@ -109,7 +109,7 @@ class EncodeDocs:
 
     def __init__(self, model_dir: str, batch_size: int | None = None, device: str = "auto", dtype: str = "auto",
                  torch_threads: int | None = None, out_dir: str | None = None, run: str | None = None,
-                 expect: dict[str, int] | None = None) -> None:
+                 expect: dict[str, int] | None = None, aspect_top_k: int = 0) -> None:
         event("EncodeDocs init start")
         import torch
 
@@ -132,6 +132,8 @@ class EncodeDocs:
         width = hidden_size(backbone) if backbone is not None else 128
         self.batch_size = batch_size or forward_batch_size(self.device, width)
         self.out_dir, self.run = out_dir, run
+        # the products' calibrated top-k aspect values (madr.index.aspects): aspect models only
+        self.aspect_k = aspect_top_k if aspect_top_k and self.model.predicts_aspect_values else None
         self.calls = 0
         event("EncodeDocs init end")
 
@@ -148,12 +150,13 @@ class EncodeDocs:
 
         rows = batch.column("input_ids").to_pylist()
         order = np.argsort([len(r) for r in rows], kind="stable")
-        dense, sparse = [], []
+        dense, sparse, aspects = [], [], []
         for i in range(0, len(rows), self.batch_size):
             chunk = [rows[j] for j in order[i:i + self.batch_size]]
-            d, s = encode_token_batch(self.model, chunk, "doc", self.device, self.dtype)
+            d, s, *a = encode_token_batch(self.model, chunk, "doc", self.device, self.dtype, self.aspect_k)
             dense.append(d)
             sparse.append(s)
+            aspects.extend(a)
         out = batch.drop_columns(["input_ids"]).take(pa.array(order))
         if not dense:
             return out
@@ -166,6 +169,8 @@ class EncodeDocs:
             offsets = pa.array(sb.indptr.astype(np.int32))
             out = out.append_column("sparse_indices", pa.ListArray.from_arrays(offsets, pa.array(sb.indices)))
             out = out.append_column("sparse_values", pa.ListArray.from_arrays(offsets, pa.array(sb.values)))
+        if aspects:
+            out = append_aspects(out, aspects)
         return out
 
 
@@ -179,6 +184,35 @@ class TokenizeEncodeDocs:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         return self.encoder(self.tokenize(batch))
+
+
+def append_aspects(out: pa.Table, tables: list) -> pa.Table:
+    """``out`` with the rows' aspect top-k as columns ``aspect.{a}.values`` / ``.probs`` (fixed-size lists of k)
+    and ``aspect.{a}.presence`` (``madr.index.aspects``); ``tables``: the batches' aspect tables, in row order."""
+    from madr.index.aspects import concat_tables
+
+    table = concat_tables(tables)
+    for a, t in table.items():
+        k = t.values.shape[1]
+        out = out.append_column(f"aspect.{a}.values", pa.FixedSizeListArray.from_arrays(pa.array(t.values.ravel()), k))
+        out = out.append_column(f"aspect.{a}.probs", pa.FixedSizeListArray.from_arrays(pa.array(t.probs.ravel()), k))
+        out = out.append_column(f"aspect.{a}.presence", pa.array(t.presence))
+    return out
+
+
+def read_aspects(table: pa.Table) -> dict:
+    """The aspect table held by ``append_aspects``' columns of ``table`` (empty without them)."""
+    from madr.index.aspects import AspectTopK
+
+    names = [c.removeprefix("aspect.").removesuffix(".values") for c in table.column_names
+             if c.startswith("aspect.") and c.endswith(".values")]
+    out = {}
+    for a in names:
+        v, p = (table.column(f"aspect.{a}.{x}").combine_chunks() for x in ("values", "probs"))
+        k = v.type.list_size
+        out[a] = AspectTopK(v.flatten().to_numpy().reshape(-1, k), p.flatten().to_numpy().reshape(-1, k),
+                            table.column(f"aspect.{a}.presence").to_numpy())
+    return out
 
 
 def ragged(rows: list[list[int]]) -> pa.ListArray:

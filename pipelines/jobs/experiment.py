@@ -50,6 +50,7 @@ def encode_settings(cfg: ExperimentConfig) -> dict[str, Any]:
                "index_factory": cfg.index.index_factory, "max_length": cfg.model.max_doc_length,
                "lexical": cfg.index.lexical, "fusion_lambda": cfg.index.fusion_lambda,
                "lexical_tokenizer": cfg.index.lexical_tokenizer, "sparse_backend": cfg.index.sparse_backend,
+               "aspect_top_k": cfg.index.aspect_top_k,
                "replace_other_job": True}  # the pipeline reran this stage: a changed model or corpus rebuilds
     docs = _corpus_size(layout)
     if docs:  # pieces small enough that every shard gets rows (a piece never spans two shards)

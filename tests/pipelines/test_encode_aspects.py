@@ -1,0 +1,89 @@
+"""The encode job (in process) stores a tiny MADRAL model's calibrated top-k aspect values per product beside the
+shards (equal to `encode_aspects` of the same texts, the model's temperatures applied), and nothing for a model
+without aspect heads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from madr.config import BackboneConfig, ModelConfig
+from madr.index.manifest import Manifest
+from madr.modeling.calibration import AspectCalibration
+from madr.modeling.model import BiEncoder, build_model
+from madr.search.aspect_match import AspectStore
+from pipelines.encode.config import EncodeConfig
+from pipelines.encode.job import run_encode
+
+TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+        "max_position_embeddings": 64}
+N = 90
+
+
+def _model(path, name, tokenizer, vocabularies) -> str:
+    torch.manual_seed(0)
+    cfg = ModelConfig(name=name, backbone=BackboneConfig(tiny=TINY), max_query_length=16, max_doc_length=48)
+    model = build_model(cfg, tokenizer, vocabularies if name == "madral" else None)
+    if name == "madral":
+        model.calibration = AspectCalibration({"doc": {"brand": 0.5, "color": 2.0}}, "test")
+    model.save(path)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def corpus(catalog, tmp_path_factory):
+    root = tmp_path_factory.mktemp("aspect_corpus")
+    ps = catalog.products[:N]
+    table = pa.table({"doc_id": np.arange(N, dtype=np.int64) * 3 + 1, "text": [catalog.product_text(p) for p in ps]})
+    pq.write_table(table, root / "docs.parquet")
+    return root, table
+
+
+def _encode(corpus, model_dir, out, **kw):
+    return run_encode(EncodeConfig(input=[str(corpus[0])], output=str(out), model_dir=model_dir, text_columns=["text"],
+                                   num_shards=2, rows_per_read=30, **kw), log=lambda _: None, local=True)
+
+
+def test_aspect_model_stores_its_calibrated_top_k(corpus, tokenizer, vocabularies, tmp_path):
+    from madr.modeling.aspect_distributions import encode_aspects
+
+    model_dir = _model(tmp_path / "madral", "madral", tokenizer, vocabularies)
+    result = _encode(corpus, model_dir, tmp_path / "index", aspect_top_k=3)
+    manifest = Manifest.load(result.manifest_path)
+    model = BiEncoder.load(model_dir)
+    assert manifest.aspects["k"] == 3 and manifest.aspects["calibrated"]
+    assert manifest.aspects["aspects"] == list(model.config.aspects)
+    assert all(s.aspects_path for s in manifest.shards)
+    manifest.verify(result.manifest_path.parent)
+    store = AspectStore.open(result.manifest_path)
+    ids, texts = corpus[1].column("doc_id").to_numpy(), corpus[1].column("text").to_pylist()
+    got, want = store.lookup(ids), encode_aspects(model, texts, "doc", 3)
+    for a in model.config.aspects:
+        np.testing.assert_allclose(got[a].probs, want[a].probs, atol=1e-5, err_msg=a)
+        np.testing.assert_allclose(got[a].presence, want[a].presence, atol=1e-5, err_msg=a)
+        assert (got[a].values[:, 0] == want[a].values[:, 0]).mean() > 0.95
+        assert np.all(np.diff(got[a].probs, axis=1) <= 1e-7)  # most probable first
+        assert store.values[a] == list(model.vocabularies.get(a, "phrase").values)
+    model.calibration = None  # the stored distributions are the calibrated ones
+    raw = encode_aspects(model, texts, "doc", 3)
+    assert not np.allclose(raw["brand"].probs, got["brand"].probs, atol=1e-3)
+
+
+def test_no_aspect_heads_no_aspect_part(corpus, tokenizer, vocabularies, tmp_path):
+    model_dir = _model(tmp_path / "bibert", "bibert", tokenizer, vocabularies)
+    result = _encode(corpus, model_dir, tmp_path / "index", aspect_top_k=3)
+    manifest = Manifest.load(result.manifest_path)
+    assert manifest.aspects is None and not any(s.aspects_path for s in manifest.shards)
+    assert not list(result.manifest_path.parent.glob("*.aspects.npz"))
+    assert AspectStore.open(result.manifest_path) is None
+
+
+def test_aspect_top_k_zero_stores_none(corpus, tokenizer, vocabularies, tmp_path):
+    model_dir = _model(tmp_path / "madral", "madral", tokenizer, vocabularies)
+    result = _encode(corpus, model_dir, tmp_path / "index", aspect_top_k=0)
+    assert Manifest.load(result.manifest_path).aspects is None
+    with pytest.raises(ValueError, match="aspect_top_k"):
+        EncodeConfig(aspect_top_k=-1)
