@@ -96,8 +96,8 @@ def _is_module(name: str) -> bool:
 
 def _section_classes() -> dict[str, type]:
     from madr.config import ExperimentConfig
-    from pipelines.encode.config import EncodeConfig
-    from pipelines.evaluate.job import EvaluateConfig
+    from madr.encode_config import EncodeConfig
+    from madr.evaluate_config import EvaluateConfig
     from pipelines.train.config import DistributedConfig
     from serve.config import ServeSettings
 

@@ -1,5 +1,8 @@
-"""Configuration of the encode job (``configs/encode*.yaml``): one dataclass, loaded by
-``pipelines.runtime.load_stage_config`` (the ``madr.config`` loader with the command line on top)."""
+"""Configuration of the encode job (``EncodeConfig``): the ``encode:`` section of ``configs/encode*.yaml``, loaded
+by ``pipelines.runtime.load_stage_config`` (the ``madr.config`` loader with the command line on top), and the
+``encode:`` section of an experiment, whose keys override what the pipeline derives from the experiment
+(``madr.job_settings.encode_settings``) and are checked when the experiment loads. Plain data: the job that runs
+it is ``pipelines.encode``."""
 
 from __future__ import annotations
 
