@@ -43,7 +43,7 @@ class EncodeConfig:
     every actor works from the first piece on, on different nodes where resources allow.
     """
 
-    input: list[str] = field(default_factory=list)
+    input: list[str] | str = field(default_factory=list)  # files or directories; one path is a list of one
     output: str = ""
     model_dir: str = ""
     format: str | None = None  # parquet | jsonl; default: by file extension

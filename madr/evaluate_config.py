@@ -38,7 +38,10 @@ class EvaluateConfig:
     plot: bool = True
 
     def __post_init__(self) -> None:
-        self.runs = [r if isinstance(r, SearchSpec) else SearchSpec(**r) for r in self.runs]
+        from madr.config import from_dict
+
+        self.runs = [r if isinstance(r, SearchSpec) else from_dict(SearchSpec, r, f"evaluate.runs[{i}].")
+                     for i, r in enumerate(self.runs)]
         if self.k < 1:
             raise ValueError(f"evaluate.k must be >= 1, got {self.k}")
         names = [r.name for r in self.runs]

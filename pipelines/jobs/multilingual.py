@@ -95,6 +95,6 @@ def _check_one(cfg: Any, stage: str, here: bool) -> None:
             raise ValueError(f"data.clicks.path: {clicks.path} does not exist")
     if stage == "deploy":
         from madr.config import from_dict
-        from serve.config import ServeSettings
+        from madr.serve_config import ServeSettings
 
         from_dict(ServeSettings, serve_args(cfg), "serve.")
