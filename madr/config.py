@@ -377,7 +377,7 @@ class IndexConfig:
     `exact`, the default, or `seismic`, approximate, with its knobs).
     `index_factory`, `lexical`, `lexical_tokenizer` and `fusion_lambda` are also the defaults of the encode
     job's own config
-    (`pipelines.encode.config.EncodeConfig`). How the index is searched (nprobe, ef_search, ...) is the
+    (`madr.encode_config.EncodeConfig`). How the index is searched (nprobe, ef_search, ...) is the
     experiment's `search:` section.
     """
 

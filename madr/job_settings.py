@@ -73,7 +73,7 @@ def _corpus_size(layout: RunLayout) -> int | None:
 
 
 def _search(cfg: ExperimentConfig) -> dict[str, Any]:
-    """A run (`pipelines.evaluate.searcher.SearchSpec`) over the experiment's index with its `search:` settings."""
+    """A run (`madr.search.spec.SearchSpec`) over the experiment's index with its `search:` settings."""
     return {"name": cfg.model.name, "index": _abs(RunLayout.of(cfg).manifest), "search": _search_settings(cfg)}
 
 
@@ -135,7 +135,7 @@ def mine_settings(cfg: ExperimentConfig) -> dict[str, Any]:
 
 
 def serve_args(cfg: ExperimentConfig) -> dict[str, Any]:
-    """The Serve application's args (`serve.config.ServeSettings`) for this experiment's index."""
+    """The Serve application's args (`madr.serve_config.ServeSettings`) for this experiment's index."""
     manifest = (cfg.output_dir.rstrip("/") + "/index/manifest.json" if is_uri(cfg.output_dir)
                 else _abs(RunLayout.of(cfg).manifest))  # a URI: each Serve host downloads it (madr.storage)
     derived: dict[str, Any] = {"manifest_path": manifest, "doc_text_field": "title"}
