@@ -7,6 +7,7 @@ errors that name the offending path, so a typo never silently falls back to a de
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import hashlib
 import json
 import types
@@ -379,7 +380,7 @@ class IndexConfig:
     aspect filters (`madr.search.aspect_match`); 0 keeps none.
     `index_factory`, `lexical`, `lexical_tokenizer` and `fusion_lambda` are also the defaults of the encode
     job's own config
-    (`pipelines.encode.config.EncodeConfig`). How the index is searched (nprobe, ef_search, ...) is the
+    (`madr.encode_config.EncodeConfig`). How the index is searched (nprobe, ef_search, ...) is the
     experiment's `search:` section.
     """
 
@@ -450,12 +451,13 @@ class TuneConfig:
 class ExperimentConfig:
     """One experiment end to end. `search` (`madr.search.params.SearchParams`) is how evaluation, mining and
     serving search the index (each stage sets its own `k`). `encode`, `evaluate` and `serve` are optional
-    overrides of the settings the pipeline derives for those stages (`pipelines/jobs/experiment.py`); each is
-    checked by its stage (`pipelines.encode.config.EncodeConfig`, `pipelines.evaluate.job.EvaluateConfig`,
-    `serve.config.ServeSettings`), so a typo there is an error naming the key. `distributed` is how
-    `python -m pipelines.train` runs a stage on Ray Train (workers, backend, checkpoints, runtime env): Ray-only
-    settings, so the library keeps the YAML section as a mapping and `pipelines.train.config.DistributedConfig`
-    owns (and checks) its keys; the in-process loop never reads it. `recipe` names the stage table that
+    overrides of the settings the pipeline derives for those stages (`madr.job_settings`): the encode job's
+    `madr.encode_config.EncodeConfig`, the evaluation job's `madr.evaluate_config.EvaluateConfig` and the Serve
+    app's `madr.serve_config.ServeSettings`. `distributed` is how `python -m pipelines.train` runs a stage on Ray
+    Train (workers, backend, checkpoints, runtime env: `madr.distributed_config.DistributedConfig`); the in-process
+    loop never reads it. The four stay mappings of the keys they set, but every key and value is checked against
+    its class when the config is built (`madr.job_settings.check_sections`), so a typo or a wrong type there is an
+    error naming the dotted key at load, not when the stage runs. `recipe` names the stage table that
     `python -m pipelines.jobs` runs: this config is the product-search recipe's (a `recipe: multilingual` YAML is
     `pipelines.multitask.config.PipelineConfig`)."""
 
@@ -476,6 +478,9 @@ class ExperimentConfig:
 
     def __post_init__(self) -> None:
         _check_choice("recipe", self.recipe, ("product_search",))
+        from madr.job_settings import check_sections  # imported here: it reads this module's classes
+
+        check_sections(self)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -492,15 +497,11 @@ def _check_choice(where: str, value: str, choices: tuple[str, ...]) -> None:
 def from_dict(cls: type, data: dict[str, Any] | None, where: str = "") -> Any:
     """Build dataclass `cls` from a plain dict, recursing into nested dataclasses.
 
-    Unknown keys raise a ValueError naming their dotted path.
+    Unknown keys raise a ValueError naming their dotted path (and the nearest known key, `_check_keys`).
     """
     data = dict(data or {})
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ValueError(f"unknown config key(s) {', '.join(where + k for k in unknown)}; "
-                         f"known: {', '.join(sorted(fields))}")
+    _check_keys(cls, data, where)
     kwargs = {}
     for name, value in data.items():
         target = _dataclass_in(hints[name])
@@ -508,6 +509,90 @@ def from_dict(cls: type, data: dict[str, Any] | None, where: str = "") -> Any:
             value = from_dict(target, value, f"{where}{name}.")
         kwargs[name] = value
     return cls(**kwargs)
+
+
+def _check_keys(cls: type, data: dict[str, Any], where: str) -> None:
+    """ValueError naming every key of `data` that is not a field of dataclass `cls` by its dotted path, with the
+    nearest field name where one is close (a typo)."""
+    fields = sorted(f.name for f in dataclasses.fields(cls))
+    unknown = sorted(set(data) - set(fields), key=str)
+    if not unknown:
+        return
+    named = []
+    for key in unknown:
+        near = difflib.get_close_matches(str(key), fields, n=1)
+        named.append(f"{where}{key}" + (f" (did you mean {near[0]}?)" if near else ""))
+    raise ValueError(f"unknown config key(s) {', '.join(named)}; known: {', '.join(fields)}")
+
+
+def check_types(cls: type, data: dict[str, Any], where: str = "") -> None:
+    """Every key of the plain dict `data` is a field of dataclass `cls` and every value has its field's type
+    (recursing into nested dataclasses, lists and mappings); ValueError naming the dotted key otherwise. An int is
+    a float; a bool is neither an int nor a float; `Any` and bare containers take anything of their kind. The
+    keys of `data` may be a subset of the fields (a section that overrides some of them)."""
+    _check_keys(cls, data, where)
+    hints = typing.get_type_hints(cls)
+    for name, value in data.items():
+        _check_value(hints[name], value, f"{where}{name}")
+
+
+def _check_value(hint: Any, value: Any, where: str) -> None:
+    if not _fits(hint, value, where):
+        raise ValueError(f"{where}: expected {_type_name(hint)}, got {type(value).__name__} {value!r}")
+
+
+def _fits(hint: Any, value: Any, where: str) -> bool:
+    """Whether `value` has type `hint`; a mapping for a dataclass is checked key by key (errors name its keys)."""
+    if hint is Any:
+        return True
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or origin is typing.Union:
+        if value is None:
+            return type(None) in args
+        if isinstance(value, dict) and _dataclass_in(hint) is not None:
+            check_types(_dataclass_in(hint), value, f"{where}.")
+            return True
+        return any(_fits(arg, value, where) for arg in args if arg is not type(None))
+    if dataclasses.is_dataclass(hint):
+        if isinstance(value, hint):
+            return True
+        if not isinstance(value, dict):
+            return False
+        check_types(hint, value, f"{where}.")
+        return True
+    if origin in (list, tuple) or hint in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            return False
+        for i, item in enumerate(value):
+            if args and args[0] is not Ellipsis:
+                _check_value(args[0], item, f"{where}[{i}]")
+        return True
+    if origin is dict or hint is dict:
+        if not isinstance(value, dict):
+            return False
+        for key, item in value.items():
+            if len(args) == 2:
+                _check_value(args[1], item, f"{where}.{key}")
+        return True
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(hint, type):
+        return isinstance(value, hint)
+    return True
+
+
+def _type_name(hint: Any) -> str:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(hint))
+    if dataclasses.is_dataclass(hint):
+        return f"a mapping of {hint.__name__} keys"
+    origin = typing.get_origin(hint)
+    if origin is not None:
+        return {list: "a list", tuple: "a list", dict: "a mapping"}.get(origin, str(hint))
+    return {list: "a list", dict: "a mapping", str: "a string", int: "an integer", float: "a number",
+            bool: "true or false"}.get(hint, getattr(hint, "__name__", str(hint)))
 
 
 def _dataclass_in(hint: Any) -> type | None:

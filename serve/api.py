@@ -59,7 +59,7 @@ from serve.backend import (
     LexicalExplainer,
     check_text,
 )
-from serve.config import RETRY_AFTER_S, ServeSettings
+from serve.config import RETRY_AFTER_S, ServeSettings, check_exposure, require_manifest, resolved_api_key
 from serve.filters import check_filters, matches
 from serve.guard import Guard
 from serve.latency import StageSink, StageTimer, route_done, route_started
@@ -269,12 +269,12 @@ class SearchRoutes:
 
     def __init__(self, backend: Backend, settings: ServeSettings, docs: Docs) -> None:
         self.backend, self.s, self.docs = backend, settings, docs
-        manifest = Manifest.load(settings.require_manifest())
+        manifest = Manifest.load(require_manifest(settings))
         self.has_sparse = manifest.has_sparse or manifest.has_lexical  # a lam applies
         self.search_mode = manifest.search_mode
-        self.lexical = LexicalExplainer(settings.require_manifest(), settings.model_dir) if manifest.has_lexical \
+        self.lexical = LexicalExplainer(require_manifest(settings), settings.model_dir) if manifest.has_lexical \
             else None  # /explain adds the pair's BM25 part
-        self.aspects = AspectStore.open(settings.require_manifest())  # None: the index has no aspect data
+        self.aspects = AspectStore.open(require_manifest(settings))  # None: the index has no aspect data
         self.fused = manifest.has_lexical  # the aspect stage re-scores the whole dense + BM25 union
 
     async def within_deadline(self, route: Awaitable[Any]) -> Any:
@@ -469,8 +469,8 @@ def create_api(backend: Backend, settings: ServeSettings, docs: Docs, latency: S
     """The FastAPI app over `backend`; wrapped in `Guard` (API key + body size) and, outermost, `StageTimer`:
     every `/search` request's stage breakdown (`serve.latency`) goes to `latency` (default: a line on the
     `serve.latency` logger when `settings.access_log`). Refuses (ValueError) to build an open API on a non-loopback host
-    unless the settings say `public` (`ServeSettings.check_exposure`)."""
-    settings.check_exposure()
+    unless the settings say `public` (`serve.config.check_exposure`)."""
+    check_exposure(settings)
     routes = SearchRoutes(backend, settings, docs)
     models = request_models(settings, docs.filter_fields(settings), docs.fields, routes.aspects)
     search_model, explain_model, encode_model = models["search"], models["explain"], models["encode"]
@@ -498,7 +498,7 @@ def create_api(backend: Backend, settings: ServeSettings, docs: Docs, latency: S
     async def ready() -> JSONResponse:
         return await routes.ready()
 
-    app.add_middleware(Guard, api_key=settings.resolved_api_key(), max_body=settings.max_body_bytes,
+    app.add_middleware(Guard, api_key=resolved_api_key(settings), max_body=settings.max_body_bytes,
                        max_header=settings.max_header_bytes, body_timeout_s=settings.body_timeout_s)
     if latency is None:
         latency = StageSink(logging.getLogger("serve.latency"), settings.access_log)
@@ -510,7 +510,7 @@ def plain_app(settings: ServeSettings) -> FastAPI:
     """The same API over an in-process `LocalBackend` (no Ray): `uvicorn` runs it directly."""
     from serve.backend import LocalBackend
 
-    manifest = settings.require_manifest()
+    manifest = require_manifest(settings)
     backend = LocalBackend(manifest, settings.model_dir, settings.mmap, settings.verify, settings.torch_threads,
                            settings.encoder_index_vocabulary, settings.encoder_backend, settings.encoder_precision)
     return create_api(backend, settings, Docs.open(manifest))

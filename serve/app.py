@@ -34,7 +34,13 @@ from serve.backend import (
 )
 from serve.calls import CallPolicy
 from serve.colocated import build_colocated
-from serve.config import ServeSettings, settings_from_dict
+from serve.config import (
+    ServeSettings,
+    check_exposure,
+    deployment_options,
+    require_manifest,
+    settings_from_dict,
+)
 from serve.deployments import QueryEncoder, RayBackend, ShardSearcher
 from serve.latency import StageSink
 from serve.placement import Capacity, app_deployments, check_placement
@@ -51,12 +57,12 @@ class SearchIngress:
 
     def __init__(self, encoder: Any, searchers: list[Any], settings: dict[str, Any]) -> None:
         self.settings = settings_from_dict(settings)
-        manifest = Manifest.load(self.settings.require_manifest())
+        manifest = Manifest.load(require_manifest(self.settings))
         lam, norm = manifest.fusion
         policy = CallPolicy(self.settings.route_timeout_s, self.settings.replica_retries, self.settings.call_timeout_s)
         self.backend = RayBackend(encoder, searchers, lam, manifest.search_mode, policy, fusion_normalisation=norm,
                                   coalesce=self.settings.ingress_coalesce)
-        self.docs = Docs.open(self.settings.require_manifest())
+        self.docs = Docs.open(require_manifest(self.settings))
 
     def __serve_build_asgi_app__(self) -> Any:
         return create_api(self.backend, self.settings, self.docs, StageSink.for_serve(self.settings.access_log))
@@ -64,7 +70,7 @@ class SearchIngress:
 
 def _absolute(settings: ServeSettings) -> ServeSettings:
     """Paths made absolute where the builder runs, so replicas with another working directory find them."""
-    manifest = settings.require_manifest().resolve()
+    manifest = require_manifest(settings).resolve()
     model_dir = resolve_model_dir(manifest, settings.model_dir).resolve()
     if not model_dir.is_dir():
         raise ValueError(f"serve settings: model_dir {str(model_dir)!r} does not exist")
@@ -78,17 +84,18 @@ def build_app(args: dict[str, Any] | ServeSettings | None = None) -> Application
     if s.topology == "colocated":  # encoder + every shard in each replica (serve/colocated.py)
         return build_colocated(s)
     manifest = Manifest.load(s.manifest_path)
-    encoder = QueryEncoder.options(name="QueryEncoder", **s.encoder.options(s.route_timeout_s)).bind(
+    encoder = QueryEncoder.options(name="QueryEncoder", **deployment_options(s.encoder, s.route_timeout_s)).bind(
         s.model_dir, s.torch_threads, s.encoder_max_batch_size, s.encoder_batch_wait_timeout_s,
         lexical_vocab(manifest), lexical_tokenizer_dir(s.manifest_path),
         s.manifest_path if s.encoder_index_vocabulary else None, s.verify, s.encoder_backend, s.encoder_precision,
         aspect_k(manifest), stuck_after_s=s.request_timeout_s)
     searchers = [
-        ShardSearcher.options(name=f"searcher-{g}", **s.searcher.options(s.route_timeout_s)).bind(
+        ShardSearcher.options(name=f"searcher-{g}", **deployment_options(s.searcher, s.route_timeout_s)).bind(
             s.manifest_path, group, s.mmap, s.verify, s.faiss_threads, s.searcher_max_batch_size,
             s.searcher_batch_wait_timeout_s, stuck_after_s=s.request_timeout_s)
         for g, group in enumerate(shard_groups(len(manifest.shards), s.shard_groups))]
-    return SearchIngress.options(name="SearchIngress", **s.ingress.options(s.route_timeout_s, s.ingress_queue_timeout_s())).bind(
+    ingress = deployment_options(s.ingress, s.route_timeout_s, s.ingress_queue_timeout_s())
+    return SearchIngress.options(name="SearchIngress", **ingress).bind(
         encoder, searchers, dataclasses.asdict(s))
 
 
@@ -106,8 +113,8 @@ def run_local(settings: ServeSettings, name: str = APP_NAME, route_prefix: str =
     Ray cluster and deploy the app; returns the ingress handle once every replica is up. Refuses (ValueError,
     before any replica starts) an open API beyond loopback and replicas the cluster could never place
     (`serve.placement`: Serve would wait for them forever)."""
-    settings.check_exposure()
-    num_shards = len(Manifest.load(settings.require_manifest()).shards)
+    check_exposure(settings)
+    num_shards = len(Manifest.load(require_manifest(settings)).shards)
     check_placement(app_deployments(settings, num_shards), Capacity.of_cluster())
     serve.start(http_options={"host": settings.host, "port": settings.port})
     log_cfg = {"log_level": settings.log_level, "enable_access_log": settings.access_log}

@@ -47,7 +47,7 @@ from madr.index.manifest import Manifest
 from serve.api import create_api
 from serve.backend import BackendBadRequest, Docs, aspect_k, lexical_tokenizer_dir, lexical_vocab
 from serve.calls import CallPolicy
-from serve.config import ServeSettings, settings_from_dict
+from serve.config import ServeSettings, deployment_options, require_manifest, settings_from_dict
 from serve.deployments import QueryEncoder, RayBackend, ShardSearcher
 from serve.latency import StageSink
 
@@ -109,7 +109,7 @@ class ColocatedSearch:
     def __init__(self, settings: dict[str, Any]) -> None:
         self.settings = settings_from_dict(settings)
         s = self.settings
-        manifest = Manifest.load(s.require_manifest())
+        manifest = Manifest.load(require_manifest(s))
         # stuck_after_s as in fan-out: the health check fails while a batch has run past the request deadline
         self.encoder = QueryEncoder.func_or_class(*encoder_args(s, manifest), stuck_after_s=s.request_timeout_s)
         self.searcher = ShardSearcher.func_or_class(
@@ -119,7 +119,7 @@ class ColocatedSearch:
         policy = CallPolicy(s.route_timeout_s, s.replica_retries)
         self.backend = ColocatedBackend(LocalHandle(self.encoder), [LocalHandle(self.searcher)], lam,
                                         manifest.search_mode, policy, fusion_normalisation=norm)
-        self.docs = Docs.open(s.require_manifest())
+        self.docs = Docs.open(require_manifest(s))
 
     def __serve_build_asgi_app__(self) -> Any:
         return create_api(self.backend, self.settings, self.docs, StageSink.for_serve(self.settings.access_log))
@@ -138,7 +138,7 @@ class ColocatedSearch:
 def build_colocated(s: ServeSettings) -> Application:
     """The co-located application (paths already absolute: `serve.app.build_app` calls this). Its replicas run
     numba's sparse search with `faiss_threads` threads (`NUMBA_NUM_THREADS`, module docstring)."""
-    options = s.colocated.options(s.route_timeout_s, s.ingress_queue_timeout_s())
+    options = deployment_options(s.colocated, s.route_timeout_s, s.ingress_queue_timeout_s())
     actor = dict(options.pop("ray_actor_options"))
     env = dict(actor.get("runtime_env", {}).get("env_vars", {}))
     env.setdefault("NUMBA_NUM_THREADS", str(s.faiss_threads))

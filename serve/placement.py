@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from serve.backend import shard_groups
-from serve.config import DeploymentSettings, ServeSettings, settings_from_dict
+from serve.config import DeploymentSettings, ServeSettings, require_manifest, settings_from_dict
 
 SETTING = {"QueryEncoder": "encoder", "SearchIngress": "ingress", "Colocated": "colocated"}  # searcher-<g>: searcher
 
@@ -109,7 +109,7 @@ def serve_config_deployments(app: dict[str, Any]) -> dict[str, DeploymentSetting
     from madr.index.manifest import Manifest
 
     settings = settings_from_dict(app.get("args"))
-    out = app_deployments(settings, len(Manifest.load(settings.require_manifest()).shards))
+    out = app_deployments(settings, len(Manifest.load(require_manifest(settings)).shards))
     for entry in app.get("deployments") or []:
         name = entry.get("name")
         if name not in out:

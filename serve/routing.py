@@ -28,7 +28,7 @@ It also tells `serve.calls` where each call is (`call_state`): still queued, or 
 not, and how long that replica has gone without finishing any call. A replica that keeps finishing calls is
 busy, however long a call waits in it; one that finishes nothing is frozen or hung.
 
-Every deployment of the app uses it (`serve.config.DeploymentSettings.options`), so the same rules hold for
+Every deployment of the app uses it (`serve.config.deployment_options`), so the same rules hold for
 the ingress's calls to the encoder and searchers (fan-out) and for the proxy's calls to the ingress (both
 topologies).
 """

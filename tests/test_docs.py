@@ -96,14 +96,11 @@ def _is_module(name: str) -> bool:
 
 def _section_classes() -> dict[str, type]:
     from madr.config import ExperimentConfig
-    from pipelines.encode.config import EncodeConfig
-    from pipelines.evaluate.job import EvaluateConfig
-    from pipelines.train.config import DistributedConfig
-    from serve.config import ServeSettings
+    from madr.job_settings import section_classes
 
     hints = typing.get_type_hints(ExperimentConfig)
     classes = {f.name: hints[f.name] for f in dataclasses.fields(ExperimentConfig)}
-    classes.update(distributed=DistributedConfig, encode=EncodeConfig, evaluate=EvaluateConfig, serve=ServeSettings)
+    classes.update(section_classes())  # the mapping sections: the classes that define their keys
     return classes
 
 

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--dtype", default="auto", help="the encode job's encode.dtype (e.g. int8: int8 weights)")
     p.add_argument("--out-dir", default=str(RUN_OUT))
     args = p.parse_args(argv)
-    from pipelines.encode.config import EncodeConfig
+    from madr.encode_config import EncodeConfig
     from pipelines.encode.job import run_encode
     from pipelines.evaluate.searcher import SearchSpec, search_texts
 

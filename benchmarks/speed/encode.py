@@ -202,8 +202,8 @@ def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: in
     trace_path = out.parent / f".{out.name}.trace"
     trace_path.unlink(missing_ok=True)
     os.environ[trace.ENV] = str(trace_path)  # before Ray starts: its workers inherit it
+    from madr.encode_config import EncodeConfig
     from madr.search.sharded import ShardedIndex
-    from pipelines.encode.config import EncodeConfig
     from pipelines.encode.job import run_encode
     from pipelines.runtime import init_ray
 

@@ -15,7 +15,7 @@ traceable module: inputs `input_ids`, `attention_mask` [B, L] (int64; B and L dy
 `onnxscript`) as one self-contained file (weights inside: protobuf caps that at 2 GB, far above a query tower);
 `OnnxQueryEncoder` is a `LeanQueryEncoder` whose forward pass is the onnxruntime session: the same
 tokenisation, batching by length, output order and sparse rows (`encode` returns the same types), so it can
-stand in for the torch encoder wherever that one serves (`serve.config.ServeSettings.encoder_backend`).
+stand in for the torch encoder wherever that one serves (`madr.serve_config.ServeSettings.encoder_backend`).
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ scales kept more of the fp32 quality at the same speed (x-ling top-1 98.0% vs 95
 - `quantize_onnx_int8(src, dst)`: `onnxruntime.quantization.quantize_dynamic` of an ONNX tower
   (`madr.export.onnx.export_onnx`): MatMul weights as signed int8 (`QuantType.QInt8`), activations uint8
   (`MatMulInteger` / `DynamicQuantizeLinear`); run it with `madr.export.onnx.OnnxQueryEncoder`.
-- `int8_encoder(model, backend, ...)`: the int8 encoder of either backend; `serve.config.ServeSettings.
+- `int8_encoder(model, backend, ...)`: the int8 encoder of either backend; `madr.serve_config.ServeSettings.
   encoder_precision: int8` builds its query encoder with it.
 
 Quality and speed on real data are measured by `benchmarks.quality.multilingual_int8`.

@@ -20,8 +20,8 @@ to it and ignores the others (an exact or sparse searcher has no ``nprobe``):
   index's own, recorded by the tune stage, 0 when it has none; 0 = the retrieval score alone).
 
 Configs hold a ``search: SearchParams`` field (YAML section ``search:``): the experiment
-(``madr.config.ExperimentConfig``), an evaluation or mining run (``pipelines.evaluate.searcher.SearchSpec``)
-and the Serve app (``serve.config.ServeSettings``). A searcher's ``search(queries, params, **overrides)`` takes
+(``madr.config.ExperimentConfig``), an evaluation or mining run (``madr.search.spec.SearchSpec``)
+and the Serve app (``madr.serve_config.ServeSettings``). A searcher's ``search(queries, params, **overrides)`` takes
 ``SearchParams`` and/or single fields as keywords (``index.search(q, k=10, nprobe=8)``), checked here.
 """
 

@@ -19,7 +19,7 @@ onto the whole vocabulary, applies log1p / ReLU to the whole [L, V] matrix and c
   terms: the query keeps its k best terms *that can match a document* instead of spending slots on terms no
   document has. Whenever the reference top-k holds only index terms (or k does not bind) the output equals
   the reference's; otherwise it is a superset of the reference restricted to the index, so served scores can
-  differ (opt-in: ``serve.config.ServeSettings.encoder_index_vocabulary``).
+  differ (opt-in: ``madr.serve_config.ServeSettings.encoder_index_vocabulary``).
 
 The dense vector is the tower's ``TowerOutput.embedding`` (raw for the hybrid model as in ``encode_hybrid``;
 L2-normalised for cosine models, with or without a sparse head, as in ``BiEncoder.encode_texts``). A lean sparse

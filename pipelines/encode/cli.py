@@ -16,7 +16,7 @@ import argparse
 import json
 import sys
 
-from pipelines.encode.config import EncodeConfig
+from madr.encode_config import EncodeConfig
 from pipelines.runtime import job_parser, load_stage_config
 
 

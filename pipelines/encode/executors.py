@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from pipelines.encode.config import EncodeConfig
+from madr.encode_config import EncodeConfig
 from pipelines.encode.corpus import Piece, read_piece
 from pipelines.encode.stages import EncodeDocs, TokenizeDocs, TokenizeEncodeDocs
 

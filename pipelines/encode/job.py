@@ -50,11 +50,11 @@ from typing import Any
 
 import numpy as np
 
+from madr.encode_config import EncodeConfig
 from madr.index.build import TRAINED_FILE, aspect_info, assemble_manifest, completed_shard, id_report
 from madr.index.lexical import TOKENIZER_DIR, load_lexical_tokenizer, save_tokenizer
 from madr.index.manifest import MANIFEST_FILE, ShardInfo, atomic_write_text
 from madr.search.sparse.backend import SparseBackend
-from pipelines.encode.config import EncodeConfig
 from pipelines.encode.corpus import CorpusPlan, Piece, plan_corpus, read_piece
 from pipelines.encode.executors import LocalExecutor, ray_executor
 from pipelines.encode.resume import (

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from madr.encode_config import EncodeConfig
 from madr.index.manifest import atomic_write_text
-from pipelines.encode.config import EncodeConfig
 from pipelines.encode.corpus import CorpusPlan
 from pipelines.encode.shards import DOCS_DIR
 from pipelines.encode.stages import PARTS_DIR

@@ -21,7 +21,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipelines.evaluate.job import EvaluateConfig, run_evaluate
+from madr.evaluate_config import EvaluateConfig
+from pipelines.evaluate.job import run_evaluate
 from pipelines.runtime import job_parser, load_stage_config, run_ray_job
 
 

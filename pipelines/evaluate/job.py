@@ -24,13 +24,13 @@ from __future__ import annotations
 import csv
 import dataclasses
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from madr.data.trec import check_tag, write_qrels, write_run
+from madr.data.trec import write_qrels, write_run
+from madr.evaluate_config import EvaluateConfig
 from madr.metrics import Qrels, Run, evaluate
 from pipelines.evaluate.io import (
     is_text_qrels,
@@ -48,46 +48,6 @@ from pipelines.evaluate.searcher import (
     search_local,
     search_params,
 )
-
-DEFAULT_METRICS = ["recall@10", "recall@100", "ndcg@10", "mrr@10", "map@100", "p@1", "hit@10"]
-
-
-@dataclass
-class EvaluateConfig:
-    """Queries/qrels files, the runs to compare, metrics, and the sweep (module docstring)."""
-
-    queries: str = ""
-    qrels: str = ""
-    beir: str = ""  # a BEIR directory (instead of queries + qrels): its `split` is evaluated
-    split: str = "test"
-    runs: list[SearchSpec] = field(default_factory=list)
-    output: str = "eval_out"
-    doc_key: str | None = None  # docs-table column the qrels name documents by (None: the index id)
-    qrels_doc_column: str = "doc_id"
-    metrics: list[str] = field(default_factory=lambda: list(DEFAULT_METRICS))
-    k: int = 100
-    relevance_threshold: float = 1.0  # any qrels file (no relevance column reads as 1); paper 000's 0-4 grades: 2
-    gains: str = "exp2"
-    sweep: list[int] | None = None  # nprobe / efSearch values; None: powers of two up to nlist (IVF), 16..512 (HNSW)
-    sweep_metric: str = "recall@10"
-    search_actors: int = 1
-    batch_size: int = 256
-    plot: bool = True
-
-    def __post_init__(self) -> None:
-        self.runs = [r if isinstance(r, SearchSpec) else SearchSpec(**r) for r in self.runs]
-        if self.k < 1:
-            raise ValueError(f"evaluate.k must be >= 1, got {self.k}")
-        names = [r.name for r in self.runs]
-        if len(set(names)) != len(names):
-            raise ValueError(f"evaluate.runs: run names must be unique, got {names}")
-        for name in names:
-            try:
-                check_tag(name)
-            except ValueError as err:
-                raise ValueError(f"evaluate.runs: {err} (the name is the run's TREC file and tag)") from None
-        if self.beir and self.queries:
-            raise ValueError("evaluate: give queries (+ qrels) or a beir directory, not both")
 
 
 def to_run(results: dict[str, tuple[np.ndarray, np.ndarray]], keys: DocKeys) -> Run:

@@ -5,37 +5,21 @@ index type allows it, so several actors on one node share the page cache), encod
 texts (``madr.index.encode_queries``) and searches all shards (``madr.search.sharded``): dense, or hybrid
 (paper 002 Eq. 1) when the index has sparse shards and the model is hybrid, or dense + BM25 fusion when the
 index has a lexical part (``madr.index.lexical``). ``DocKeys`` maps index ids to the display key that
-qrels use (e.g. a product id) through the index's docs table.
+qrels use (e.g. a product id) through the index's docs table. A run's settings are a
+``madr.search.spec.SearchSpec``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from madr.config import from_dict
 from madr.search.params import SearchParams
-
-
-@dataclass
-class SearchSpec:
-    """One searcher: an index manifest, the model that encodes queries (default: the manifest's), and the
-    search settings (YAML ``search:``; ``lam`` None = the manifest's, dense-only for dense indexes; ``k`` is
-    the job's: the evaluation depth or the mining ``rank_max``)."""
-
-    name: str = "model"
-    index: str = ""
-    model_dir: str | None = None
-    search: SearchParams = field(default_factory=SearchParams)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.search, dict):
-            self.search = from_dict(SearchParams, self.search, "search.")
+from madr.search.spec import SearchSpec
 
 
 def resolve_model_dir(spec: SearchSpec) -> str:

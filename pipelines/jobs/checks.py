@@ -1,9 +1,11 @@
 """What `plan` and `pipeline` check before any stage runs: the run config as every stage will read it.
 
-Each stage reads the experiment YAML (typed: `madr.config.ExperimentConfig`, unknown keys fail naming their dotted
-path) and the index-side stages derive their own job configs from it (`pipelines.jobs.experiment`); a key of
-`encode:`, `evaluate:`, `serve:` or `distributed:` that the job would reject, or a backbone that cannot be
-resolved here, fails now, naming the key, instead of after training. `not_applicable` says which stages the
+Each stage reads the experiment YAML (typed: `madr.config.ExperimentConfig`; unknown keys, values of the wrong type
+and combinations a job would refuse fail naming their dotted path, in every section: `encode:`, `evaluate:`,
+`serve:` and `distributed:` are checked against the job settings the experiment implies, `madr.job_settings`). Here,
+besides: what only some stages read (the mining job's derived config, a Serve settings file named by
+`serve.config`, the `search:` settings the built index can serve), and a backbone or input that cannot be
+resolved on this machine; each fails now, naming the key, instead of after training. `not_applicable` says which stages the
 recipe leaves out (a training stage with 0 steps, a tune stage with no BM25 part to fuse, a baseline no
 reference asks for).
 """
@@ -14,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from madr.config import ExperimentConfig, from_dict
+from madr.job_settings import SERVE_FILE_KEY
 
 
 def experiment(data: Mapping[str, Any], where: str = "") -> ExperimentConfig:
@@ -86,38 +89,24 @@ def check_search(cfg: ExperimentConfig) -> None:
 
 
 def check_stages(cfg: ExperimentConfig, stages: Sequence[str], backbone: bool = True) -> None:
-    """Build every derived job config the named stages will run with (module docstring); `backbone`: also check
-    that the backbone resolves here (not when the stages run on a cluster, whose nodes install their own)."""
+    """What the named stages need beyond what loading the experiment checks (module docstring); `backbone`: also
+    check that the backbone resolves here (not when the stages run on a cluster, whose nodes install their own)."""
     from pipelines.jobs import experiment as derive
 
     if any(s in stages for s in ("encode", "mine", "evaluate", "deploy")):
         check_search(cfg)
-    if any(s in stages for s in ("pretrain", "finetune", "distill")):
-        from pipelines.train.config import distributed_config
-
-        distributed_config(cfg)
     if backbone and any(s in stages for s in ("data", "pretrain", "finetune", "distill", "baseline")):
         check_backbone(cfg)
     if backbone and "data" in stages:
         check_inputs(cfg)
-    checks = {"encode": ("pipelines.encode.config", "EncodeConfig", derive.encode_settings),
-              "baseline": ("pipelines.encode.config", "EncodeConfig", derive.baseline_encode_settings),
-              "evaluate": ("pipelines.evaluate.job", "EvaluateConfig", derive.evaluate_settings),
-              "mine": ("pipelines.mine.job", "MineConfig", derive.mine_settings)}
-    for name, (module, cls_name, settings) in checks.items():
-        if name in stages:
-            import importlib
+    if "mine" in stages:
+        from pipelines.mine.job import MineConfig
 
-            cls = getattr(importlib.import_module(module), cls_name)
-            from_dict(cls, settings(cfg), f"{name}.")
-    if "deploy" in stages:
-        from serve.config import ServeSettings, settings_from_dict
+        from_dict(MineConfig, derive.mine_settings(cfg), "mine.")
+    if SERVE_FILE_KEY in cfg.serve:  # a Serve settings file of its own, merged under the section's keys
+        from serve.config import settings_from_dict
 
-        args = derive.serve_args(cfg)
-        if "config" in args:  # a Serve settings file of its own, merged under the section's keys
-            settings_from_dict(args)
-        else:
-            from_dict(ServeSettings, args, "serve.")
+        settings_from_dict(derive.serve_args(cfg))
 
 
 def check_config(configs: Mapping[str, Mapping[str, Any]], paths: Mapping[str, str], stages: Sequence[str],

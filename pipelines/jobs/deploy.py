@@ -55,7 +55,7 @@ def load_serve_config(path: str, args: Mapping[str, Any] | None = None, absolute
                         and "://" not in value and not Path(value).is_absolute()):
                     app_args[key] = str(base / value)
         proxy_host = (cfg.get("http_options") or {}).get("host")
-        if proxy_host:  # the app's fail-closed check (ServeSettings.check_exposure) sees where the proxy binds
+        if proxy_host:  # the app's fail-closed check (serve.config.check_exposure) sees where the proxy binds
             app_args["host"] = proxy_host
         app["args"] = app_args
     validate_serve_config(cfg, path)

@@ -55,7 +55,7 @@ def not_applicable(stage: str, data: Mapping[str, Any], where: str = "") -> str 
 
 
 def serve_args(cfg: Any) -> dict[str, Any]:
-    """The Serve app's args (`serve.config.ServeSettings`): the encode stage's manifest (whose model is the
+    """The Serve app's args (`madr.serve_config.ServeSettings`): the encode stage's manifest (whose model is the
     served encoder) and the corpus's `text` field, under the config's `serve:` section."""
     from pipelines.multitask.encode import INDEX_DIR
 
@@ -95,6 +95,6 @@ def _check_one(cfg: Any, stage: str, here: bool) -> None:
             raise ValueError(f"data.clicks.path: {clicks.path} does not exist")
     if stage == "deploy":
         from madr.config import from_dict
-        from serve.config import ServeSettings
+        from madr.serve_config import ServeSettings
 
         from_dict(ServeSettings, serve_args(cfg), "serve.")

@@ -34,8 +34,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from madr.index.manifest import atomic_write
+from madr.search.spec import SearchSpec
 from pipelines.evaluate.io import read_qrels, read_queries
-from pipelines.evaluate.searcher import DocKeys, SearchSpec, collect, search_dataset
+from pipelines.evaluate.searcher import DocKeys, collect, search_dataset
 
 
 @dataclass

@@ -9,7 +9,7 @@ level) plus what only the Ray run needs.
 | `index:` | `IndexSettings` | the encode stage's shards, FAISS factory and actors; search depth |
 | `bench:` | (read, not required) | `pooling` and `freeze_word_embeddings` of the in-process e5 benchmark, so
   `configs/real/multitask_e5.yaml` trains the same recipe here; its other keys are that script's own |
-| `serve:` | `serve.config.ServeSettings` keys | the deploy stage's Serve args over the ones derived from the run
+| `serve:` | `madr.serve_config.ServeSettings` keys | the deploy stage's Serve args over the ones derived from the run
   (e.g. `encoder_backend: onnx`, `encoder_precision: int8`: the int8 query tower) |
 | `recipe:` | `multilingual` | which stage table `python -m pipelines.jobs` runs (`pipelines.jobs.recipes`) |
 

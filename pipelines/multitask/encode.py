@@ -36,7 +36,7 @@ def write_corpus(texts: list[str], out: Path) -> Path:
 def run_index(model_dir: str, data: MultilingualData, settings: IndexSettings, output_dir: Path,
               log: Any = print) -> Any:
     """Write the corpus and run the encode job on the current Ray cluster; returns its `EncodeResult`."""
-    from pipelines.encode.config import EncodeConfig
+    from madr.encode_config import EncodeConfig
     from pipelines.encode.job import run_encode
 
     texts = candidates(data)

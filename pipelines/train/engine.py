@@ -27,11 +27,11 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from madr.config import StageConfig
+from madr.distributed_config import DistributedConfig
 from madr.training.distributed import world_size
 from madr.training.gradcache import chunk_slices, gradcache_step, take_rows
 from madr.training.loop import Optimisation, build_scheduler
 from madr.training.stage_module import FinetuneBatch, StageModule, num_rows
-from pipelines.train.config import DistributedConfig
 from pipelines.train.ops import deepspeed_env
 
 STATE_FILE = "stage_module.safetensors"

@@ -187,7 +187,7 @@ def test_encode_actors_add_a_gpu_node_and_it_goes_when_idle(autoscaling):
     (1 GPU, 0 CPU) makes the autoscaler add a GPU node and runs there; once it is gone the node goes."""
     import ray
 
-    from pipelines.encode.config import EncodeConfig
+    from madr.encode_config import EncodeConfig
     from pipelines.encode.executors import encode_actor_resources, encode_on_gpu
 
     _wait("no GPU node at the start", lambda: not _gpu_nodes())

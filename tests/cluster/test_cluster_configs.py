@@ -343,7 +343,7 @@ def test_kuberay_network_policy_keeps_the_dashboard_to_ray_pods_and_the_operator
 
 
 def test_rayservice_requires_the_api_key_and_fails_closed(monkeypatch):
-    from serve.config import settings_from_dict
+    from serve.config import check_exposure, settings_from_dict
 
     spec = _cluster_spec("rayservice.yaml")
     for c in _containers(spec):
@@ -355,9 +355,9 @@ def test_rayservice_requires_the_api_key_and_fails_closed(monkeypatch):
     settings = settings_from_dict(app["args"])
     monkeypatch.delenv("MADR_API_KEY", raising=False)
     with pytest.raises(ValueError, match="not loopback and no API key"):
-        settings.check_exposure()
+        check_exposure(settings)
     monkeypatch.setenv("MADR_API_KEY", "k" * 32)
-    settings.check_exposure()
+    check_exposure(settings)
 
 
 def test_local_cluster_token_file_is_private_from_creation(tmp_path):

@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from madr.config import from_dict, load_config
+from madr.encode_config import EncodeConfig
+from madr.evaluate_config import EvaluateConfig
 from madr.layout import RunLayout
-from pipelines.encode.config import EncodeConfig
-from pipelines.evaluate.job import EvaluateConfig
 from pipelines.jobs import experiment
 from pipelines.mine.job import MineConfig
 from serve.config import settings_from_dict

@@ -204,6 +204,8 @@ def test_stage_table_ignores_must_be_a_list(tmp_path):
     ("encode.num_shrds", "3", "encode.num_shrds"),
     ("evaluate.kk", "5", "evaluate.kk"),
     ("distributed.num_wrkers", "2", "distributed.num_wrkers"),
+    ("serve.colocated.num_replicas", "two", "serve.colocated.num_replicas"),
+    ("encode.device", "gpu", "encode.device"),
     ("train.finetune.freeze_layer", "2", "train.finetune.freeze_layer"),
     ("tune.normalisations", "[softmax]", "tune.normalisations"),
     ("model.backbone.name_or_path", "runs/nowhere/e5", "model.backbone.name_or_path"),
@@ -221,6 +223,16 @@ def test_plan_refuses_what_a_stage_would_refuse_naming_the_file_and_key(tmp_path
     assert cli.main(["pipeline", *base]) == 2
     assert named in capsys.readouterr().err
     assert not (tmp_path / "_stages" / "data.done.json").exists(), "no stage may run before the check"
+
+
+def test_a_serve_typo_fails_before_training_whatever_stages_run(tmp_path, capsys):
+    """The `serve:` section is checked when the experiment loads, so planning (or running) the training stages
+    alone refuses it too: it does not wait for the deploy stage."""
+    base = ["--config", "configs/product_search.yaml", "--set", f"output_dir={tmp_path}",
+            "--set", "serve.max_ongoing_requsts=3", "--stages", "data,finetune"]
+    assert cli.main(["plan", *base]) == 2
+    err = capsys.readouterr().err
+    assert "serve.max_ongoing_requsts" in err and "configs/product_search.yaml" in err, err
 
 
 def test_a_stage_the_recipe_leaves_out_is_recorded_not_run(tmp_path, capsys):

@@ -62,8 +62,8 @@ def actor_nodes_ever(class_part: str) -> list[str]:
 @pytest.fixture(scope="module")
 def encoded(cluster, tokenizer, tmp_path_factory) -> dict:
     """The encode job run on the cluster (and in process, for reference) over a 600-doc corpus."""
+    from madr.encode_config import EncodeConfig
     from madr.modeling.model import build_model
-    from pipelines.encode.config import EncodeConfig
     from pipelines.encode.job import run_encode
 
     root = tmp_path_factory.mktemp("mn_encode")

@@ -14,11 +14,12 @@ from madr.config import DataConfig, load_config
 from madr.data.beir import read_beir
 from madr.data.quarantine import read_quarantine
 from madr.data.schema import Catalog
+from madr.evaluate_config import DEFAULT_METRICS, EvaluateConfig
 from madr.layout import RunLayout, prepared_catalog
 from madr.recipes.aspects.experiment import load_catalog
 from pipelines.data.prepare import corpus_table, prepare, source_catalog, write_split
 from pipelines.encode.job import run_encode
-from pipelines.evaluate.job import DEFAULT_METRICS, EvaluateConfig, run_evaluate
+from pipelines.evaluate.job import run_evaluate
 from pipelines.evaluate.searcher import SearchSpec
 from tests.beir_layout import write_beir
 from tests.pipelines.test_encode import encode_config, make_model

@@ -18,12 +18,12 @@ import torch
 
 from madr.config import BackboneConfig, ModelConfig
 from madr.data.synthetic.catalog import generate_catalog
+from madr.encode_config import EncodeConfig
 from madr.index import DocStore, Manifest, encode_documents, encode_queries
 from madr.index.manifest import sha256_file
 from madr.modeling.model import build_model
 from madr.search.hybrid import EncodedCorpus, EncodedTexts, HybridSearcher
 from madr.search.sharded import ShardedIndex
-from pipelines.encode.config import EncodeConfig
 from pipelines.encode.corpus import plan_corpus, read_piece
 from pipelines.encode.job import InjectedFailure, run_encode, verify_index
 
@@ -441,8 +441,8 @@ def test_duplicate_and_missing_ids_are_reported(corpus, models, tmp_path):
 
 
 def test_configs_load_and_local_cli_run(corpus, models, tmp_path):
+    from madr.evaluate_config import EvaluateConfig
     from pipelines.encode.cli import main
-    from pipelines.evaluate.job import EvaluateConfig
     from pipelines.mine.job import MineConfig
     from pipelines.runtime import load_stage_config
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from madr.config import BackboneConfig, ModelConfig
+from madr.encode_config import EncodeConfig
 from madr.index.manifest import Manifest
 from madr.modeling.calibration import AspectCalibration
 from madr.modeling.model import BiEncoder, build_model
 from madr.search.aspect_match import AspectStore
-from pipelines.encode.config import EncodeConfig
 from pipelines.encode.job import run_encode
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,

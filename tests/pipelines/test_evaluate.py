@@ -16,12 +16,13 @@ import torch
 
 from madr.data.quarantine import read_quarantine
 from madr.data.schema import Catalog
+from madr.evaluate_config import EvaluateConfig
 from madr.metrics import evaluate
 from madr.modeling.model import BiEncoder
 from madr.search.params import SearchParams
 from madr.search.sharded import ShardedIndex
 from pipelines.encode.job import run_encode
-from pipelines.evaluate.job import EvaluateConfig, run_evaluate, to_run
+from pipelines.evaluate.job import run_evaluate, to_run
 from pipelines.evaluate.searcher import DocKeys, SearchSpec, search_texts
 from tests.beir_layout import write_beir
 from tests.pipelines.test_encode import encode_config, make_corpus, make_model

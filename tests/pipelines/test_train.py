@@ -200,10 +200,12 @@ def test_run_name_follows_the_stage_config():
 
 
 def test_distributed_section_is_checked_by_the_train_job():
-    """`distributed:` is Ray-only, so madr.config carries it as a mapping and pipelines.train.config checks it:
-    defaults for missing keys, unknown keys and bad values are errors naming their dotted path."""
+    """`distributed:` is Ray-only: madr.config carries it as a mapping, checked against
+    `madr.distributed_config.DistributedConfig` when the experiment loads, and the train job reads it with
+    `distributed_config`: defaults for missing keys, unknown keys and bad values are errors naming their dotted path."""
     from madr.config import load_config
-    from pipelines.train.config import DistributedConfig, distributed_config
+    from madr.distributed_config import DistributedConfig
+    from pipelines.train.config import distributed_config
 
     assert distributed_config(load_config(None)) == DistributedConfig()
     d = distributed_config(load_config("configs/train_tiny.yaml", {"distributed.backend": "deepspeed"}))

@@ -23,8 +23,8 @@ K = 10
 
 @pytest.fixture(scope="module")
 def aspect_index(catalog, tokenizer, vocabularies, tmp_path_factory) -> dict:
+    from madr.encode_config import EncodeConfig
     from madr.modeling.model import BiEncoder, build_model
-    from pipelines.encode.config import EncodeConfig
     from pipelines.encode.job import run_encode
 
     root = tmp_path_factory.mktemp("served_aspects")

@@ -23,7 +23,7 @@ import pytest
 import requests
 from serve_helpers import free_port, wait_for
 
-from serve.config import DeploymentSettings
+from serve.config import DeploymentSettings, deployment_options
 
 pytestmark = pytest.mark.ray
 
@@ -37,8 +37,8 @@ BURST = 12
 
 
 def _options(queue_timeout_s: float | None = None, **settings) -> dict:
-    opts = DeploymentSettings(num_cpus=0, health_check_period_s=1.0, **settings).options(ROUTE_TIMEOUT_S,
-                                                                                        queue_timeout_s)
+    opts = deployment_options(DeploymentSettings(num_cpus=0, health_check_period_s=1.0, **settings), ROUTE_TIMEOUT_S,
+                              queue_timeout_s)
     opts["ray_actor_options"] = {"num_cpus": 0}
     return opts
 

@@ -24,9 +24,9 @@ K, N_CAND, LAM = 10, 100, 0.4
 
 
 def _build(catalog, tokenizer, root, own_tokenizer: bool = False) -> dict:
+    from madr.encode_config import EncodeConfig
     from madr.modeling.model import BiEncoder, build_model
     from madr.modeling.tokenization import train_wordpiece_tokenizer
-    from pipelines.encode.config import EncodeConfig
     from pipelines.encode.job import run_encode
 
     torch.manual_seed(0)

@@ -16,7 +16,14 @@ from serve_helpers import assert_same_ranking, free_port, running_plain_app
 
 from madr.search.params import SearchParams
 from serve.backend import shard_groups
-from serve.config import DeploymentSettings, ServeSettings, settings_from_dict
+from serve.config import (
+    DeploymentSettings,
+    ServeSettings,
+    check_exposure,
+    deployment_options,
+    resolved_api_key,
+    settings_from_dict,
+)
 from serve.filters import check_filters, matches
 
 REPO = Path(__file__).resolve().parents[2]
@@ -114,16 +121,16 @@ def test_settings_reject_unknown_keys_and_bad_values(tmp_path):
     s = settings_from_dict({"config": str(tmp_path / "s.yaml"), "port": 9001})
     assert (s.max_k, s.encoder.num_cpus, s.port) == (7, 0.5, 9001)
     auto = settings_from_dict({"searcher": {"autoscaling": {"min_replicas": 1, "max_replicas": 3}}})
-    assert auto.searcher.options()["autoscaling_config"]["max_replicas"] == 3
+    assert deployment_options(auto.searcher)["autoscaling_config"]["max_replicas"] == 3
 
 
 def test_deployments_check_health_every_second_and_calls_have_a_route_deadline():
     """Issue 24 item 3: Serve's default health check (10 s) left a dead replica unnoticed that long."""
     s = ServeSettings()
     for d in (s.encoder, s.searcher, s.ingress):
-        assert d.options()["health_check_period_s"] == 1.0
-    assert s.searcher.options()["health_check_timeout_s"] == 5.0  # a frozen replica: replaced after 5 s, not 30
-    assert "health_check_timeout_s" not in DeploymentSettings(health_check_timeout_s=None).options()
+        assert deployment_options(d)["health_check_period_s"] == 1.0
+    assert deployment_options(s.searcher)["health_check_timeout_s"] == 5.0  # a frozen replica: replaced after 5 s, not 30
+    assert "health_check_timeout_s" not in deployment_options(DeploymentSettings(health_check_timeout_s=None))
     assert (s.route_timeout_s, s.replica_retries, s.call_timeout_s) == (1.0, 1, 2.0)
     with pytest.raises(ValueError, match="call_timeout_s must be > 0"):
         ServeSettings(call_timeout_s=0)
@@ -138,8 +145,8 @@ def test_max_replicas_per_node_reaches_the_deployment():
     """Issue 28: one replica per node on a multi-node cluster (tests/multinode); no limit unless set."""
     from serve.deployments import ShardSearcher
 
-    assert "max_replicas_per_node" not in DeploymentSettings().options()
-    deployment = ShardSearcher.options(**DeploymentSettings(num_replicas=2, max_replicas_per_node=1).options())
+    assert "max_replicas_per_node" not in deployment_options(DeploymentSettings())
+    deployment = ShardSearcher.options(**deployment_options(DeploymentSettings(num_replicas=2, max_replicas_per_node=1)))
     assert deployment._replica_config.max_replicas_per_node == 1  # what the scheduler reads
 
 
@@ -148,15 +155,15 @@ def test_every_deployment_routes_through_the_live_replica_router_with_a_queue_bo
     a deployment that may scale to zero waits for its cold start; a full queue answers 503 + Retry-After: 1."""
     from serve.deployments import ShardSearcher
 
-    opts = DeploymentSettings(max_queued_requests=50).options(route_timeout_s=0.7, queue_timeout_s=4.0)
+    opts = deployment_options(DeploymentSettings(max_queued_requests=50), route_timeout_s=0.7, queue_timeout_s=4.0)
     deployment = ShardSearcher.options(**opts)
     config = deployment._deployment_config  # what Serve's routers and proxy read
     assert config.request_router_config.request_router_class == "serve.routing:LiveReplicaRouter"
     assert config.request_router_config.request_router_kwargs == {"no_replica_timeout_s": 0.7, "max_queue_wait_s": 4.0}
     assert config.max_queued_requests == 50
     assert (config.backpressure_config.status_code, config.backpressure_config.retry_after_s) == (503, 1.0)
-    assert DeploymentSettings().options()["max_queued_requests"] == -1  # Serve's "no bound"
-    zero = DeploymentSettings(autoscaling={"min_replicas": 0, "max_replicas": 2}).options(route_timeout_s=0.7)
+    assert deployment_options(DeploymentSettings())["max_queued_requests"] == -1  # Serve's "no bound"
+    zero = deployment_options(DeploymentSettings(autoscaling={"min_replicas": 0, "max_replicas": 2}), route_timeout_s=0.7)
     assert zero["request_router_config"]["request_router_kwargs"]["no_replica_timeout_s"] is None
     assert ServeSettings(request_timeout_s=8).ingress_queue_timeout_s() == 4.0  # half the deadline unless set
     assert ServeSettings(queue_timeout_s=2.5).ingress_queue_timeout_s() == 2.5
@@ -194,9 +201,9 @@ def test_the_router_refuses_a_bursts_excess_by_its_expected_wait_and_a_call_with
 
 def test_api_key_from_environment(monkeypatch):
     monkeypatch.setenv("MY_KEY", "s3cret")
-    assert ServeSettings(api_key_env="MY_KEY").resolved_api_key() == "s3cret"
+    assert resolved_api_key(ServeSettings(api_key_env="MY_KEY")) == "s3cret"
     monkeypatch.setenv("MY_KEY", "")
-    assert ServeSettings(api_key_env="MY_KEY").resolved_api_key() is None
+    assert resolved_api_key(ServeSettings(api_key_env="MY_KEY")) is None
 
 
 def test_an_open_api_beyond_loopback_is_refused_unless_public(monkeypatch):
@@ -208,12 +215,12 @@ def test_an_open_api_beyond_loopback_is_refused_unless_public(monkeypatch):
     assert not any(is_loopback(h) for h in ("0.0.0.0", "::", "10.1.2.3", "search.internal"))
     open_api = ServeSettings(host="0.0.0.0", api_key_env="MADR_TEST_UNSET_KEY")
     with pytest.raises(ValueError, match="host '0.0.0.0' is not loopback and no API key.*public: true"):
-        open_api.check_exposure()
-    ServeSettings(host="0.0.0.0", api_key_env="MADR_TEST_UNSET_KEY", public=True).check_exposure()
-    ServeSettings(host="0.0.0.0", api_key="k").check_exposure()
-    ServeSettings(api_key_env="MADR_TEST_UNSET_KEY").check_exposure()  # loopback: a key is optional
+        check_exposure(open_api)
+    check_exposure(ServeSettings(host="0.0.0.0", api_key_env="MADR_TEST_UNSET_KEY", public=True))
+    check_exposure(ServeSettings(host="0.0.0.0", api_key="k"))
+    check_exposure(ServeSettings(api_key_env="MADR_TEST_UNSET_KEY"))  # loopback: a key is optional
     monkeypatch.setenv("MADR_TEST_UNSET_KEY", "from-env")
-    open_api.check_exposure()
+    check_exposure(open_api)
 
 
 def test_deploy_tells_the_app_where_the_proxy_binds(tmp_path):
@@ -226,7 +233,7 @@ def test_deploy_tells_the_app_where_the_proxy_binds(tmp_path):
     cfg = load_serve_config(str(tmp_path / "s.yaml"))
     settings = settings_from_dict({**cfg["applications"][0]["args"], "api_key_env": "MADR_TEST_UNSET_KEY"})
     with pytest.raises(ValueError, match="not loopback"):
-        settings.check_exposure()
+        check_exposure(settings)
 
 
 def test_serve_config_yaml_is_valid_and_binds_loopback():

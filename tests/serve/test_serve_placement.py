@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from serve_helpers import free_port
 
-from serve.config import DeploymentSettings, ServeSettings
+from serve.config import DeploymentSettings, ServeSettings, deployment_options
 from serve.placement import Capacity, app_deployments, check_placement, largest_scale
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,8 +66,8 @@ def test_gpu_replicas_ask_ray_for_gpus_and_need_a_cluster_that_has_them():
     from serve.placement import replica_resources
 
     gpu = DeploymentSettings(num_cpus=0.5, num_gpus=1)
-    assert gpu.options()["ray_actor_options"] == {"num_cpus": 0.5, "num_gpus": 1}
-    assert DeploymentSettings().options()["ray_actor_options"] == {"num_cpus": 1.0}, "no GPU key unless asked"
+    assert deployment_options(gpu)["ray_actor_options"] == {"num_cpus": 0.5, "num_gpus": 1}
+    assert deployment_options(DeploymentSettings())["ray_actor_options"] == {"num_cpus": 1.0}, "no GPU key unless asked"
     assert replica_resources(gpu) == {"CPU": 0.5, "GPU": 1.0}
     with pytest.raises(ValueError, match=r"QueryEncoder: one replica asks for 1 GPU but the largest node has 0: .* "
                                          r"lower encoder.num_gpus"):

@@ -119,10 +119,10 @@ def _engine(rank: int, world: int, out: Path) -> dict:
 
 def _one_step_each_backend(rank: int, world: int, out: Path, setup: dict) -> dict:
     """One optimiser step: DDP plain backprop vs DeepSpeed ZeRO-2 with GradCache chunks of 3 rows."""
+    from madr.distributed_config import DistributedConfig
     from madr.modeling.model import BiEncoder
     from madr.training.gradcache import take_rows
     from madr.training.stage_module import StageModule
-    from pipelines.train.config import DistributedConfig
     from pipelines.train.engine import DDPEngine, DeepSpeedEngine
 
     n = len(setup["batch"].queries.input_ids) // world

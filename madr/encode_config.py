@@ -1,5 +1,8 @@
-"""Configuration of the encode job (``configs/encode*.yaml``): one dataclass, loaded by
-``pipelines.runtime.load_stage_config`` (the ``madr.config`` loader with the command line on top)."""
+"""Configuration of the encode job (``EncodeConfig``): the ``encode:`` section of ``configs/encode*.yaml``, loaded
+by ``pipelines.runtime.load_stage_config`` (the ``madr.config`` loader with the command line on top), and the
+``encode:`` section of an experiment, whose keys override what the pipeline derives from the experiment
+(``madr.job_settings.encode_settings``) and are checked when the experiment loads. Plain data: the job that runs
+it is ``pipelines.encode``."""
 
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ class EncodeConfig:
     every actor works from the first piece on, on different nodes where resources allow.
     """
 
-    input: list[str] = field(default_factory=list)
+    input: list[str] | str = field(default_factory=list)  # files or directories; one path is a list of one
     output: str = ""
     model_dir: str = ""
     format: str | None = None  # parquet | jsonl; default: by file extension

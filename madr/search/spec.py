@@ -1,0 +1,26 @@
+"""One searcher of an evaluation or mining run: an index manifest, the model that encodes its queries and the
+search settings (`SearchParams`). The evaluate job's `runs:` (`madr.evaluate_config.EvaluateConfig`) and the
+mining job's `run:` are lists / one of these; `pipelines.evaluate.searcher` runs them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from madr.config import from_dict
+from madr.search.params import SearchParams
+
+
+@dataclass
+class SearchSpec:
+    """One searcher: an index manifest, the model that encodes queries (default: the manifest's), and the
+    search settings (YAML ``search:``; ``lam`` None = the manifest's, dense-only for dense indexes; ``k`` is
+    the job's: the evaluation depth or the mining ``rank_max``)."""
+
+    name: str = "model"
+    index: str = ""
+    model_dir: str | None = None
+    search: SearchParams = field(default_factory=SearchParams)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.search, dict):
+            self.search = from_dict(SearchParams, self.search, "search.")
