@@ -36,11 +36,16 @@ METHOD = "intervention harvesting, AllPairs extremum estimator (Agarwal et al., 
 @dataclass(frozen=True)
 class Interventions:
     """Harvested interventions (Sec. 3), ranks 0-based: `clicks[k, k']` / `skips[k, k']` the query-weighted click /
-    non-click rates at k of the pairs shown at both k and k', `pairs[k, k']` how many such pairs (symmetric)."""
+    non-click rates at k of the pairs shown at both k and k', `pairs[k, k']` how many such pairs (symmetric); and
+    the log's impressions and clicks per rank, its number of pairs and of pairs shown at several ranks."""
 
     clicks: np.ndarray
     skips: np.ndarray
     pairs: np.ndarray
+    impressions: np.ndarray
+    hits: np.ndarray
+    n_pairs: int
+    several: int
 
     def counts(self) -> dict[str, int]:
         """Harvested pairs per rank pair, 1-based: {"k-k'": n} for k < k' with n > 0 (the JSON's record)."""
@@ -70,7 +75,9 @@ def harvest_interventions(queries: Any, docs: Any, positions: Any, clicked: Any,
     ctr = hits / np.maximum(shown, 1)
     other = 1 - np.eye(max_rank)  # the same rank twice is no intervention
     return Interventions(clicks=(weight * ctr * at).T @ at * other, skips=(weight * (1 - ctr) * at).T @ at * other,
-                         pairs=((at.T @ at) * other).astype(np.int64))
+                         pairs=((at.T @ at) * other).astype(np.int64), impressions=np.bincount(k, minlength=max_rank),
+                         hits=np.bincount(k, weights=c, minlength=max_rank), n_pairs=n_pairs,
+                         several=int(several.sum()))
 
 
 def _query_shares(query: np.ndarray) -> np.ndarray:
@@ -159,25 +166,12 @@ def estimate_harvested(queries: Any, docs: Any, positions: Any, clicked: Any, ma
                          f"best-linked rank: {counts}); the log needs more interventions (the same pair shown at "
                          "different ranks), or estimator: em, or a lower min_interventions or max_rank")
     propensity, done, objective = allpairs_propensities(iv, iterations)
-    k = np.asarray(positions, dtype=np.int64)
-    keep = (k >= 1) & (k <= max_rank)
-    c = np.asarray(clicked, dtype=np.float64)[keep]
-    shown = np.bincount(k[keep] - 1, minlength=max_rank)
-    hits = np.bincount(k[keep] - 1, weights=c, minlength=max_rank)
-    pairs = int(_encode_pairs(np.asarray(queries)[keep], np.asarray(docs)[keep]).max()) + 1
-    several = int(np.sum(_ranks_per_pair(np.asarray(queries)[keep], np.asarray(docs)[keep], k[keep]) > 1))
+    ctr = iv.hits / np.maximum(iv.impressions, 1)
     return ExaminationCurve(propensity=propensity.round(6).tolist(), theta=propensity.round(6).tolist(),
-                            impressions=shown.astype(int).tolist(), clicks=hits.astype(int).tolist(),
-                            ctr=(hits / np.maximum(shown, 1)).round(6).tolist(), iterations=done,
-                            log_likelihood=round(objective, 6), pairs=pairs, pairs_at_several_ranks=several,
-                            method=METHOD, estimator="harvest", interventions=iv.counts())
-
-
-def _ranks_per_pair(queries: np.ndarray, docs: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """How many distinct ranks each query-document pair was shown at."""
-    pair = _encode_pairs(queries, docs)
-    first = np.unique(np.stack([pair, positions]), axis=1)[0]
-    return np.bincount(first, minlength=int(pair.max()) + 1)
+                            impressions=iv.impressions.astype(int).tolist(), clicks=iv.hits.astype(int).tolist(),
+                            ctr=ctr.round(6).tolist(), iterations=done, log_likelihood=round(objective, 6),
+                            pairs=iv.n_pairs, pairs_at_several_ranks=iv.several, method=METHOD, estimator="harvest",
+                            interventions=iv.counts())
 
 
 def harvest_from_table(impressions: Any, max_rank: int = 10, min_interventions: int = 20) -> ExaminationCurve:
