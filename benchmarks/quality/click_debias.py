@@ -328,8 +328,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=str(ROOT / "runs" / "click_debias"))
     p.add_argument("--results-dir", default=str(ROOT / "benchmarks"))
-    p.add_argument("--tag", default="click_debias")
-    return p.parse_args(argv)
+    p.add_argument("--tag", default=None, help="results file name (default click_debias, with --curves-only "
+                   "click_debias_curves: a curves-only run never replaces the trained study's results)")
+    args = p.parse_args(argv)
+    args.tag = args.tag or ("click_debias_curves" if args.curves_only else "click_debias")
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

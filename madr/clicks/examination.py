@@ -8,7 +8,8 @@ E-step's posteriors of a non-click, P(E=1, R=0 | C=0) = theta (1 - gamma) / (1 -
 P(E=0, R=1 | C=0) = (1 - theta) gamma / (1 - theta gamma); the M-step's ratios), with one free gamma per pair
 (their regression EM replaces it by a feature model; a pair seen often enough needs none). theta is identified by
 the same pair shown at different ranks (the interventions of Agarwal et al., WSDM'19): a log whose ranker never
-varies cannot separate rank from relevance, which `ExaminationCurve.pairs_at_several_ranks` reports. Propensities
+varies cannot separate rank from relevance, which `ExaminationCurve.pairs_at_several_ranks` reports
+(`madr.clicks.harvesting` estimates the curve from those pairs alone and refuses a log without enough of them). Propensities
 are reported relative to rank 1 (`propensity[k] = theta_k / theta_1`: what inverse-propensity weights need).
 """
 

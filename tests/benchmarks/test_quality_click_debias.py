@@ -62,4 +62,5 @@ def test_curves_only_reports_both_estimators_without_training(tmp_path: Path) ->
     assert fixed["harvest"]["max_abs_error"] == [None] and "cannot place ranks" in fixed["harvest"]["refused"][0]
     assert len(list((tmp_path / "study" / "logs").glob("n3000-seed0-*.jsonl"))) == 2
     assert not (tmp_path / "study" / "runs").exists(), "nothing is trained"
-    assert json.loads((tmp_path / "results" / "click_debias.json").read_text())["args"]["curves_only"]
+    assert json.loads((tmp_path / "results" / "click_debias_curves.json").read_text())["args"]["curves_only"]
+    assert not (tmp_path / "results" / "click_debias.json").exists(), "the trained study's results stay"
