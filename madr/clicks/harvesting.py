@@ -63,11 +63,15 @@ def harvest_interventions(queries: Any, docs: Any, positions: Any, clicked: Any,
     pair = _encode_pairs(np.asarray(queries)[keep], np.asarray(docs)[keep])
     k, c = positions[keep] - 1, np.asarray(clicked, dtype=np.float64)[keep]
     n_pairs = int(pair.max()) + 1
-    cell = pair * max_rank + k
-    shown = np.bincount(cell, minlength=n_pairs * max_rank).reshape(n_pairs, max_rank)
-    hits = np.bincount(cell, weights=c, minlength=n_pairs * max_rank).reshape(n_pairs, max_rank)
-    several = (shown > 0).sum(axis=1) > 1
-    shown, hits = shown[several], hits[several]
+    cells, cell = np.unique(pair * max_rank + k, return_inverse=True)  # the (pair, rank)s shown: sparse
+    pair_of, rank_of = cells // max_rank, cells % max_rank
+    several = np.bincount(pair_of, minlength=n_pairs) > 1
+    harvested = several[pair_of]
+    row = np.cumsum(several)[pair_of[harvested]] - 1  # dense rows for the pairs at several ranks only
+    shown = np.zeros((int(several.sum()), max_rank))
+    hits = np.zeros_like(shown)
+    shown[row, rank_of[harvested]] = np.bincount(cell, minlength=len(cells))[harvested]
+    hits[row, rank_of[harvested]] = np.bincount(cell, weights=c, minlength=len(cells))[harvested]
     query_of_pair = np.zeros(n_pairs, dtype=np.int64)
     query_of_pair[pair] = q
     weight = _query_shares(q)[query_of_pair[several]][:, None]  # Pr(q) of Sec. 3
@@ -82,7 +86,7 @@ def harvest_interventions(queries: Any, docs: Any, positions: Any, clicked: Any,
 
 def _query_shares(query: np.ndarray) -> np.ndarray:
     """Each query's share of the impressions, per query index: Pr(q) of Sec. 3 when every search shows as many
-    results (a constant factor, which the argmax does not see, otherwise)."""
+    results (otherwise Pr(q) times the query's mean page length)."""
     counts = np.bincount(query).astype(np.float64)
     return counts / max(counts.sum(), 1.0)
 
