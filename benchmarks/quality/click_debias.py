@@ -2,23 +2,29 @@
 
 A click log is simulated from the Home Depot judgments (`madr.data.sources.homedepot`, graded 0-4): for each search
 the old ranker, BM25 on the model tokenizer's word pieces over the whole catalog with Gaussian noise on its scores
-(`--noise` x the query's score spread, fresh per search), shows its top `--top-k` of `--pool` candidates, and users
+(`--noise` x the query's score spread, fresh per search; in a share `--swap-share` of the searches two shown ranks
+swapped, the interventions A/B tests and ranker updates leave in real logs), shows its top `--top-k` of `--pool`
+candidates, and users
 click by the position-based model, examination(rank) = (1 / rank) ** `--eta` x attractiveness(grade) = epsilon +
 (1 - epsilon) (2^g - 1) / 15 (`madr.clicks.simulation`). Searches draw the training queries uniformly; every
 (`--sizes` searches, seed) pair is its own log. The same recipe (the config's model, fine-tuning stage, BM25-mined
 negatives) is then trained through the product's own stages (`madr.recipes.aspects.experiment.load_catalog` with
 `data.clicks`: read, estimate the examination curve, judge; `madr.training.loop`) on
   (a) naive clicks: every clicked document a positive of weight 1 (`data.clicks.debias: false`),
-  (b) debiased clicks: clipped inverse-propensity weights from the curve the log itself gives (`debias: true`),
+  (b) debiased clicks: clipped inverse-propensity weights from the curve the log itself gives (`debias: true`,
+      estimated by `--estimator`: em, the position-based model's EM, or harvest, intervention harvesting),
   (c) the training queries' judgments (the catalog as it is; one run per seed, shared by every size),
 and evaluated on the test queries (judgments, relevance >= `eval.relevance_threshold`) by exact search over the
 corpus (`--corpus-size`: the test queries' judged products + a seeded sample; 0: all): Recall@10 and MRR@10 per
 query. Reported per size: the means over seeds, paired tests over the test queries (per-query means over seeds;
 Student's t and randomisation, `benchmarks.common.stats.paired_tests`) of (b) vs (a), (c) vs (b) and (c) vs (a),
-the share of the (a) -> (c) gap that (b) recovers, and the estimated vs true examination curve (max abs error).
+the share of the (a) -> (c) gap that (b) recovers, the estimated vs true examination curve of the trained row (max
+abs error), and both estimators' curves on every log against the truth (`curves`: max abs error per seed, or why an
+estimator refused the log). `--curves-only` simulates the logs and reports those curves without training (seconds).
 
 Resumable: each (row, size, seed) keeps its per-query result in `<out>/runs/<row>/n<size>/seed<seed>/result.json`
-with a fingerprint of what it depends on; a stopped study resumes at the next run. The full study (hours on 2 CPU
+with a fingerprint of what it depends on (the config, with the estimator; the simulation's settings; the corpus);
+each log is kept under a name with its simulation's settings; a stopped study resumes at the next run. The full study (hours on 2 CPU
 cores: 3 sizes x 3 seeds x 2 click rows + 3 judgment rows, each a 200-step e5-small fine-tune and a corpus encode):
 
     flock /tmp/madr_bench.lock python -m benchmarks.quality.click_debias --sizes 5000 20000 80000 --seeds 0 1 2 \\
@@ -40,7 +46,8 @@ import torch
 
 from benchmarks.common.results import write_result_json
 from benchmarks.common.stats import paired_tests
-from madr.clicks.examination import curve_error
+from madr.clicks.examination import ExaminationCurve, curve_error, estimate_examination
+from madr.clicks.harvesting import estimate_harvested
 from madr.clicks.simulation import (
     ClickSimulation,
     graded_attractiveness,
@@ -93,12 +100,25 @@ def old_ranker_candidates(catalog: Catalog, tokenizer: Any, pool: int) -> dict[s
     return out
 
 
+def simulation_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """What a simulated log depends on besides its size and seed (the old ranker's pool and noise, the swaps, the
+    click model)."""
+    return {"top_k": args.top_k, "pool": args.pool, "noise": args.noise, "swap_share": args.swap_share,
+            "eta": args.eta, "epsilon": args.epsilon, "catalog": args.catalog, "max_queries": args.max_queries}
+
+
+def log_path(out: Path, args: argparse.Namespace, size: int, seed: int) -> Path:
+    """Where the log of (`size`, `seed`) under the simulation's settings is kept: a name per settings."""
+    return out / "logs" / f"n{size}-seed{seed}-{config_hash(simulation_settings(args))[:10]}.jsonl"
+
+
 def write_log(candidates: dict, args: argparse.Namespace, size: int, seed: int, path: Path) -> Path:
     """The simulated impressions of `size` searches (one seed) as JSONL (the plain impressions layout)."""
     if path.is_file():
         return path
     sim = ClickSimulation(size, args.top_k, power_law_examination(args.top_k, args.eta),
-                          graded_attractiveness(4, args.epsilon), noise=args.noise, seed=seed)
+                          graded_attractiveness(4, args.epsilon), noise=args.noise, seed=seed,
+                          swap_share=args.swap_share)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in simulate_impressions(candidates, sim)))
@@ -114,7 +134,8 @@ def run_config(base: ExperimentConfig, row: str, catalog_dir: Path, log: Path | 
     if row != "judgments":
         cfg = load_config(None, {**cfg.to_dict(), "data.clicks": {
             "path": str(log), "format": "impressions", "max_rank": args.top_k, "debias": row == "debiased",
-            "clip": args.clip}, "train.finetune.judged_negative_share": args.skip_share})
+            "clip": args.clip, "estimator": args.estimator, "min_interventions": args.min_interventions},
+            "train.finetune.judged_negative_share": args.skip_share})
     return cfg
 
 
@@ -178,7 +199,8 @@ def cached_run(cfg: ExperimentConfig, args: argparse.Namespace, log: Path | None
     """`train_and_evaluate`, kept in `<output_dir>/result.json` under a fingerprint of what it depends on."""
     path = Path(cfg.output_dir) / "result.json"
     key = config_hash({"cfg": {k: v for k, v in cfg.to_dict().items() if k != "output_dir"},
-                       "log": log.stat().st_size if log else None, "corpus": args.corpus_size})
+                       "log": log.stat().st_size if log else None, "corpus": args.corpus_size,
+                       "simulation": simulation_settings(args) if log else None})
     if path.is_file() and json.loads(path.read_text()).get("fingerprint") == key:
         return {**json.loads(path.read_text()), "cached": True}
     result = {"fingerprint": key, **train_and_evaluate(cfg, args.corpus_size)}
@@ -214,6 +236,38 @@ def size_report(runs: dict[str, list[dict]], truth: np.ndarray, draws: int) -> d
             "estimated_curves": curves, "true_curve": truth.tolist()}
 
 
+ESTIMATORS = {"em": estimate_examination, "harvest": estimate_harvested}
+
+
+def log_curves(log: Path, truth: np.ndarray, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """Both estimators' curves on one simulated log, each with its max abs error vs the truth, or the reason the
+    estimator refused the log."""
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    cols = [np.array([r[k] for r in rows]) for k in ("query", "doc_id", "position", "clicked")]
+    out = {}
+    for name, estimate in ESTIMATORS.items():
+        kwargs = {"min_interventions": args.min_interventions} if name == "harvest" else {}
+        try:
+            curve: ExaminationCurve = estimate(*cols, max_rank=args.top_k, **kwargs)
+        except ValueError as error:
+            out[name] = {"error": str(error)}
+            continue
+        out[name] = {"max_abs_error": round(curve_error(curve, truth), 4), "propensity": curve.propensity,
+                     "pairs_at_several_ranks": curve.pairs_at_several_ranks}
+    return out
+
+
+def curves_report(curves: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
+    """Per estimator, the max abs errors over the seeds' logs (None where it refused one) and their mean."""
+    out = {}
+    for name in ESTIMATORS:
+        errors = [c[name].get("max_abs_error") for c in curves]
+        done = [e for e in errors if e is not None]
+        out[name] = {"max_abs_error": errors, "mean": round(float(np.mean(done)), 4) if done else None,
+                     "refused": [c[name]["error"] for c in curves if "error" in c[name]]}
+    return out
+
+
 class _Curve:
     """The propensities of an `ExaminationCurve` JSON, for `curve_error`."""
 
@@ -224,6 +278,11 @@ class _Curve:
 def report_text(result: dict[str, Any]) -> str:
     lines = []
     for size, rep in result["sizes"].items():
+        if "curves" in rep:
+            lines.append(f"\n{size} searches, curve max abs error vs truth per seed: " + "; ".join(
+                f"{name} {c['max_abs_error']} (mean {c['mean']})" for name, c in rep["curves"].items()))
+        if "means" not in rep:
+            continue
         lines.append(f"\n{size} searches: " + ", ".join(
             f"{row} R@10 {v['recall@10']:.4f} MRR@10 {v['mrr@10']:.4f}" for row, v in rep["means"].items()))
         for name, per_metric in rep["tests"].items():
@@ -231,7 +290,8 @@ def report_text(result: dict[str, Any]) -> str:
                 f"{m} {t['diff']:+.4f} (t p={t['p_ttest']:.3g}, rand p={t['p_randomisation']:.3g}, n={t['n']})"
                 for m, t in per_metric.items()))
         lines.append(f"  gap naive -> judgments recovered by debiasing: {rep['gap_recovered']}")
-        lines.append(f"  examination curve, max abs error vs truth per seed: {rep['curve_max_abs_error']}")
+        lines.append("  the debiased row's examination curve, max abs error vs truth per seed: "
+                     f"{rep['curve_max_abs_error']}")
     return "\n".join(lines)
 
 
@@ -252,6 +312,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--top-k", type=int, default=10)
     p.add_argument("--pool", type=int, default=50, help="the old ranker's candidates per query")
     p.add_argument("--noise", type=float, default=0.5)
+    p.add_argument("--swap-share", type=float, default=0.0,
+                   help="share of searches with two shown ranks swapped (interventions, as A/B tests leave)")
+    p.add_argument("--estimator", choices=tuple(ESTIMATORS), default="em",
+                   help="data.clicks.estimator of the debiased row")
+    p.add_argument("--min-interventions", type=int, default=20, help="data.clicks.min_interventions (harvest)")
+    p.add_argument("--curves-only", action="store_true",
+                   help="simulate the logs and report both estimators' curves, no training")
     p.add_argument("--eta", type=float, default=1.0)
     p.add_argument("--epsilon", type=float, default=0.1)
     p.add_argument("--clip", type=float, default=10.0)
@@ -261,8 +328,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=str(ROOT / "runs" / "click_debias"))
     p.add_argument("--results-dir", default=str(ROOT / "benchmarks"))
-    p.add_argument("--tag", default="click_debias")
-    return p.parse_args(argv)
+    p.add_argument("--tag", default=None, help="results file name (default click_debias, with --curves-only "
+                   "click_debias_curves: a curves-only run never replaces the trained study's results)")
+    args = p.parse_args(argv)
+    args.tag = args.tag or ("click_debias_curves" if args.curves_only else "click_debias")
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -280,21 +350,23 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     truth = power_law_examination(args.top_k, args.eta)
     result: dict[str, Any] = {"args": vars(args), "sizes": {}, "runs": {}}
     judged: list[dict] = []
-    if "judgments" in args.rows:
+    if "judgments" in args.rows and not args.curves_only:
         for seed in args.seeds:
             cfg = run_config(base, "judgments", catalog_dir, None, out / "runs" / "judgments" / f"seed{seed}", seed,
                              args)
             judged.append(cached_run(cfg, args, None))
     for size in args.sizes:
+        logs = [write_log(candidates, args, size, seed, log_path(out, args, size, seed)) for seed in args.seeds]
+        curves = curves_report([log_curves(log, truth, args) for log in logs])
+        result["sizes"][str(size)] = {"curves": curves}
+        if args.curves_only:
+            continue
         runs: dict[str, list[dict]] = {"judgments": judged}
         for row in (r for r in args.rows if r != "judgments"):
-            runs[row] = []
-            for seed in args.seeds:
-                log = write_log(candidates, args, size, seed, out / "logs" / f"n{size}-seed{seed}.jsonl")
-                cfg = run_config(base, row, catalog_dir, log, out / "runs" / row / f"n{size}" / f"seed{seed}", seed,
-                                 args)
-                runs[row].append(cached_run(cfg, args, log))
-        result["sizes"][str(size)] = size_report(runs, truth, args.draws)
+            runs[row] = [cached_run(run_config(base, row, catalog_dir, log, out / "runs" / row / f"n{size}" /
+                                               f"seed{seed}", seed, args), args, log)
+                         for seed, log in zip(args.seeds, logs, strict=True)]
+        result["sizes"][str(size)].update(size_report(runs, truth, args.draws))
         result["runs"][str(size)] = {row: [{k: v for k, v in r.items() if k != "per_query"} for r in rs]
                                      for row, rs in runs.items()}
     print(report_text(result))

@@ -90,8 +90,9 @@ def click_catalog(judgments: Sequence[ClickJudgment], products: Sequence[Product
 def report(log_summary: dict[str, Any], curve: ExaminationCurve, judgments: Sequence[ClickJudgment],
            left_out: dict[str, int], debias: bool) -> dict[str, Any]:
     """What the run's report says about the click log: reading, the examination curve, the judgments."""
-    return {"log": log_summary, "examination": {"propensity": curve.propensity, "iterations": curve.iterations,
-                                                "pairs_at_several_ranks": curve.pairs_at_several_ranks},
+    examination = {"estimator": curve.estimator, "propensity": curve.propensity, "iterations": curve.iterations,
+                   "pairs_at_several_ranks": curve.pairs_at_several_ranks, "interventions": curve.interventions}
+    return {"log": log_summary, "examination": examination,
             "debiased": debias, "judgments": summarize_judgments(list(judgments)), "left_out": left_out}
 
 

@@ -8,7 +8,8 @@ E-step's posteriors of a non-click, P(E=1, R=0 | C=0) = theta (1 - gamma) / (1 -
 P(E=0, R=1 | C=0) = (1 - theta) gamma / (1 - theta gamma); the M-step's ratios), with one free gamma per pair
 (their regression EM replaces it by a feature model; a pair seen often enough needs none). theta is identified by
 the same pair shown at different ranks (the interventions of Agarwal et al., WSDM'19): a log whose ranker never
-varies cannot separate rank from relevance, which `ExaminationCurve.pairs_at_several_ranks` reports. Propensities
+varies cannot separate rank from relevance, which `ExaminationCurve.pairs_at_several_ranks` reports
+(`madr.clicks.harvesting` estimates the curve from those pairs alone and refuses a log without enough of them). Propensities
 are reported relative to rank 1 (`propensity[k] = theta_k / theta_1`: what inverse-propensity weights need).
 """
 
@@ -27,7 +28,9 @@ EPS = 1e-6
 @dataclass
 class ExaminationCurve:
     """Per rank 1..K: `propensity` (theta_k / theta_1), `theta`, impressions, clicks and the naive click-through
-    rate; EM's iterations and final log-likelihood; how many pairs were seen at more than one rank."""
+    rate; the fit's iterations and final log-likelihood; how many pairs were seen at more than one rank. `estimator`:
+    "em" (this module) or "harvest" (`madr.clicks.harvesting`, whose `theta` is the propensity: only ratios are
+    identified there, and whose `interventions` counts the harvested pairs per rank pair, {"k-k'": n})."""
 
     propensity: list[float]
     theta: list[float]
@@ -40,6 +43,8 @@ class ExaminationCurve:
     pairs_at_several_ranks: int
     method: str = "PBM regression-free EM (Wang et al., WSDM'18)"
     truth: list[float] | None = field(default=None)
+    estimator: str = "em"
+    interventions: dict[str, int] | None = field(default=None)
 
     def at(self, rank: int) -> float:
         """The propensity of `rank` (1-based); ranks beyond the curve take its last value."""
@@ -112,8 +117,8 @@ def curve_error(curve: ExaminationCurve, truth: Any) -> float:
 
 
 def write_curve(curve: ExaminationCurve, directory: str | Path, name: str = "examination") -> tuple[Path, Path]:
-    """`<name>.json` and `<name>.png` (estimated propensity, naive CTR relative to rank 1, and the truth when
-    known) under `directory`."""
+    """`<name>.json` (the curve: its estimator and, for harvesting, the interventions per rank pair) and
+    `<name>.png` (estimated propensity, naive CTR relative to rank 1, and the truth when known) under `directory`."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -125,7 +130,8 @@ def write_curve(curve: ExaminationCurve, directory: str | Path, name: str = "exa
     json_path.write_text(json.dumps(curve.to_dict(), indent=1))
     ranks = np.arange(1, len(curve.propensity) + 1)
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(ranks, curve.propensity, "o-", label="estimated (PBM EM)")
+    label = "intervention harvesting" if curve.estimator == "harvest" else "PBM EM"
+    ax.plot(ranks, curve.propensity, "o-", label=f"estimated ({label})")
     ctr = np.asarray(curve.ctr)
     ax.plot(ranks, ctr / max(ctr[0], EPS), "s--", alpha=0.6, label="click-through rate / CTR@1")
     if curve.truth is not None:
@@ -135,8 +141,10 @@ def write_curve(curve: ExaminationCurve, directory: str | Path, name: str = "exa
     ax.set_ylabel("examination relative to rank 1")
     ax.set_ylim(0, 1.1)
     ax.legend()
-    ax.set_title(f"{sum(curve.impressions)} impressions, {curve.pairs_at_several_ranks} pairs at several ranks",
-                 fontsize=9)
+    title = f"{sum(curve.impressions)} impressions, {curve.pairs_at_several_ranks} pairs at several ranks"
+    if curve.interventions is not None:
+        title += f", {sum(curve.interventions.values())} harvested (pair, rank pair)s"
+    ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(png_path, dpi=120)
     plt.close(fig)

@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 
 from madr.clicks.examination import ExaminationCurve, estimate_from_table, write_curve
+from madr.clicks.harvesting import harvest_from_table
 
 
 @dataclass(frozen=True)
@@ -72,14 +73,24 @@ def click_judgments(impressions: pa.Table, curve: ExaminationCurve | None, *, cl
     return sorted(out, key=lambda j: (j.query, j.doc_id))
 
 
+def log_curve(impressions: pa.Table, clicks: Any) -> ExaminationCurve:
+    """The examination curve of a log's impressions by the estimator `clicks` (a `ClickLogConfig`) names: "em"
+    (`madr.clicks.examination`) or "harvest" (`madr.clicks.harvesting`)."""
+    if clicks.estimator == "harvest":
+        return harvest_from_table(impressions, clicks.max_rank, clicks.min_interventions)
+    if clicks.estimator == "em":
+        return estimate_from_table(impressions, clicks.max_rank)
+    raise ValueError(f"data.clicks.estimator must be em or harvest, got {clicks.estimator!r}")
+
+
 def judge_log_impressions(impressions: pa.Table, clicks: Any,
                           out_dir: str | Path) -> tuple[ExaminationCurve, list[ClickJudgment]]:
-    """A log's examination curve, estimated from its impressions and written to `out_dir` (`examination.json` +
+    """A log's examination curve, estimated from its impressions (`log_curve`) and written to `out_dir` (`examination.json` +
     `.png`), and the judgments `clicks` (a `madr.config.ClickLogConfig`) asks for: clipped inverse-propensity
     weights from that curve with `debias`, naive weights without."""
     if impressions.num_rows == 0:
         raise ValueError(f"{clicks.path}: the click log holds no impression (see {out_dir}/summary.json)")
-    curve = estimate_from_table(impressions, clicks.max_rank)
+    curve = log_curve(impressions, clicks)
     write_curve(curve, out_dir)
     judgments = click_judgments(impressions, curve if clicks.debias else None, clip=clicks.clip,
                                 skip_negatives=clicks.skip_negatives, skip_min_examination=clicks.skip_min_examination)

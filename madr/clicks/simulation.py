@@ -4,8 +4,11 @@ attractiveness(grade).
 
 The old ranker's scores get fresh Gaussian noise in every search (`noise` x the query's score spread), so the same
 query-document pair is shown at several ranks: the randomised interventions that make the examination curve
-identifiable from the log itself (Agarwal et al., WSDM'19; Wang et al., WSDM'18). The rows are the plain
-impressions layout of `madr.clicks.events` (search_id, session_id, query, doc_id, position, clicked).
+identifiable from the log itself (Agarwal et al., WSDM'19; Wang et al., WSDM'18). A share `swap_share` of the
+searches also has two of its shown ranks, drawn uniformly, swapped: the randomised swaps real logs get from A/B
+tests and ranker updates (drawn from a stream of their own, so a log without swaps is the same as before). The
+rows are the plain impressions layout of `madr.clicks.events` (search_id, session_id, query, doc_id, position,
+clicked).
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ def graded_attractiveness(max_grade: int, epsilon: float = 0.1) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ClickSimulation:
-    """How the log is made: `searches` result lists of `top_k`, `noise` on the old ranker's scores, the true
-    `examination` per rank (length >= top_k) and `attractiveness` per grade, one seed."""
+    """How the log is made: `searches` result lists of `top_k`, `noise` on the old ranker's scores, the share of
+    searches with two ranks swapped (`swap_share`), the true `examination` per rank (length >= top_k) and
+    `attractiveness` per grade, one seed."""
 
     searches: int
     top_k: int
@@ -43,16 +47,29 @@ class ClickSimulation:
     attractiveness: np.ndarray
     noise: float = 0.5
     seed: int = 0
+    swap_share: float = 0.0
 
     def __post_init__(self) -> None:
         if len(self.examination) < self.top_k:
             raise ValueError(f"examination has {len(self.examination)} ranks, top_k is {self.top_k}")
+        if not 0 <= self.swap_share <= 1:
+            raise ValueError(f"swap_share must be in [0, 1], got {self.swap_share}")
+
+
+def swap_two(shown: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """`shown` with two uniformly drawn positions exchanged (a randomised swap intervention)."""
+    if len(shown) < 2:
+        return shown
+    i, j = rng.choice(len(shown), 2, replace=False)
+    out = shown.copy()
+    out[[i, j]] = shown[[j, i]]
+    return out
 
 
 def simulate_impressions(candidates: Mapping[str, Sequence[Candidate]], sim: ClickSimulation) -> list[dict]:
     """`sim.searches` searches over the queries of `candidates` (query text -> candidates, drawn uniformly): rows
     of the plain impressions layout, one per shown document."""
-    rng = np.random.default_rng(sim.seed)
+    rng, swaps = np.random.default_rng(sim.seed), np.random.default_rng([sim.seed, 1])
     queries = sorted(q for q, c in candidates.items() if c)
     if not queries:
         raise ValueError("no query has candidates")
@@ -65,6 +82,8 @@ def simulate_impressions(candidates: Mapping[str, Sequence[Candidate]], sim: Cli
         spread = float(scores.std()) or 1.0
         noisy = scores + rng.normal(0.0, sim.noise * spread, len(scores))
         shown = np.argsort(-noisy, kind="stable")[: sim.top_k]
+        if sim.swap_share > 0 and swaps.random() < sim.swap_share:
+            shown = swap_two(shown, swaps)
         ranks = np.arange(1, len(shown) + 1)
         p = sim.examination[ranks - 1] * sim.attractiveness[grades[shown]]
         clicked = rng.random(len(shown)) < p

@@ -53,7 +53,8 @@ def click_log_catalog(cfg: ExperimentConfig, log: Any = print) -> tuple[Catalog,
     searches, judged = summary["searches"], report["judgments"]
     log(f"[data] click log {clicks.path}: {searches['events']} events, {searches['impressions']} impressions, "
         f"{searches['clicked_impressions']} clicked, {searches['duplicate_events']} duplicate events; "
-        f"examination {[round(p, 2) for p in report['examination']['propensity']]} -> {out}/examination.png; "
+        f"examination ({report['examination']['estimator']}) "
+        f"{[round(p, 2) for p in report['examination']['propensity']]} -> {out}/examination.png; "
         f"{judged['positives']} positives, {judged['skip_negatives']} skipped negatives")
     products = f"products of {cfg.data.catalog_dir}" if base is not None else "products the log describes"
     return catalog, f"click log {clicks.path} ({clicks.format}, {'debiased' if clicks.debias else 'naive'}), {products}"

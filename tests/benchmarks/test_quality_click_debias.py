@@ -4,6 +4,7 @@ from the per-run cache without training."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,32 @@ def test_click_debias_tiny_and_resumable(tmp_path: Path) -> None:
     assert set(report["tests"]) == {"debiased vs naive", "judgments vs debiased", "judgments vs naive"}
     assert report["tests"]["debiased vs naive"]["recall@10"]["n"] > 0
     assert len(report["curve_max_abs_error"]) == 1 and len(report["estimated_curves"][0]) == 5
+    assert set(report["curves"]) == {"em", "harvest"} and len(report["curves"]["em"]["max_abs_error"]) == 1
     assert (tmp_path / "results" / "click_debias.json").is_file()
     second = main(argv)
     assert all(r["cached"] for rows in second["runs"].values() for rs in rows.values() for r in rs), \
         "a second call reads every run from its cache"
     assert second["sizes"] == first["sizes"]
+
+
+def test_curves_only_reports_both_estimators_without_training(tmp_path: Path) -> None:
+    """`--curves-only`: the logs are simulated and both estimators' curves compared with the truth, nothing is
+    trained; a log is kept per simulation setting (a new swap share is a new log, not the old one reused)."""
+    cfg = {"name": "tiny_curves", "output_dir": str(tmp_path / "unused"), "data": {"tokenizer_vocab_size": 600},
+           "model": {"name": "bibert", "backbone": {"name_or_path": None, "tiny": {
+               "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+               "max_position_embeddings": 64}}}}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    argv = ["--config", str(path), "--catalog", "synthetic", "--synthetic-products", "120", "--synthetic-queries",
+            "60", "--sizes", "3000", "--seeds", "0", "--top-k", "5", "--pool", "15", "--noise", "0",
+            "--min-interventions", "5", "--curves-only", "--out", str(tmp_path / "study"), "--results-dir",
+            str(tmp_path)]
+    swapped = main([*argv, "--swap-share", "0.5"])["sizes"]["3000"]["curves"]
+    assert swapped["harvest"]["max_abs_error"][0] < 0.1 and swapped["em"]["max_abs_error"][0] is not None, swapped
+    fixed = main([*argv, "--swap-share", "0"])["sizes"]["3000"]["curves"]
+    assert fixed["harvest"]["max_abs_error"] == [None] and "cannot place ranks" in fixed["harvest"]["refused"][0]
+    assert len(list((tmp_path / "study" / "logs").glob("n3000-seed0-*.jsonl"))) == 2
+    assert not (tmp_path / "study" / "runs").exists(), "nothing is trained"
+    assert json.loads((tmp_path / "results" / "click_debias_curves.json").read_text())["args"]["curves_only"]
+    assert not (tmp_path / "results" / "click_debias.json").exists(), "the trained study's results stay"

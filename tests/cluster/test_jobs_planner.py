@@ -212,6 +212,7 @@ def test_stage_table_ignores_must_be_a_list(tmp_path):
     ("data.catalog_dir", "runs/nowhere/catalog", "data.catalog_dir"),
     ("data.clicks", "{path: runs/nowhere/events.parquet, format: ubi}", "data.clicks.path"),
     ("data.clicks", "{path: events.parquet, format: clickstream}", "data.clicks.format"),
+    ("data.clicks", "{path: events.parquet, format: impressions, estimator: harvst}", "data.clicks.estimator"),
 ])
 def test_plan_refuses_what_a_stage_would_refuse_naming_the_file_and_key(tmp_path, capsys, key, value, named):
     """A typo in any section (typed or derived job settings) or a backbone that cannot load fails at `plan` and

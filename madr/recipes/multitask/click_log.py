@@ -5,7 +5,8 @@
 
 1. the log is read in process (`madr.clicks.log.read_click_log`: bad rows quarantined under
    `out_dir/quarantine`, impressions and `summary.json` under `out_dir`; the multi-task data stage needs no Ray);
-2. the examination curve is estimated from the log by EM (`madr.clicks.examination`) and written as
+2. the examination curve is estimated from the log by EM (`madr.clicks.examination`) or intervention harvesting
+   (`madr.clicks.harvesting`), as `estimator` says, and written as
    `out_dir/examination.json` + `.png`;
 3. the judgments (`madr.clicks.judgments.click_judgments`): clipped inverse-propensity weights of the clicks,
    skipped documents above a click as negatives;
