@@ -203,10 +203,10 @@ class ModelConfig:
 class ClickLogConfig:
     """A click log as the catalog's training judgments (`madr.clicks`): `path` (files or a directory) in `format`
     "ubi" (events; `queries`: UBI's queries table) or "impressions" (one shown document per row). Its examination
-    curve is estimated up to rank `max_rank` by `estimator`: "em" (the position-based model's EM, Wang et al.,
-    WSDM'18) or "harvest" (intervention harvesting, Agarwal et al., WSDM'19: only pairs the log shows at several
-    ranks; it refuses a log where some rank is not linked to rank 1 by rank pairs with >= `min_interventions`
-    such pairs each); clicked documents become positives weighted by their clipped
+    curve is estimated up to rank `max_rank` by `estimator`: "harvest" (intervention harvesting, Agarwal et al.,
+    WSDM'19: only pairs the log shows at several ranks; it refuses a log where some rank is not linked to rank 1 by
+    rank pairs with >= `min_interventions` such pairs each), "em" (the position-based model's EM, Wang et al.,
+    WSDM'18), or "auto" (the default: harvesting, else EM where harvesting refuses the log, the reason recorded); clicked documents become positives weighted by their clipped
     inverse propensity (`debias`; weights at most `clip`, normalised to mean 1; `debias: false` weighs every click
     alike, the naive baseline), documents skipped above a click at ranks examined with probability >=
     `skip_min_examination` (and never clicked for the query) become its judged negatives. `position_base`: the
@@ -218,7 +218,7 @@ class ClickLogConfig:
     queries: str | None = None
     position_base: str | int = "auto"
     max_rank: int = 10
-    estimator: str = "em"
+    estimator: str = "auto"
     min_interventions: int = 20
     debias: bool = True
     clip: float = 10.0
@@ -230,7 +230,7 @@ class ClickLogConfig:
         if not self.path:
             raise ValueError("data.clicks.path is empty: the click log's files or directory")
         _check_choice("data.clicks.format", self.format, ("ubi", "impressions"))
-        _check_choice("data.clicks.estimator", self.estimator, ("em", "harvest"))
+        _check_choice("data.clicks.estimator", self.estimator, ("auto", "harvest", "em"))
         if self.min_interventions < 1:
             raise ValueError(f"data.clicks.min_interventions must be >= 1, got {self.min_interventions}")
         if self.queries and self.format != "ubi":

@@ -30,7 +30,8 @@ class ExaminationCurve:
     """Per rank 1..K: `propensity` (theta_k / theta_1), `theta`, impressions, clicks and the naive click-through
     rate; the fit's iterations and final log-likelihood; how many pairs were seen at more than one rank. `estimator`:
     "em" (this module) or "harvest" (`madr.clicks.harvesting`, whose `theta` is the propensity: only ratios are
-    identified there, and whose `interventions` counts the harvested pairs per rank pair, {"k-k'": n})."""
+    identified there, and whose `interventions` counts the harvested pairs per rank pair, {"k-k'": n}). `fallback`:
+    why the "auto" estimator used EM instead of harvesting (None when it did not fall back)."""
 
     propensity: list[float]
     theta: list[float]
@@ -45,6 +46,7 @@ class ExaminationCurve:
     truth: list[float] | None = field(default=None)
     estimator: str = "em"
     interventions: dict[str, int] | None = field(default=None)
+    fallback: str | None = field(default=None)
 
     def at(self, rank: int) -> float:
         """The propensity of `rank` (1-based); ranks beyond the curve take its last value."""

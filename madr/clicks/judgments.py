@@ -74,13 +74,23 @@ def click_judgments(impressions: pa.Table, curve: ExaminationCurve | None, *, cl
 
 
 def log_curve(impressions: pa.Table, clicks: Any) -> ExaminationCurve:
-    """The examination curve of a log's impressions by the estimator `clicks` (a `ClickLogConfig`) names: "em"
-    (`madr.clicks.examination`) or "harvest" (`madr.clicks.harvesting`)."""
-    if clicks.estimator == "harvest":
-        return harvest_from_table(impressions, clicks.max_rank, clicks.min_interventions)
+    """The examination curve of a log's impressions by the estimator `clicks` (a `ClickLogConfig`) names:
+    "harvest" (`madr.clicks.harvesting`), "em" (`madr.clicks.examination`), or "auto": harvesting where the log
+    links every rank to rank 1 by enough interventions (on simulated logs it is far closer to the true curve than
+    EM, whose free per-pair relevance absorbs the rank effect when pairs rarely move), else EM, with the reason
+    harvesting refused the log in the curve's `fallback`."""
+    if clicks.estimator in ("harvest", "auto"):
+        try:
+            return harvest_from_table(impressions, clicks.max_rank, clicks.min_interventions)
+        except ValueError as refused:
+            if clicks.estimator == "harvest":
+                raise
+            curve = estimate_from_table(impressions, clicks.max_rank)
+            curve.fallback = str(refused)
+            return curve
     if clicks.estimator == "em":
         return estimate_from_table(impressions, clicks.max_rank)
-    raise ValueError(f"data.clicks.estimator must be em or harvest, got {clicks.estimator!r}")
+    raise ValueError(f"data.clicks.estimator must be auto, harvest or em, got {clicks.estimator!r}")
 
 
 def judge_log_impressions(impressions: pa.Table, clicks: Any,

@@ -80,8 +80,8 @@ def test_swaps_move_pairs_and_leave_a_log_without_them_unchanged() -> None:
 
 
 def test_the_estimator_setting_is_validated_naming_the_key() -> None:
-    assert ClickLogConfig(path="log.jsonl").estimator == "em", "EM stays the default"
-    with pytest.raises(ValueError, match=r"data.clicks.estimator: 'harvst' is not one of em, harvest"):
+    assert ClickLogConfig(path="log.jsonl").estimator == "auto", "harvesting where the log allows it, else EM"
+    with pytest.raises(ValueError, match=r"data.clicks.estimator: 'harvst' is not one of auto, harvest, em"):
         ClickLogConfig(path="log.jsonl", estimator="harvst")
     with pytest.raises(ValueError, match="data.clicks.min_interventions"):
         ClickLogConfig(path="log.jsonl", estimator="harvest", min_interventions=0)
@@ -112,3 +112,18 @@ def test_judgments_refuse_a_log_harvesting_cannot_use(tmp_path: Path) -> None:
     clicks = SimpleNamespace(path="log.jsonl", estimator="harvest", max_rank=10, min_interventions=20)
     with pytest.raises(ValueError, match="cannot place ranks"):
         judge_log_impressions(impressions_table(rows), clicks, tmp_path)
+
+
+def test_auto_harvests_where_the_log_allows_it_and_else_falls_back_to_em_saying_why(tmp_path: Path) -> None:
+    rows, _ = swapped_log(5000, swap_share=0.5, noise=0.3)
+    clicks = ClickLogConfig(path="log.jsonl", format="impressions", max_rank=10)
+    curve, _ = judge_log_impressions(impressions_table(rows), clicks, tmp_path / "moved")
+    assert curve.estimator == "harvest" and curve.fallback is None
+    assert curve.propensity == estimate_harvested(*columns(rows), max_rank=10).propensity
+
+    still, _ = swapped_log(500, swap_share=0.0)
+    curve, judgments = judge_log_impressions(impressions_table(still), clicks, tmp_path / "still")
+    written = json.loads((tmp_path / "still" / "examination.json").read_text())
+    assert curve.estimator == written["estimator"] == "em" and judgments
+    assert "cannot place ranks" in written["fallback"], written["fallback"]
+    assert curve.propensity == estimate_examination(*columns(still), max_rank=10).propensity
