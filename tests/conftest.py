@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from pipelines.runtime import apply_ray_env
 
@@ -76,28 +75,6 @@ def ray_local(ray_local_args):
     ray.init(**ray_local_args)
     yield ray
     ray.shutdown()
-
-
-@pytest.fixture
-def tiny_aspects_config(tmp_path: Path) -> Path:
-    """A benchmarks.quality.homedepot config for the smoke tests: a synthetic catalog, a random 2-layer BERT
-    over a WordPiece tokenizer trained on it, 2 fine-tuning steps per row (output under tmp_path/run)."""
-    cfg = {
-        "bench": {"seeds": [0], "draws": 200},
-        "name": "tiny_aspects",
-        "output_dir": str(tmp_path / "run"),
-        "data": {"synthetic_products": 240, "synthetic_queries": 120, "seed": 0, "tokenizer_vocab_size": 800},
-        "model": {"backbone": {"name_or_path": None,
-                               "tiny": {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-                                        "intermediate_size": 64, "max_position_embeddings": 64}},
-                  "shared_towers": True, "max_query_length": 12, "max_doc_length": 24},
-        "train": {"pretrain": {"steps": 0}, "finetune": {"steps": 2, "batch_size": 8, "learning_rate": 1.0e-3}},
-        "eval": {"retrieval_metrics": ["recall@10", "recall@50", "mrr@10"],
-                 "rerank_metrics": ["ndcg@5", "ndcg@10", "auc"], "relevance_threshold": 3.0, "top_k": 50},
-    }
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
 
 
 @pytest.fixture(scope="session")

@@ -129,7 +129,7 @@ def seed_mean(rows: list[dict[str, dict[str, dict[str, float]]]]) -> dict[str, d
 
 def per_question_record(rows: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, dict[str, float]]]:
     """{metric: {row: {question: value}}} for `PAIRED_METRICS`, rounded to 6 digits: what a paired test of two
-    runs on the same split needs (`benchmarks.quality.hetpqa_compare`)."""
+    runs on the same split needs."""
     return {m: {k: {q: round(v, 6) for q, v in rows[k][m].items()} for k in rows} for m in PAIRED_METRICS}
 
 

@@ -1,5 +1,4 @@
-"""The report pieces of the product-search fusion tables (`benchmarks.quality.homedepot_hybrid`,
-`benchmarks.quality.homedepot_claims`): the test aspect Accuracy@1 table, the bar plot of every row and the
+"""The report pieces of the product-search fusion tables (`benchmarks.quality.homedepot_hybrid`): the test aspect Accuracy@1 table, the bar plot of every row and the
 training curves."""
 
 from __future__ import annotations

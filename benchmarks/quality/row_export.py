@@ -4,7 +4,8 @@ seed; a device machine returns 64 MiB in all).
 
 `write_row` (called by `benchmarks.quality.homedepot_hybrid --export DIR`) writes <DIR>/seed<s>/<row>.json: the
 per-query test metrics of the row alone and of its fusions, their labels, the training info and the machine;
-`read_rows` (`benchmarks.quality.homedepot_claims`) gathers such folders back per key and seed.
+`read_rows` gathers such folders back per key and seed (for `benchmarks.quality.homedepot_claims`, whose code is
+retired; last at commit ab8b945).
 """
 
 from __future__ import annotations

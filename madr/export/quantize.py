@@ -28,8 +28,6 @@ scales kept more of the fp32 quality at the same speed (x-ling top-1 98.0% vs 95
   (`MatMulInteger` / `DynamicQuantizeLinear`); run it with `madr.export.onnx.OnnxQueryEncoder`.
 - `int8_encoder(model, backend, ...)`: the int8 encoder of either backend; `madr.serve_config.ServeSettings.
   encoder_precision: int8` builds its query encoder with it.
-
-Quality and speed on real data are measured by `benchmarks.quality.multilingual_int8`.
 """
 
 from __future__ import annotations

@@ -1,2 +1,2 @@
-"""The multi-aspect product-search benchmarks' shared parts (rows, data, evaluation, training with the per-row
-cache, report): used by `benchmarks.quality.homedepot` (the table) and `benchmarks.quality.esci_transfer`."""
+"""The product-search benchmark's shared parts (rows, data, evaluation, training, report tables): used by
+`benchmarks.quality.homedepot_hybrid` and `benchmarks.quality.fusion_lists`."""

@@ -1,6 +1,5 @@
-"""Config, catalog and evaluation set of the multi-aspect product-search benchmarks: the YAML with its
-`homedepot:` and `bench:` sections, the Home Depot catalog (written once under the output dir), and the
-evaluated test queries over the corpus."""
+"""Catalog and evaluation set of the product-search benchmark: the Home Depot catalog (written once under the
+output dir) and the evaluated test queries over the corpus."""
 
 from __future__ import annotations
 
@@ -12,39 +11,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common.config import ROOT, local_backbone, read_config, repo_path
-from benchmarks.quality.aspect_models.rows import DEFAULT_MODELS
-from madr.config import ExperimentConfig, config_hash, from_dict
+from madr.config import ExperimentConfig, config_hash
 from madr.data.schema import Catalog
-from madr.recipes.aspects.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies
-
-BENCH_DEFAULTS: dict[str, Any] = {"seeds": [0], "models": DEFAULT_MODELS, "baseline": "bibert",
-                                  "zero_shot_pooling": "mean", "freeze_word_embeddings": True,
-                                  "corpus_size": None, "alpha": 0.01, "draws": 10000, "encode_batch_size": 256,
-                                  "save_models": []}
-
-
-def load_config(path: Path, sets: list[str]) -> tuple[dict | None, ExperimentConfig, dict]:
-    """`homedepot:` -> write_homedepot_catalog arguments (path against the repository root), `bench:` -> the
-    script's settings (BENCH_DEFAULTS), the rest -> ExperimentConfig; `--set key=value` overrides first."""
-    data = read_config(path, sets)
-    home = data.pop("homedepot", None)
-    if home is not None:
-        unknown = set(home) - {"path", "seed", "fractions", "max_queries"}
-        if unknown or "path" not in home:
-            raise SystemExit(f"{path}: homedepot: needs path and knows seed, fractions, max_queries; got {sorted(home)}")
-        home["path"] = repo_path(home["path"])
-    bench = {**BENCH_DEFAULTS, **(data.pop("bench", {}) or {})}
-    unknown = set(bench) - set(BENCH_DEFAULTS)
-    if unknown:
-        raise SystemExit(f"{path}: unknown bench key(s) {sorted(unknown)}; known: {sorted(BENCH_DEFAULTS)}")
-    if bench["zero_shot_pooling"] not in ("mean", "cls"):
-        raise SystemExit(f"{path}: bench.zero_shot_pooling must be mean or cls, got {bench['zero_shot_pooling']!r}")
-    cfg = from_dict(ExperimentConfig, data)
-    if not Path(cfg.output_dir).is_absolute():
-        cfg.output_dir = str(ROOT / cfg.output_dir)
-    cfg.model.backbone.name_or_path = local_backbone(cfg.model.backbone.name_or_path)
-    return home, cfg, bench
+from madr.recipes.aspects.experiment import load_catalog
 
 
 def catalog_for(home: dict | None, cfg: ExperimentConfig) -> Catalog:
@@ -119,18 +88,3 @@ def token_lengths(tokenizer, texts: list[str], max_length: int) -> np.ndarray:
     """Word-piece lengths (truncated): encoding in length order wastes little on padding."""
     ids = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length)["input_ids"]
     return np.array([len(x) for x in ids])
-
-
-def eval_lengths(tokenizer, ev: EvalSet, cfg: ExperimentConfig) -> dict[str, np.ndarray]:
-    """`token_lengths` of the corpus ("doc") and of the queries ("query") at the model's maximum lengths."""
-    return {"doc": token_lengths(tokenizer, ev.doc_texts, cfg.model.max_doc_length),
-            "query": token_lengths(tokenizer, ev.query_texts, cfg.model.max_query_length)}
-
-
-def prepare(home: dict | None, cfg: ExperimentConfig, bench: dict) -> tuple[Catalog, Any, Any, EvalSet]:
-    """(catalog, tokenizer, aspect vocabularies, evaluation set): what every trained row shares."""
-    catalog = catalog_for(home, cfg)
-    tokenizer = prepare_tokenizer(cfg, catalog)
-    vocab = prepare_vocabularies(cfg, catalog, tokenizer)
-    return catalog, tokenizer, vocab, EvalSet.of(catalog, cfg.eval.split, cfg.eval.relevance_threshold,
-                                                 bench["corpus_size"])

@@ -131,16 +131,6 @@ def run_dicts(lists: Lists, ev: EvalSet) -> tuple[dict, dict]:
     return run, rerank
 
 
-def dense_runs(q: torch.Tensor, d: torch.Tensor, ev: EvalSet, k: int) -> tuple[dict, dict]:
-    """(top-k run over the whole corpus, judged-products run) from query / document vectors."""
-    return run_dicts(dense_lists(q, d, ev, k), ev)
-
-
-def bm25_runs(tokenizer, ev: EvalSet, k: int) -> tuple[dict, dict]:
-    """BM25 over the word pieces of the corpus: top-k run and the judged-products run."""
-    return run_dicts(bm25_lists(tokenizer.tokenize, ev, k), ev)
-
-
 def per_query_metrics(run: dict, rerank: dict, ev: EvalSet, cfg: ExperimentConfig) -> dict[str, dict[str, float]]:
     """{metric: {query id: value}}: retrieval metrics over the corpus run, re-ranking metrics over the judged."""
     e = cfg.eval
@@ -184,16 +174,3 @@ def means(per_query: dict[str, dict[str, float]]) -> dict[str, float]:
 def search_depth(cfg: ExperimentConfig) -> int:
     """Documents retrieved per query: `eval.top_k`, at least the largest cutoff of the retrieval metrics."""
     return max([cfg.eval.top_k, *[int(m.split("@")[1]) for m in cfg.eval.retrieval_metrics if "@" in m]])
-
-
-def eval_model(model: BiEncoder, ev: EvalSet, lengths: dict[str, np.ndarray], cfg: ExperimentConfig, bs: int,
-               label: str) -> tuple[dict, dict]:
-    k = search_depth(cfg)
-    d = encode(model, ev.doc_texts, lengths["doc"], "doc", bs, f"{label}: corpus")
-    q = encode(model, ev.query_texts, lengths["query"], "query", bs, f"{label}: queries")
-    pq = per_query_metrics(*dense_runs(q.vectors, d.vectors, ev, k), ev, cfg)
-    acc = {}
-    if model.vocabularies is not None and objective_keys(model.config):
-        acc = {**aspect_accuracy(model, q.preds, ev.query_aspects, "query"),
-               **aspect_accuracy(model, d.preds, ev.doc_aspects, "doc")}
-    return pq, acc

@@ -65,23 +65,9 @@ def stage_config(cfg: ExperimentConfig, key: str, kind: str) -> StageConfig:
     return dataclasses.replace(getattr(cfg.train, kind), **training_changes(key).get(kind, {}))
 
 
-ABLATION_BASES = {"madral_no_": "madral_pw", "mural_only_": "mural"}  # Table 6 / Table 5: relative to these
-REFERENCES = {"bm25": "BM25 (word pieces)", "zero_shot": "Zero-shot backbone (untrained)"}
-DEFAULT_MODELS = ["bm25", "zero_shot", "bibert", "mpbert", "mtbert", "madr", "madral_ws", "madral_pw",
-                  "madral_cls", "mur", "mural"]
-FUSIONS = ("madral_ws", "madral_pw", "madral_cls")  # Table 7 rows, relative to the first
-MURAL_VS = ("madral_pw", "madr", "mur", "mural")  # paper 001 Table 3: the MURAL family relative to MADRAL (first)
-
-
 def model_config(cfg: ExperimentConfig, key: str):
     """Row `key` over the config's `model:`; `model.pooling` (e.g. e5's mean) applies to the rows whose head pools
     the tokens itself (BiBERT, MtBERT): the others define their own text vector and keep "cls"."""
     changes = trained_rows(cfg)[key][1]
     row = dataclasses.replace(cfg.model, **{"pooling": "cls", **changes})
     return dataclasses.replace(row, pooling=cfg.model.pooling) if row.pooling_configurable else row
-
-
-def label_of(key: str, bench: dict, cfg: ExperimentConfig) -> str:
-    if key == "zero_shot":
-        return f"Zero-shot backbone ({bench['zero_shot_pooling']} pooling, untrained)"
-    return REFERENCES.get(key) or trained_rows(cfg)[key][0]

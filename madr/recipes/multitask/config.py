@@ -38,7 +38,8 @@ def _tiny_backbone() -> BackboneConfig:
 
     Dropout is off: trained from scratch on toy data, this model reached the same held-out NLI AUC and
     cross-lingual top-1 in fewer steps without BERT's 0.1 dropout (on
-    benchmarks.quality.multilingual_synthetic's data). A pretrained backbone keeps its own config.
+    benchmarks.quality.multilingual_synthetic's data, a benchmark since retired). A pretrained backbone keeps its
+    own config.
     """
     return BackboneConfig(tiny={"hidden_size": 64, "num_hidden_layers": 6, "num_attention_heads": 4,
                                 "intermediate_size": 128, "max_position_embeddings": 96,

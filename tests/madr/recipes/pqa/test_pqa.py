@@ -133,7 +133,8 @@ def test_training_beats_untrained_and_dev_tuning_covers_every_part(records, toke
     test MRR@5. Lambda and the normalisation are chosen on dev, so on dev the tuned hybrid is at least as good
     as each half (lambda = 1 / 0 are on the grid) and the fusion of the models trained alone at least as good
     as each of them. Whether the hybrid beats the single representations on test is a claim for several
-    seeds at a useful size: benchmarks.quality.pqa_synthetic (the dense model needs ~300 steps)."""
+    seeds at a useful size: benchmarks/RESULTS.md, "Hybrid vs dense vs sparse on synthetic product QA" (the dense model
+    needs ~300 steps)."""
     stage = StageConfig(steps=60, batch_size=16, learning_rate=1e-3, warmup_ratio=0.1)
     models = {rep: _model(tokenizer) for rep in ("hybrid", "dense", "sparse")}
     before = evaluate_pqa(models["hybrid"], records, grid=LAMBDA_GRID[::2])
