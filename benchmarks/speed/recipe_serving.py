@@ -30,8 +30,9 @@ layout is not loadable by ``SentenceTransformer`` itself; mean pooling, the ``qu
 ``faiss.IndexFlatIP`` over the same vectors, ``bm25s`` (Lucene idf, the manifest's k1 / b) over the same word-piece
 lists, the query split by the same lexical tokenizer (lower-cased, no special tokens), and the same fusion written
 in a few lines of numpy: both top-``candidates`` lists, their union, a list's minimum for a document it misses, the
-manifest's normalisation per list, ``lam * dense + (1 - lam) * bm25``, top k by score then id. Library thread
-defaults unless ``--peer-threads``.
+manifest's normalisation per list, ``lam * dense + (1 - lam) * bm25``, top k by score then id. One torch and one
+FAISS thread (``--peer-threads``), as each madr replica has in the shipped Serve config; ``--peer-threads 0`` leaves
+the libraries' defaults (every core: on a busy 2-core machine a 2-thread e5 forward pass was ~10x slower).
 
 Agreement: on ``--check-queries`` test queries the peer's top 10 (over HTTP) and the served madr top 10 are compared
 with madr's offline top 10 (``ShardedIndex`` over the same index, ``madr.index.encode_queries``): identical lists
@@ -56,6 +57,7 @@ import dataclasses
 import gc
 import hashlib
 import json
+import shutil
 import signal
 import socket
 import subprocess
@@ -252,9 +254,11 @@ def prepare(args: argparse.Namespace, inputs: dict[str, Any]) -> tuple[Path, dic
         from madr.export.sentence_transformers import export_sentence_transformers
         from madr.modeling.model import BiEncoder
 
+        shutil.rmtree(out / PEER_MODEL, ignore_errors=True)  # an interrupted export
         export_sentence_transformers(BiEncoder.load(real["model_dir"]).eval(), out / PEER_MODEL)
     lex = real["lexical"]
-    return manifest, {"real_docs": int(real["ids"].size), "index_factory": factory, "shards": len(
+    served = int(np.load(out / "ids.npy", mmap_mode="r").size)
+    return manifest, {"real_docs": int(real["ids"].size), "docs_served": served, "index_factory": factory, "shards": len(
         real["manifest"].shards), "model_dir": str(real["model_dir"]), "fusion_lambda": lex.fusion_lambda,
         "normalisation": lex.normalisation, "k1": lex.k1, "b": lex.b, "cache": str(out)}
 
@@ -541,7 +545,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--check-queries", type=int, default=50)
-    p.add_argument("--peer-threads", type=int, default=0, help="the peer's torch / faiss threads (0: defaults)")
+    p.add_argument("--peer-threads", type=int, default=1,
+                   help="the peer's torch / faiss threads (default 1, as each madr replica's torch_threads / "
+                        "faiss_threads in serve/serve_config.yaml; 0: the libraries' defaults, all cores)")
     p.add_argument("--out-dir", default=str(ROOT / "runs" / "benchmarks"))
     p.add_argument("--tag", default=None, help="result name (default: recipe_serving_<docs>)")
     p.add_argument("--peer", default=None, help=argparse.SUPPRESS)  # the peer process: its JSON spec
