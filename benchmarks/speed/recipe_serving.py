@@ -1,0 +1,582 @@
+"""Benchmark: the recommended product-search index (``configs/product_search.yaml``) served through Ray Serve at
+``--docs`` documents (1M), against the service a search engineer would build by hand from the same parts, one run.
+
+Input: a pipeline run's output directory (``--run``; ``python -m pipelines.jobs pipeline --config
+configs/product_search.yaml ...``): its fine-tuned multilingual-e5-small (``<run>/finetune/model``, the manifest's
+``model_dir``), its index (``<run>/index``: dense FAISS shards, the BM25 part on word pieces, the fusion weight and
+normalisation the tune stage recorded in the manifest) and its test queries (``<run>/data/eval/queries.parquet``).
+
+Scale: the run's real documents plus documents *drawn* from their statistics up to ``--docs``, so that the numbers
+are serving speed at 1M documents, not retrieval quality (the drawn documents are not products anyone searched
+for). A drawn document's dense vector is a random real one plus Gaussian noise, ``--noise`` x the real vectors'
+per-dimension std, renormalised when the real vectors are unit length (cosine); its display fields are that real
+document's; its BM25 document is a word-piece list whose length is drawn from the real documents' lengths and whose
+pieces are drawn from the real corpus's unigram frequencies. The scaled index is built with madr's own functions
+(``madr.index.build``: ``train_index`` / ``write_shard`` / ``assemble_manifest``, then ``record_fusion``) in the
+run's layout (its shard count and index type, BM25 part with the run's lexical tokenizer, the tune stage's fusion)
+and cached under ``--cache`` by input manifest + docs + seed + noise (a rerun reuses it; an interrupted build
+resumes at the first incomplete shard).
+
+madr: the Ray Serve app (``serve.app.run_local``) with the args the deploy stage derives
+(``pipelines.jobs.experiment.serve_args`` of ``--config`` with the run as ``output_dir``, laid into
+``serve/serve_config.yaml`` by ``pipelines.jobs.deploy.load_serve_config``, its ``deployments:`` overrides applied:
+the topology, shard groups, CPUs, replicas and queue limits the recipe ships), on a local Ray with the machine's
+cores (at least 2).
+
+Peer: one uvicorn process running a FastAPI app (a sync ``def`` endpoint, FastAPI's thread pool) with
+sentence-transformers (the fine-tuned model written once as a sentence-transformers directory by
+``madr.export.sentence_transformers``, as ``python -m pipelines.export --sentence-transformers`` does: madr's saved
+layout is not loadable by ``SentenceTransformer`` itself; mean pooling, the ``query: `` prompt, normalised),
+``faiss.IndexFlatIP`` over the same vectors, ``bm25s`` (Lucene idf, the manifest's k1 / b) over the same word-piece
+lists, the query split by the same lexical tokenizer (lower-cased, no special tokens), and the same fusion written
+in a few lines of numpy: both top-``candidates`` lists, their union, a list's minimum for a document it misses, the
+manifest's normalisation per list, ``lam * dense + (1 - lam) * bm25``, top k by score then id. One torch and one
+FAISS thread (``--peer-threads``), as each madr replica has in the shipped Serve config; ``--peer-threads 0`` leaves
+the libraries' defaults (every core: on a busy 2-core machine a 2-thread e5 forward pass was ~10x slower).
+
+Agreement: on ``--check-queries`` test queries the peer's top 10 (over HTTP) and the served madr top 10 are compared
+with madr's offline top 10 (``ShardedIndex`` over the same index, ``madr.index.encode_queries``): identical lists
+and mean overlap. With a Flat index they match up to BM25 float rounding (bm25s drops the constant ``k1 + 1``
+factor and sums in float32) and ties broken differently inside bm25s's top-k.
+
+Load: closed-loop HTTP clients on loopback (``benchmarks.speed.serve_api.closed_loop``), ``POST /search {"query",
+"k": 10}`` with the run's test queries round robin, ``--concurrency`` levels (p50 / p99 at 1, queries/s at 16),
+each ``--warmup`` s discarded then ``--duration`` s, both apps up at once and measured in turn, the order
+alternating per level. Both answer ``timings_ms`` (encode / search / docs), whose p50s are reported. Results:
+``<out-dir>/results/<tag>.json`` and a table with the ratios madr / peer.
+
+    python -m benchmarks.speed.recipe_serving --run runs/product_search                        # 1M, the full run
+    python -m benchmarks.speed.recipe_serving --run RUN --docs 20000 --duration 2 --tag smoke  # smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import gc
+import hashlib
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel
+
+from benchmarks.common.config import ROOT
+from benchmarks.common.machine import load_1min, machine_line, run_command, usable_cores, versions
+from benchmarks.common.process import child_env, module_command
+from benchmarks.common.results import write_result_json
+from pipelines.runtime import apply_ray_env
+
+apply_ray_env(offline=True)  # Ray network hygiene (scripts/ray_env.sh), before Ray is imported
+
+MODULE = "benchmarks.speed.recipe_serving"
+CHUNK = 100_000
+PEER_MODEL, PEER_BM25 = "peer_model", "peer_bm25s"
+
+
+# ---- the run's inputs ---------------------------------------------------------------------------------------
+
+def run_inputs(run: Path, config: str, serve_config: str) -> dict[str, Any]:
+    """The run's index manifest, test queries and the deploy stage's Serve application (args + deployments)."""
+    from madr.config import load_config
+    from madr.layout import RunLayout
+    from pipelines.evaluate.io import read_queries
+    from pipelines.jobs.deploy import load_serve_config
+    from pipelines.jobs.experiment import serve_args
+
+    cfg = load_config(config if Path(config).is_file() else ROOT / config, {"output_dir": str(run.resolve())})
+    layout = RunLayout.of(cfg)
+    app = load_serve_config(str(ROOT / serve_config), serve_args(cfg))["applications"][0]
+    queries = read_queries(layout.queries("eval")).column("text").to_pylist()
+    return {"manifest": layout.manifest, "app": app, "queries": queries}
+
+
+def real_corpus(manifest_path: Path) -> dict[str, Any]:
+    """The run's documents as stored: ids, dense vectors, word-piece term counts, display rows, lexical tokenizer
+    (the index's own, else the model's), fusion record and model directory."""
+    import pyarrow.parquet as pq
+    import scipy.sparse as sp
+
+    from madr.index.lexical import LexicalInfo, load_term_counts
+    from madr.index.manifest import Manifest
+    from madr.modeling.tokenization import load_tokenizer
+    from madr.search.sharded import load_shard
+
+    manifest, base = Manifest.load(manifest_path), manifest_path.parent
+    if not manifest.has_lexical:
+        raise ValueError(f"{manifest_path}: no BM25 part; the recipe's index has one (index.lexical: bm25)")
+    shards = [load_shard(manifest_path, s.shard) for s in manifest.shards]
+    model_dir = Path(manifest.model_dir)
+    model_dir = model_dir if model_dir.is_absolute() else base / model_dir
+    lex = LexicalInfo.from_dict(manifest.lexical)
+    tf = sp.vstack([load_term_counts(base / s.lexical_path).to_scipy() for s in manifest.shards]).tocsr()
+    return {"ids": np.concatenate([s.ids for s in shards]).astype(np.int64),
+            "dense": np.concatenate([s.reconstruct(s.ids) for s in shards]), "tf": tf,
+            "docs": pq.read_table(base / manifest.docs_path), "manifest": manifest, "lexical": lex,
+            "tokenizer": lex.tokenizer(base) or load_tokenizer(model_dir / "tokenizer"), "model_dir": model_dir}
+
+
+# ---- drawn documents -----------------------------------------------------------------------------------------
+
+def draw_dense(real: np.ndarray, n: int, noise: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """`n` vectors: a random real one (its row returned too) plus N(0, (noise * per-dimension std)^2), renormalised
+    when the real vectors are unit length."""
+    std = real.std(axis=0).astype(np.float32)
+    unit = bool(np.allclose(np.linalg.norm(real, axis=1), 1.0, atol=1e-3))
+    src = rng.integers(0, real.shape[0], n)
+    out = np.empty((n, real.shape[1]), np.float32)
+    for a in range(0, n, CHUNK):
+        x = real[src[a:a + CHUNK]] + noise * std * rng.standard_normal((min(CHUNK, n - a), real.shape[1]),
+                                                                         dtype=np.float32)
+        out[a:a + CHUNK] = x / np.linalg.norm(x, axis=1, keepdims=True) if unit else x
+    return out, src
+
+
+def draw_term_counts(tf, n: int, rng: np.random.Generator):
+    """`n` word-piece documents as term counts [n, V] (CSR): lengths drawn from the real documents' (`tf` rows),
+    pieces from the real corpus's unigram frequencies."""
+    import scipy.sparse as sp
+
+    lengths = np.asarray(tf.sum(axis=1)).ravel().astype(np.int64)
+    unigram = np.asarray(tf.sum(axis=0)).ravel().astype(np.float64)
+    drawn_len = rng.choice(lengths, n)
+    terms = rng.choice(tf.shape[1], size=int(drawn_len.sum()), p=unigram / unigram.sum())
+    rows = np.repeat(np.arange(n), drawn_len)
+    return sp.coo_array((np.ones(terms.size, np.float32), (rows, terms)), shape=(n, tf.shape[1])).tocsr()
+
+
+def drawn_docs(docs, src: np.ndarray, ids: np.ndarray):
+    """Display rows of drawn documents: their source document's fields under their own id (and product id)."""
+    import pyarrow as pa
+
+    out = docs.take(pa.array(src)).set_column(docs.column_names.index("doc_id"), "doc_id", pa.array(ids, pa.int64()))
+    if "product_id" in out.column_names:
+        out = out.set_column(out.column_names.index("product_id"), "product_id",
+                             pa.array([f"drawn-{i}" for i in ids.tolist()]))
+    return out
+
+
+def scaled_corpus(real: dict[str, Any], docs: int, noise: float, seed: int, out: Path) -> None:
+    """The real documents plus drawn ones up to `docs`, ids ascending, written to `out` (ids.npy, dense.npy,
+    lexical.npz (`madr.index.lexical.save_term_counts`), docs.parquet); skipped when they are there."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import scipy.sparse as sp
+
+    from madr.index.lexical import save_term_counts
+    from madr.index.manifest import atomic_save_npy, atomic_write
+    from madr.search.sparse import SparseBatch
+
+    if (out / "docs.parquet").is_file():
+        return
+    order = np.argsort(real["ids"])
+    ids, dense, tf = real["ids"][order], real["dense"][order], real["tf"][order]
+    extra = max(0, docs - ids.size)
+    rng = np.random.default_rng(seed)
+    t0 = time.perf_counter()
+    more, src = draw_dense(dense, extra, noise, rng)
+    new_ids = ids.max() + 1 + np.arange(extra, dtype=np.int64)
+    table = real["docs"]
+    by_id = dict(zip(table.column("doc_id").to_pylist(), range(table.num_rows), strict=True))
+    table = table.take(pa.array([by_id[i] for i in ids.tolist()]))
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_save_npy(out / "ids.npy", np.concatenate([ids, new_ids]))
+    atomic_save_npy(out / "dense.npy", np.concatenate([dense, more]))
+    del more
+    lexical = sp.vstack([tf, draw_term_counts(tf, extra, rng)]).tocsr()
+    save_term_counts(out / "lexical.npz", SparseBatch.from_scipy(lexical))
+    rows = pa.concat_tables([table, drawn_docs(table, src, new_ids)])
+    atomic_write(out / "docs.parquet", lambda tmp: pq.write_table(rows, tmp))
+    print(f"corpus: {ids.size:,} real + {extra:,} drawn documents in {time.perf_counter() - t0:.1f} s", flush=True)
+
+
+def build_scaled_index(real: dict[str, Any], corpus: Path, factory: str, seed: int) -> Path:
+    """madr's sharded index of the scaled corpus in `corpus/index`, laid out as the run's (shard count, BM25 part
+    with its lexical tokenizer, the tune stage's fusion); complete shards of an interrupted build are kept."""
+    import pyarrow.parquet as pq
+
+    from madr.index.build import (
+        DOCS_FILE,
+        assemble_manifest,
+        completed_shard,
+        sample_rows,
+        train_index,
+        write_docs,
+        write_shard,
+    )
+    from madr.index.lexical import TOKENIZER_DIR, load_term_counts, save_tokenizer
+    from madr.index.manifest import MANIFEST_FILE, record_fusion
+
+    out = corpus / "index"
+    if (out / MANIFEST_FILE).is_file():
+        return out / MANIFEST_FILE
+    t0 = time.perf_counter()
+    ids, dense = np.load(corpus / "ids.npy"), np.load(corpus / "dense.npy", mmap_mode="r")
+    lexical, lex = load_term_counts(corpus / "lexical.npz"), real["lexical"]
+    trained = train_index(factory, dense.shape[1], np.ascontiguousarray(sample_rows(dense, None, seed)), seed)
+    infos = []
+    for s, rows in enumerate(np.array_split(np.arange(ids.size), len(real["manifest"].shards))):
+        infos.append(completed_shard(out, s) or write_shard(out, s, trained, np.ascontiguousarray(dense[rows]),
+                                                            ids[rows], lexical=lexical.select(rows)))
+        print(f"index: shard {s} ({rows.size:,} docs) at {time.perf_counter() - t0:.1f} s", flush=True)
+    write_docs(out, pq.read_table(corpus / "docs.parquet"))
+    save_tokenizer(real["tokenizer"], out / TOKENIZER_DIR)
+    path = assemble_manifest(out, infos, dense.shape[1], factory, model_dir=str(real["model_dir"]),
+                             docs_path=DOCS_FILE, lexical_vocab_size=lexical.vocab_size,
+                             fusion_lambda=lex.fusion_lambda, lexical_tokenizer=TOKENIZER_DIR)
+    record_fusion(path, lex.fusion_lambda, lex.normalisation)
+    return path
+
+
+def cache_dir(args: argparse.Namespace, manifest: Path, factory: str) -> Path:
+    """`--cache`/<docs>-<hash of the input manifest, docs, seed, noise, index type>."""
+    key = hashlib.sha256(manifest.read_bytes() + json.dumps(
+        [args.docs, args.seed, args.noise, factory]).encode()).hexdigest()[:12]
+    return Path(args.cache) / f"{args.docs}-{key}"
+
+
+def prepare(args: argparse.Namespace, inputs: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
+    """The scaled corpus, its madr index and the peer's sentence-transformers model, in the cache directory."""
+    real = real_corpus(inputs["manifest"])
+    factory = args.index_factory or real["manifest"].index_factory
+    out = cache_dir(args, inputs["manifest"], factory)
+    scaled_corpus(real, args.docs, args.noise, args.seed, out)
+    manifest = build_scaled_index(real, out, factory, args.seed)
+    if not (out / PEER_MODEL / "modules.json").is_file():
+        from madr.export.sentence_transformers import export_sentence_transformers
+        from madr.modeling.model import BiEncoder
+
+        shutil.rmtree(out / PEER_MODEL, ignore_errors=True)  # an interrupted export
+        export_sentence_transformers(BiEncoder.load(real["model_dir"]).eval(), out / PEER_MODEL)
+    lex = real["lexical"]
+    served = int(np.load(out / "ids.npy", mmap_mode="r").size)
+    return manifest, {"real_docs": int(real["ids"].size), "docs_served": served, "index_factory": factory, "shards": len(
+        real["manifest"].shards), "model_dir": str(real["model_dir"]), "fusion_lambda": lex.fusion_lambda,
+        "normalisation": lex.normalisation, "k1": lex.k1, "b": lex.b, "cache": str(out)}
+
+
+# ---- the peer: FastAPI + sentence-transformers + faiss + bm25s ------------------------------------------------
+
+def normalised(x: np.ndarray, how: str) -> np.ndarray:
+    """Min-max or z-score of one score list (all equal: zeros); "none": as is."""
+    if how == "minmax":
+        span = x.max() - x.min()
+        return (x - x.min()) / span if span > 0 else np.zeros_like(x)
+    if how == "zscore":
+        return (x - x.mean()) / x.std() if x.std() > 0 else np.zeros_like(x)
+    return x
+
+
+def fuse(dense: tuple[np.ndarray, np.ndarray], bm25: tuple[np.ndarray, np.ndarray], lam: float, how: str,
+         k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The peer's fusion of (ids, scores) lists: over their union, a list's minimum for a document it misses,
+    each list normalised, `lam * dense + (1 - lam) * bm25`; top k by score, then id."""
+    cand = np.union1d(dense[0], bm25[0])
+
+    def column(ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
+        out = np.full(cand.size, scores.min() if scores.size else 0.0)
+        out[np.searchsorted(cand, ids)] = scores
+        return normalised(out, how)
+
+    final = lam * column(*dense) + (1.0 - lam) * column(*bm25)
+    top = np.lexsort((cand, -final))[:k]
+    return cand[top], final[top]
+
+
+def peer_bm25(corpus: Path, k1: float, b: float):
+    """bm25s (Lucene idf) over the corpus's word-piece lists (term ids repeated by count), built once and saved."""
+    import bm25s
+
+    saved = corpus / PEER_BM25
+    if (saved / "params.index.json").is_file():
+        return bm25s.BM25.load(str(saved), load_vocab=True)
+    with np.load(corpus / "lexical.npz") as f:
+        indptr, terms, counts, vocab = f["indptr"], f["indices"], f["values"].astype(np.int64), int(f["vocab_size"])
+    bounds = np.concatenate([[0], np.cumsum(counts)])[indptr]  # each document's first piece
+    docs = [d.tolist() for d in np.split(np.repeat(terms, counts), bounds[1:-1])]
+    model = bm25s.BM25(k1=k1, b=b, method="lucene", backend="numba")
+    model.index((docs, {str(t): t for t in range(vocab)}), show_progress=False, create_empty_token=False)
+    model.save(str(saved))
+    return bm25s.BM25.load(str(saved), load_vocab=True)
+
+
+class PeerQuery(BaseModel):
+    """The peer's request body."""
+
+    query: str
+    k: int = 10
+
+
+def peer_app(corpus: Path, lam: float, how: str, candidates: int, k1: float, b: float):
+    """The hand-built service: POST /search {"query", "k"} -> results [{id, score, doc}] and timings_ms."""
+    import faiss
+    import pyarrow.parquet as pq
+    from fastapi import FastAPI
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoTokenizer
+
+    model = SentenceTransformer(str(corpus / PEER_MODEL), device="cpu")
+    tokenizer = AutoTokenizer.from_pretrained(str(corpus / "index" / "lexical_tokenizer"))
+    ids, dense = np.load(corpus / "ids.npy"), np.load(corpus / "dense.npy", mmap_mode="r")
+    flat = faiss.IndexFlatIP(dense.shape[1])
+    for a in range(0, ids.size, CHUNK):
+        flat.add(np.ascontiguousarray(dense[a:a + CHUNK]))
+    bm25 = peer_bm25(corpus, k1, b)
+    docs = pq.read_table(corpus / "docs.parquet")
+    depth = min(candidates, ids.size)
+    app = FastAPI()
+
+    @app.get("/ready")
+    def ready() -> dict:
+        return {"ready": True}
+
+    @app.post("/search")
+    def search(q: PeerQuery) -> dict:
+        t0 = time.perf_counter()
+        vec = model.encode_query([q.query], convert_to_numpy=True, normalize_embeddings=True).astype(np.float32)
+        t1 = time.perf_counter()
+        d_scores, d_rows = flat.search(vec, depth)
+        live = d_rows[0] >= 0
+        pieces = [t for t in tokenizer(q.query.lower(), add_special_tokens=False)["input_ids"]
+                  if t in bm25.unique_token_ids_set]
+        b_rows, b_scores = (bm25.retrieve([pieces], k=depth, n_threads=1, show_progress=False) if pieces
+                            else (np.zeros((1, 0), np.int64), np.zeros((1, 0), np.float32)))
+        rows, scores = fuse((d_rows[0][live], d_scores[0][live]), (b_rows[0], b_scores[0]), lam, how, q.k)
+        t2 = time.perf_counter()
+        hits = docs.take(rows).to_pylist()
+        results = [{"id": int(ids[r]), "score": float(s), "doc": h} for r, s, h in zip(rows, scores, hits,
+                                                                                      strict=True)]
+        t3 = time.perf_counter()
+        return {"query": q.query, "k": q.k, "results": results,
+                "timings_ms": {"encode": 1000 * (t1 - t0), "search": 1000 * (t2 - t1), "docs": 1000 * (t3 - t2)}}
+
+    return app
+
+
+def peer_main(args: argparse.Namespace) -> None:
+    """The peer process (`--peer`): threads as asked (0: the libraries' defaults), then uvicorn."""
+    import uvicorn
+
+    if args.peer_threads:
+        import faiss
+        import torch
+
+        torch.set_num_threads(args.peer_threads)
+        faiss.omp_set_num_threads(args.peer_threads)
+    fusion = json.loads(args.peer)
+    app = peer_app(Path(fusion.pop("corpus")), **fusion)
+    uvicorn.run(app, host="127.0.0.1", port=args.peer_port, log_level="warning", access_log=False)
+
+
+def start_peer(corpus: Path, info: dict[str, Any], candidates: int, port: int, threads: int) -> subprocess.Popen:
+    spec = {"corpus": str(corpus), "lam": info["fusion_lambda"], "how": info["normalisation"],
+            "candidates": candidates, "k1": info["k1"], "b": info["b"]}
+    cmd = [*module_command(MODULE), "--peer", json.dumps(spec), "--peer-port", str(port),
+           "--peer-threads", str(threads)]
+    return subprocess.Popen(cmd, cwd=ROOT, env=child_env())
+
+
+# ---- madr: the deploy stage's Serve app ------------------------------------------------------------------------
+
+SETTING_OF = {"QueryEncoder": "encoder", "SearchIngress": "ingress", "Colocated": "colocated"}
+
+
+def madr_settings(app: dict[str, Any], manifest: Path, port: int):
+    """`ServeSettings` of the deploy stage's application, on `manifest`, loopback `port`, no key, quiet logs: its
+    args, then each `deployments:` entry's replicas / CPUs (`serve.placement.serve_config_deployments`) and
+    `max_ongoing_requests` / `max_queued_requests`, as `serve run` would apply them."""
+    from serve.config import settings_from_dict
+    from serve.placement import serve_config_deployments
+
+    args = {**app["args"], "manifest_path": str(manifest), "port": port, "host": "127.0.0.1",
+            "api_key_env": "MADR_BENCH_NO_KEY", "log_level": "WARNING", "access_log": False}
+    settings = settings_from_dict(args)
+    laid_out = serve_config_deployments({**app, "args": args})
+    entries = {e["name"]: e for e in app.get("deployments") or []}
+    for name, d in laid_out.items():
+        extra = {k: entries.get(name, {})[k] for k in ("max_ongoing_requests", "max_queued_requests")
+                 if k in entries.get(name, {})}
+        field = SETTING_OF.get(name, "searcher")
+        settings = dataclasses.replace(settings, **{field: dataclasses.replace(d, **extra)})
+    return settings
+
+
+def start_madr(settings) -> str:
+    import ray
+
+    from serve.app import run_local
+
+    ray.init(address="local", num_cpus=max(2, usable_cores()), include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
+    run_local(settings, name="madr_recipe", route_prefix="/")
+    return f"http://127.0.0.1:{settings.port}"
+
+
+# ---- agreement -------------------------------------------------------------------------------------------------
+
+def offline_top(manifest: Path, model_dir: str, settings, queries: list[str], k: int) -> np.ndarray:
+    """madr's offline top k ids [Q, k] (`ShardedIndex`, the served search settings)."""
+    from madr.index import encode_queries
+    from madr.modeling.model import BiEncoder
+    from madr.search.sharded import ShardedIndex
+
+    model, index = BiEncoder.load(model_dir).eval(), ShardedIndex.open(manifest)
+    dense, _ = encode_queries(model, queries)
+    ids = index.search(dense, settings.search.replace(k=k), lexical=index.query_terms(model.tokenizer, queries))[1]
+    del index
+    gc.collect()
+    return ids
+
+
+def served_top(url: str, queries: list[str], k: int) -> list[list[int]]:
+    import requests
+
+    with requests.Session() as http:
+        return [[h["id"] for h in http.post(url + "/search", json={"query": q, "k": k}, timeout=60).json()["results"]]
+                for q in queries]
+
+
+def agreement(reference: np.ndarray, got: list[list[int]]) -> dict[str, float]:
+    """Queries whose top k equals the reference (same ids, same order) and mean overlap of the sets."""
+    ref = [[int(i) for i in row if i >= 0] for row in reference]
+    same = [r == g for r, g in zip(ref, got, strict=True)]
+    overlap = [len(set(r) & set(g)) / max(len(r), 1) for r, g in zip(ref, got, strict=True)]
+    return {"queries": len(ref), "identical": float(np.mean(same)), "overlap": float(np.mean(overlap))}
+
+
+# ---- load and report -------------------------------------------------------------------------------------------
+
+def measure(urls: dict[str, str], queries: list[str], levels: list[int], warmup: float, duration: float,
+            k: int) -> dict[str, dict[int, dict]]:
+    """Every level on every app, the apps' order alternating per level."""
+    from benchmarks.speed.serve_api import closed_loop
+
+    results: dict[str, dict[int, dict]] = {name: {} for name in urls}
+    for i, c in enumerate(levels):
+        for name in (list(urls) if i % 2 == 0 else list(urls)[::-1]):
+            r = asyncio.run(closed_loop(urls[name], queries, c, warmup, duration, k))
+            results[name][c] = r
+            inside = " ".join(f"{s} {v:.1f}" for s, v in r["inside_p50_ms"].items())
+            print(f"{name:5s} c={c:3d}: {r['qps']:7.1f} q/s  p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  "
+                  f"errors {r['errors']}  (inside, p50 ms: {inside})", flush=True)
+    return results
+
+
+def ratios(results: dict[str, dict[int, dict]]) -> dict[int, dict[str, float]]:
+    m, p = results["madr"], results["peer"]
+    return {c: {"p50": m[c]["p50_ms"] / p[c]["p50_ms"], "p99": m[c]["p99_ms"] / p[c]["p99_ms"],
+                "qps": m[c]["qps"] / p[c]["qps"]} for c in m}
+
+
+def print_table(result: dict[str, Any]) -> None:
+    print(f"\n{result['docs']:,} docs ({result['index']['real_docs']:,} real), {result['index']['index_factory']} in "
+          f"{result['index']['shards']} shards, fusion lam {result['index']['fusion_lambda']:g} "
+          f"{result['index']['normalisation']}; load average at the end {result['load_average_end']:.1f}")
+    for name, a in result["agreement"].items():
+        print(f"top-10 agreement with madr offline, {name}: {a['identical']:.2f} identical, overlap "
+              f"{a['overlap']:.3f} ({a['queries']} queries)")
+    print("| concurrency | madr q/s | madr p50 / p99 ms | peer q/s | peer p50 / p99 ms | madr/peer p50 | madr/peer q/s |")
+    print("|---|---|---|---|---|---|---|")
+    for c, r in result["ratios"].items():
+        m, p = result["results"]["madr"][c], result["results"]["peer"][c]
+        print(f"| {c} | {m['qps']:.1f} | {m['p50_ms']:.1f} / {m['p99_ms']:.1f} | {p['qps']:.1f} | "
+              f"{p['p50_ms']:.1f} / {p['p99_ms']:.1f} | {r['p50']:.2f}x | {r['qps']:.2f}x |")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve_both(args: argparse.Namespace, inputs: dict[str, Any], manifest: Path, info: dict[str, Any]) -> dict:
+    """Offline reference, both apps up, agreement over HTTP, the load levels; Serve and the peer stopped after."""
+    from benchmarks.speed.serve_api import wait_ready
+
+    settings = madr_settings(inputs["app"], manifest, free_port())
+    check = inputs["queries"][: args.check_queries]
+    reference = offline_top(manifest, info["model_dir"], settings, check, 10)
+    peer_port = free_port()
+    peer = start_peer(manifest.parent.parent, info, settings.search.num_candidates, peer_port, args.peer_threads)
+    try:
+        t0 = time.perf_counter()
+        urls = {"madr": start_madr(settings), "peer": f"http://127.0.0.1:{peer_port}"}
+        wait_ready(urls["madr"], 600)
+        wait_ready(urls["peer"], 1800, peer)
+        print(f"both apps ready in {time.perf_counter() - t0:.1f} s", flush=True)
+        agree = {name: agreement(reference, served_top(u, check, 10)) for name, u in urls.items()}
+        levels = [int(c) for c in args.concurrency.split(",")]
+        results = measure(urls, inputs["queries"], levels, args.warmup, args.duration, 10)
+    finally:
+        peer.send_signal(signal.SIGTERM)
+        peer.wait(timeout=60)
+        try:
+            from ray import serve
+
+            serve.shutdown()
+        except Exception:  # noqa: BLE001 - Serve may not have started
+            pass
+    return {"agreement": agree, "results": results, "topology": settings.topology,
+            "serve_settings": {"shard_groups": settings.shard_groups, "search": dataclasses.asdict(settings.search),
+                               **{f: dataclasses.asdict(getattr(settings, f)) for f in
+                                  ("encoder", "searcher", "ingress", "colocated")}}}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", help="the pipeline run's output directory (its output_dir)")
+    p.add_argument("--config", default="configs/product_search.yaml", help="the run's experiment config")
+    p.add_argument("--serve-config", default="serve/serve_config.yaml", help="the deploy stage's Serve config")
+    p.add_argument("--docs", type=int, default=1_000_000, help="documents served: the real ones plus drawn ones")
+    p.add_argument("--noise", type=float, default=0.5, help="drawn vectors' noise, x the real per-dimension std")
+    p.add_argument("--index-factory", default=None, help="FAISS index type (default: the run's)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache", default=str(ROOT / "runs" / "bench_cache" / "recipe_serving"))
+    p.add_argument("--concurrency", default="1,16")
+    p.add_argument("--duration", type=float, default=10.0)
+    p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--check-queries", type=int, default=50)
+    p.add_argument("--peer-threads", type=int, default=1,
+                   help="the peer's torch / faiss threads (default 1, as each madr replica's torch_threads / "
+                        "faiss_threads in serve/serve_config.yaml; 0: the libraries' defaults, all cores)")
+    p.add_argument("--out-dir", default=str(ROOT / "runs" / "benchmarks"))
+    p.add_argument("--tag", default=None, help="result name (default: recipe_serving_<docs>)")
+    p.add_argument("--peer", default=None, help=argparse.SUPPRESS)  # the peer process: its JSON spec
+    p.add_argument("--peer-port", type=int, default=0, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.peer is None and not args.run:
+        p.error("--run is required")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.peer is not None:
+        return peer_main(args)
+    started = load_1min()
+    inputs = run_inputs(Path(args.run), args.config, args.serve_config)
+    manifest, info = prepare(args, inputs)
+    served = serve_both(args, inputs, manifest, info)
+    result = {"benchmark": MODULE, "command": run_command(MODULE), "machine": machine_line(),
+              "versions": versions("ray", "fastapi", "uvicorn", "torch", "faiss", "sentence_transformers", "bm25s",
+                                   "numpy"),
+              "load_average_start": started, "load_average_end": load_1min(), "docs": args.docs,
+              "run": str(Path(args.run).resolve()), "index": info, "duration_s": args.duration,
+              "warmup_s": args.warmup, "peer_threads": args.peer_threads, "queries": len(inputs["queries"]),
+              **served, "ratios": ratios(served["results"])}
+    path = write_result_json(args.out_dir, args.tag or f"recipe_serving_{args.docs}", result)
+    print_table(result)
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""benchmarks.speed.recipe_serving at tiny scale: a pipeline run's layout made by hand (a tiny mean-pooled BiBERT with
+e5 prefixes and shared towers as the fine-tuned model, the encode job's index with a BM25 part over a tokenizer of
+its own, the tune stage's fusion recorded, test queries), scaled to 2,000 documents, served by the deploy stage's
+Serve app and the hand-built FastAPI peer, 1 s per level: the JSON has both apps' numbers at each level and the
+top-10 agreement check."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+        "max_position_embeddings": 64}
+LAM, NORMALISATION = 0.4, "zscore"
+
+
+def make_run(catalog, tokenizer, run: Path) -> Path:
+    """`run` laid out as the product-search pipeline leaves it: finetune/model, index/ (2 Flat shards + BM25,
+    fusion recorded), data/eval/queries.parquet."""
+    from pipelines.encode.config import EncodeConfig
+
+    from madr.config import BackboneConfig, ModelConfig
+    from madr.index.manifest import record_fusion
+    from madr.modeling.model import build_model
+    from madr.modeling.tokenization import train_wordpiece_tokenizer
+    from pipelines.encode.job import run_encode
+
+    torch.manual_seed(0)
+    cfg = ModelConfig(name="bibert", pooling="mean", backbone=BackboneConfig(tiny=TINY), shared_towers=True,
+                      similarity="cosine", max_query_length=24, max_doc_length=48,
+                      text_prefixes={"query": "query: ", "doc": "passage: "})
+    build_model(cfg, tokenizer).save(run / "finetune" / "model")
+    products = catalog.products
+    ids = np.arange(len(products), dtype=np.int64) * 3 + 5
+    texts = [catalog.product_text(p) for p in products]
+    (run / "data" / "corpus").mkdir(parents=True)
+    pq.write_table(pa.table({"doc_id": ids, "product_id": [f"p{i}" for i in ids.tolist()], "text": texts,
+                             "title": [p.title for p in products]}), run / "data" / "corpus" / "docs.parquet")
+    train_wordpiece_tokenizer(texts, vocab_size=300, out_dir=str(run / "lexical_tok"))
+    run_encode(EncodeConfig(input=[str(run / "data" / "corpus")], output=str(run / "index"),
+                            model_dir=str(run / "finetune" / "model"), text_columns=["text"],
+                            display_columns=["title"], external_id_column="product_id", num_shards=2,
+                            rows_per_read=100, lexical="bm25", lexical_tokenizer=str(run / "lexical_tok")),
+               log=lambda _: None, local=True)
+    record_fusion(run / "index" / "manifest.json", LAM, NORMALISATION)
+    (run / "data" / "eval").mkdir(parents=True)
+    queries = catalog.queries[:60]
+    pq.write_table(pa.table({"query_id": [f"q{i}" for i in range(len(queries))], "text": [q.text for q in queries]}),
+                   run / "data" / "eval" / "queries.parquet")
+    return run
+
+
+@pytest.mark.slow
+def test_recipe_serving_smoke(catalog, tokenizer, tmp_path):
+    run = make_run(catalog, tokenizer, tmp_path / "run")
+    cmd = [sys.executable, "-m", "benchmarks.speed.recipe_serving", "--run", str(run), "--docs", "2000",
+           "--duration", "1", "--warmup", "0.5", "--concurrency", "1,4", "--check-queries", "30",
+           "--peer-threads", "1", "--cache", str(tmp_path / "cache"), "--out-dir", str(tmp_path), "--tag", "smoke"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    result = json.loads((tmp_path / "results" / "smoke.json").read_text())
+    assert result["docs"] == 2000 and result["index"]["real_docs"] == len(catalog.products)
+    assert (result["index"]["fusion_lambda"], result["index"]["normalisation"]) == (LAM, NORMALISATION)
+    assert result["topology"] == "fanout"  # serve/serve_config.yaml, as the deploy stage deploys it
+    for app in ("madr", "peer"):
+        for c in ("1", "4"):
+            r = result["results"][app][c]
+            assert r["n"] > 0 and r["errors"] == 0 and r["qps"] > 0 and r["p50_ms"] <= r["p99_ms"]
+            assert set(r["inside_p50_ms"]) == {"encode", "search", "docs"}
+        a = result["agreement"][app]
+        assert a["queries"] == 30 and a["overlap"] >= 0.9, a
+    assert result["agreement"]["madr"]["identical"] == 1.0  # served = offline
+    assert set(result["ratios"]["16" if "16" in result["ratios"] else "4"]) == {"p50", "p99", "qps"}
