@@ -115,7 +115,7 @@ def eq1_at(matrices: tuple[torch.Tensor, torch.Tensor], ev: EvalSet, k: int, lam
 def eq1_grid(step: float) -> list[float]:
     """The lam values to try, largest first (ties keep more dense): multiples of `step`, and 1 - 10^(-i/4) for i
     in 4..12 (0.9 ... 0.999). Raw Eq. 1 adds sparse dot products of ~10-25 to cosines of at most ~0.3 (a
-    MADRAL + sparse head on e5, RESULTS issue 26), so the two parts balance near lam 0.99, between the steps."""
+    MADRAL + sparse head on e5, RESULTS, "A sparse head on e5"), so the two parts balance near lam 0.99, between the steps."""
     tail = [round(1 - 10 ** (-i / 4), 6) for i in range(4, 13)]
     return sorted({round(i * step, 6) for i in range(round(1 / step) + 1)} | set(tail), reverse=True)
 

@@ -1,4 +1,4 @@
-"""Quality on REAL hetPQA: hybrid vs dense vs sparse vs BM25 evidence ranking (issue 10, paper 002 Table 3).
+"""Quality on REAL hetPQA: hybrid vs dense vs sparse vs BM25 evidence ranking (paper 002 Table 3).
 
 Data: `madr.data.sources.hetpqa` (the public hetPQA evidence-ranking dev file, 509 questions, 2,731 candidates from
 six sources) split by question 60/20/20 into train / dev (validation) / test with a fixed seed. Each test

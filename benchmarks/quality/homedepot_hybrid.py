@@ -1,12 +1,12 @@
-"""Quality on REAL product search against what a search engineer would set up in an afternoon (issue 26): BM25
+"""Quality on REAL product search against what a search engineer would set up in an afternoon: BM25
 on word pieces, untrained all-MiniLM-L6-v2 and multilingual-e5-small, and their fusions, next to madr's trained
 rows alone and fused with BM25, in ONE run over one corpus.
 
-Data: the Home Depot catalog and 70/10/20 split by search term of `benchmarks.quality.homedepot`
+Data: the Home Depot catalog and 70/10/20 split by search term of `madr.data.sources.homedepot`
 (`configs/real/homedepot_hybrid.yaml`, `homedepot:`); without a `homedepot:` section, the catalog of `data:`
 (a user's `data.catalog_dir`: products / queries / judgments Parquet with train / dev / test queries). Test: the test terms with a product of relevance >=
 `eval.relevance_threshold` over `bench.corpus_size` products (their judged products + a seeded sample; the
-same corpus as `benchmarks.quality.homedepot --set bench.corpus_size=12000`). Dev, for choosing fusion weights
+same corpus for every row). Dev, for choosing fusion weights
 only: the dev terms over `bench.dev_corpus_size` products built the same way.
 
 Rows (the first group does not depend on the seed):
@@ -229,7 +229,7 @@ def reference_rows(run: Run) -> dict:
 
 
 class Curve:
-    """Dev quality against training steps (issue 26: aspect Accuracy@1 and R@10 as training goes): every
+    """Dev quality against training steps (aspect Accuracy@1 and R@10 as training goes): every
     `every` steps of each stage (a multiple of the stages' `log_every`), the dev split's Recall@10 / MRR@10 and
     aspect Accuracy@1 of the model being trained, then back to training mode."""
 
@@ -327,7 +327,7 @@ def calibrate_dev(model, dev: EvalSet) -> dict:
 
 def export_row(run: Run, row: str, seed: int, keys: list[str], info: dict) -> Path:
     """`benchmarks.quality.row_export.write_row` of trained row `row` and its fusions (`keys`, kept as
-    `<key>@<seed>`): their per-query test metrics, for `benchmarks.quality.homedepot_claims`."""
+    `<key>@<seed>`): their per-query test metrics, for paired tests across runs and machines (`benchmarks.quality.pipeline_equivalence`)."""
     path = write_row(run.export, row, seed,
                      {key: metrics_of(run.lists[f"{key}@{seed}"]["test"], run.splits["test"], run.cfg) for key in keys},
                      {key: run.labels[f"{key}@{seed}"] for key in keys}, {key: info.get(key) for key in keys},
@@ -401,7 +401,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--device", default="cpu", help="where the trained rows train and encode (cpu, cuda)")
     p.add_argument("--export", default=None,
                    help="write each trained row-seed's per-query test metrics under this folder (`export_row`) "
-                        "instead of the tables: rows trained on another machine, for benchmarks.quality.homedepot_claims")
+                        "instead of the tables (paired per query by benchmarks.quality.pipeline_equivalence)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()

@@ -13,7 +13,7 @@ subprocess on the same ``--threads`` CPUs:
              ``IndexIDMap2(IndexFlatIP).add_with_ids`` + ``write_index`` (the issue's peer).
 - ``ray_staged``: the same job with the stages of a GPU run on CPU (a tokenise actor in front of the encode
              actors, ``tokenize_in_encoder: false``) and the encode actors started one after another
-             (``min_encode_actors: 1``): the job's layout before issue 23.
+             (``min_encode_actors: 1``): the job's earlier layout.
 - ``ray_bf16`` / ``st_bf16``: the job with ``encode.dtype: bfloat16`` and sentence-transformers ``encode`` under
              the same ``torch.autocast("cpu", bfloat16)`` (CPUs with AVX512-BF16 / AMX run the matmuls in bf16;
              vectors within ~1e-5 cosine of fp32's).

@@ -1,4 +1,4 @@
-"""Benchmark (issue 23 item 1): madr's sparse backends on real SPLADE vectors, against today's path and the
+"""Benchmark: madr's sparse backends on real SPLADE vectors, against today's path and the
 libraries a search engineer would pick instead, in one run.
 
 Corpus: the product titles of every product set in ``../shared/data`` (Home Depot, the ESCI samples), encoded

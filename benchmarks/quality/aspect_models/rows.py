@@ -20,7 +20,7 @@ ROWS: dict[str, tuple[str, dict[str, Any]]] = {
     "madral_cls": ("MADRAL (CLS-Gating)", {"name": "madral", "fusion": "cls_gating"}),
     "mur": ("MUR", {"name": "mur"}),
     "mural": ("MURAL", {"name": "mural"}),
-    # issue 26 item 1a: paper 002's sparse head (a lean MLM head over the catalog's pieces) on the same backbone
+    # paper 002's sparse head (a lean MLM head over the catalog's pieces) on the same backbone
     "bibert_sparse": ("BiBERT + sparse head (Eq. 1)", {"name": "bibert", "sparse_head": True}),
     "madral_pw_sparse": ("MADRAL (Presence Weighting) + sparse head (Eq. 1)",
                          {"name": "madral", "fusion": "presence", "sparse_head": True}),
