@@ -3,6 +3,9 @@
 - product code (madr, pipelines, serve, cluster, scripts) says what the code does and why, not which issue asked
   for it or which section of benchmarks/RESULTS.md measured it: no "issue 23" / "Issue 27:" / "issue-26" / "(#24)"
   and no "RESULTS" in its code, comments, docstrings or configs;
+- tests, configs and the benchmarks' code say what they test, set or measure, not which issue asked for it:
+  no issue numbers there either (benchmarks/*.md is history and may cite issues and RESULTS; this file's own
+  examples are not scanned);
 - the benchmarks' modules import each other without a cycle.
 """
 
@@ -41,24 +44,34 @@ HASH_REF = re.compile(r"(?:^|(?<=[\s(\[]))#\d+(?=[\s)\],.;:]|$)", re.MULTILINE)
 UPSTREAM_PR = re.compile(r"\b(?:PRs?|pull requests?)\s*$", re.IGNORECASE)  # what precedes "#N" there
 RESULTS_REF = re.compile(r"\bRESULTS\b")
 CHECKS = {"issue reference": ISSUE_WORD, "#N reference": HASH_REF, "RESULTS reference": RESULTS_REF}
+ISSUE_CHECKS = {what: pattern for what, pattern in CHECKS.items() if pattern is not RESULTS_REF}
 
 
-def product_files() -> list[Path]:
+def text_files(top: str, suffixes: set[str] = TEXT_SUFFIXES) -> list[Path]:
     files = []
-    for top in PRODUCT:
-        for path in sorted((ROOT / top).rglob("*")):
-            if "__pycache__" in path.parts or not path.is_file():
-                continue
-            if path.suffix in TEXT_SUFFIXES or path.name in ("Dockerfile", "Makefile"):
-                files.append(path)
+    for path in sorted((ROOT / top).rglob("*")):
+        if "__pycache__" in path.parts or not path.is_file():
+            continue
+        if path.suffix in suffixes or path.name in ("Dockerfile", "Makefile"):
+            files.append(path)
     return files
 
 
-def offences(text: str) -> list[str]:
-    """`what: line` for each reference `text` holds."""
+def product_files() -> list[Path]:
+    return [path for top in PRODUCT for path in text_files(top)]
+
+
+def issue_scanned_files() -> list[Path]:
+    """tests/ (less this file, whose examples are references on purpose), configs/ and benchmarks/**/*.py."""
+    files = [p for p in text_files("tests") if p != Path(__file__).resolve()]
+    return files + text_files("configs") + text_files("benchmarks", {".py"})
+
+
+def offences(text: str, checks: dict[str, re.Pattern[str]] = CHECKS) -> list[str]:
+    """`what: line` for each reference `text` holds (of the kinds in `checks`)."""
     found = []
     for lineno, line in enumerate(text.splitlines(), 1):
-        for what, pattern in CHECKS.items():
+        for what, pattern in checks.items():
             for m in pattern.finditer(line):
                 if pattern is HASH_REF and UPSTREAM_PR.search(line[: m.start()]):
                     continue
@@ -104,22 +117,46 @@ def test_legitimate_text_passes(text):
     assert offences(text) == []
 
 
-def test_product_code_has_no_issue_or_results_references():
-    files = product_files()
-    assert any(p.suffix == ".py" for p in files)
+def offences_in(files: list[Path], checks: dict[str, re.Pattern[str]]) -> dict[str, list[str]]:
+    """path -> its offences, for each of `files` that has any."""
     found = {}
     for path in files:
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError:
             continue
-        hits = offences(text)
+        hits = offences(text, checks)
         if hits:
             found[str(path.relative_to(ROOT))] = hits
-    assert not found, (
-        "say what the code does, not which issue or RESULTS section it came from:\n"
-        + "\n".join(f"{path}:{hit}" for path, hits in found.items() for hit in hits)
-    )
+    return found
+
+
+def report(found: dict[str, list[str]]) -> str:
+    return "\n".join(f"{path}:{hit}" for path, hits in found.items() for hit in hits)
+
+
+def test_product_code_has_no_issue_or_results_references():
+    files = product_files()
+    assert any(p.suffix == ".py" for p in files)
+    found = offences_in(files, CHECKS)
+    why = "say what the code does, not which issue or RESULTS section it came from:\n"
+    assert not found, why + report(found)
+
+
+def test_issue_checks_leave_results_alone():
+    assert offences("1.7x the fp32 job (RESULTS, issue 23)", ISSUE_CHECKS)
+    assert offences("see benchmarks/RESULTS.md, Indexing and encoding", ISSUE_CHECKS) == []
+
+
+def test_tests_configs_and_benchmark_code_have_no_issue_references():
+    files = issue_scanned_files()
+    tops = {p.relative_to(ROOT).parts[0] for p in files}
+    assert tops == {"tests", "configs", "benchmarks"}
+    assert Path(__file__).resolve() not in files
+    assert all(p.suffix == ".py" for p in files if p.relative_to(ROOT).parts[0] == "benchmarks")
+    found = offences_in(files, ISSUE_CHECKS)
+    why = "say what the test, config or benchmark is about, not which issue asked for it:\n"
+    assert not found, why + report(found)
 
 
 def module_imports(package: str) -> dict[str, set[str]]:

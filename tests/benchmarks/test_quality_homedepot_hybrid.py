@@ -1,4 +1,4 @@
-"""benchmarks.quality.homedepot_hybrid (issue 26) end to end on a catalog a user brings (`data.catalog_dir`, no
+"""benchmarks.quality.homedepot_hybrid end to end on a catalog a user brings (`data.catalog_dir`, no
 `homedepot:` section): BM25 on two tokenizers, two untrained references and their fusions tuned on dev, BiBERT and
 MADRAL (Presence Weighting) fine-tuned with 2 seeds, alone and fused with BM25, paired tests, the per-row list
 cache a rerun resumes from (nothing recomputed; only the trained rows after a training change; only what a stop
@@ -399,7 +399,7 @@ def test_a_bad_bench_setting_fails_naming_the_file(user_config, tmp_path):
 
 
 def test_the_shipped_product_search_config_runs_on_a_user_catalog(user_config, tmp_path):
-    """configs/real/product_search.yaml (the configuration to use, issue 26) as a user runs it: their
+    """configs/real/product_search.yaml (the configuration to use) as a user runs it: their
     `data.catalog_dir`, every setting of the shipped file but the backbones (tiny ones here), the sizes and the step
     count; its row, BiBERT fine-tuned on BM25-mined negatives, is trained, saved, fused and tested against BM25 + e5."""
     tiny = yaml.safe_load(user_config.read_text())
@@ -461,7 +461,7 @@ def test_exported_rows_carry_the_full_runs_per_query_metrics(runs, user_config, 
 
 
 def test_a_sparse_head_row_is_served_by_equation_1_with_the_dev_lambda(user_config, tmp_path):
-    """Issue 26 item 1a: MADRAL with a lean sparse head (`madral_pw_sparse`, the catalog's pieces only) is scored by
+    """MADRAL with a lean sparse head (`madral_pw_sparse`, the catalog's pieces only) is scored by
     paper 002 Eq. 1 with the lam that is best on dev, as the saved model (the index's `hybrid_lambda`) serves it:
     its test lists are brute force Eq. 1 at that lam, and the dense-only and sparse-only halves are reported."""
     from benchmarks.quality.aspect_models.evaluation import means

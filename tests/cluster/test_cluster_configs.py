@@ -247,7 +247,7 @@ def test_rayservice_embeds_the_serve_config():
     assert embedded["http_options"]["port"] == 8000
     try:
         from serve.config import settings_from_dict
-    except ImportError:  # the serve package of issue 8 not in this checkout
+    except ImportError:  # the serve package not in this checkout
         return
     settings_from_dict(app["args"])  # the app's own settings accept the args
 
@@ -265,7 +265,7 @@ def test_runtime_env_file():
     assert "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER" not in env["env_vars"]  # it would break multi-node clusters
 
 
-# ---------------------------------------------------------------- security (issue 24)
+# ---------------------------------------------------------------- security
 
 TOKEN_ENV = "RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$HOME/.madr/ray_auth_token"
 KUBERAY = {"raycluster.yaml": ("RayCluster", ("spec",)), "rayjob.yaml": ("RayJob", ("spec", "rayClusterSpec")),

@@ -288,7 +288,8 @@ def test_hnsw_job_recall(corpus, models, tmp_path):
 
 def test_a_bfloat16_job_on_cpu_keeps_the_float32_vectors(corpus, models, tmp_path):
     """`encode.dtype: bfloat16` on a CPU runs the forward pass under bf16 autocast (AVX512-BF16 CPUs: ~1.9x the
-    fp32 forward, RESULTS issue 23); the shards still hold float32 vectors, within a small angle of the fp32 job's."""
+    fp32 forward, benchmarks/RESULTS.md, Indexing and encoding); the shards still hold float32 vectors, within
+    a small angle of the fp32 job's."""
     _, table, root = corpus
     ids = table.column("doc_id").to_numpy()[:300]
     vectors = {}
@@ -339,9 +340,9 @@ def test_the_encode_device_follows_the_gpus_the_cluster_has_or_can_add(ray_local
 
 def test_an_int8_job_keeps_the_vectors_direction_and_is_another_job(corpus, models, tmp_path):
     """`encode.dtype: int8` encodes with every Linear weight of the model in per-channel int8 (dynamic
-    quantisation; RESULTS issue 23: 2.4x the fp32 forward of MiniLM on one core, R@10 -0.019 on the served Home
-    Depot model): float32 vectors within a small angle of the fp32 job's; an fp32 job's output is not resumed by
-    it (other vectors), and cuda is refused."""
+    quantisation; benchmarks/RESULTS.md, Indexing and encoding: 2.4x the fp32 forward of MiniLM on one core,
+    R@10 -0.019 on the served Home Depot model): float32 vectors within a small angle of the fp32 job's; an
+    fp32 job's output is not resumed by it (other vectors), and cuda is refused."""
     _, table, root = corpus
     ids = table.column("doc_id").to_numpy()[:300]
     vectors = {}
@@ -363,7 +364,7 @@ def test_an_int8_job_keeps_the_vectors_direction_and_is_another_job(corpus, mode
 
 def test_hybrid_job_with_the_seismic_sparse_backend(corpus, models, tmp_path):
     """encode.sparse_backend: seismic writes Seismic's index into every shard (checksummed), the manifest records
-    it, and the sparse ranking (lam = 0) from its candidates matches the exact backend's (issue 23 item 1)."""
+    it, and the sparse ranking (lam = 0) from its candidates matches the exact backend's."""
     catalog, table, root = corpus
     seismic = {"name": "seismic", "seismic": {"n_postings": N_DOCS, "summary_energy": 1.0, "heap_factor": 1.0,
                                               "query_cut": 64}}

@@ -1,4 +1,4 @@
-"""A MADRAL with a lean sparse head (`model.sparse_head`, issue 26 item 1a) through the system, in process: the
+"""A MADRAL with a lean sparse head (`model.sparse_head`) through the system, in process: the
 encode job writes dense + sparse shards and the model's lam into the manifest, and the serving backend's answers
 (encode the query, search the shards) are brute-force paper 002 Eq. 1 over the corpus with that lam: with the
 top-12 cut, the query projected onto the whole lean vocabulary; without a cut, also onto the index's terms only

@@ -1,4 +1,4 @@
-"""`python -m pipelines.export` / `madr export` (issue 28 item 3): a saved model directory out as a
+"""`python -m pipelines.export` / `madr export`: a saved model directory out as a
 sentence-transformers directory and an ONNX query tower, or a refusal that names the reason."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 24: a job driver's local Ray ends with the driver. A real driver process (`pipelines.runtime.init_ray`,
+"""A job driver's local Ray ends with the driver. A real driver process (`pipelines.runtime.init_ray`,
 as every job CLI starts Ray, then blocked in `ray.get`) is killed once by SIGTERM and once by SIGKILL; within
 a few seconds none of the processes it had started (GCS, raylet, dashboard, log monitor, the dashboard and
 runtime-env agents, workers) may be left. Before: SIGTERM aborted the driver (SIGABRT, no `finally` ran) and after

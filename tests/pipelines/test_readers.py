@@ -397,7 +397,7 @@ def test_strict_mode_names_file_row_and_field(ray_data, tmp_path):
 
 
 def test_bom_is_skipped_duplicates_counted_and_an_all_bad_file_fails_loudly(ray_data, tmp_path):
-    """Issue 24: a UTF-8 BOM made a JSONL file's first row bad_json and stuck to a TSV's first header (every
+    """A UTF-8 BOM made a JSONL file's first row bad_json and stuck to a TSV's first header (every
     row then failed missing_field while the summary said "balanced"); duplicate rows passed unflagged."""
     bom = b"\xef\xbb\xbf"
     jsonl = write_lines(tmp_path / "bom.jsonl", [bom + SNLI_LINES[0].encode(), SNLI_LINES[1], SNLI_LINES[0],

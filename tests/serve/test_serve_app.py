@@ -166,7 +166,7 @@ BAD = [
     ("/encode", {"texts": []}, 422, "at least 1 item"),
     ("/encode", {"texts": ["a"] * 33}, 422, "at most 32 items"),
     ("/encode", {"texts": ["ok", " "]}, 422, "texts[1]"),
-    # issue 24: unpaired surrogates, invisible-only text and int64 overflow are 422s naming the field
+    # unpaired surrogates, invisible-only text and int64 overflow are 422s naming the field
     ("/encode", {"texts": ["ok", "\ud800"]}, 422, "texts[1] holds an unpaired UTF-16 surrogate"),
     ("/encode", {"texts": ["ok", "\u200b\ufeff"]}, 422, "texts[1] is blank"),
     ("/search", {"query": "\u200b\u200c\u200d"}, 422, "query is blank"),
@@ -214,7 +214,7 @@ def test_head_healthz_answers_200(app):
 
 
 def test_bad_text_in_a_batch_fails_only_its_own_request(app, served_index):
-    """Issue 24: texts sent straight to the batching QueryEncoder arrive in one batch; the unpaired
+    """Texts sent straight to the batching QueryEncoder arrive in one batch; the unpaired
     surrogate used to raise inside the batch and fail every member."""
     from ray import serve
 
@@ -232,7 +232,7 @@ def test_bad_text_in_a_batch_fails_only_its_own_request(app, served_index):
 
 
 def test_bad_requests_under_load_fail_no_good_request(app, served_index):
-    """Issue 24 item 1 over HTTP: good /search requests mixed with bad /encode ones, all concurrent."""
+    """Over HTTP: good /search requests mixed with bad /encode ones, all concurrent; no good one fails."""
     from concurrent.futures import ThreadPoolExecutor
 
     def call(i: int) -> tuple[bool, int, str]:

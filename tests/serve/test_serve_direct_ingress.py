@@ -1,4 +1,4 @@
-"""Issue 23: Ray Serve's throughput mode (`serve.direct_ingress`): the co-located replica serves HTTP on its own
+"""Ray Serve's throughput mode (`serve.direct_ingress`): the co-located replica serves HTTP on its own
 port, with no Serve proxy in the path, and answers exactly what the proxy path answers, with the same key check
 and validation, listening on loopback only. It runs in a child process with its own Ray (the mode is fixed when
 Serve's processes start; the session's Ray runs without it)."""

@@ -1,4 +1,4 @@
-"""Serving an int8 query tower (issue 27, `ServeSettings.encoder_precision: int8`), without Ray: the in-process
+"""Serving an int8 query tower (`ServeSettings.encoder_precision: int8`), without Ray: the in-process
 backend builds the int8 encoder of either backend (`serve.backend.query_encoder`, what the Ray deployment calls
 too) and serves what fp32 serves, on the tiny hybrid index of `served_index`:
 

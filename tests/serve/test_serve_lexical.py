@@ -1,4 +1,4 @@
-"""Serving an index with a BM25 part (dense + BM25 fusion, issue 26): the encode job (in process, `lexical: bm25`,
+"""Serving an index with a BM25 part (dense + BM25 fusion): the encode job (in process, `lexical: bm25`,
 2 shards) indexes the session catalog with a mean-pooled BiBERT that has e5-style prefixes; the Ray Serve app
 (2 shard groups, over real HTTP on 127.0.0.1) and the plain FastAPI app answer `/search` with the fused results
 of the in-process reference (exact dense top-100 + `BM25Index().fit` over the raw texts' word pieces,

@@ -1,4 +1,4 @@
-"""Serving the query tower through onnxruntime (issue 28 item 3, `ServeSettings.encoder_backend: onnx`), without
+"""Serving the query tower through onnxruntime (`ServeSettings.encoder_backend: onnx`), without
 Ray: the in-process backend and the Ray deployment build the same ONNX encoder (`serve.backend.query_encoder`),
 and the served answers (ids and scores of every query, the vectors they came from) equal the torch backend's."""
 

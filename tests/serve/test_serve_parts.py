@@ -92,7 +92,7 @@ def test_isolate_fails_only_the_guilty_members():
 
 
 def test_explain_text_field_defaults_to_what_the_docstore_has():
-    """Issue 24: the encode job's DocStore has `title`, not `text`; `/explain` by doc_id used to look for
+    """The encode job's DocStore has `title`, not `text`; `/explain` by doc_id used to look for
     `text` unless the settings named the field."""
     import pyarrow as pa
 
@@ -125,7 +125,7 @@ def test_settings_reject_unknown_keys_and_bad_values(tmp_path):
 
 
 def test_deployments_check_health_every_second_and_calls_have_a_route_deadline():
-    """Issue 24 item 3: Serve's default health check (10 s) left a dead replica unnoticed that long."""
+    """Serve's default health check (10 s) left a dead replica unnoticed that long."""
     s = ServeSettings()
     for d in (s.encoder, s.searcher, s.ingress):
         assert deployment_options(d)["health_check_period_s"] == 1.0
@@ -142,7 +142,7 @@ def test_deployments_check_health_every_second_and_calls_have_a_route_deadline()
 
 
 def test_max_replicas_per_node_reaches_the_deployment():
-    """Issue 28: one replica per node on a multi-node cluster (tests/multinode); no limit unless set."""
+    """One replica per node on a multi-node cluster (tests/multinode); no limit unless set."""
     from serve.deployments import ShardSearcher
 
     assert "max_replicas_per_node" not in deployment_options(DeploymentSettings())
@@ -207,7 +207,7 @@ def test_api_key_from_environment(monkeypatch):
 
 
 def test_an_open_api_beyond_loopback_is_refused_unless_public(monkeypatch):
-    """Issue 24: fail closed. A missing key secret must not silently mean an open API on 0.0.0.0."""
+    """Fail closed. A missing key secret must not silently mean an open API on 0.0.0.0."""
     from serve.config import is_loopback
 
     monkeypatch.delenv("MADR_TEST_UNSET_KEY", raising=False)
@@ -295,7 +295,7 @@ def test_plain_app_head_healthz_and_huge_doc_id(plain):
 
 
 def test_plain_app_caps_headers_and_times_out_slow_bodies(plain):
-    """Issue 24: a slow client held a connection 12 s; headers had no size cap."""
+    """A slow client held a connection 12 s; headers had no size cap."""
     r = requests.get(plain + "/healthz", headers={"X-Padding": "p" * 5000}, timeout=20)
     assert r.status_code == 431 and "4096 bytes" in r.json()["error"], r.text
     host, port = plain.removeprefix("http://").split(":")

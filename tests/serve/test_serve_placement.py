@@ -1,4 +1,4 @@
-"""Issue 24: replicas the cluster can never place are refused before deploying, naming the deployment and the
+"""Replicas the cluster can never place are refused before deploying, naming the deployment and the
 resource (Serve itself waits for them forever: `serve.run` never returns, or an autoscaled deployment stays
 UPSCALING). Capacities by hand, then the session's real 2-CPU Ray with the encoder sizing of
 serve/serve_config.yaml (autoscaling to 4 x 0.5 CPU beside 2 searchers x 0.5 and the ingress 0.25)."""

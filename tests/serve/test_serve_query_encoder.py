@@ -1,4 +1,4 @@
-"""The served query encoding (issue 23 item 2) without Ray: the in-process backend encodes with
+"""The served query encoding without Ray: the in-process backend encodes with
 `madr.search.query_encoder.LeanQueryEncoder`, whose vectors equal the offline `encode_queries` (so served results
 are unchanged), never switches the model's mode per request, and with `encoder_index_vocabulary` projects the
 queries onto the terms the index's shards hold."""

@@ -1,4 +1,4 @@
-"""Issue 24: a replica that hangs without dying.
+"""A replica that hangs without dying.
 
 1. The Serve app with 2 searcher replicas under load (4 clients); one replica is frozen (SIGSTOP: alive,
    accepting nothing, answering nothing). Every request still gets 200 quickly (a call the replica did not take,
@@ -9,7 +9,7 @@
    Retry-After) after (retries + 1) x `call_timeout_s`, not after the request's whole deadline.
 3. A searcher whose batch is stuck in a long call (its event loop free, so a plain health check passes) fails
    its health check once the batch has run `stuck_after_s`, and passes again when the call returns; so does a
-   co-located replica (encoder + every shard, issue 23) whose shard search is stuck past `request_timeout_s`.
+   co-located replica (encoder + every shard) whose shard search is stuck past `request_timeout_s`.
 """
 
 from __future__ import annotations

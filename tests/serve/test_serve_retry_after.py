@@ -1,4 +1,4 @@
-"""The API's answers when its backend is down or slow (issue 24 item 3): 503 and 504 both carry
+"""The API's answers when its backend is down or slow: 503 and 504 both carry
 ``Retry-After: 1`` and come within their deadlines. The backend here is a plain `Backend` whose calls fail or
 sleep (no Ray); the Ray side (a SIGKILLed replica -> `BackendUnavailable`) is tests/serve/test_serve_replica_death."""
 

@@ -137,7 +137,8 @@ def test_real_config_parses_and_null_projection_is_allowed() -> None:
 
 
 def test_several_click_files_and_every_tatoeba_language(shared_data: Path) -> None:
-    """Issue 27's sources: QADSM and QAM together (train and held-out), Tatoeba's every language (null)."""
+    """The sources of configs/real/multitask_e5.yaml: QADSM and QAM together (train and held-out), Tatoeba's
+    every language (null)."""
     cfg = RealMultilingualConfig(
         data_dir=str(shared_data), parallel_languages=None, parallel_train_per_language=2, parallel_eval_per_language=1,
         click_train=["query_relevance/xglue_qadsm_de_train.parquet", "query_relevance/xglue_qam_de_train.parquet"],

@@ -1,4 +1,4 @@
-"""ONNX export of the query tower (issue 28 item 3): onnxruntime gives the lean torch encoder's outputs.
+"""ONNX export of the query tower: onnxruntime gives the lean torch encoder's outputs.
 
 Tiny random-init BERTs over the session tokenizer (no download). The reference is
 `madr.search.query_encoder.LeanQueryEncoder` (what Serve encodes queries with; itself tested equal to
@@ -84,7 +84,7 @@ def test_aspect_model_query_towers(tokenizer, vocabularies, queries, tmp_path, n
 
 
 def test_madral_with_a_lean_sparse_head(tokenizer, vocabularies, catalog, queries, tmp_path):
-    """Issue 26: MADRAL's unit-length vector and the top-k of a lean sparse head (its decoder rows only; the
+    """MADRAL's unit-length vector and the top-k of a lean sparse head (its decoder rows only; the
     graph maps them back to vocabulary ids)."""
     from madr.modeling.tokenization import corpus_term_ids
 

@@ -1,4 +1,4 @@
-"""Int8 towers (issue 27 item 2, `madr.export.quantize`): dynamic int8 quantisation of the Linear layers in torch
+"""Int8 towers (`madr.export.quantize`): dynamic int8 quantisation of the Linear layers in torch
 and in onnxruntime keeps the fp32 vectors' directions, and leaves the float model as it was.
 
 Tiny random-init BERTs over the session tokenizer (no download), cosine models: each int8 vector against the

@@ -1,4 +1,4 @@
-"""sentence-transformers export (issue 28 item 3): `SentenceTransformer(path)` gives madr's vectors.
+"""sentence-transformers export: `SentenceTransformer(path)` gives madr's vectors.
 
 Tiny random-init BERTs over the session tokenizer (no download). The reference is `BiEncoder.encode_texts`
 (the vectors the encode job indexes and the searcher queries with); the exported directory, loaded by

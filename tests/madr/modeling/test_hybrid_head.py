@@ -170,7 +170,7 @@ def test_tower_sparse_vector_is_the_formula_on_the_tied_mlm_head(tokenizer, pool
         assert not torch.allclose(model.encode(enc["input_ids"], enc["attention_mask"], "query").sparse, out.sparse)
 
 
-# ---- where the top-k cut applies (issue 20 item 3; paper 002 Sec. 4.2, Eq. 3-4; SPLADE) ------------------------
+# ---- where the top-k cut applies (paper 002 Sec. 4.2, Eq. 3-4; SPLADE) -------------------------------------
 
 
 LOGITS = torch.randn(2, 2, 3, 12, generator=torch.Generator().manual_seed(0))  # [q / p, B, L, V], ~half > 0

@@ -1,4 +1,4 @@
-"""Paper 000 details the code must follow (issue 20, items 1 and 5).
+"""Paper 000 details the code must follow.
 
 - Sec. 8.1: "We regard rel <= 1 as negatives and the rest as positives" on 0-4 grades: binary relevance
   threshold 2 by default and in the configs over the paper's grades; Home Depot's mapped grades keep 3.

@@ -1,4 +1,4 @@
-"""A sparse head on any backbone model (`model.sparse_head`, issue 26 item 1a) and the lean MLM head
+"""A sparse head on any backbone model (`model.sparse_head`) and the lean MLM head
 (`BiEncoder.restrict_sparse_terms`): paper 002's sparse vector (Eq. 2, Sec. 4.2 cut) beside MADRAL's own fused,
 unit-length vector, scored by Eq. 1, trained by Eq. 3-5 on top of the model's own loss, and served by the lean
 query encoder, the ONNX graph and the hybrid searcher with the reference's answers.

@@ -1,4 +1,5 @@
-"""LeanQueryEncoder (issue 23 item 2) against the reference query encoding `madr.index.encode.encode_queries`.
+"""LeanQueryEncoder (what Serve encodes queries with) against the reference query encoding
+`madr.index.encode.encode_queries`.
 
 Tiny random-init BERTs over the session tokenizer (no download). The reference is the hybrid head of paper 002
 (log1p(ReLU(mlm_logits)) pooled over tokens, special tokens zeroed, top-k); the lean encoder must give the same

@@ -1,6 +1,6 @@
 """The approximate sparse backend (Seismic, `pyseismic-lsr`) behind madr's searcher convention, and the
 index config choosing it: built into every shard with a checksum, recorded in the manifest, opened by the
-searchers (issue 23 item 1)."""
+searchers."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ worker sums over its own rows, gloo sums the workers; GradCache sums over chunks
 only to rounding: a gradient entry that is a sum of many terms cancelling to a small value (the
 token-type embedding row every token adds to; an entry near zero that Adam's first step, g / (|g| + eps),
 turns into a +-lr step) differs by ~1e-7 x the size of its terms, and how large that is depends on the
-CPU's GEMM kernels and blocking. That made these tests fail on some machines of the same kind (issue 20).
+CPU's GEMM kernels and blocking. That made these tests fail on some machines of the same kind.
 In float64 the same reordering costs ~1e-16 relative (measured: <= 6e-14 absolute on gradients up to 8),
 eight orders of magnitude below the tolerances below, so the tolerances test the algorithm, not the CPU.
 """

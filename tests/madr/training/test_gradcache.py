@@ -20,7 +20,7 @@ NO_DROPOUT = {**TINY, "hidden_dropout_prob": 0, "attention_probs_dropout_prob": 
 
 
 def _model(catalog, tokenizer, vocabularies, name: str = "madral", tiny: dict = NO_DROPOUT):
-    """`name` "madral+sparse": MADRAL with `model.sparse_head` (issue 26)."""
+    """`name` "madral+sparse": MADRAL with a lean sparse head (`model.sparse_head`)."""
     base, _, sparse = name.partition("+")
     cfg = ModelConfig(name=base, aspects=catalog.aspect_names, projection_dim=None if base == "hybrid" else 16,
                       max_query_length=16, max_doc_length=32, sparse_top_k=64, sparse_head=bool(sparse))

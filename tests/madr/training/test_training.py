@@ -16,7 +16,7 @@ def test_short_madral_run_learns_aspects_and_retrieval(catalog, tokenizer, vocab
     cfg = ModelConfig(name="madral", backbone=BackboneConfig(tiny=TINY), projection_dim=64,
                       max_query_length=16, max_doc_length=48)
     model = build_model(cfg, tokenizer, vocabularies)
-    # Relevance >= 3, what the margins below were set for (the default is paper 000's 2 since issue 20; with it a
+    # Relevance >= 3, what the margins below were set for (the default is paper 000's 2; with it a
     # test query has 7.0 relevant products instead of 2.7, so Recall@10 cannot rise as far).
     eval_cfg = EvalConfig(split="test", retrieval_metrics=["recall@10", "mrr@10"], rerank_metrics=["ndcg@5"],
                           relevance_threshold=3.0)

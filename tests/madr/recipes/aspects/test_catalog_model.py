@@ -1,4 +1,4 @@
-"""The lean sparse head from a config alone (issue 26 item 1a): `model.sparse_head: true` in an experiment gives a
+"""The lean sparse head from a config alone: `model.sparse_head: true` in an experiment gives a
 model whose MLM decoder holds the catalog's word pieces only, in the in-process experiment (`run_experiment`) and
 in the Ray training job's starting model (`pipelines.train.job`), and the saved model keeps those terms."""
 

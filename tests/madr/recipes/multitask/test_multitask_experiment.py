@@ -161,8 +161,9 @@ def test_encoder_pooling_reaches_the_model_config() -> None:
 
 
 def test_serving_pair_distils_a_shallower_document_tower_too(one_thread, tmp_path):
-    """`student.doc_layers`: both towers are cut and distilled (issue 27's 6-layer docs / 3-layer queries);
-    the teacher keeps its layers, each student gets closer to its teacher side on held-out texts."""
+    """`student.doc_layers`: both towers are cut and distilled (as configs/real/multitask_e5.yaml's 6-layer
+    docs / 3-layer queries); the teacher keeps its layers, each student gets closer to its teacher side on
+    held-out texts."""
     from madr.recipes.multitask.encoders import distil_query_student
     from madr.training.distill import num_layers
 
@@ -179,7 +180,7 @@ def test_serving_pair_distils_a_shallower_document_tower_too(one_thread, tmp_pat
 
 
 def test_student_settings_are_validated_naming_the_field():
-    """Issue 27's student settings: layer picks as many as the student's layers, increasing; a known loss."""
+    """The student's settings: layer picks as many as the student's layers, increasing; a known loss."""
     cfg = load_multitask_config(None, {"student": {"num_layers": 3, "query_layers": [0, 6, 11], "doc_layers": 2,
                                                    "doc_layer_indices": [0, 5], "loss": "cosine",
                                                    "similarity_weight": 0.5, "eval_every": 10, "checkpoint": True}})
