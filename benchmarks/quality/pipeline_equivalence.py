@@ -7,7 +7,9 @@ The pipeline's runs are its evaluate stage's TREC files (`<output_dir>/evaluatio
 `<output_dir>/data/eval/qrels.parquet` with `madr.metrics`); the benchmark's are the per-query metrics its
 `--export` wrote (`benchmarks.quality.row_export`). Pairs: the served fusion (BM25 + the fine-tuned encoder,
 fusion chosen on dev) and the fine-tuned encoder alone. Queries: those the benchmark evaluates (>= 1 product
-at `eval.relevance_threshold`), which both sides hold.
+at `eval.relevance_threshold`), which both sides hold. Metrics: the retrieval metrics both compute from ranked
+lists (recall@k, MRR@10); the benchmark's NDCG@10 and AUC re-rank every judged product of a query by the model's
+score, which a TREC run of the top `eval.top_k` cannot give, so they are left out.
 
     python -m benchmarks.quality.pipeline_equivalence --pipeline-dir runs/product_search --export DIR/export
 """
@@ -28,6 +30,7 @@ from madr.config import load_config
 from madr.metrics import Qrels, Run, evaluate
 
 PAIRS = {"fused": ("{model}", "bm25+{row}"), "encoder alone": ("{model}-dense", "{row}")}
+RETRIEVAL = ("recall@", "mrr@")  # computed from ranked lists on both sides (module docstring)
 
 
 def read_trec_run(path: Path) -> Run:
@@ -56,7 +59,7 @@ def compare(pipeline_dir: Path, export: Path, row: str, seed: int, draws: int) -
     for pair, (ours, theirs) in PAIRS.items():
         ours, theirs = ours.format(model=model), theirs.format(row=row)
         bench = exported[theirs]
-        metrics = sorted(bench)
+        metrics = sorted(m for m in bench if m.startswith(RETRIEVAL))
         run = read_trec_run(pipeline_dir / "evaluation" / f"{ours}.trec")
         queries = set(next(iter(bench.values())))
         judged = {q: qrels.get(q, {}) for q in queries}
