@@ -315,9 +315,25 @@ class PeerQuery(BaseModel):
     k: int = 10
 
 
-def peer_app(corpus: Path, lam: float, how: str, candidates: int, k1: float, b: float):
-    """The hand-built service: POST /search {"query", "k"} -> results [{id, score, doc}] and timings_ms."""
+def peer_dense_index(dense: np.ndarray, factory: str, nprobe: int | None, seed: int = 0):
+    """The peer's FAISS index of madr's type (`faiss.index_factory`, inner product): "Flat" is `IndexFlatIP`; an IVF
+    type is trained on up to 100k seeded vectors and searched with madr's `nprobe` (None: FAISS's default, as madr)."""
     import faiss
+
+    index = faiss.index_factory(dense.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+    if not index.is_trained:
+        rows = np.random.default_rng(seed).choice(len(dense), min(len(dense), 100_000), replace=False)
+        index.train(np.ascontiguousarray(dense[np.sort(rows)]))
+    for a in range(0, len(dense), CHUNK):
+        index.add(np.ascontiguousarray(dense[a:a + CHUNK]))
+    if nprobe is not None and "IVF" in factory:
+        faiss.extract_index_ivf(index).nprobe = int(nprobe)
+    return index
+
+
+def peer_app(corpus: Path, lam: float, how: str, candidates: int, k1: float, b: float, factory: str = "Flat",
+             nprobe: int | None = None):
+    """The hand-built service: POST /search {"query", "k"} -> results [{id, score, doc}] and timings_ms."""
     import pyarrow.parquet as pq
     from fastapi import FastAPI
     from sentence_transformers import SentenceTransformer
@@ -326,9 +342,7 @@ def peer_app(corpus: Path, lam: float, how: str, candidates: int, k1: float, b: 
     model = SentenceTransformer(str(corpus / PEER_MODEL), device="cpu")
     tokenizer = AutoTokenizer.from_pretrained(str(corpus / "index" / "lexical_tokenizer"))
     ids, dense = np.load(corpus / "ids.npy"), np.load(corpus / "dense.npy", mmap_mode="r")
-    flat = faiss.IndexFlatIP(dense.shape[1])
-    for a in range(0, ids.size, CHUNK):
-        flat.add(np.ascontiguousarray(dense[a:a + CHUNK]))
+    flat = peer_dense_index(dense, factory, nprobe)
     bm25 = peer_bm25(corpus, k1, b)
     docs = pq.read_table(corpus / "docs.parquet")
     depth = min(candidates, ids.size)
@@ -376,9 +390,10 @@ def peer_main(args: argparse.Namespace) -> None:
     uvicorn.run(app, host="127.0.0.1", port=args.peer_port, log_level="warning", access_log=False)
 
 
-def start_peer(corpus: Path, info: dict[str, Any], candidates: int, port: int, threads: int) -> subprocess.Popen:
+def start_peer(corpus: Path, info: dict[str, Any], search: Any, port: int, threads: int) -> subprocess.Popen:
     spec = {"corpus": str(corpus), "lam": info["fusion_lambda"], "how": info["normalisation"],
-            "candidates": candidates, "k1": info["k1"], "b": info["b"]}
+            "candidates": search.num_candidates, "k1": info["k1"], "b": info["b"],
+            "factory": info["index_factory"], "nprobe": search.nprobe}
     cmd = [*module_command(MODULE), "--peer", json.dumps(spec), "--peer-port", str(port),
            "--peer-threads", str(threads)]
     return subprocess.Popen(cmd, cwd=ROOT, env=child_env())
@@ -505,7 +520,7 @@ def serve_both(args: argparse.Namespace, inputs: dict[str, Any], manifest: Path,
     check = inputs["queries"][: args.check_queries]
     reference = offline_top(manifest, info["model_dir"], settings, check, 10)
     peer_port = free_port()
-    peer = start_peer(manifest.parent.parent, info, settings.search.num_candidates, peer_port, args.peer_threads)
+    peer = start_peer(manifest.parent.parent, info, settings.search, peer_port, args.peer_threads)
     try:
         t0 = time.perf_counter()
         urls = {"madr": start_madr(settings), "peer": f"http://127.0.0.1:{peer_port}"}
