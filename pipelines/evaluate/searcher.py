@@ -47,19 +47,33 @@ class SearchQueries:
         self.spec, self.k = SearchSpec(**spec), k
         self.model = BiEncoder.load(resolve_model_dir(self.spec)).eval()
         self.index = ShardedIndex.open(self.spec.index, mmap=mmap, verify=False)
+        self.encoder = query_encoder(self.model, self.spec.encoder_precision)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        scores, ids = search_texts(self.model, self.index, batch.column("text").to_pylist(), self.k, self.spec)
+        scores, ids = search_texts(self.model, self.index, batch.column("text").to_pylist(), self.k, self.spec,
+                                   self.encoder)
         return pa.table({"query_id": batch.column("query_id"),
                          "ids": pa.array(list(ids), pa.list_(pa.int64())),
                          "scores": pa.array(list(scores), pa.list_(pa.float32()))})
 
 
-def search_texts(model: Any, index: Any, texts: list[str], k: int, spec: SearchSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Encode ``texts`` and search ``index`` with ``spec``'s settings: (scores [Q, k], ids [Q, k])."""
+def query_encoder(model: Any, precision: str) -> Any:
+    """None for "fp32" (``search_texts`` encodes with the model itself); for "int8" the int8 query tower a Serve
+    app with ``encoder_precision: int8`` builds (`madr.export.quantize.Int8QueryEncoder`)."""
+    if precision == "fp32":
+        return None
+    from madr.export.quantize import int8_encoder
+
+    return int8_encoder(model)
+
+
+def search_texts(model: Any, index: Any, texts: list[str], k: int, spec: SearchSpec,
+                 encoder: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """Encode ``texts`` (with ``encoder``, a `LeanQueryEncoder`, when given; else ``model``'s float towers) and
+    search ``index`` with ``spec``'s settings: (scores [Q, k], ids [Q, k])."""
     from madr.index import encode_queries
 
-    dense, sparse = encode_queries(model, texts)
+    dense, sparse = encode_queries(model, texts) if encoder is None else encoder.encode(texts)
     if getattr(index, "has_lexical", False):  # dense + BM25 fusion (madr.index.lexical)
         return index.search(dense, spec.search.replace(k=k), lexical=index.query_terms(model.tokenizer, texts))
     return index.search(dense, search_params(spec, k, sparse is not None and index.has_sparse),

@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import dataclasses
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -157,6 +158,43 @@ def test_beir_directory_and_trec_qrels_give_the_parquet_metrics(evaluated, setup
                 qrels=str(base / "out" / "qrels.trec")),
         plot=False), log=lambda _: None, local=True)
     assert {r["run"]: {m: r[m] for m in METRICS} for r in by_trec["results"]} == expected
+
+
+def test_an_int8_run_scores_the_int8_query_tower_the_serve_app_would_use(setup):
+    """`encoder_precision: int8` on a run: the job encodes its queries with the int8 query tower
+    (`madr.export.quantize.Int8QueryEncoder`, what a Serve app with `encoder_precision: int8` builds), so its
+    metrics are those of the served int8 configuration: the direct int8 search's (in batches of the job's
+    `batch_size`: dynamic quantisation scales a batch's activations together), close to fp32's, not equal."""
+    from madr.export.quantize import int8_encoder
+
+    base, catalog = setup
+    fp32 = _runs(base)[0]
+    int8 = dataclasses.replace(fp32, name="hybrid-int8", encoder_precision="int8")
+    got = run_evaluate(dataclasses.replace(_config(base, "out_int8", [int8]), plot=False), log=lambda _: None,
+                       local=True)["results"][0]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        model = BiEncoder.load(ShardedIndex.open(int8.index).manifest.model_dir).eval()
+        texts = [q.text for q in catalog.queries]
+        encoder, index = int8_encoder(model), ShardedIndex.open(int8.index)
+        parts = [search_texts(model, index, texts[a:a + 16], 50, int8, encoder)  # the job's batches (`_config`)
+                 for a in range(0, len(texts), 16)]
+        scores, ids = (np.concatenate([p[i] for p in parts]) for i in (0, 1))
+        _, fp32_ids = search_texts(model, ShardedIndex.open(fp32.index), texts, 50, fp32)
+    finally:
+        torch.set_num_threads(threads)
+    assert (ids != fp32_ids).any(), "the int8 tower is in use: some list differs from fp32's"
+    assert (ids[:, :10] == fp32_ids[:, :10]).mean() > 0.5, "and stays close to it"
+    results = {q.query_id: (i, s) for q, i, s in zip(catalog.queries, ids, scores, strict=True)}
+    qrels: dict[str, dict[str, float]] = {}
+    for j in catalog.judgments:
+        qrels.setdefault(j.query_id, {})[j.product_id] = float(j.relevance)
+    direct = evaluate(to_run(results, DocKeys(int8.index, "product_id")), qrels, ["recall@10", "mrr@10"],
+                      relevance_threshold=2)
+    assert got["recall@10"] == pytest.approx(direct["recall@10"]) and got["mrr@10"] == pytest.approx(direct["mrr@10"])
+    with pytest.raises(ValueError, match="encoder_precision must be one of fp32, int8, got 'fp16'"):
+        SearchSpec(index="x", encoder_precision="fp16")
 
 
 def test_evaluate_config_errors(tmp_path):
