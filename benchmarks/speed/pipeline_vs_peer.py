@@ -27,7 +27,7 @@ sentence-transformers, FAISS and bm25s, with the settings read from the same con
 - tune: the dev queries' dense and BM25 top ``candidates`` once, then every (lam, normalisation) of the grid fused
   as ``madr.search.score_fusion.weighted_fusion`` does (their union, a list's minimum for a product it misses, each
   list normalised, ``lam * dense + (1 - lam) * bm25``, ties by row), the best dev ``tune.metric`` kept;
-- evaluate: the test queries searched the same way with the chosen fusion, and each retriever alone.
+- evaluate: the test queries searched the same way with the chosen fusion, and with lam 1 (dense) and 0 (BM25).
 
 Metrics of both sides: ``madr.metrics.evaluate`` over the split's judgments at ``eval.relevance_threshold``, so
 one scorer grades both rankings. Known differences of the recipe (not of speed): madr adds a pointwise CE term
@@ -50,7 +50,6 @@ import json
 import random
 import resource
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -189,11 +188,11 @@ def mine_triplets(data: dict[str, Any], s: dict[str, Any]) -> list[tuple[str, st
 
 def load_model(s: dict[str, Any]) -> Any:
     """The backbone as a sentence-transformers model with mean pooling, on the CPU."""
-    from sentence_transformers import SentenceTransformer, models
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
-    word = models.Transformer(s["backbone"], max_seq_length=s["max_doc_length"])
-    return SentenceTransformer(modules=[word, models.Pooling(word.get_word_embedding_dimension(), "mean")],
-                               device="cpu")
+    word = Transformer(s["backbone"], max_seq_length=s["max_doc_length"])
+    return SentenceTransformer(modules=[word, Pooling(word.get_embedding_dimension(), "mean")], device="cpu")
 
 
 def freeze(model: Any, s: dict[str, Any]) -> None:
@@ -210,13 +209,13 @@ def freeze(model: Any, s: dict[str, Any]) -> None:
 def features(model: Any, texts: list[str], prefix: str, length: int) -> dict[str, Any]:
     """The prefixed texts tokenised at `length` tokens."""
     model.max_seq_length = length
-    return model.tokenize([prefix + t for t in texts])
+    return model.preprocess([prefix + t for t in texts])
 
 
 def train(model: Any, triplets: list[tuple[str, str, str]], s: dict[str, Any]) -> list[float]:
     """`steps` AdamW steps of MultipleNegativesRankingLoss over batches of triplets (cycled); the losses."""
     import torch
-    from sentence_transformers.losses import MultipleNegativesRankingLoss
+    from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss
     from transformers import get_linear_schedule_with_warmup
 
     torch.manual_seed(s["seed"])
@@ -333,13 +332,16 @@ def tune(model: Any, index: dict[str, Any], data: dict[str, Any], s: dict[str, A
 
 def evaluate_test(model: Any, index: dict[str, Any], data: dict[str, Any], s: dict[str, Any],
                   choice: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Test metrics of the chosen fusion, the dense list alone and the BM25 list alone."""
+    """Test metrics of the chosen fusion and of each half of it (lam 1: dense, lam 0: BM25, as madr's
+    ``eval.references`` search the same index)."""
     qids, texts = data["splits"]["test"]
     dense, bm25 = candidates(model, index, texts, s)
-    k = s["top_k"]
-    fused = [fuse(d, b, choice["lam"], choice["normalisation"], k) for d, b in zip(dense, bm25, strict=True)]
-    lists = {"fused": fused, "dense": [(r[:k], sc[:k]) for r, sc in dense], "bm25": [(r[:k], sc[:k]) for r, sc in bm25]}
-    return {name: score(to_run(qids, ranked, data["ids"]), qids, data, s) for name, ranked in lists.items()}
+    lams = {"fused": choice["lam"], "dense": 1.0, "bm25": 0.0}
+    out = {}
+    for name, lam in lams.items():
+        ranked = [fuse(d, b, lam, choice["normalisation"], s["top_k"]) for d, b in zip(dense, bm25, strict=True)]
+        out[name] = score(to_run(qids, ranked, data["ids"]), qids, data, s)
+    return out
 
 
 def timed(stages: dict[str, dict], name: str, fn: Callable[[], Any]) -> Any:
@@ -389,10 +391,10 @@ def measure_peer(catalog: Path, s: dict[str, Any], work: Path) -> dict[str, Any]
     (work / "settings.json").write_text(json.dumps(s, indent=1))
     cmd = [*module_command(MODULE), "--child", "peer", "--catalog", str(catalog), "--settings",
            str(work / "settings.json"), "--work", str(work), "--result", str(work / "peer.json")]
-    t0 = time.perf_counter()
+    load, t0 = load_average(), time.perf_counter()
     subprocess.run(cmd, env=child_env(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1"), check=True)
     out = json.loads((work / "peer.json").read_text())
-    return {**out, "process_s": time.perf_counter() - t0}
+    return {**out, "process_s": time.perf_counter() - t0, "load_before": load}
 
 
 def madr_command(catalog: Path, run: Path, config: str, sets: list[str], steps: int | None) -> list[str]:
@@ -425,11 +427,11 @@ def measure_madr(catalog: Path, run: Path, config: str, sets: list[str], steps: 
     apply_ray_env(offline=True)  # Ray network hygiene (scripts/ray_env.sh) for the pipeline's processes
     cmd = madr_command(catalog, run, config, sets, steps)
     print("[madr] " + " ".join(cmd), flush=True)
-    t0 = time.perf_counter()
+    load, t0 = load_average(), time.perf_counter()
     with ProcessTree() as tree:
         subprocess.run(cmd, env=child_env(), cwd=ROOT, check=True)
     return {**read_madr_run(run), "process_s": time.perf_counter() - t0, "peak_pss_gib": tree.peak / 2**30,
-            "command": cmd}
+            "command": cmd, "load_before": load}
 
 
 # ---- report -----------------------------------------------------------------------------------------------------
@@ -452,10 +454,11 @@ def compare(madr: dict[str, Any], peer: dict[str, Any]) -> dict[str, Any]:
 def print_report(result: dict[str, Any]) -> None:
     """The per-stage table, totals and both sides' fusion choices and test metrics."""
     cmp, madr, peer = result["comparison"], result["madr"], result["peer"]
-    print(f"\n{result['machine']}\n{result['versions']}\nload {result['load']}")
-    print(f"{'stage':10s} {'madr s':>9s} {'peer s':>9s} {'ratio':>7s}")
+    print(f"\n{result['machine']}\n{result['versions']}\nload (1 / 5 / 15 min) before madr "
+          f"{madr.get('load_before', '?')}, before the peer {peer.get('load_before', '?')}, at the end {result['load']}")
+    print(f"{'stage':10s} {'madr s':>9s} {'peer s':>9s} {'ratio':>7s} {'extra s':>9s}")
     for name, v in cmp["stages"].items():
-        print(f"{name:10s} {v['madr_s']:9.1f} {v['peer_s']:9.1f} {v['ratio']:7.2f}")
+        print(f"{name:10s} {v['madr_s']:9.1f} {v['peer_s']:9.1f} {v['ratio']:7.2f} {v['extra_s']:9.1f}")
     t = cmp["total"]
     print(f"{'total':10s} {t['madr_s']:9.1f} {t['peer_s']:9.1f} {t['ratio']:7.2f}  (target <= 1.3)")
     e = cmp["extra"]
