@@ -1,7 +1,8 @@
 """benchmarks.speed.pipeline_vs_peer, the peer side alone at tiny scale: the session's generated catalog written in the
 madr.data.schema layout, a random tiny BERT (with the session's WordPiece tokenizer) as both the backbone and the
 BM25 tokenizer, 2 fine-tuning steps: every stage is timed, the fusion is chosen on the grid, every test metric lies
-in [0, 1], and a second call reuses the side's result JSON instead of rerunning it."""
+in [0, 1], and a second call reuses the side's result JSON instead of rerunning it (slow); and the peer's fusion
+against madr's weighted_fusion (fast)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ import pytest
 
 from tests.benchmarks.tiny_backbone import save_tiny_bert
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 def test_peer_side_times_every_stage(catalog, tokenizer, tmp_path):
     from benchmarks.speed import pipeline_vs_peer as bench
 
