@@ -59,6 +59,7 @@ import numpy as np
 
 from benchmarks.common.config import ROOT
 from benchmarks.common.machine import load_average, machine_line, run_command, versions
+from benchmarks.common.peer_fusion import fuse
 from benchmarks.common.process import ProcessTree, child_env, module_command
 from benchmarks.common.results import write_result_json
 
@@ -270,33 +271,6 @@ def candidates(model: Any, index: dict[str, Any], texts: list[str], s: dict[str,
     scores, rows = index["flat"].search(encode(model, texts, s["query_prefix"], s["max_query_length"]), k)
     dense = [(r[r >= 0].astype(np.int64), sc[r >= 0]) for r, sc in zip(rows, scores, strict=True)]
     return dense, bm25_search(index["bm25"], word_pieces(index["lexical"], texts), k, index["n"])
-
-
-def normalised(x: np.ndarray, how: str) -> np.ndarray:
-    """Min-max or z-score (population std) of one score vector; all equal: zeros; "none": as is."""
-    x = x.astype(np.float64)
-    if how == "minmax":
-        span = x.max() - x.min()
-        return (x - x.min()) / span if span > 0 else np.zeros_like(x)
-    if how == "zscore":
-        return (x - x.mean()) / x.std() if x.std() > 0 else np.zeros_like(x)
-    return x
-
-
-def fuse(dense: tuple[np.ndarray, np.ndarray], bm25: tuple[np.ndarray, np.ndarray], lam: float, how: str,
-         k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Over the union of both lists, a list's minimum for a row it misses, each normalised, ``lam * dense +
-    (1 - lam) * bm25``; top k (rows, scores) by score, then row."""
-    cand = np.union1d(dense[0], bm25[0])
-
-    def column(rows: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        col = np.full(cand.size, scores.min() if scores.size else 0.0, np.float64)
-        col[np.searchsorted(cand, rows)] = scores
-        return normalised(col, how)
-
-    final = lam * column(*dense) + (1.0 - lam) * column(*bm25)
-    top = np.lexsort((cand, -final))[:k]
-    return cand[top], final[top]
 
 
 def to_run(qids: list[str], ranked: list[tuple[np.ndarray, np.ndarray]], ids: list[str]) -> dict:

@@ -71,6 +71,7 @@ from pydantic import BaseModel
 
 from benchmarks.common.config import ROOT
 from benchmarks.common.machine import load_1min, machine_line, run_command, usable_cores, versions
+from benchmarks.common.peer_fusion import fuse
 from benchmarks.common.process import child_env, module_command
 from benchmarks.common.results import write_result_json
 from pipelines.runtime import apply_ray_env
@@ -264,32 +265,6 @@ def prepare(args: argparse.Namespace, inputs: dict[str, Any]) -> tuple[Path, dic
 
 
 # ---- the peer: FastAPI + sentence-transformers + faiss + bm25s ------------------------------------------------
-
-def normalised(x: np.ndarray, how: str) -> np.ndarray:
-    """Min-max or z-score of one score list (all equal: zeros); "none": as is."""
-    if how == "minmax":
-        span = x.max() - x.min()
-        return (x - x.min()) / span if span > 0 else np.zeros_like(x)
-    if how == "zscore":
-        return (x - x.mean()) / x.std() if x.std() > 0 else np.zeros_like(x)
-    return x
-
-
-def fuse(dense: tuple[np.ndarray, np.ndarray], bm25: tuple[np.ndarray, np.ndarray], lam: float, how: str,
-         k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The peer's fusion of (ids, scores) lists: over their union, a list's minimum for a document it misses,
-    each list normalised, `lam * dense + (1 - lam) * bm25`; top k by score, then id."""
-    cand = np.union1d(dense[0], bm25[0])
-
-    def column(ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        out = np.full(cand.size, scores.min() if scores.size else 0.0)
-        out[np.searchsorted(cand, ids)] = scores
-        return normalised(out, how)
-
-    final = lam * column(*dense) + (1.0 - lam) * column(*bm25)
-    top = np.lexsort((cand, -final))[:k]
-    return cand[top], final[top]
-
 
 def peer_bm25(corpus: Path, k1: float, b: float):
     """bm25s (Lucene idf) over the corpus's word-piece lists (term ids repeated by count), built once and saved."""
