@@ -81,7 +81,7 @@ def test_plain_app_logs_and_counts_every_stage_of_each_search(served_index, capl
         bad = requests.post(url + "/search", json={"query": ""}, timeout=30)
         requests.get(url + "/healthz", timeout=30)
     assert [r.status_code for r in bodies] == [200] * N and bad.status_code == 422
-    assert set(bodies[0].json()) == {"query", "k", "lam", "results", "filter", "took_ms", "timings_ms"}
+    assert set(bodies[0].json()) == {"query", "k", "lam", "results", "filter", "aspects", "took_ms", "timings_ms"}
     lines = [parse_line(r.getMessage()) for r in caplog.records if r.name == "serve.latency"]
     assert [s for s, _ in lines] == [200] * N + [422], lines  # one line per /search, none for /healthz
     for _, stages in lines[:N]:
