@@ -131,6 +131,7 @@ def test_an_index_without_aspect_data_refuses_aspect_requests(served_index):
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_ray_serve_app_applies_the_aspect_stage(ray_local, aspect_index):
     from ray import serve
 
@@ -149,6 +150,6 @@ def test_ray_serve_app_applies_the_aspect_stage(ray_local, aspect_index):
         got = _search(f"http://127.0.0.1:{settings.port}", query=query, aspect_weight=0.5,
                       aspect_filter={"mode": "boost", "min_confidence": 0.01}).json()
     finally:
-        serve.delete("madr_aspects")
+        serve.shutdown()  # the proxy too: the next module starts Serve on its own port
     assert [h["id"] for h in got["results"]] == [h["id"] for h in want["results"]]
     assert got["aspects"] == want["aspects"]
