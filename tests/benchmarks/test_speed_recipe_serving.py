@@ -26,9 +26,8 @@ LAM, NORMALISATION = 0.4, "zscore"
 def make_run(catalog, tokenizer, run: Path) -> Path:
     """`run` laid out as the product-search pipeline leaves it: finetune/model, index/ (2 Flat shards + BM25,
     fusion recorded), data/eval/queries.parquet."""
-    from pipelines.encode.config import EncodeConfig
-
     from madr.config import BackboneConfig, ModelConfig
+    from madr.encode_config import EncodeConfig
     from madr.index.manifest import record_fusion
     from madr.modeling.model import build_model
     from madr.modeling.tokenization import train_wordpiece_tokenizer
