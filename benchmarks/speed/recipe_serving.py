@@ -426,12 +426,25 @@ def offline_top(manifest: Path, model_dir: str, settings, queries: list[str], k:
     return ids
 
 
-def served_top(url: str, queries: list[str], k: int) -> list[list[int]]:
+def served_top(url: str, queries: list[str], k: int, attempts: int = 5) -> list[list[int]]:
+    """Each query's top-k ids from `url`'s `/search`, one request at a time. A 503 / 504 with Retry-After (a busy or
+    restarting app, as both apps answer) is retried after the advised delay, as a client should; any other answer
+    without results, or the last attempt's, is an error naming the query and the status."""
     import requests
 
+    def top(http: requests.Session, q: str) -> list[int]:
+        for attempt in range(attempts):
+            r = http.post(url + "/search", json={"query": q, "k": k}, timeout=60)
+            if r.status_code == 200:
+                return [h["id"] for h in r.json()["results"]]
+            retry = r.headers.get("Retry-After")
+            if r.status_code not in (503, 504) or retry is None or attempt == attempts - 1:
+                raise RuntimeError(f"{url}/search {q!r}: HTTP {r.status_code}: {r.text[:300]}")
+            time.sleep(float(retry))
+        raise AssertionError("unreachable")
+
     with requests.Session() as http:
-        return [[h["id"] for h in http.post(url + "/search", json={"query": q, "k": k}, timeout=60).json()["results"]]
-                for q in queries]
+        return [top(http, q) for q in queries]
 
 
 def agreement(reference: np.ndarray, got: list[list[int]]) -> dict[str, float]:
