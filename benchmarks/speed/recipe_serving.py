@@ -52,13 +52,11 @@ alternating per level. Both answer ``timings_ms`` (encode / search / docs), whos
 from __future__ import annotations
 
 import argparse
-import asyncio
 import dataclasses
 import gc
 import hashlib
 import json
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -457,22 +455,6 @@ def agreement(reference: np.ndarray, got: list[list[int]]) -> dict[str, float]:
 
 # ---- load and report -------------------------------------------------------------------------------------------
 
-def measure(urls: dict[str, str], queries: list[str], levels: list[int], warmup: float, duration: float,
-            k: int) -> dict[str, dict[int, dict]]:
-    """Every level on every app, the apps' order alternating per level."""
-    from benchmarks.speed.serve_api import closed_loop
-
-    results: dict[str, dict[int, dict]] = {name: {} for name in urls}
-    for i, c in enumerate(levels):
-        for name in (list(urls) if i % 2 == 0 else list(urls)[::-1]):
-            r = asyncio.run(closed_loop(urls[name], queries, c, warmup, duration, k))
-            results[name][c] = r
-            inside = " ".join(f"{s} {v:.1f}" for s, v in r["inside_p50_ms"].items())
-            print(f"{name:5s} c={c:3d}: {r['qps']:7.1f} q/s  p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  "
-                  f"errors {r['errors']}  (inside, p50 ms: {inside})", flush=True)
-    return results
-
-
 def ratios(results: dict[str, dict[int, dict]]) -> dict[int, dict[str, float]]:
     m, p = results["madr"], results["peer"]
     return {c: {"p50": m[c]["p50_ms"] / p[c]["p50_ms"], "p99": m[c]["p99_ms"] / p[c]["p99_ms"],
@@ -502,7 +484,7 @@ def free_port() -> int:
 
 def serve_both(args: argparse.Namespace, inputs: dict[str, Any], manifest: Path, info: dict[str, Any]) -> dict:
     """Offline reference, both apps up, agreement over HTTP, the load levels; Serve and the peer stopped after."""
-    from benchmarks.speed.serve_api import wait_ready
+    from benchmarks.speed.serve_api import measure_levels, stop_apps, wait_ready
 
     settings = madr_settings(inputs["app"], manifest, free_port())
     check = inputs["queries"][: args.check_queries]
@@ -517,16 +499,9 @@ def serve_both(args: argparse.Namespace, inputs: dict[str, Any], manifest: Path,
         print(f"both apps ready in {time.perf_counter() - t0:.1f} s", flush=True)
         agree = {name: agreement(reference, served_top(u, check, 10)) for name, u in urls.items()}
         levels = [int(c) for c in args.concurrency.split(",")]
-        results = measure(urls, inputs["queries"], levels, args.warmup, args.duration, 10)
+        results = measure_levels(urls, inputs["queries"], levels, args.warmup, args.duration, 10, alternate=True)
     finally:
-        peer.send_signal(signal.SIGTERM)
-        peer.wait(timeout=60)
-        try:
-            from ray import serve
-
-            serve.shutdown()
-        except Exception:  # noqa: BLE001 - Serve may not have started
-            pass
+        stop_apps(peer, 60)
     return {"agreement": agree, "results": results, "topology": settings.topology,
             "serve_settings": {"shard_groups": settings.shard_groups, "search": dataclasses.asdict(settings.search),
                                **{f: dataclasses.asdict(getattr(settings, f)) for f in

@@ -233,6 +233,34 @@ async def closed_loop(url: str, queries: list[str], concurrency: int, warmup: fl
                                       strict=True)) if parts else {}}
 
 
+def measure_levels(urls: dict[str, str], queries: list[str], levels: list[int], warmup: float, duration: float,
+                   k: int, alternate: bool = False) -> dict[str, dict[int, dict]]:
+    """`closed_loop` on every app at every concurrency level, printing each result; `alternate`: the apps' order
+    reversed every other level, so drifting background load hits them alike."""
+    results: dict[str, dict[int, dict]] = {name: {} for name in urls}
+    for i, c in enumerate(levels):
+        for name in (list(urls)[::-1] if alternate and i % 2 else list(urls)):
+            r = asyncio.run(closed_loop(urls[name], queries, c, warmup, duration, k))
+            results[name][c] = r
+            inside = " ".join(f"{s} {v:.1f}" for s, v in r["inside_p50_ms"].items())
+            print(f"{name:16s} c={c:3d}: {r['qps']:7.1f} q/s  p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  "
+                  f"errors {r['errors']}  (in the API, p50 ms: {inside})", flush=True)
+    return results
+
+
+def stop_apps(child: subprocess.Popen, timeout_s: float) -> None:
+    """SIGTERM the plain / peer app's process and wait for it, then shut Serve down if it started."""
+    child.send_signal(signal.SIGTERM)
+    child.wait(timeout=timeout_s)
+    try:
+        from ray import serve
+
+        serve.shutdown()
+    except Exception:  # noqa: BLE001 - Serve may not have started
+        pass
+
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -273,26 +301,12 @@ def main() -> None:
         urls = {"plain": f"http://127.0.0.1:{plain_port}",
                 **start_serve(manifest, serve_port, args.nprobe, args.shards, args.serve_tuning, topologies,
                                  args.batch_wait_ms)}
-        results = {name: {} for name in urls}
         for name, u in urls.items():
             wait_ready(u, 600, plain if name == "plain" else None)
         print(f"all apps ready in {time.perf_counter() - t0:.1f} s", flush=True)
-        for c in levels:
-            for name in results:
-                r = asyncio.run(closed_loop(urls[name], queries, c, args.warmup, args.duration, args.k))
-                results[name][c] = r
-                inside = " ".join(f"{k} {v:.1f}" for k, v in r["inside_p50_ms"].items())
-                print(f"{name:16s} c={c:3d}: {r['qps']:7.1f} q/s  p50 {r['p50_ms']:7.1f} ms  "
-                      f"p99 {r['p99_ms']:7.1f} ms  errors {r['errors']}  (in the API, p50 ms: {inside})", flush=True)
+        results = measure_levels(urls, queries, levels, args.warmup, args.duration, args.k)
     finally:
-        plain.send_signal(signal.SIGTERM)
-        plain.wait(timeout=30)
-        try:
-            from ray import serve
-
-            serve.shutdown()
-        except Exception:  # noqa: BLE001 - Serve may not have started
-            pass
+        stop_apps(plain, 30)
     report(args, results, levels)
 
 

@@ -39,6 +39,7 @@ import numpy as np
 from madr.index.aspects import AspectInfo, AspectTable, AspectTopK, load_shard_aspects
 from madr.index.manifest import MANIFEST_FILE, Manifest
 from madr.search.protocol import PAD_ID, TopK, pad_rows
+from madr.search.score_fusion import normalise
 
 MODES = ("filter", "boost")
 Condition = dict[str, frozenset[int]]  # aspect -> wanted value ids
@@ -75,14 +76,6 @@ def aspect_match(query: AspectTable, row: int, docs: AspectTable) -> MatchExplai
     for a in names:
         total += weight[a] * scores[a]
     return MatchExplained(total, scores, presence, weight)
-
-
-def minmax(scores: np.ndarray) -> np.ndarray:
-    """``(s - min) / (max - min)`` over [C] scores; all equal: zeros."""
-    if scores.size == 0:
-        return scores.astype(np.float64)
-    lo, span = scores.min(), scores.max() - scores.min()
-    return (scores - lo) / span if span > 0 else np.zeros_like(scores, dtype=np.float64)
 
 
 class AspectStore:
@@ -160,7 +153,7 @@ def aspect_rescore(base: TopK, query: AspectTable, store: AspectStore, weight: f
         live = (ids[q] != PAD_ID) & np.isfinite(scores[q])
         s, i = scores[q][live], ids[q][live]
         if weight > 0 and i.size:
-            s = (1.0 - weight) * minmax(s) + weight * aspect_match(query, q, store.lookup(i)).total
+            s = (1.0 - weight) * normalise(s, "minmax") + weight * aspect_match(query, q, store.lookup(i)).total
         order = np.lexsort((i, -s))[:k]
         rows.append((s[order], i[order]))
     return pad_rows(rows, k)
