@@ -20,13 +20,17 @@ measured in turn (plain first, then Serve), phase by phase:
    after the kill by status, the slowest, 503s without ``Retry-After``, 500s, and how long after the kill the
    last non-200 came.
 
-The Serve apps (``--apps``: ``fanout``, the demo's layout, and ``colocated``) run side by side in one Serve
-instance on 2 CPUs, each measured while the other idles. ``--kill-at S`` SIGKILLs a replica S seconds into the
+The Serve apps (``--apps``: ``fanout``, the demo's layout, ``colocated``, and ``colocated-direct``: the
+co-located app called at its replica's own port, `serve.direct_ingress`) run side by side in one Serve instance on
+2 CPUs, each measured while the others idle. ``--throughput-mode`` (implied by ``colocated-direct``) starts Ray in
+Serve's throughput mode, for every app of the run. ``--kill-at S`` SIGKILLs a replica S seconds into the
 steady run of the ``--kill-apps`` instead (with ``--searcher-replicas 2`` the other keeps answering).
 
     python -m benchmarks.speed.serve_mixed_load --duration 5 --bursts 140 --burst-kill 0   # smoke, ~2 min
     python -m benchmarks.speed.serve_mixed_load --light-kill --burst-kill 140 --json out.json  # the issue's run
     python -m benchmarks.speed.serve_mixed_load --apps fanout --searcher-replicas 2 --kill-at 10 --bursts ""
+    python -m benchmarks.speed.serve_mixed_load --light-kill --kill-apps fanout,colocated \
+        --apps plain,fanout,colocated,colocated-direct       # every Serve app in Serve's throughput mode
 """
 
 from __future__ import annotations
@@ -123,6 +127,7 @@ def summary(answers: list[Answer], elapsed: float) -> dict:
 
 
 SERVE_APPS = ("fanout", "colocated")
+DIRECT = "colocated-direct"  # the co-located app called at its replica's own port (`serve.direct_ingress`)
 KILL_TARGET = {"fanout": "searcher-0", "colocated": "Colocated"}  # the deployment a kill phase hits
 
 
@@ -157,17 +162,18 @@ def start_serve(manifest: Path, port: int, args: argparse.Namespace, topologies:
 def killer(app: str, at_s: float, log: dict):
     """A coroutine that SIGKILLs one replica of the Serve app `app`'s `KILL_TARGET` deployment `at_s` seconds
     after it starts (its pid and the time into `log`)."""
-    from ray import serve
+    from ray._private.state import actors as actor_table
 
     async def kill() -> None:
         t0 = time.perf_counter()  # the load starts now too
-        handle = serve.get_deployment_handle(KILL_TARGET[app], app_name=f"madr_{app}")
-        infos = await handle.broadcast("info").results_async()
-        pid = min(int(i["pid"]) for i in infos)
+        name = f"ServeReplica:madr_{app}:{KILL_TARGET[app]}"  # from Ray's actor table: no handle bound to a loop
+        table = await asyncio.to_thread(actor_table, actor_state_name="ALIVE")
+        actors = [a for a in table.values() if a["ActorClassName"] == name]
+        pid = min(int(a["Pid"]) for a in actors)
         await asyncio.sleep(max(0.0, at_s - (time.perf_counter() - t0)))
         os.kill(pid, signal.SIGKILL)
         log.update({"deployment": KILL_TARGET[app], "pid": pid, "at_s": time.perf_counter() - t0,
-                    "replicas_before": len(infos)})
+                    "replicas_before": len(actors)})
 
     return kill
 
@@ -319,7 +325,11 @@ def parse_args() -> argparse.Namespace:
                    help="Serve fan-out: ingress_coalesce (1: a call per request; default: ServeSettings')")
     p.add_argument("--queue-timeout", type=float, default=None,
                    help="Serve: queue_timeout_s (None: half of --request-timeout)")
-    p.add_argument("--apps", default="plain,fanout,colocated", help="plain and the Serve topologies to measure")
+    p.add_argument("--apps", default="plain,fanout,colocated", help="plain, the Serve topologies, and colocated-direct (the co-located "
+                   "replica's own HTTP port; turns Serve's throughput mode on for the whole run)")
+    p.add_argument("--throughput-mode", action="store_true",
+                   help="start Ray in Serve's throughput mode (RAY_SERVE_THROUGHPUT_OPTIMIZED=1: the router in the "
+                        "proxy's own event loop, direct ingress on); implied by colocated-direct")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="/tmp/madr_bench_serve_mixed")
     p.add_argument("--json", default=None, help="also write the summary here")
@@ -369,7 +379,12 @@ def main() -> None:
     manifest = build_corpus_index(args, model_dir)
     queries = [q.text for q in generate_catalog(300, 500, seed=1).queries]
     apps = args.apps.split(",")
-    topologies = [a for a in apps if a in SERVE_APPS]
+    args.throughput_mode = args.throughput_mode or DIRECT in apps
+    if args.throughput_mode:  # before Ray starts: the mode is read by every Serve process (a cluster-wide setting)
+        from serve.direct_ingress import throughput_env
+
+        throughput_env()
+    topologies = [a for a in SERVE_APPS if a in apps or (a == "colocated" and DIRECT in apps)]
     urls = {"plain": "http://127.0.0.1:18441"}
     plain = start_plain(manifest, 18441, None) if "plain" in apps else None
     results: dict[str, dict] = {}
@@ -381,6 +396,10 @@ def main() -> None:
         if plain is not None:
             wait_ready(urls["plain"], 600, plain)
         for name in apps:
+            if name == DIRECT:  # asked now: a kill phase of the co-located app replaced its replica (a new port)
+                from benchmarks.speed.serve_api import direct_url
+
+                urls[DIRECT] = direct_url("madr_colocated")
             results[name] = measure(name, urls[name], queries, args)
     finally:
         if plain is not None:
@@ -402,7 +421,8 @@ def report(args: argparse.Namespace, results: dict) -> None:
           f"replicas {args.searcher_replicas}, ingress / Colocated max_ongoing_requests {args.ingress_max_ongoing} + "
           f"max_queued_requests {args.max_queued}, route_timeout_s {args.route_timeout:g}, request_timeout_s "
           f"{args.request_timeout:g}, queue_timeout_s "
-          f"{args.queue_timeout if args.queue_timeout is not None else args.request_timeout / 2:g}")
+          f"{args.queue_timeout if args.queue_timeout is not None else args.request_timeout / 2:g}; Serve's "
+          f"throughput mode {'on' if args.throughput_mode else 'off'}")
     steady = {n: r["steady"] for n, r in results.items() if "steady" in r}
     if steady:
         print(f"\nSteady: {args.clients} clients x {args.duration:g} s per app, {args.bad_fraction:.0%} bad")

@@ -122,10 +122,24 @@ class PipelineConfig:
         return out
 
 
+def check_serve_section(serve: Any) -> None:
+    """The `serve:` section as the deploy stage will read it (`madr.serve_config.ServeSettings` over the args the run
+    derives), checked at load so a typo fails before training, naming the dotted key."""
+    if not isinstance(serve, dict):
+        raise ValueError(f"serve: expected a mapping of Serve settings, got {serve!r}")
+    derived = {"manifest_path", "doc_text_field"} & set(serve)
+    if derived:
+        raise ValueError(f"serve.{sorted(derived)[0]}: set by the run (the encode stage's index), not by the config")
+    from madr.serve_config import ServeSettings
+
+    from_dict(ServeSettings, {"manifest_path": "<the encode stage's manifest>", "doc_text_field": "text", **serve},
+              "serve.")
+
+
 def load_pipeline_config(path: str | Path | None, overrides: dict[str, Any] | None = None) -> PipelineConfig:
     """The YAML at `path` (defaults when None) with dotted-key `overrides` (`--set a.b=value`) applied."""
-    data, where = read_config_file(path)
-    return pipeline_config(apply_overrides(data, overrides or {}), where)
+    data, _ = read_config_file(path)
+    return pipeline_config(apply_overrides(data, overrides or {}), str(path) if path is not None else "<config>")
 
 
 def pipeline_config(data: dict[str, Any], where: str = "<config>") -> PipelineConfig:
@@ -145,8 +159,7 @@ def pipeline_config(data: dict[str, Any], where: str = "<config>") -> PipelineCo
         index = from_dict(IndexSettings, data.pop("index", None), "index.")
         bench = dict(data.pop("bench", None) or {})
         serve = data.pop("serve", None) or {}
-        if not isinstance(serve, dict):
-            raise ValueError(f"serve: expected a mapping of Serve settings, got {serve!r}")
+        check_serve_section(serve)
         recipe = from_dict(MultiTaskExperimentConfig, data)
         real_cfg = None if real is None else from_dict(RealMultilingualConfig, real, "real_data.")
     except (TypeError, ValueError) as err:
