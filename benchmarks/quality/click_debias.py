@@ -20,7 +20,9 @@ query. Reported per size: the means over seeds, paired tests over the test queri
 Student's t and randomisation, `benchmarks.common.stats.paired_tests`) of (b) vs (a), (c) vs (b) and (c) vs (a),
 the share of the (a) -> (c) gap that (b) recovers, the estimated vs true examination curve of the trained row (max
 abs error), and both estimators' curves on every log against the truth (`curves`: max abs error per seed, or why an
-estimator refused the log). `--curves-only` simulates the logs and reports those curves without training (seconds).
+estimator refused the log). `--curves-only` simulates the logs and reports those curves without training (seconds);
+`--weights-only` also reports where naive and inverse-propensity weights put the click positives' weight (on
+products judged relevant vs grade 0 / unjudged; `positive_mass`), from the estimated and from the true curve.
 
 Resumable: each (row, size, seed) keeps its per-query result in `<out>/runs/<row>/n<size>/seed<seed>/result.json`
 with a fingerprint of what it depends on (the config, with the estimator; the simulation's settings; the corpus);
@@ -268,6 +270,35 @@ def curves_report(curves: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
     return out
 
 
+def positive_mass(log: Path, catalog: Catalog, truth: np.ndarray, args: argparse.Namespace,
+                  threshold: float) -> dict[str, dict[str, float]]:
+    """Where each weighting puts the click positives' weight (`madr.clicks.judgments.click_judgments`, no
+    training): the share on products judged >= `threshold` and on grade-0 / unjudged ones, for naive clicks and
+    inverse-propensity weights from the estimated and from the true curve."""
+    import dataclasses
+
+    from madr.clicks.judgments import click_judgments, log_curve
+    from madr.clicks.log import read_click_log
+    from madr.config import ClickLogConfig
+
+    text = {q.query_id: q.text for q in catalog.queries}
+    grade = {(text[j.query_id], j.product_id): j.relevance for j in catalog.judgments}
+    impressions = read_click_log(str(log), "impressions").impressions
+    clicks = ClickLogConfig(path=str(log), format="impressions", max_rank=args.top_k, estimator=args.estimator,
+                            min_interventions=args.min_interventions)
+    estimated = log_curve(impressions, clicks)
+    curves = {"naive": None, "ipw (estimated curve)": estimated,
+              "ipw (true curve)": dataclasses.replace(estimated, propensity=[float(x) for x in truth])}
+    out = {}
+    for name, curve in curves.items():
+        positives = [j for j in click_judgments(impressions, curve, clip=args.clip) if j.relevant]
+        w = np.array([j.weight for j in positives])
+        g = np.array([grade.get((j.query, j.doc_id), 0) for j in positives])
+        out[name] = {"relevant_share": round(float(w[g >= threshold].sum() / w.sum()), 4),
+                     "grade0_share": round(float(w[g == 0].sum() / w.sum()), 4), "positives": len(positives)}
+    return out
+
+
 class _Curve:
     """The propensities of an `ExaminationCurve` JSON, for `curve_error`."""
 
@@ -278,6 +309,10 @@ class _Curve:
 def report_text(result: dict[str, Any]) -> str:
     lines = []
     for size, rep in result["sizes"].items():
+        for seed, mass in enumerate(rep.get("positive_mass", [])):
+            lines.append(f"\n{size} searches, log {seed}: the positives' weight on relevant / grade-0 products: " +
+                         "; ".join(f"{name} {m['relevant_share']:.3f} / {m['grade0_share']:.3f}"
+                                   for name, m in mass.items()))
         if "curves" in rep:
             lines.append(f"\n{size} searches, curve max abs error vs truth per seed: " + "; ".join(
                 f"{name} {c['max_abs_error']} (mean {c['mean']})" for name, c in rep["curves"].items()))
@@ -319,6 +354,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--min-interventions", type=int, default=20, help="data.clicks.min_interventions (harvest)")
     p.add_argument("--curves-only", action="store_true",
                    help="simulate the logs and report both estimators' curves, no training")
+    p.add_argument("--weights-only", action="store_true",
+                   help="simulate the logs and report where each weighting puts the positives' weight (no training)")
     p.add_argument("--eta", type=float, default=1.0)
     p.add_argument("--epsilon", type=float, default=0.1)
     p.add_argument("--clip", type=float, default=10.0)
@@ -331,7 +368,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--tag", default=None, help="results file name (default click_debias, with --curves-only "
                    "click_debias_curves: a curves-only run never replaces the trained study's results)")
     args = p.parse_args(argv)
-    args.tag = args.tag or ("click_debias_curves" if args.curves_only else "click_debias")
+    args.tag = args.tag or ("click_debias_curves" if args.curves_only else
+                            "click_debias_weights" if args.weights_only else "click_debias")
     return args
 
 
@@ -350,7 +388,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     truth = power_law_examination(args.top_k, args.eta)
     result: dict[str, Any] = {"args": vars(args), "sizes": {}, "runs": {}}
     judged: list[dict] = []
-    if "judgments" in args.rows and not args.curves_only:
+    if "judgments" in args.rows and not (args.curves_only or args.weights_only):
         for seed in args.seeds:
             cfg = run_config(base, "judgments", catalog_dir, None, out / "runs" / "judgments" / f"seed{seed}", seed,
                              args)
@@ -359,7 +397,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         logs = [write_log(candidates, args, size, seed, log_path(out, args, size, seed)) for seed in args.seeds]
         curves = curves_report([log_curves(log, truth, args) for log in logs])
         result["sizes"][str(size)] = {"curves": curves}
-        if args.curves_only:
+        if args.weights_only:
+            result["sizes"][str(size)]["positive_mass"] = [
+                positive_mass(log, catalog, truth, args, base.eval.relevance_threshold) for log in logs]
+        if args.curves_only or args.weights_only:
             continue
         runs: dict[str, list[dict]] = {"judgments": judged}
         for row in (r for r in args.rows if r != "judgments"):

@@ -64,3 +64,26 @@ def test_curves_only_reports_both_estimators_without_training(tmp_path: Path) ->
     assert not (tmp_path / "study" / "runs").exists(), "nothing is trained"
     assert json.loads((tmp_path / "results" / "click_debias_curves.json").read_text())["args"]["curves_only"]
     assert not (tmp_path / "results" / "click_debias.json").exists(), "the trained study's results stay"
+
+
+def test_weights_only_reports_where_each_weighting_puts_the_positives(tmp_path: Path) -> None:
+    """`--weights-only`: per log, the share of the click positives' weight on relevant and on grade-0 products
+    for naive, estimated-curve and true-curve weights; with no noise clicks (epsilon 0) no positive is grade 0."""
+    cfg = {"name": "tiny_weights", "output_dir": str(tmp_path / "unused"), "data": {"tokenizer_vocab_size": 600},
+           "model": {"name": "bibert", "backbone": {"name_or_path": None, "tiny": {
+               "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+               "max_position_embeddings": 64}}}}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    argv = ["--config", str(path), "--catalog", "synthetic", "--synthetic-products", "120", "--synthetic-queries",
+            "60", "--sizes", "3000", "--seeds", "0", "--top-k", "5", "--pool", "15", "--noise", "0.5",
+            "--swap-share", "0.5", "--min-interventions", "5", "--estimator", "harvest", "--weights-only",
+            "--out", str(tmp_path / "study"), "--results-dir", str(tmp_path)]
+    noisy = main([*argv, "--epsilon", "0.3"])["sizes"]["3000"]["positive_mass"][0]
+    assert set(noisy) == {"naive", "ipw (estimated curve)", "ipw (true curve)"}
+    assert len({m["positives"] for m in noisy.values()}) == 1, "the weighting changes weights, not positives"
+    assert all(0 < m["relevant_share"] < 1 and 0 < m["grade0_share"] < 1 for m in noisy.values()), noisy
+    clean = main([*argv, "--epsilon", "0"])["sizes"]["3000"]["positive_mass"][0]
+    assert all(m["grade0_share"] == 0 for m in clean.values()), clean
+    assert not (tmp_path / "study" / "runs").exists(), "nothing is trained"
+    assert (tmp_path / "results" / "click_debias_weights.json").is_file()
