@@ -46,12 +46,7 @@ def test_click_debias_tiny_and_resumable(tmp_path: Path) -> None:
 def test_curves_only_reports_both_estimators_without_training(tmp_path: Path) -> None:
     """`--curves-only`: the logs are simulated and both estimators' curves compared with the truth, nothing is
     trained; a log is kept per simulation setting (a new swap share is a new log, not the old one reused)."""
-    cfg = {"name": "tiny_curves", "output_dir": str(tmp_path / "unused"), "data": {"tokenizer_vocab_size": 600},
-           "model": {"name": "bibert", "backbone": {"name_or_path": None, "tiny": {
-               "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
-               "max_position_embeddings": 64}}}}
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path = _untrained_config(tmp_path, "tiny_curves")
     argv = ["--config", str(path), "--catalog", "synthetic", "--synthetic-products", "120", "--synthetic-queries",
             "60", "--sizes", "3000", "--seeds", "0", "--top-k", "5", "--pool", "15", "--noise", "0",
             "--min-interventions", "5", "--curves-only", "--out", str(tmp_path / "study"), "--results-dir",
@@ -69,12 +64,7 @@ def test_curves_only_reports_both_estimators_without_training(tmp_path: Path) ->
 def test_weights_only_reports_where_each_weighting_puts_the_positives(tmp_path: Path) -> None:
     """`--weights-only`: per log, the share of the click positives' weight on relevant and on grade-0 products
     for naive, estimated-curve and true-curve weights; with no noise clicks (epsilon 0) no positive is grade 0."""
-    cfg = {"name": "tiny_weights", "output_dir": str(tmp_path / "unused"), "data": {"tokenizer_vocab_size": 600},
-           "model": {"name": "bibert", "backbone": {"name_or_path": None, "tiny": {
-               "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
-               "max_position_embeddings": 64}}}}
-    path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump(cfg))
+    path = _untrained_config(tmp_path, "tiny_weights")
     argv = ["--config", str(path), "--catalog", "synthetic", "--synthetic-products", "120", "--synthetic-queries",
             "60", "--sizes", "3000", "--seeds", "0", "--top-k", "5", "--pool", "15", "--noise", "0.5",
             "--swap-share", "0.5", "--min-interventions", "5", "--estimator", "harvest", "--weights-only",
@@ -87,3 +77,14 @@ def test_weights_only_reports_where_each_weighting_puts_the_positives(tmp_path: 
     assert all(m["grade0_share"] == 0 for m in clean.values()), clean
     assert not (tmp_path / "study" / "runs").exists(), "nothing is trained"
     assert (tmp_path / "results" / "click_debias_weights.json").is_file()
+
+
+def _untrained_config(tmp_path: Path, name: str) -> Path:
+    """A config for the runs that train nothing (a tiny random backbone, only its tokenizer is used)."""
+    cfg = {"name": name, "output_dir": str(tmp_path / "unused"), "data": {"tokenizer_vocab_size": 600},
+           "model": {"name": "bibert", "backbone": {"name_or_path": None, "tiny": {
+               "hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
+               "max_position_embeddings": 64}}}}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
