@@ -12,6 +12,14 @@ lists (recall@k, MRR@10); the benchmark's NDCG@10 and AUC re-rank every judged p
 score, which a TREC run of the top `eval.top_k` cannot give, so they are left out.
 
     python -m benchmarks.quality.pipeline_equivalence --pipeline-dir runs/product_search --export DIR/export
+
+The multilingual recipe (`--multilingual PUBLISHED`): the pipeline's run of `configs/real/multilingual.yaml`
+(`<output_dir>/metrics.json`, its trained row) against the published benchmark's teacher row of the same seed
+(`benchmarks/results/real_multitask_e5.json`, written by the multilingual benchmark before the pipeline replaced
+it): click AUC (one number per side) and cross-lingual top-1 paired per source language.
+
+    python -m benchmarks.quality.pipeline_equivalence --pipeline-dir runs/multilingual_e5 \
+        --multilingual benchmarks/results/real_multitask_e5.json --seed 0
 """
 
 from __future__ import annotations
@@ -75,6 +83,21 @@ def compare(pipeline_dir: Path, export: Path, row: str, seed: int, draws: int) -
     return out
 
 
+def compare_multilingual(pipeline_dir: Path, published: Path, seed: int, draws: int,
+                         row: str = "multitask", theirs_row: str = "multi-task e5 teacher (12 layers)") -> dict:
+    """{metric: {pipeline, benchmark, diff[, p_randomisation, p_ttest, n]}}: click AUC unpaired, cross-lingual
+    top-1 paired per source language (module docstring)."""
+    ours = json.loads((pipeline_dir / "metrics.json").read_text())["rows"][row]
+    runs = json.loads(published.read_text())["runs"]
+    theirs = next(r for r in runs if r["seed"] == seed)["rows"][theirs_row]
+    langs = sorted(k for k in theirs if k.startswith("xling_top1_"))
+    a, b = {k: ours[k] for k in langs}, {k: theirs[k] for k in langs}
+    return {"click_auc": {"pipeline": ours["click_auc"], "benchmark": theirs["click_auc"],
+                          "diff": ours["click_auc"] - theirs["click_auc"], "n": 1},
+            "xling_top1 (per language)": {"pipeline": sum(a.values()) / len(a), "benchmark": sum(b.values()) / len(b),
+                                          **paired_tests(a, b, draws)}}
+
+
 def _experiment(pipeline_dir: Path):
     """The experiment config the pipeline ran with (its materialised copy, else the marker's config path)."""
     marker = json.loads((pipeline_dir / "_stages" / "evaluate.done.json").read_text())
@@ -86,22 +109,31 @@ def table(result: dict) -> str:
              "|---|---|---|---|---|---|---|---|"]
     for pair, rows in result.items():
         for m, r in rows.items():
+            p_t, p_rand = (f"{r[k]:.3g}" if k in r else "-" for k in ("p_ttest", "p_randomisation"))
             lines.append(f"| {pair} | {m} | {r['pipeline']:.4f} | {r['benchmark']:.4f} | {r['diff']:+.4f} | "
-                         f"{r['p_ttest']:.3g} | {r['p_randomisation']:.3g} | {r['n']} |")
+                         f"{p_t} | {p_rand} | {r['n']} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--pipeline-dir", required=True, help="the pipeline run's output_dir")
-    p.add_argument("--export", required=True, help="the benchmark's --export folder")
+    p.add_argument("--export", help="the benchmark's --export folder (product search)")
+    p.add_argument("--multilingual", help="the published multilingual benchmark JSON (compares the multilingual "
+                                          "recipe's run instead)")
     p.add_argument("--row", default="bibert_mined")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--draws", type=int, default=10000)
     p.add_argument("--out-dir", default=str(RUN_OUT))
     p.add_argument("--tag", default="pipeline_equivalence")
     args = p.parse_args(argv)
-    result = compare(Path(args.pipeline_dir), Path(args.export), args.row, args.seed, args.draws)
+    if args.multilingual:
+        result = {"multilingual teacher": compare_multilingual(Path(args.pipeline_dir), Path(args.multilingual),
+                                                               args.seed, args.draws)}
+    elif args.export:
+        result = compare(Path(args.pipeline_dir), Path(args.export), args.row, args.seed, args.draws)
+    else:
+        p.error("one of --export (product search) and --multilingual is needed")
     text = table(result)
     print(text)
     write_result_json(args.out_dir, args.tag, {"pairs": result, "table": text, "args": vars(args)})

@@ -42,3 +42,22 @@ def test_pipeline_runs_pair_with_the_benchmark_rows_per_query(tmp_path):
     assert fused["runs"] == ["bibert", "bm25+bibert_mined"]
     assert dense["pipeline"] == pytest.approx(0.75) and dense["diff"] == pytest.approx(-0.25)
     assert dense["n"] == 2, "q3 has no relevant product: the benchmark does not evaluate it"
+
+
+def test_the_multilingual_run_pairs_with_the_published_teacher_per_language(tmp_path):
+    from benchmarks.quality.pipeline_equivalence import compare_multilingual
+
+    out = tmp_path / "ml"
+    out.mkdir()
+    ours = {"click_auc": 0.78, "xling_top1_deu": 0.9, "xling_top1_fra": 0.7, "xling_top1": 0.8}
+    (out / "metrics.json").write_text(json.dumps({"rows": {"multitask": ours, "untrained": {}}}))
+    teacher = "multi-task e5 teacher (12 layers)"
+    published = tmp_path / "published.json"
+    published.write_text(json.dumps({"runs": [
+        {"seed": 0, "rows": {teacher: {"click_auc": 0.77, "xling_top1_deu": 0.8, "xling_top1_fra": 0.7}}},
+        {"seed": 1, "rows": {teacher: {"click_auc": 0.5, "xling_top1_deu": 0.0, "xling_top1_fra": 0.0}}}]}))
+    result = compare_multilingual(out, published, seed=0, draws=200)
+    assert result["click_auc"]["diff"] == pytest.approx(0.01) and result["click_auc"]["n"] == 1
+    xling = result["xling_top1 (per language)"]
+    assert xling["n"] == 2 and xling["diff"] == pytest.approx(0.05), "paired over the published seed's languages"
+    assert (xling["pipeline"], xling["benchmark"]) == (pytest.approx(0.8), pytest.approx(0.75))
