@@ -325,8 +325,9 @@ def parse_args() -> argparse.Namespace:
                    help="Serve fan-out: ingress_coalesce (1: a call per request; default: ServeSettings')")
     p.add_argument("--queue-timeout", type=float, default=None,
                    help="Serve: queue_timeout_s (None: half of --request-timeout)")
-    p.add_argument("--apps", default="plain,fanout,colocated", help="plain, the Serve topologies, and colocated-direct (the co-located "
-                   "replica's own HTTP port; turns Serve's throughput mode on for the whole run)")
+    p.add_argument("--apps", default="plain,fanout,colocated",
+                   help="plain, the Serve topologies, and colocated-direct (the co-located replica's own HTTP port; "
+                        "turns Serve's throughput mode on for the whole run)")
     p.add_argument("--throughput-mode", action="store_true",
                    help="start Ray in Serve's throughput mode (RAY_SERVE_THROUGHPUT_OPTIMIZED=1: the router in the "
                         "proxy's own event loop, direct ingress on); implied by colocated-direct")
