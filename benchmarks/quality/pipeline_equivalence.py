@@ -92,8 +92,9 @@ def compare_multilingual(pipeline_dir: Path, published: Path, seed: int, draws: 
     theirs = next(r for r in runs if r["seed"] == seed)["rows"][theirs_row]
     langs = sorted(k for k in theirs if k.startswith("xling_top1_"))
     a, b = {k: ours[k] for k in langs}, {k: theirs[k] for k in langs}
-    return {"click_auc": {"pipeline": ours["click_auc"], "benchmark": theirs["click_auc"],
-                          "diff": ours["click_auc"] - theirs["click_auc"], "n": 1},
+    single = {m: {"pipeline": ours[m], "benchmark": theirs[m], "diff": ours[m] - theirs[m], "n": 1}
+              for m in ("click_auc", "ndcg@5") if m in ours and m in theirs}  # the click metrics both report
+    return {**single,
             "xling_top1 (per language)": {"pipeline": sum(a.values()) / len(a), "benchmark": sum(b.values()) / len(b),
                                           **paired_tests(a, b, draws)}}
 
