@@ -16,7 +16,7 @@ score, which a TREC run of the top `eval.top_k` cannot give, so they are left ou
 The multilingual recipe (`--multilingual PUBLISHED`): the pipeline's run of `configs/real/multilingual.yaml`
 (`<output_dir>/metrics.json`, its trained row) against the published benchmark's teacher row of the same seed
 (`benchmarks/results/real_multitask_e5.json`, written by the multilingual benchmark before the pipeline replaced
-it): click AUC (one number per side) and cross-lingual top-1 paired per source language.
+it): the click metrics both report (one number per side) and cross-lingual top-1 paired per source language.
 
     python -m benchmarks.quality.pipeline_equivalence --pipeline-dir runs/multilingual_e5 \
         --multilingual benchmarks/results/real_multitask_e5.json --seed 0
@@ -85,8 +85,8 @@ def compare(pipeline_dir: Path, export: Path, row: str, seed: int, draws: int) -
 
 def compare_multilingual(pipeline_dir: Path, published: Path, seed: int, draws: int,
                          row: str = "multitask", theirs_row: str = "multi-task e5 teacher (12 layers)") -> dict:
-    """{metric: {pipeline, benchmark, diff[, p_randomisation, p_ttest, n]}}: click AUC unpaired, cross-lingual
-    top-1 paired per source language (module docstring)."""
+    """{metric: {pipeline, benchmark, diff[, p_randomisation, p_ttest, n]}}: the click metrics both report unpaired,
+    cross-lingual top-1 paired per source language (module docstring)."""
     ours = json.loads((pipeline_dir / "metrics.json").read_text())["rows"][row]
     runs = json.loads(published.read_text())["runs"]
     theirs = next(r for r in runs if r["seed"] == seed)["rows"][theirs_row]

@@ -93,8 +93,3 @@ def _check_one(cfg: Any, stage: str, here: bool) -> None:
         clicks = cfg.recipe.data.clicks
         if clicks is not None and "://" not in clicks.path and not Path(clicks.path).exists():
             raise ValueError(f"data.clicks.path: {clicks.path} does not exist")
-    if stage == "deploy":
-        from madr.config import from_dict
-        from madr.serve_config import ServeSettings
-
-        from_dict(ServeSettings, serve_args(cfg), "serve.")
