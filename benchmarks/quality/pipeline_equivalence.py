@@ -18,8 +18,8 @@ The multilingual recipe (`--multilingual PUBLISHED`): the pipeline's run of `con
 (`benchmarks/results/real_multitask_e5.json`, written by the multilingual benchmark before the pipeline replaced
 it): the click metrics both report (one number per side) and cross-lingual top-1 paired per source language.
 
-    python -m benchmarks.quality.pipeline_equivalence --pipeline-dir runs/multilingual_e5 \
-        --multilingual benchmarks/results/real_multitask_e5.json --seed 0
+    python -m benchmarks.quality.pipeline_equivalence --pipeline-dir RUN_S0 RUN_S1 RUN_S2 \
+        --multilingual benchmarks/results/real_multitask_e5.json --seed 0 1 2
 """
 
 from __future__ import annotations
@@ -99,6 +99,22 @@ def compare_multilingual(pipeline_dir: Path, published: Path, seed: int, draws: 
                                           **paired_tests(a, b, draws)}}
 
 
+def compare_multilingual_seeds(runs: dict[int, Path], published: Path, draws: int) -> dict:
+    """`compare_multilingual` for each seed's run, then each metric both report over the seeds, paired by seed
+    (with three seeds the sign-flip test cannot go below p 0.25: the t-test and the published seeds' spread say
+    more)."""
+    per_seed = {seed: compare_multilingual(path, published, seed, draws) for seed, path in sorted(runs.items())}
+    out: dict[str, dict] = {f"seed {seed}": rows for seed, rows in per_seed.items()}
+    if len(per_seed) > 1:
+        metrics = set.intersection(*(set(rows) for rows in per_seed.values()))
+        out["over seeds"] = {m: {"pipeline": sum(r[m]["pipeline"] for r in per_seed.values()) / len(per_seed),
+                                 "benchmark": sum(r[m]["benchmark"] for r in per_seed.values()) / len(per_seed),
+                                 **paired_tests({s: r[m]["pipeline"] for s, r in per_seed.items()},
+                                                {s: r[m]["benchmark"] for s, r in per_seed.items()}, draws)}
+                             for m in sorted(metrics)}
+    return out
+
+
 def _experiment(pipeline_dir: Path):
     """The experiment config the pipeline ran with (its materialised copy, else the marker's config path)."""
     marker = json.loads((pipeline_dir / "_stages" / "evaluate.done.json").read_text())
@@ -118,21 +134,26 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pipeline-dir", required=True, help="the pipeline run's output_dir")
+    p.add_argument("--pipeline-dir", required=True, nargs="+",
+                   help="the pipeline run's output_dir (multilingual: one per --seed, in the same order)")
     p.add_argument("--export", help="the benchmark's --export folder (product search)")
     p.add_argument("--multilingual", help="the published multilingual benchmark JSON (compares the multilingual "
                                           "recipe's run instead)")
     p.add_argument("--row", default="bibert_mined")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, nargs="+", default=[0])
     p.add_argument("--draws", type=int, default=10000)
     p.add_argument("--out-dir", default=str(RUN_OUT))
     p.add_argument("--tag", default="pipeline_equivalence")
     args = p.parse_args(argv)
+    if len(args.pipeline_dir) != len(args.seed):
+        p.error(f"{len(args.pipeline_dir)} --pipeline-dir for {len(args.seed)} --seed: give one run per seed")
     if args.multilingual:
-        result = {"multilingual teacher": compare_multilingual(Path(args.pipeline_dir), Path(args.multilingual),
-                                                               args.seed, args.draws)}
+        runs = {seed: Path(d) for seed, d in zip(args.seed, args.pipeline_dir, strict=True)}
+        result = compare_multilingual_seeds(runs, Path(args.multilingual), args.draws)
     elif args.export:
-        result = compare(Path(args.pipeline_dir), Path(args.export), args.row, args.seed, args.draws)
+        if len(args.seed) > 1:
+            p.error("product search compares one seed per run (--seed N)")
+        result = compare(Path(args.pipeline_dir[0]), Path(args.export), args.row, args.seed[0], args.draws)
     else:
         p.error("one of --export (product search) and --multilingual is needed")
     text = table(result)

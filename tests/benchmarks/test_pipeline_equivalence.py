@@ -61,3 +61,29 @@ def test_the_multilingual_run_pairs_with_the_published_teacher_per_language(tmp_
     xling = result["xling_top1 (per language)"]
     assert xling["n"] == 2 and xling["diff"] == pytest.approx(0.05), "paired over the published seed's languages"
     assert (xling["pipeline"], xling["benchmark"]) == (pytest.approx(0.8), pytest.approx(0.75))
+
+
+def test_the_multilingual_runs_of_several_seeds_pair_by_seed(tmp_path):
+    from benchmarks.quality.pipeline_equivalence import main
+
+    teacher = "multi-task e5 teacher (12 layers)"
+    published = tmp_path / "published.json"
+    published.write_text(json.dumps({"runs": [
+        {"seed": s, "rows": {teacher: {"click_auc": 0.70 + s / 100, "xling_top1_deu": 0.8, "xling_top1_fra": 0.6}}}
+        for s in (0, 1)]}))
+    dirs = []
+    for s in (0, 1):
+        dirs.append(tmp_path / f"ml{s}")
+        dirs[-1].mkdir()
+        ours = {"click_auc": 0.72 + s / 100, "xling_top1_deu": 0.8, "xling_top1_fra": 0.7}
+        (dirs[-1] / "metrics.json").write_text(json.dumps({"rows": {"multitask": ours}}))
+    argv = ["--pipeline-dir", *map(str, dirs), "--multilingual", str(published), "--seed", "0", "1",
+            "--draws", "100", "--out-dir", str(tmp_path / "out"), "--tag", "ml"]
+    assert main(argv) == 0
+    pairs = json.loads((tmp_path / "out" / "results" / "ml.json").read_text())["pairs"]
+    assert pairs["seed 1"]["click_auc"]["benchmark"] == pytest.approx(0.71), "each run against its own seed's row"
+    over = pairs["over seeds"]["click_auc"]
+    assert over["n"] == 2 and over["diff"] == pytest.approx(0.02), f"paired by seed: {over}"
+    assert pairs["over seeds"]["xling_top1 (per language)"]["diff"] == pytest.approx(0.05)
+    with pytest.raises(SystemExit):
+        main(["--pipeline-dir", str(dirs[0]), "--multilingual", str(published), "--seed", "0", "1"])

@@ -12,7 +12,7 @@ from transformers import PreTrainedTokenizerBase
 from madr.data.records import ClickRecord, MultilingualData
 from madr.recipes.multitask.config import MultiTaskExperimentConfig
 from madr.recipes.multitask.data import doc_text
-from madr.recipes.multitask.evaluation import click_ndcg, retrieval_top1
+from madr.recipes.multitask.evaluation import click_metrics, retrieval_top1
 from madr.search.edit_distance import edit_distance_scores
 from madr.search.sparse import BM25Index
 
@@ -62,7 +62,7 @@ def _baseline_row(scorer: PairScorer, data: MultilingualData, cfg: MultiTaskExpe
     scores = np.empty(len(data.clicks_eval))
     for g, s in zip(groups, per_query, strict=True):
         scores[g] = s
-    out = click_ndcg(scores, data.clicks_eval, cfg.eval.ndcg_at)
+    out = click_metrics(scores, data.clicks_eval, cfg.eval.ndcg_at)
     candidates = list(dict.fromkeys(r.target for r in data.parallel_eval))
     sources = [r.source for r in data.parallel_eval]
     out.update(retrieval_top1(np.stack(scorer(sources, [candidates] * len(sources))), data.parallel_eval, candidates))
@@ -74,7 +74,7 @@ def baseline_rows(data: MultilingualData, tokenizer: PreTrainedTokenizerBase,
     """Training-free rows of Table III: random, the logged old ranker, token BM25, minimum edit distance."""
     rows = {"Random scores": _baseline_row(_random_scorer(cfg.seed), data, cfg)}
     position = np.array([-(r.position or 0) for r in data.clicks_eval], dtype=np.float64)
-    rows["Old ranker (logged order)"] = click_ndcg(position, data.clicks_eval, cfg.eval.ndcg_at)
+    rows["Old ranker (logged order)"] = click_metrics(position, data.clicks_eval, cfg.eval.ndcg_at)
     rows["Token BM25 (word pieces)"] = _baseline_row(bm25_scorer(tokenizer), data, cfg)
     rows["Minimum edit distance"] = _baseline_row(_edit_distance_scorer, data, cfg)
     return rows

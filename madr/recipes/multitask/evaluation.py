@@ -1,5 +1,6 @@
-"""Held-out evaluation of an encoder (step 5 of `madr.recipes.multitask.experiment`): click NDCG of the shown
-documents re-ranked by the model, NLI ROC AUC of the cosine, cross-lingual top-1 retrieval."""
+"""Held-out evaluation of an encoder (step 5 of `madr.recipes.multitask.experiment`): click ROC AUC of the
+query-document cosine and NDCG of the shown documents re-ranked by the model, NLI ROC AUC of the cosine,
+cross-lingual top-1 retrieval."""
 
 from __future__ import annotations
 
@@ -33,6 +34,27 @@ def click_ndcg(scores: np.ndarray, records: Sequence[ClickRecord], ks: Sequence[
         qrels.setdefault(r.query_id, {})[r.doc_id] = float(r.relevance)
     return {f"ndcg@{k}": v for k, v in zip(ks, evaluate(run, qrels, [f"ndcg@{k}" for k in ks]).values(),
                                            strict=True)}
+
+
+def click_metrics(scores: np.ndarray, records: Sequence[ClickRecord], ks: Sequence[int]) -> dict[str, float]:
+    """`click_auc`: ROC AUC of the pair scores, relevant (relevance > 0) against not, over every held-out pair
+    (the click columns of paper 004 Table III on XGLUE QADSM / QAM, whose queries mostly show one document);
+    `ndcg@k` over the queries whose shown documents differ in relevance, the only ones a ranking can change
+    (`click_queries_ranked` counts them)."""
+    relevance = [r.relevance for r in records]
+    if None in relevance:
+        i = relevance.index(None)
+        raise ValueError(f"click record {i} (query {records[i].query_id!r}, doc {records[i].doc_id!r}) has no "
+                         "relevance to judge")
+    grades: dict[str, set[int]] = {}
+    for r in records:
+        grades.setdefault(r.query_id, set()).add(int(r.relevance))
+    ranked = [i for i, r in enumerate(records) if len(grades[r.query_id]) > 1]
+    out = {"click_auc": roc_auc(scores, np.array(relevance) > 0),
+           "click_queries_ranked": float(sum(len(g) > 1 for g in grades.values()))}
+    if ranked:
+        out.update(click_ndcg(np.asarray(scores)[ranked], [records[i] for i in ranked], ks))
+    return out
 
 
 def nli_auc(scores: np.ndarray, records: Sequence[NLIRecord]) -> dict[str, float]:
@@ -75,7 +97,7 @@ def encoder_metrics(model: BiEncoder, data: MultilingualData, cfg: MultiTaskExpe
     """Every held-out metric of an encoder (see the module docstring for which side each text takes)."""
     bs, order = cfg.eval.batch_size, cfg.tasks.click.field_order
     clicks = data.clicks_eval
-    out = click_ndcg(click_pair_scores(model, clicks, order, bs), clicks, cfg.eval.ndcg_at)
+    out = click_metrics(click_pair_scores(model, clicks, order, bs), clicks, cfg.eval.ndcg_at)
     h = _embed(model, [r.hypothesis for r in data.nli_eval], "query", bs)
     p = _embed(model, [r.premise for r in data.nli_eval], "doc", bs)
     out.update(nli_auc((h * p).sum(-1).numpy(), data.nli_eval))

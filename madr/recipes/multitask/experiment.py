@@ -127,7 +127,7 @@ def run_multitask_experiment(cfg: MultiTaskExperimentConfig, write: bool = True)
     return result
 
 
-COLUMNS = (("ndcg@5", "Click NDCG@5"), ("ndcg@10", "Click NDCG@10"), ("nli_auc_en", "NLI AUC en"),
+COLUMNS = (("click_auc", "Click AUC"), ("ndcg@5", "Click NDCG@5"), ("ndcg@10", "Click NDCG@10"), ("nli_auc_en", "NLI AUC en"),
            ("nli_auc_xx", "NLI AUC xx"), ("nli_auc_all3", "NLI AUC 3-way"), ("xling_top1", "X-ling top-1"))
 
 

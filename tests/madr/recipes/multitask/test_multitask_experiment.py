@@ -13,7 +13,7 @@ from madr.data.records import ClickRecord, NLIRecord, ParallelRecord
 from madr.recipes.multitask.config import MultiTaskExperimentConfig, load_multitask_config
 from madr.recipes.multitask.data import build_data
 from madr.recipes.multitask.encoders import build_encoder, build_tokenizer, train_encoder
-from madr.recipes.multitask.evaluation import click_ndcg, encoder_metrics, nli_auc, retrieval_top1
+from madr.recipes.multitask.evaluation import click_metrics, click_ndcg, encoder_metrics, nli_auc, retrieval_top1
 from madr.recipes.multitask.experiment import UNTRAINED, row_labels, run_multitask_experiment, student_label
 
 # A 2-layer, 64-wide BERT without dropout (dropout slows a from-scratch toy model several-fold) on small data.
@@ -79,6 +79,20 @@ def test_click_ndcg_by_hand():
     recs[0].relevance = None
     with pytest.raises(ValueError, match="record 0 .*no relevance"):
         click_ndcg(np.zeros(3), recs, [3])
+
+
+def test_click_metrics_auc_over_all_pairs_ndcg_over_ranked_queries():
+    rows = (("q1", "d1", 1), ("q1", "d2", 0), ("q2", "d3", 1), ("q3", "d4", 0), ("q3", "d5", 0))
+    recs = [ClickRecord("q", {"title": d}, False, doc_id=d, query_id=q, relevance=rel) for q, d, rel in rows]
+    scores = np.array([0.2, 0.9, 0.5, 0.1, 0.4])
+    out = click_metrics(scores, recs, [2])
+    # positives 0.2, 0.5 against negatives 0.9, 0.1, 0.4: pairs won 1 + 2 of 6
+    assert out["click_auc"] == pytest.approx(3 / 6), f"pooled AUC over every pair: {out}"
+    assert out["click_queries_ranked"] == 1, "only q1 shows documents of different relevance"
+    assert out["ndcg@2"] == pytest.approx(1 / np.log2(3)), f"q1 alone, its relevant document second: {out}"
+    recs[3].relevance = None
+    with pytest.raises(ValueError, match="record 3 .*no relevance"):
+        click_metrics(scores, recs, [2])
 
 
 def test_nli_auc_splits_languages_and_classes():
