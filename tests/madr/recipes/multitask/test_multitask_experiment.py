@@ -13,7 +13,13 @@ from madr.data.records import ClickRecord, NLIRecord, ParallelRecord
 from madr.recipes.multitask.config import MultiTaskExperimentConfig, load_multitask_config
 from madr.recipes.multitask.data import build_data
 from madr.recipes.multitask.encoders import build_encoder, build_tokenizer, train_encoder
-from madr.recipes.multitask.evaluation import click_metrics, click_ndcg, encoder_metrics, nli_auc, retrieval_top1
+from madr.recipes.multitask.evaluation import (
+    click_metrics,
+    click_ndcg,
+    encoder_metrics,
+    nli_auc,
+    retrieval_top1,
+)
 from madr.recipes.multitask.experiment import UNTRAINED, row_labels, run_multitask_experiment, student_label
 
 # A 2-layer, 64-wide BERT without dropout (dropout slows a from-scratch toy model several-fold) on small data.
