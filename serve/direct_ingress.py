@@ -8,7 +8,10 @@ shard, `serve.colocated`), so a client that calls the replica's port skips the p
 what Serve adds to the latency of the same code run in one process.
 
 The mode is read by every Serve process when it imports Serve, so it must be in the environment **before the
-Ray cluster starts** (`throughput_env` before `ray.init` / ``ray start``); it cannot be switched per app. The
+Ray cluster starts** (`throughput_env` before `ray.init` / ``ray start``); it cannot be switched per app.
+Where madr starts Ray for Serve (the deploy stage's ``serve run``, `pipelines.jobs.local_cluster`, the cluster
+YAMLs and KubeRay manifests) the mode is on unless the environment says ``RAY_SERVE_THROUGHPUT_OPTIMIZED=0``:
+its proxy routes in an event loop of its own, which is what lets a burst's excess be refused on arrival. The
 same API key, limits and error handling apply on both paths (they live in the app, not in the proxy).
 The proxy port keeps working and stays the one to give clients when there are several replicas: a replica's
 port routes to that replica only (Ray's HAProxy ingress, ``RAY_SERVE_ENABLE_HA_PROXY=1``, balances over them
@@ -24,12 +27,17 @@ from typing import Any
 THROUGHPUT_ENV = {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
 
 
-def throughput_env(environ: dict[str, str] | None = None) -> dict[str, str]:
+def throughput_env(environ: dict[str, str] | None = None, override: bool = True) -> dict[str, str]:
     """Set Ray Serve's throughput-optimised mode (direct ingress on) in `environ` (default: os.environ);
-    call before the Ray cluster starts. Returns the variables set."""
+    call before the Ray cluster starts. `override=False` keeps a value the environment already has (``0``
+    turns the mode off where madr starts Ray for Serve). Returns the variables as set."""
     target = os.environ if environ is None else environ
-    target.update(THROUGHPUT_ENV)
-    return dict(THROUGHPUT_ENV)
+    for key, value in THROUGHPUT_ENV.items():
+        if override:
+            target[key] = value
+        else:
+            target.setdefault(key, value)
+    return {key: target[key] for key in THROUGHPUT_ENV}
 
 
 def replica_urls(app_name: str, host: str = "127.0.0.1", details: dict[str, Any] | None = None) -> list[str]:

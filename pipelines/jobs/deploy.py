@@ -21,6 +21,7 @@ from typing import Any
 import yaml
 
 from pipelines.jobs.stages import load_yaml
+from serve.direct_ingress import throughput_env
 
 DEFAULT_SERVE_CONFIG = "serve/serve_config.yaml"
 PATH_ARG_SUFFIXES = ("_path", "_dir", "_file")
@@ -111,8 +112,14 @@ def check_placement_here(cfg: dict[str, Any]) -> None:
                              f"CPUs: {err}") from None
 
 
+def _with_throughput_mode(env: dict[str, str]) -> dict[str, str]:
+    throughput_env(env, override=False)
+    return env
+
+
 def serve_run_here(cfg: dict[str, Any], blocking: bool) -> int:
-    """`serve run <config>` as a child process (foreground when blocking)."""
+    """`serve run <config>` as a child process (foreground when blocking), its Ray in Serve's throughput mode
+    unless the environment turns it off (`serve.direct_ingress`)."""
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", prefix="madr-serve-", delete=False) as f:
         yaml.safe_dump(cfg, f, sort_keys=False)
     cmd = [sys.executable, "-m", "ray.serve.scripts", "run", f.name]
@@ -120,6 +127,6 @@ def serve_run_here(cfg: dict[str, Any], blocking: bool) -> int:
         cmd.append("--non-blocking")
     print(f"[madr.jobs] deploy: {' '.join(cmd)}", flush=True)
     try:
-        return subprocess.call(cmd)
+        return subprocess.call(cmd, env=_with_throughput_mode(dict(os.environ)))
     except KeyboardInterrupt:
         return 130

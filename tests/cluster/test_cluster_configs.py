@@ -270,6 +270,7 @@ def test_runtime_env_file():
 TOKEN_ENV = "RAY_AUTH_MODE=token RAY_AUTH_TOKEN_PATH=$HOME/.madr/ray_auth_token"
 KUBERAY = {"raycluster.yaml": ("RayCluster", ("spec",)), "rayjob.yaml": ("RayJob", ("spec", "rayClusterSpec")),
            "rayservice.yaml": ("RayService", ("spec", "rayClusterConfig"))}
+KUBERAY_SERVING = ("raycluster.yaml", "rayservice.yaml")  # the clusters Serve runs on (a RayJob's is a batch job's)
 
 
 def _cluster_spec(name: str) -> dict[str, Any]:
@@ -295,6 +296,22 @@ def test_launcher_starts_ray_with_token_auth_from_a_mounted_secret(name):
     assert len(starts) == 2 and all(TOKEN_ENV in c for c in starts), starts
     assert cfg["file_mounts"]["~/.madr/ray_auth_token"] == "~/.madr/ray_auth_token"
     assert "auth_token" not in " ".join(cfg["rsync_exclude"]), "the token is outside the checkout: nothing to exclude"
+
+
+@pytest.mark.parametrize("name", LAUNCHER)
+def test_launcher_starts_ray_in_serves_throughput_mode(name):
+    """Serve's throughput mode is read when a node starts (serve/direct_ingress.py): every `ray start` sets it."""
+    cfg = load(name)
+    starts = [c for key in ("head_start_ray_commands", "worker_start_ray_commands") for c in cfg[key]
+              if "ray start" in c]
+    assert starts and all("RAY_SERVE_THROUGHPUT_OPTIMIZED=1 " in c for c in starts), starts
+
+
+@pytest.mark.parametrize("name", KUBERAY_SERVING)
+def test_kuberay_ray_containers_run_in_serves_throughput_mode(name):
+    for c in _containers(_cluster_spec(name)):
+        env = {e["name"]: e.get("value") for e in c.get("env", [])}
+        assert env.get("RAY_SERVE_THROUGHPUT_OPTIMIZED") == "1", f"{name}: {c['name']}"
 
 
 def test_make_token_creates_a_private_token_once(tmp_path):
@@ -390,6 +407,19 @@ def test_local_cluster_stops_without_waiting_for_a_drain(tmp_path, monkeypatch):
     assert env["RAY_AUTH_TOKEN_PATH"] == str(tmp_path / "token") and env["RAY_AUTH_MODE"] == "token"
     monkeypatch.setenv("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "12")
     assert cluster_env(str(tmp_path / "token"))["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "12"
+
+
+def test_local_cluster_and_the_deploy_stage_start_ray_in_serves_throughput_mode(tmp_path, monkeypatch):
+    """Where madr starts Ray for Serve, Serve's throughput mode is on unless the environment turns it off."""
+    from pipelines.jobs.deploy import _with_throughput_mode
+    from pipelines.jobs.local_cluster import cluster_env
+
+    monkeypatch.delenv("RAY_SERVE_THROUGHPUT_OPTIMIZED", raising=False)
+    assert cluster_env(str(tmp_path / "token"))["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
+    assert _with_throughput_mode({})["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
+    monkeypatch.setenv("RAY_SERVE_THROUGHPUT_OPTIMIZED", "0")  # a user's explicit choice stays
+    assert cluster_env(str(tmp_path / "token"))["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "0"
+    assert _with_throughput_mode({"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"})["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "0"
 
 
 def test_local_cluster_removes_the_temp_dir_it_made_and_keeps_a_given_one(tmp_path, monkeypatch):
