@@ -16,8 +16,7 @@ Serve is replacing them): the call then waits for the replacement, seconds on a 
   never fails a call this way;
 - with `max_queue_wait_s`, a call that would wait longer than that in the queue for a busy replica fails with
   `QueuedTooLong` (503 + ``Retry-After: 1``): the ingress's bound on a burst, sized from the request deadline.
-  "Would": the calls before it (those this router has sent to live replicas and they have not finished, and
-  those ahead of it in the queue) over the rate at which the deployment finishes calls while calls queue for
+  "Would": its place in the queue over the rate at which the deployment finishes calls while calls queue for
   it (measured over the last `RATE_WINDOW_S`; between bursts, the last such rate), so that a burst's excess is
   refused on arrival, not after waiting out the bound; before the router has ever seen a queue drain, only a
   call that has waited the bound fails;
@@ -158,12 +157,6 @@ class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
     def live_replicas(self) -> int:
         return len(self.curr_replicas)
 
-    def in_replicas(self) -> int:
-        """Calls this router has sent to live replicas that have not finished: they are ahead of every queued call
-        (a replica runs up to `max_ongoing_requests` at once)."""
-        live = self.curr_replicas
-        return sum(replica_id in live for _, replica_id, _ in self._sent.values())
-
     # ---- Serve's hooks ----
 
     async def _choose_replica_for_request(self, pending_request: PendingRequest, *, is_retry: bool = False) -> Any:
@@ -243,8 +236,8 @@ class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
 
     def _overdue(self, now: float, queued_since: float, pending: PendingRequest, ahead: int,
                  rate: float | None) -> BackPressureError | None:
-        """Why a queued call must fail now (`ahead`: calls before it, in the replicas and in the queue; `rate`:
-        `finish_rate`), or None."""
+        """Why a queued call must fail now (`ahead`: calls before it in the queue; `rate`: `finish_rate`), or
+        None."""
         name = self._deployment_id.name
         empty_since, limit = self._empty_since, self.no_replica_timeout_s
         if empty_since is not None and limit is not None and now - max(queued_since, empty_since) >= limit:
@@ -269,7 +262,7 @@ class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
                     self._saturated_rate = rate
                 rate = self._saturated_rate
                 queued = sorted(self._waiting.items(), key=lambda item: item[1][1].created_at)
-                ahead = self.in_replicas() if rate is not None else 0
+                ahead = 0
                 for rid, (since, pending) in queued:
                     if pending.future.done():
                         continue
