@@ -16,7 +16,8 @@ score, which a TREC run of the top `eval.top_k` cannot give, so they are left ou
 The multilingual recipe (`--multilingual PUBLISHED`): the pipeline's run of `configs/real/multilingual.yaml`
 (`<output_dir>/metrics.json`, its trained row) against the published benchmark's teacher row of the same seed
 (`benchmarks/results/real_multitask_e5.json`, written by the multilingual benchmark before the pipeline replaced
-it): the click metrics both report (one number per side) and cross-lingual top-1 paired per source language.
+it): click AUC, click NDCG@5 and NLI AUC where both report them (one number per side), and cross-lingual top-1
+paired per source language.
 
     python -m benchmarks.quality.pipeline_equivalence --pipeline-dir RUN_S0 RUN_S1 RUN_S2 \
         --multilingual benchmarks/results/real_multitask_e5.json --seed 0 1 2
@@ -37,6 +38,7 @@ from benchmarks.common.stats import paired_tests
 from madr.config import load_config
 from madr.metrics import Qrels, Run, evaluate
 
+SINGLE_METRICS = ("click_auc", "ndcg@5", "nli_auc_en", "nli_auc_xx")  # multilingual: compared where both report
 PAIRS = {"fused": ("{model}", "bm25+{row}"), "encoder alone": ("{model}-dense", "{row}")}
 RETRIEVAL = ("recall@", "mrr@")  # computed from ranked lists on both sides (module docstring)
 
@@ -85,7 +87,7 @@ def compare(pipeline_dir: Path, export: Path, row: str, seed: int, draws: int) -
 
 def compare_multilingual(pipeline_dir: Path, published: Path, seed: int, draws: int,
                          row: str = "multitask", theirs_row: str = "multi-task e5 teacher (12 layers)") -> dict:
-    """{metric: {pipeline, benchmark, diff[, p_randomisation, p_ttest, n]}}: the click metrics both report unpaired,
+    """{metric: {pipeline, benchmark, diff[, p_randomisation, p_ttest, n]}}: the click and NLI metrics both report unpaired,
     cross-lingual top-1 paired per source language (module docstring)."""
     ours = json.loads((pipeline_dir / "metrics.json").read_text())["rows"][row]
     runs = json.loads(published.read_text())["runs"]
@@ -93,7 +95,7 @@ def compare_multilingual(pipeline_dir: Path, published: Path, seed: int, draws: 
     langs = sorted(k for k in theirs if k.startswith("xling_top1_"))
     a, b = {k: ours[k] for k in langs}, {k: theirs[k] for k in langs}
     single = {m: {"pipeline": ours[m], "benchmark": theirs[m], "diff": ours[m] - theirs[m], "n": 1}
-              for m in ("click_auc", "ndcg@5") if m in ours and m in theirs}  # the click metrics both report
+              for m in SINGLE_METRICS if m in ours and m in theirs}
     return {**single,
             "xling_top1 (per language)": {"pipeline": sum(a.values()) / len(a), "benchmark": sum(b.values()) / len(b),
                                           **paired_tests(a, b, draws)}}
