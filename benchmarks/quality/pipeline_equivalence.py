@@ -87,8 +87,8 @@ def compare(pipeline_dir: Path, export: Path, row: str, seed: int, draws: int) -
 
 def compare_multilingual(pipeline_dir: Path, published: Path, seed: int, draws: int,
                          row: str = "multitask", theirs_row: str = "multi-task e5 teacher (12 layers)") -> dict:
-    """{metric: {pipeline, benchmark, diff[, p_randomisation, p_ttest, n]}}: the click and NLI metrics both report unpaired,
-    cross-lingual top-1 paired per source language (module docstring)."""
+    """{metric: {pipeline, benchmark, diff[, p_randomisation, p_ttest, n]}}: the click and NLI metrics both report
+    unpaired, cross-lingual top-1 paired per source language (module docstring)."""
     ours = json.loads((pipeline_dir / "metrics.json").read_text())["rows"][row]
     runs = json.loads(published.read_text())["runs"]
     theirs = next(r for r in runs if r["seed"] == seed)["rows"][theirs_row]
