@@ -127,8 +127,9 @@ def run_multitask_experiment(cfg: MultiTaskExperimentConfig, write: bool = True)
     return result
 
 
-COLUMNS = (("click_auc", "Click AUC"), ("ndcg@5", "Click NDCG@5"), ("ndcg@10", "Click NDCG@10"), ("nli_auc_en", "NLI AUC en"),
-           ("nli_auc_xx", "NLI AUC xx"), ("nli_auc_all3", "NLI AUC 3-way"), ("xling_top1", "X-ling top-1"))
+COLUMNS = (("click_auc", "Click AUC"), ("ndcg@5", "Click NDCG@5"), ("ndcg@10", "Click NDCG@10"),
+           ("nli_auc_en", "NLI AUC en"), ("nli_auc_xx", "NLI AUC xx"), ("nli_auc_all3", "NLI AUC 3-way"),
+           ("xling_top1", "X-ling top-1"))
 
 
 def format_table(rows: dict[str, dict[str, float]], spread: dict[str, dict[str, float]] | None = None) -> str:
