@@ -50,7 +50,6 @@ from serve.config import RETRY_AFTER_S
 RATE_WINDOW_S = 2.0  # the window over which the router measures how fast calls finish
 MIN_FINISHES = 8  # ... and how many it needs to have seen finish in it to tell a rate
 MIN_RATE_SPAN_S = 1.0  # ... over no less than this (a batch finishes its calls at once: no rate from one)
-SAME_FINISH_S = 0.05  # finishes this close to the window's first are that first batch's
 
 
 class QueuedTooLong(BackPressureError):
@@ -229,15 +228,11 @@ class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
             self._sweeper = self._event_loop.create_task(self._sweep())
 
     def finish_rate(self, now: float) -> float | None:
-        """Calls finished per second over the last `RATE_WINDOW_S` (None: too few to tell): the calls that finished
-        after the window's first finish, over the time since it. A batching replica finishes a batch's calls
-        together, so the calls of that first batch are not counted (counting them would double the rate of a
-        window that holds two batches)."""
+        """Calls finished per second over the last `RATE_WINDOW_S` (None: too few to tell)."""
         recent = [t for t in self._finishes if t >= now - RATE_WINDOW_S]
         if len(recent) < MIN_FINISHES:
             return None
-        after = sum(t > recent[0] + SAME_FINISH_S for t in recent)
-        return after / max(now - recent[0], MIN_RATE_SPAN_S)
+        return len(recent) / max(now - recent[0], MIN_RATE_SPAN_S)
 
     def _overdue(self, now: float, queued_since: float, pending: PendingRequest, ahead: int,
                  rate: float | None) -> BackPressureError | None:
