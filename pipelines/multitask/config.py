@@ -75,6 +75,11 @@ class ScalingConfig:
         if self.shuffle_buffer < 0 or self.log_every < 1:
             raise ValueError("scaling: shuffle_buffer must be >= 0 and log_every >= 1")
 
+    @property
+    def threads(self) -> int:
+        """Torch intra-op threads of a worker or stage task: `torch_threads`, else one per CPU it holds."""
+        return self.torch_threads or max(1, int(self.cpus_per_worker))
+
 
 @dataclass
 class IndexSettings:

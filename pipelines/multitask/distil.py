@@ -33,12 +33,12 @@ def _distil(recipe: dict[str, Any], teacher_dir: str, data: MultilingualData, ou
 
 
 def run_distillation(recipe: Any, teacher_dir: str, data: MultilingualData, output_dir: Path,
-                     cpus: float = 1.0, threads: int | None = None) -> tuple[str, dict[str, float]]:
+                     cpus: float = 1.0, threads: int = 1) -> tuple[str, dict[str, float]]:
     """(served model directory, distillation report: held-out L2 distance before / after per side), in a task
-    holding `cpus`, on `threads` torch threads (default one per CPU)."""
+    holding `cpus`, on `threads` torch threads."""
     import ray
 
     out = str(output_dir / SERVED_MODEL)
     task = ray.remote(num_cpus=cpus)(_distil)
-    report = ray.get(task.remote(recipe.to_dict(), teacher_dir, data, out, threads or max(1, int(cpus))))
+    report = ray.get(task.remote(recipe.to_dict(), teacher_dir, data, out, threads))
     return out, report

@@ -61,13 +61,12 @@ def _evaluate(recipe: dict[str, Any], models: dict[str, str], served: str, manif
 
 def run_evaluation(recipe: Any, models: dict[str, str], served: str, manifest: str, data: MultilingualData,
                    top_k: int, output_dir: Path, extra: dict[str, Any], cpus: float = 1.0,
-                   threads: int | None = None) -> dict[str, Any]:
-    """Run the evaluation task (`cpus` reserved, `threads` torch threads: default one per CPU) and write
+                   threads: int = 1) -> dict[str, Any]:
+    """Run the evaluation task (`cpus` reserved, `threads` torch threads) and write
     `metrics.json` (its result plus `extra`) under `output_dir`."""
     import ray
 
     task = ray.remote(num_cpus=cpus)(_evaluate)
-    threads = threads or max(1, int(cpus))
     result = ray.get(task.remote(recipe.to_dict(), models, served, manifest, data, top_k, threads))
     result.update(extra)
     (output_dir / METRICS_FILE).write_text(json.dumps(result, indent=1, default=float))

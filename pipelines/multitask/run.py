@@ -89,7 +89,7 @@ def distil_stage(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
     started = time.perf_counter()
     data = read_data_stage(cfg)
     served, report = run_distillation(cfg.recipe, str(cfg.output_dir / TRAINED_MODEL), data.sets, cfg.output_dir,
-                                      cfg.scaling.cpus_per_worker, cfg.scaling.torch_threads)
+                                      cfg.scaling.cpus_per_worker, cfg.scaling.threads)
     log(f"distil: {report}")
     return _write(cfg, "distil", {"served_model": served, "report": report}, started)
 
@@ -115,7 +115,7 @@ def evaluate_stage(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
               **({SERVED: served_model(cfg)} if cfg.recipe.student.enabled else {})}
     metrics = run_evaluation(cfg.recipe, models, served_model(cfg), str(out / INDEX_DIR / "manifest.json"),
                              data.sets, cfg.index.top_k, out, {"train_loss": train["loss"]},
-                             cfg.scaling.cpus_per_worker, cfg.scaling.torch_threads)
+                             cfg.scaling.cpus_per_worker, cfg.scaling.threads)
     seconds = {"data": data.summary.get("seconds"), "train": train.pop("seconds"),
                **({"distil": distil.pop("seconds")} if distil else {}), "encode": encode.pop("seconds"),
                "evaluate": time.perf_counter() - started}

@@ -39,7 +39,7 @@ def build_torch_trainer(cfg: PipelineConfig, stage: DataStage, shards: list[Any]
     """The `TorchTrainer` of the train stage (see the module docstring)."""
     s = cfg.scaling
     spec = WorkerSpec(recipe=cfg.recipe.to_dict(), init_model=stage.init_model, sizes=dict(stage.sizes),
-                      shards=shards, torch_threads=s.torch_threads or max(1, int(s.cpus_per_worker)),
+                      shards=shards, torch_threads=s.threads,
                       use_gpu=s.use_gpu, log_every=s.log_every, freeze_word_embeddings=cfg.freeze_word_embeddings)
     settings = TrainerSettings(s.num_workers, s.use_gpu, s.cpus_per_worker, s.run_name or f"{cfg.recipe.name}-multitask",
                                s.storage_path or str(cfg.output_dir / "ray_results"), s.max_failures, 1,
