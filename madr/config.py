@@ -208,7 +208,8 @@ class ClickLogConfig:
     rank pairs with >= `min_interventions` such pairs each), "em" (the position-based model's EM, Wang et al.,
     WSDM'18), or "auto" (the default: harvesting, else EM where harvesting refuses the log, the reason recorded); clicked documents become positives weighted by their clipped
     inverse propensity (`debias`; weights at most `clip`, normalised to mean 1; `debias: false` weighs every click
-    alike, the naive baseline), documents skipped above a click at ranks examined with probability >=
+    alike, the naive baseline), less the click-noise floor `click_noise` ("auto": estimated from the log; 0: plain
+    inverse propensity; `madr.clicks.noise`), documents skipped above a click at ranks examined with probability >=
     `skip_min_examination` (and never clicked for the query) become its judged negatives. `position_base`: the
     log's first position, 0, 1 or "auto" (per search). Without `data.catalog_dir` the products come from the log's
     document texts and the click queries are split `holdout` / `holdout` into dev / test (judged by clicks)."""
@@ -224,6 +225,7 @@ class ClickLogConfig:
     clip: float = 10.0
     skip_negatives: bool = True
     skip_min_examination: float = 0.5
+    click_noise: float | str = 0.0
     holdout: float = 0.1
 
     def __post_init__(self) -> None:
@@ -241,6 +243,8 @@ class ClickLogConfig:
             raise ValueError("data.clicks: max_rank >= 1, clip >= 1 and skip_min_examination in [0, 1] are needed")
         if not 0 <= self.holdout < 0.5:
             raise ValueError(f"data.clicks.holdout must be in [0, 0.5), got {self.holdout}")
+        if self.click_noise != "auto" and not (isinstance(self.click_noise, (int, float)) and 0 <= self.click_noise < 1):
+            raise ValueError(f"data.clicks.click_noise must be auto or a number in [0, 1), got {self.click_noise!r}")
 
 
 @dataclass

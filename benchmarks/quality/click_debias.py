@@ -273,12 +273,14 @@ def curves_report(curves: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
 def positive_mass(log: Path, catalog: Catalog, truth: np.ndarray, args: argparse.Namespace,
                   threshold: float) -> dict[str, dict[str, float]]:
     """Where each weighting puts the click positives' weight (`madr.clicks.judgments.click_judgments`, no
-    training): the share on products judged >= `threshold` and on grade-0 / unjudged ones, for naive clicks and
-    inverse-propensity weights from the estimated and from the true curve."""
+    training): the share on products judged >= `threshold` and on grade-0 / unjudged ones, for naive clicks,
+    inverse-propensity weights from the estimated and from the true curve, and the affine correction with the
+    click-noise floor estimated from the log and with the simulation's own."""
     import dataclasses
 
     from madr.clicks.judgments import click_judgments, log_curve
     from madr.clicks.log import read_click_log
+    from madr.clicks.noise import estimate_click_noise
     from madr.config import ClickLogConfig
 
     text = {q.query_id: q.text for q in catalog.queries}
@@ -287,11 +289,14 @@ def positive_mass(log: Path, catalog: Catalog, truth: np.ndarray, args: argparse
     clicks = ClickLogConfig(path=str(log), format="impressions", max_rank=args.top_k, estimator=args.estimator,
                             min_interventions=args.min_interventions)
     estimated = log_curve(impressions, clicks)
-    curves = {"naive": None, "ipw (estimated curve)": estimated,
-              "ipw (true curve)": dataclasses.replace(estimated, propensity=[float(x) for x in truth])}
-    out = {}
-    for name, curve in curves.items():
-        positives = [j for j in click_judgments(impressions, curve, clip=args.clip) if j.relevant]
+    true = dataclasses.replace(estimated, propensity=[float(x) for x in truth])
+    floor = estimate_click_noise(impressions, estimated)
+    weightings = {"naive": (None, 0.0), "ipw (estimated curve)": (estimated, 0.0), "ipw (true curve)": (true, 0.0),
+                  "affine (estimated curve and floor)": (estimated, floor.epsilon),
+                  "affine (true curve and floor)": (true, args.epsilon)}
+    out: dict[str, dict[str, float]] = {"click_noise": {"estimated": floor.epsilon, "true": args.epsilon}}
+    for name, (curve, noise) in weightings.items():
+        positives = [j for j in click_judgments(impressions, curve, clip=args.clip, noise=noise) if j.relevant]
         w = np.array([j.weight for j in positives])
         g = np.array([grade.get((j.query, j.doc_id), 0) for j in positives])
         out[name] = {"relevant_share": round(float(w[g >= threshold].sum() / w.sum()), 4),
@@ -312,7 +317,8 @@ def report_text(result: dict[str, Any]) -> str:
         for seed, mass in enumerate(rep.get("positive_mass", [])):
             lines.append(f"\n{size} searches, log {seed}: the positives' weight on relevant / grade-0 products: " +
                          "; ".join(f"{name} {m['relevant_share']:.3f} / {m['grade0_share']:.3f}"
-                                   for name, m in mass.items()))
+                                   for name, m in mass.items() if "relevant_share" in m) +
+                         f"; click-noise floor estimated {mass['click_noise']['estimated']}, true {mass['click_noise']['true']}")
         if "curves" in rep:
             lines.append(f"\n{size} searches, curve max abs error vs truth per seed: " + "; ".join(
                 f"{name} {c['max_abs_error']} (mean {c['mean']})" for name, c in rep["curves"].items()))

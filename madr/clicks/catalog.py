@@ -91,7 +91,8 @@ def report(log_summary: dict[str, Any], curve: ExaminationCurve, judgments: Sequ
            left_out: dict[str, int], debias: bool) -> dict[str, Any]:
     """What the run's report says about the click log: reading, the examination curve, the judgments."""
     examination = {"estimator": curve.estimator, "propensity": curve.propensity, "iterations": curve.iterations,
-                   "pairs_at_several_ranks": curve.pairs_at_several_ranks, "interventions": curve.interventions}
+                   "pairs_at_several_ranks": curve.pairs_at_several_ranks, "interventions": curve.interventions,
+                   "click_noise": curve.click_noise}
     return {"log": log_summary, "examination": examination,
             "debiased": debias, "judgments": summarize_judgments(list(judgments)), "left_out": left_out}
 

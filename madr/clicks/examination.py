@@ -31,7 +31,8 @@ class ExaminationCurve:
     rate; the fit's iterations and final log-likelihood; how many pairs were seen at more than one rank. `estimator`:
     "em" (this module) or "harvest" (`madr.clicks.harvesting`, whose `theta` is the propensity: only ratios are
     identified there, and whose `interventions` counts the harvested pairs per rank pair, {"k-k'": n}). `fallback`:
-    why the "auto" estimator used EM instead of harvesting (None when it did not fall back)."""
+    why the "auto" estimator used EM instead of harvesting (None when it did not fall back). `click_noise`: the
+    click-noise floor the log's judgments were weighted with (`madr.clicks.noise.ClickNoise.to_dict`), once known."""
 
     propensity: list[float]
     theta: list[float]
@@ -47,6 +48,7 @@ class ExaminationCurve:
     estimator: str = "em"
     interventions: dict[str, int] | None = field(default=None)
     fallback: str | None = field(default=None)
+    click_noise: dict[str, Any] | None = field(default=None)
 
     def at(self, rank: int) -> float:
         """The propensity of `rank` (1-based); ranks beyond the curve take its last value."""

@@ -63,17 +63,25 @@ def test_curves_only_reports_both_estimators_without_training(tmp_path: Path) ->
 
 def test_weights_only_reports_where_each_weighting_puts_the_positives(tmp_path: Path) -> None:
     """`--weights-only`: per log, the share of the click positives' weight on relevant and on grade-0 products
-    for naive, estimated-curve and true-curve weights; with no noise clicks (epsilon 0) no positive is grade 0."""
+    for naive, estimated-curve and true-curve weights, and the affine correction with the estimated and the true
+    click-noise floor; with no noise clicks (epsilon 0) no positive is grade 0."""
     path = _untrained_config(tmp_path, "tiny_weights")
     argv = ["--config", str(path), "--catalog", "synthetic", "--synthetic-products", "120", "--synthetic-queries",
             "60", "--sizes", "3000", "--seeds", "0", "--top-k", "5", "--pool", "15", "--noise", "0.5",
             "--swap-share", "0.5", "--min-interventions", "5", "--estimator", "harvest", "--weights-only",
             "--out", str(tmp_path / "study"), "--results-dir", str(tmp_path)]
     noisy = main([*argv, "--epsilon", "0.3"])["sizes"]["3000"]["positive_mass"][0]
-    assert set(noisy) == {"naive", "ipw (estimated curve)", "ipw (true curve)"}
-    assert len({m["positives"] for m in noisy.values()}) == 1, "the weighting changes weights, not positives"
-    assert all(0 < m["relevant_share"] < 1 and 0 < m["grade0_share"] < 1 for m in noisy.values()), noisy
+    floor = noisy.pop("click_noise")
+    assert floor["true"] == 0.3 and 0 < floor["estimated"] < 1
+    assert set(noisy) == {"naive", "ipw (estimated curve)", "ipw (true curve)", "affine (estimated curve and floor)",
+                          "affine (true curve and floor)"}
+    ipw = [noisy[k]["positives"] for k in ("naive", "ipw (estimated curve)", "ipw (true curve)")]
+    assert len(set(ipw)) == 1, "inverse propensity changes weights, not positives"
+    assert noisy["affine (true curve and floor)"]["positives"] < ipw[0], "clicks within the noise are no positives"
+    assert noisy["affine (true curve and floor)"]["grade0_share"] < noisy["ipw (true curve)"]["grade0_share"]
+    assert all(0 < m["relevant_share"] < 1 for m in noisy.values()), noisy
     clean = main([*argv, "--epsilon", "0"])["sizes"]["3000"]["positive_mass"][0]
+    assert clean.pop("click_noise")["true"] == 0
     assert all(m["grade0_share"] == 0 for m in clean.values()), clean
     assert not (tmp_path / "study" / "runs").exists(), "nothing is trained"
     assert (tmp_path / "results" / "click_debias_weights.json").is_file()

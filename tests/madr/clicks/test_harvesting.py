@@ -105,6 +105,21 @@ def test_judgments_use_the_chosen_estimator(tmp_path: Path, estimator: str) -> N
     assert (tmp_path / "examination.png").stat().st_size > 1000 and judgments
     expected = estimate_harvested if estimator == "harvest" else estimate_examination
     assert curve.propensity == expected(*columns(rows), max_rank=10).propensity
+    assert written["click_noise"] == {"epsilon": 0.0, "source": "set", "pairs": 0, "quantile": None}
+
+
+def test_judgments_take_the_click_noise_floor_the_config_asks_for(tmp_path: Path) -> None:
+    rows, _ = swapped_log(5000, swap_share=0.5, noise=0.3)
+    log = impressions_table(rows)
+    plain = ClickLogConfig(path="log.jsonl", format="impressions", estimator="harvest", max_rank=10)
+    auto = ClickLogConfig(path="log.jsonl", format="impressions", estimator="harvest", max_rank=10, click_noise="auto")
+    _, ipw = judge_log_impressions(log, plain, tmp_path / "plain")
+    curve, affine = judge_log_impressions(log, auto, tmp_path / "auto")
+    written = json.loads((tmp_path / "auto" / "examination.json").read_text())["click_noise"]
+    assert written["source"] == "auto" and written["epsilon"] == curve.click_noise["epsilon"] > 0
+    assert 0 < sum(j.relevant for j in affine) < sum(j.relevant for j in ipw), "clicks within the floor are dropped"
+    with pytest.raises(ValueError, match="click_noise must be auto or a number"):
+        ClickLogConfig(path="log.jsonl", format="impressions", click_noise="high")
 
 
 def test_judgments_refuse_a_log_harvesting_cannot_use(tmp_path: Path) -> None:

@@ -43,6 +43,52 @@ def test_weights_are_clipped_inverse_propensities_and_skips_above_are_negatives(
     assert [j.doc_id for j in strict if not j.relevant] == ["A"], "rank-1 skips only at a high threshold"
 
 
+def test_the_affine_correction_takes_the_noise_floor_off_every_impression_before_undoing_position() -> None:
+    log = impressions([("s1", "drill", "A", 1, True), ("s1", "drill", "B", 3, True),
+                       *[(f"s{i}", "drill", "B", 3, False) for i in range(2, 8)],
+                       ("s2", "drill", "C", 2, True), ("s3", "drill", "C", 2, False)])
+    got = {j.doc_id: j for j in click_judgments(log, curve([1.0, 0.5, 0.25]), clip=10.0, noise=0.2,
+                                                skip_negatives=False)}
+    # w (clicked - p epsilon) per impression; A: 1 x (1 - 0.2) = 0.8; C: 2 x (1 - 0.1) + 2 x (0 - 0.1) = 1.6;
+    # B: 4 x (1 - 0.05) + 6 x 4 x (0 - 0.05) = 2.6; normalised to mean 1 (5 / 3)
+    assert got["A"].weight == pytest.approx(0.8 * 3 / 5) and got["C"].weight == pytest.approx(1.6 * 3 / 5)
+    assert got["B"].weight == pytest.approx(2.6 * 3 / 5) and got["B"].clicks == 1
+    floor = {j.doc_id for j in click_judgments(log, curve([1.0, 0.5, 0.25]), noise=0.6, skip_negatives=False)}
+    assert floor == {"A", "C"}, "B's one click in seven impressions at rank 3 is within a floor of 0.6 (4 x 0.85 - 6 x 0.6)"
+    plain = click_judgments(log, curve([1.0, 0.5, 0.25]), skip_negatives=False)
+    assert plain == click_judgments(log, curve([1.0, 0.5, 0.25]), noise=0.0, skip_negatives=False)
+    naive = click_judgments(log, None, noise=0.6, skip_negatives=False)
+    assert {j.doc_id for j in naive} == {"A", "B", "C"}, "the naive baseline takes no floor off"
+
+
+def test_the_click_noise_floor_is_read_from_a_simulated_log() -> None:
+    """`estimate_click_noise` on a log simulated with a known floor (most shown pairs irrelevant, as in search)."""
+    import numpy as np
+
+    from madr.clicks.noise import estimate_click_noise
+    from madr.clicks.simulation import (
+        ClickSimulation,
+        graded_attractiveness,
+        power_law_examination,
+        simulate_impressions,
+    )
+
+    rng = np.random.default_rng(0)
+    candidates = {}
+    for q in range(150):
+        grades = rng.choice(5, 30, p=[0.6, 0.1, 0.1, 0.1, 0.1])
+        scores = grades + rng.normal(0, 1.5, 30)
+        candidates[f"q{q}"] = [(f"d{q}-{i}", float(scores[i]), int(grades[i])) for i in range(30)]
+    truth = power_law_examination(10)
+    for epsilon in (0.05, 0.2):
+        sim = ClickSimulation(15000, 10, truth, graded_attractiveness(4, epsilon), noise=1.0, seed=1)
+        log = impressions([(r["search_id"], r["query"], r["doc_id"], r["position"], r["clicked"])
+                           for r in simulate_impressions(candidates, sim)])
+        noise = estimate_click_noise(log, curve(list(truth)))
+        assert noise.source == "auto" and noise.pairs > 1000
+        assert noise.epsilon == pytest.approx(epsilon, abs=0.03), noise
+
+
 def test_in_batch_softmax_and_pointwise_ce_take_per_row_weights() -> None:
     torch.manual_seed(0)
     q, p, n = torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8)
