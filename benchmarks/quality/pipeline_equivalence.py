@@ -13,6 +13,14 @@ score, which a TREC run of the top `eval.top_k` cannot give, so they are left ou
 
     python -m benchmarks.quality.pipeline_equivalence --pipeline-dir runs/product_search --export DIR/export
 
+Two trainings of the same recipe are two draws of a model: their batches come in a different order, and per
+query they differ even when nothing else does. `--between-seeds --seed A B` (with the pipeline's runs of both
+seeds) pairs each side with itself, seed A against seed B: the yardstick for what the pipeline-against-benchmark
+pairing finds.
+
+    python -m benchmarks.quality.pipeline_equivalence --between-seeds --pipeline-dir RUN_S2 RUN_S3 \
+        --export DIR/export --seed 2 3
+
 The multilingual recipe (`--multilingual PUBLISHED`): the pipeline's run of `configs/real/multilingual.yaml`
 (`<output_dir>/metrics.json`, its trained row) against the published benchmark's teacher row of the same seed
 (`benchmarks/results/real_multitask_e5.json`, written by the multilingual benchmark before the pipeline replaced
@@ -59,29 +67,60 @@ def pipeline_qrels(out: Path) -> Qrels:
     return dict(qrels)
 
 
+def benchmark_per_query(export: Path, row: str, seed: int) -> dict[str, dict[str, dict[str, float]]]:
+    """{pair: {metric: {query: value}}} of the benchmark's exported row (the retrieval metrics, `PAIRS`' rows)."""
+    exported = json.loads((export / f"seed{seed}" / f"{row}.json").read_text())["per_query"]
+    out = {}
+    for pair, (_, theirs) in PAIRS.items():
+        bench = exported[theirs.format(row=row)]
+        out[pair] = {m: bench[m] for m in sorted(bench) if m.startswith(RETRIEVAL)}
+    return out
+
+
+def pipeline_per_query(pipeline_dir: Path, pair: str, metrics: list[str], queries: set[str]
+                       ) -> tuple[str, dict[str, dict[str, float]]]:
+    """(the run's name, {metric: {query: value}}): the pipeline's TREC run of `pair` scored on `queries`."""
+    stage_cfg = _experiment(pipeline_dir)
+    ours = PAIRS[pair][0].format(model=stage_cfg.model.name)
+    qrels = pipeline_qrels(pipeline_dir)
+    run = read_trec_run(pipeline_dir / "evaluation" / f"{ours}.trec")
+    judged = {q: qrels.get(q, {}) for q in queries}
+    return ours, evaluate(run, judged, metrics, relevance_threshold=stage_cfg.eval.relevance_threshold,
+                          gains=stage_cfg.eval.gains, per_query=True)
+
+
+def paired(a: dict[str, float], b: dict[str, float], draws: int) -> dict:
+    """Means of `a` and `b` over the queries `a` holds, and the paired tests between them."""
+    b = {q: b[q] for q in a}
+    return {"pipeline": sum(a.values()) / len(a), "benchmark": sum(b.values()) / len(b), **paired_tests(a, b, draws)}
+
+
 def compare(pipeline_dir: Path, export: Path, row: str, seed: int, draws: int) -> dict:
     """{pair: {metric: {pipeline, benchmark, diff, p_randomisation, p_ttest, n}}} (module docstring)."""
-    exported = json.loads((export / f"seed{seed}" / f"{row}.json").read_text())["per_query"]
-    qrels = pipeline_qrels(pipeline_dir)
-    stage_cfg = _experiment(pipeline_dir)
-    model = stage_cfg.model.name
     out: dict[str, dict] = {}
-    for pair, (ours, theirs) in PAIRS.items():
-        ours, theirs = ours.format(model=model), theirs.format(row=row)
-        bench = exported[theirs]
-        metrics = sorted(m for m in bench if m.startswith(RETRIEVAL))
-        run = read_trec_run(pipeline_dir / "evaluation" / f"{ours}.trec")
+    for pair, bench in benchmark_per_query(export, row, seed).items():
         queries = set(next(iter(bench.values())))
-        judged = {q: qrels.get(q, {}) for q in queries}
-        per_q = evaluate(run, judged, metrics, relevance_threshold=stage_cfg.eval.relevance_threshold,
-                         gains=stage_cfg.eval.gains, per_query=True)
-        out[pair] = {}
-        for m in metrics:
-            a = {q: per_q[m][q] for q in bench[m] if q in per_q[m]}
-            b = {q: bench[m][q] for q in a}
-            test = paired_tests(a, b, draws)
-            out[pair][m] = {"pipeline": sum(a.values()) / len(a), "benchmark": sum(b.values()) / len(b), **test,
-                            "runs": [ours, theirs]}
+        ours, per_q = pipeline_per_query(pipeline_dir, pair, list(bench), queries)
+        out[pair] = {m: {**paired({q: per_q[m][q] for q in bench[m] if q in per_q[m]}, bench[m], draws),
+                         "runs": [ours, PAIRS[pair][1].format(row=row)]} for m in bench}
+    return out
+
+
+def compare_seeds(pipeline_dirs: list[Path], export: Path, row: str, seeds: list[int], draws: int) -> dict:
+    """How far two trainings of the same code apart: the benchmark's row at seed a against seed b, and the
+    pipeline's run a against run b, paired per query as `compare` pairs the two sides ("pipeline" = seed a,
+    "benchmark" = seed b). What `compare` finds between the pipeline and the benchmark means something only next to
+    what it finds within each."""
+    (a, b), out = seeds, {}
+    bench_a, bench_b = benchmark_per_query(export, row, a), benchmark_per_query(export, row, b)
+    for pair, metrics in bench_a.items():
+        queries = set(next(iter(metrics.values())))
+        out[f"benchmark seed {a} vs {b}: {pair}"] = {m: paired(metrics[m], bench_b[pair][m], draws) for m in metrics}
+        if pipeline_dirs:
+            _, ours_a = pipeline_per_query(pipeline_dirs[0], pair, list(metrics), queries)
+            _, ours_b = pipeline_per_query(pipeline_dirs[1], pair, list(metrics), queries)
+            out[f"pipeline seed {a} vs {b}: {pair}"] = {
+                m: paired({q: ours_a[m][q] for q in metrics[m] if q in ours_a[m]}, ours_b[m], draws) for m in metrics}
     return out
 
 
@@ -141,6 +180,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--export", help="the benchmark's --export folder (product search)")
     p.add_argument("--multilingual", help="the published multilingual benchmark JSON (compares the multilingual "
                                           "recipe's run instead)")
+    p.add_argument("--between-seeds", action="store_true",
+                   help="product search: each side's seed A against its seed B (--seed A B), not one against the "
+                        "other: how far two trainings of the same code fall apart per query")
     p.add_argument("--row", default="bibert_mined")
     p.add_argument("--seed", type=int, nargs="+", default=[0])
     p.add_argument("--draws", type=int, default=10000)
@@ -152,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.multilingual:
         runs = {seed: Path(d) for seed, d in zip(args.seed, args.pipeline_dir, strict=True)}
         result = compare_multilingual_seeds(runs, Path(args.multilingual), args.draws)
+    elif args.export and args.between_seeds:
+        if len(args.seed) != 2:
+            p.error("--between-seeds compares two seeds (--seed A B, one --pipeline-dir each)")
+        result = compare_seeds([Path(d) for d in args.pipeline_dir], Path(args.export), args.row, args.seed,
+                               args.draws)
     elif args.export:
         if len(args.seed) > 1:
             p.error("product search compares one seed per run (--seed N)")
