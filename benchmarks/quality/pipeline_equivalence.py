@@ -14,10 +14,11 @@ score, which a TREC run of the top `eval.top_k` cannot give, so they are left ou
     python -m benchmarks.quality.pipeline_equivalence --pipeline-dir runs/product_search --export DIR/export
 
 Two trainings of the same recipe are two draws of a model: their batches come in a different order, and per
-query they differ even when nothing else does. `--between-seeds --seed A B` (with the pipeline's runs of both
-seeds) pairs each side with itself, seed A against seed B: the yardstick for what the pipeline-against-benchmark
-pairing finds.
+query they differ even when nothing else does. `--between-seeds --seed A B` pairs the benchmark's row at seed A
+with its row at seed B (and, given the pipeline's runs of both seeds, the pipeline's too): the yardstick for what
+the pipeline-against-benchmark pairing finds.
 
+    python -m benchmarks.quality.pipeline_equivalence --between-seeds --export DIR/export --seed 3 4
     python -m benchmarks.quality.pipeline_equivalence --between-seeds --pipeline-dir RUN_S2 RUN_S3 \
         --export DIR/export --seed 2 3
 
@@ -175,8 +176,9 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--pipeline-dir", required=True, nargs="+",
-                   help="the pipeline run's output_dir (multilingual: one per --seed, in the same order)")
+    p.add_argument("--pipeline-dir", nargs="*", default=[],
+                   help="the pipeline run's output_dir (multilingual and --between-seeds: one per --seed, in the "
+                        "same order; --between-seeds without it: the benchmark's seeds only)")
     p.add_argument("--export", help="the benchmark's --export folder (product search)")
     p.add_argument("--multilingual", help="the published multilingual benchmark JSON (compares the multilingual "
                                           "recipe's run instead)")
@@ -189,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out-dir", default=str(RUN_OUT))
     p.add_argument("--tag", default="pipeline_equivalence")
     args = p.parse_args(argv)
-    if len(args.pipeline_dir) != len(args.seed):
+    if len(args.pipeline_dir) != len(args.seed) and not (args.between_seeds and not args.pipeline_dir):
         p.error(f"{len(args.pipeline_dir)} --pipeline-dir for {len(args.seed)} --seed: give one run per seed")
     if args.multilingual:
         runs = {seed: Path(d) for seed, d in zip(args.seed, args.pipeline_dir, strict=True)}

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from benchmarks.quality.pipeline_equivalence import compare, compare_seeds
+from benchmarks.quality.pipeline_equivalence import compare, compare_seeds, main
 from benchmarks.quality.row_export import write_row
 
 
@@ -58,6 +58,12 @@ def test_two_seeds_of_each_side_pair_with_each_other(tmp_path):
     ours = result["pipeline seed 0 vs 1: fused"]["mrr@10"]
     assert (ours["pipeline"], ours["benchmark"], ours["n"]) == (0.5, 0.75, 2), "run 1 finds c for q2, a at rank 2"
     assert result["pipeline seed 0 vs 1: encoder alone"]["mrr@10"]["diff"] == 0.0
+    # the benchmark's seeds alone, from the command line (no pipeline runs)
+    assert main(["--between-seeds", "--export", str(tmp_path / "export"), "--seed", "0", "1", "--draws", "200",
+                 "--out-dir", str(tmp_path / "out"), "--tag", "seeds"]) == 0
+    written = json.loads((tmp_path / "out" / "results" / "seeds.json").read_text())["pairs"]
+    assert sorted(written) == ["benchmark seed 0 vs 1: encoder alone", "benchmark seed 0 vs 1: fused"]
+    assert written["benchmark seed 0 vs 1: fused"]["mrr@10"]["diff"] == 0.25
 
 
 def test_the_multilingual_run_pairs_with_the_published_teacher_per_language(tmp_path):
