@@ -22,6 +22,11 @@ the pipeline-against-benchmark pairing finds.
     python -m benchmarks.quality.pipeline_equivalence --between-seeds --pipeline-dir RUN_S2 RUN_S3 \
         --export DIR/export --seed 2 3
 
+`--over-seeds RESULT ...` reads the results of several seeds' comparisons (this module's JSONs) and pairs the two
+sides by seed: a training's draw is the unit there, not a query.
+
+    python -m benchmarks.quality.pipeline_equivalence --over-seeds benchmarks/results/pipeline_equivalence_seed{0,1,2,3}.json
+
 The multilingual recipe (`--multilingual PUBLISHED`): the pipeline's run of `configs/real/multilingual.yaml`
 (`<output_dir>/metrics.json`, its trained row) against the published benchmark's teacher row of the same seed
 (`benchmarks/results/real_multitask_e5.json`, written by the multilingual benchmark before the pipeline replaced
@@ -125,6 +130,22 @@ def compare_seeds(pipeline_dirs: list[Path], export: Path, row: str, seeds: list
     return out
 
 
+def over_seeds(results: list[Path], draws: int) -> dict:
+    """{pair: {metric: {pipeline, benchmark, diff, p_randomisation, p_ttest, n}}}: each side's mean over the
+    seeds' comparisons in `results` (this module's JSONs of `compare`, one per seed), paired by seed."""
+    per_seed = {path.stem: json.loads(path.read_text())["pairs"] for path in results}
+    first = next(iter(per_seed.values()))
+    out: dict[str, dict] = {}
+    for pair, metrics in first.items():
+        out[pair] = {}
+        for m in metrics:
+            a = {seed: pairs[pair][m]["pipeline"] for seed, pairs in per_seed.items()}
+            b = {seed: pairs[pair][m]["benchmark"] for seed, pairs in per_seed.items()}
+            out[pair][m] = {"pipeline": sum(a.values()) / len(a), "benchmark": sum(b.values()) / len(b),
+                            **paired_tests(a, b, draws)}
+    return out
+
+
 def compare_multilingual(pipeline_dir: Path, published: Path, seed: int, draws: int,
                          row: str = "multitask", theirs_row: str = "multi-task e5 teacher (12 layers)") -> dict:
     """{metric: {pipeline, benchmark, diff[, p_randomisation, p_ttest, n]}}: the click and NLI metrics both report
@@ -164,7 +185,7 @@ def _experiment(pipeline_dir: Path):
 
 
 def table(result: dict) -> str:
-    lines = ["| pair | metric | pipeline | benchmark | diff | p (t) | p (rand.) | queries |",
+    lines = ["| pair | metric | pipeline | benchmark | diff | p (t) | p (rand.) | n |",
              "|---|---|---|---|---|---|---|---|"]
     for pair, rows in result.items():
         for m, r in rows.items():
@@ -185,15 +206,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--between-seeds", action="store_true",
                    help="product search: each side's seed A against its seed B (--seed A B), not one against the "
                         "other: how far two trainings of the same code fall apart per query")
+    p.add_argument("--over-seeds", nargs="+", default=[], metavar="RESULT",
+                   help="product search: this module's result JSONs of several seeds, paired by seed")
     p.add_argument("--row", default="bibert_mined")
     p.add_argument("--seed", type=int, nargs="+", default=[0])
     p.add_argument("--draws", type=int, default=10000)
     p.add_argument("--out-dir", default=str(RUN_OUT))
     p.add_argument("--tag", default="pipeline_equivalence")
     args = p.parse_args(argv)
-    if len(args.pipeline_dir) != len(args.seed) and not (args.between_seeds and not args.pipeline_dir):
+    if len(args.pipeline_dir) != len(args.seed) and not ((args.between_seeds or args.over_seeds) and not args.pipeline_dir):
         p.error(f"{len(args.pipeline_dir)} --pipeline-dir for {len(args.seed)} --seed: give one run per seed")
-    if args.multilingual:
+    if args.over_seeds:
+        result = over_seeds([Path(r) for r in args.over_seeds], args.draws)
+    elif args.multilingual:
         runs = {seed: Path(d) for seed, d in zip(args.seed, args.pipeline_dir, strict=True)}
         result = compare_multilingual_seeds(runs, Path(args.multilingual), args.draws)
     elif args.export and args.between_seeds:

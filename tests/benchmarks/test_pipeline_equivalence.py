@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from benchmarks.quality.pipeline_equivalence import compare, compare_seeds, main
+from benchmarks.quality.pipeline_equivalence import compare, compare_seeds, main, over_seeds
 from benchmarks.quality.row_export import write_row
 
 
@@ -109,3 +109,17 @@ def test_the_multilingual_runs_of_several_seeds_pair_by_seed(tmp_path):
     assert pairs["over seeds"]["xling_top1 (per language)"]["diff"] == pytest.approx(0.05)
     with pytest.raises(SystemExit):
         main(["--pipeline-dir", str(dirs[0]), "--multilingual", str(published), "--seed", "0", "1"])
+
+
+def test_several_seeds_comparisons_pair_by_seed(tmp_path):
+    """--over-seeds: each side's mean over the seeds and the test paired by seed, from the per-seed JSONs."""
+    paths = []
+    for seed, (ours, theirs) in enumerate(((0.50, 0.52), (0.51, 0.52), (0.49, 0.50))):
+        row = {"pipeline": ours, "benchmark": theirs, "diff": ours - theirs, "n": 1548}
+        path = tmp_path / f"pipeline_equivalence_seed{seed}.json"
+        path.write_text(json.dumps({"pairs": {"fused": {"recall@10": row}}}))
+        paths.append(path)
+    r = over_seeds(paths, draws=200)["fused"]["recall@10"]
+    assert r["n"] == 3 and r["pipeline"] == pytest.approx(0.50) and r["benchmark"] == pytest.approx(1.54 / 3)
+    assert r["diff"] == pytest.approx(-0.0133, abs=1e-4) and 0 < r["p_ttest"] < 0.1
+    assert r["p_randomisation"] >= 0.25 - 1e-9, "3 seeds: the sign-flip test cannot go below 2/8"
