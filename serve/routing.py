@@ -49,7 +49,7 @@ from serve.config import RETRY_AFTER_S
 
 RATE_WINDOW_S = 2.0  # the window over which the router measures how fast calls finish
 MIN_FINISHES = 8  # ... and how many it needs to have seen finish in it to tell a rate
-MIN_RATE_SPAN_S = 1.0  # ... over no less than this (a batch finishes its calls at once: no rate from one)
+BATCH_GAP_S = 0.01  # finishes closer than this to the one before are one batch's (a batch finishes its calls at once)
 
 
 class QueuedTooLong(BackPressureError):
@@ -228,11 +228,21 @@ class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
             self._sweeper = self._event_loop.create_task(self._sweep())
 
     def finish_rate(self, now: float) -> float | None:
-        """Calls finished per second over the last `RATE_WINDOW_S` (None: too few to tell)."""
+        """Calls finished per second over the last `RATE_WINDOW_S`: the finishes after the window's first batch over
+        the time from that batch to the last finish (None: fewer than `MIN_FINISHES`, or one batch only).
+
+        A batching replica finishes a batch's calls together, so the window's first batch marks where the measured
+        time starts and its calls were done before it: counting them would read two batches as twice the rate.
+        Ending at the last finish, not now, keeps the rate from sagging between two batches."""
         recent = [t for t in self._finishes if t >= now - RATE_WINDOW_S]
         if len(recent) < MIN_FINISHES:
             return None
-        return len(recent) / max(now - recent[0], MIN_RATE_SPAN_S)
+        first = 1
+        while first < len(recent) and recent[first] - recent[first - 1] < BATCH_GAP_S:
+            first += 1
+        if first == len(recent):
+            return None
+        return (len(recent) - first) / (recent[-1] - recent[first - 1])
 
     def _overdue(self, now: float, queued_since: float, pending: PendingRequest, ahead: int,
                  rate: float | None) -> BackPressureError | None:

@@ -194,6 +194,13 @@ def test_the_router_refuses_a_bursts_excess_by_its_expected_wait_and_a_call_with
     refused = router._overdue(now, now, queued, ahead=150, rate=rate)  # ~8 s: refused now, not after 5 s
     assert isinstance(refused, QueuedTooLong) and refused.status_code == 503 and refused.retry_after_s == 1.0
     assert "would wait 8.0 s in the queue, over its 5 s bound" in str(refused)  # 0.45 + 151 / 20
+    router._finishes.clear()
+    router._finishes.extend(now - 0.9 + i * 0.001 for i in range(20))  # one batch of 20: no rate yet
+    assert router.finish_rate(now) is None
+    for at in (now - 0.6, now - 0.3):  # two more batches of 20, 0.3 s apart: 20 calls per 0.3 s
+        router._finishes.extend(at + i * 0.001 for i in range(20))
+    assert router.finish_rate(now) == pytest.approx(40 / 0.6, rel=0.01)  # not 60 calls over the window
+    assert router.finish_rate(now + 0.25) == router.finish_rate(now)  # no sag before the next batch
     router._empty_since = now - 2.0  # and no live replica for 2 s
     assert isinstance(router._overdue(now, now - 3.0, queued, ahead=0, rate=rate), NoLiveReplica)
     assert router._overdue(now, now - 0.5, queued, ahead=0, rate=rate) is None  # queued 0.5 s: not yet
