@@ -24,6 +24,23 @@ def child_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
+RAY_DEFAULT_WORKER_NICENESS = 15  # Ray's worker processes (tasks, actors, Serve's proxy and replicas) unless told
+
+
+def add_ray_niceness_arg(parser) -> None:
+    """`--ray-worker-niceness`: Ray's workers run at niceness 15 unless told otherwise, so on a shared 2-core
+    machine they get a fraction of the CPU a nice-0 process gets (the benchmark's own client, a plain server, the
+    loop it is compared with); 0 runs every contender at one priority."""
+    parser.add_argument("--ray-worker-niceness", type=int, default=0,
+                        help=f"Ray's default is {RAY_DEFAULT_WORKER_NICENESS}: its workers then yield the CPU to "
+                             "every nice-0 process; 0 runs them at the priority of the rest of the benchmark")
+
+
+def set_ray_worker_niceness(niceness: int) -> None:
+    """Before Ray starts: the niceness of its worker processes (`RAY_worker_niceness`, read at `ray.init`)."""
+    os.environ["RAY_worker_niceness"] = str(niceness)
+
+
 def machine_busy_seconds() -> float:
     """CPU seconds the whole machine has spent busy (every process: /proc/stat, all but idle and iowait)."""
     with open("/proc/stat") as f:

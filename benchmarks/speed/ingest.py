@@ -58,7 +58,15 @@ import time
 from pathlib import Path
 
 from benchmarks.common.machine import load_average, machine_line, versions_line
-from benchmarks.common.process import Interval, ProcessTree, child_env, module_command, wait_quiet
+from benchmarks.common.process import (
+    Interval,
+    ProcessTree,
+    add_ray_niceness_arg,
+    child_env,
+    module_command,
+    set_ray_worker_niceness,
+    wait_quiet,
+)
 from benchmarks.speed.ingest_report import crossings, plot, ratios, report
 
 WORDS = ("a man woman child dog cat group people two three young old red blue green small large is are "
@@ -179,7 +187,7 @@ def run_ray(data: Path, tokenizer: str, args: argparse.Namespace, compute: str, 
 
     apply_ray_env()  # loopback defaults and the local-provider bootstrap file
     os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")  # a loaded 2-core machine starts slowly
-    os.environ["RAY_worker_niceness"] = str(args.ray_worker_niceness)
+    set_ray_worker_niceness(args.ray_worker_niceness)
     import ray
 
     with ProcessTree() as tree:
@@ -236,9 +244,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="Ray tasks/actors")
     parser.add_argument("--repeat", type=int, default=2, help="runs of each contender (best is reported)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    parser.add_argument("--ray-worker-niceness", type=int, default=0,
-                        help="Ray's default is 15: on a machine shared with other jobs its workers then get a "
-                             "fraction of the CPU the nice-0 loop gets; 0 runs both contenders at one priority")
+    add_ray_niceness_arg(parser)
     parser.add_argument("--quiet-below", type=float, default=0.3,
                         help="before each run, wait until the other jobs use fewer cores than this ...")
     parser.add_argument("--quiet-wait", type=float, default=0.0, help="... for at most this many seconds (0: no wait)")

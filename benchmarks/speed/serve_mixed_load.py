@@ -23,8 +23,10 @@ measured in turn (plain first, then Serve), phase by phase:
 The Serve apps (``--apps``: ``fanout``, the demo's layout, ``colocated``, and ``colocated-direct``: the
 co-located app called at its replica's own port, `serve.direct_ingress`) run side by side in one Serve instance on
 2 CPUs, each measured while the others idle. ``--throughput-mode`` (implied by ``colocated-direct``) starts Ray in
-Serve's throughput mode, for every app of the run. ``--kill-at S`` SIGKILLs a replica S seconds into the
-steady run of the ``--kill-apps`` instead (with ``--searcher-replicas 2`` the other keeps answering).
+Serve's throughput mode, for every app of the run. Ray's processes (the proxy and the replicas) run at
+``--ray-worker-niceness`` (default 0, the priority of the client and the plain app; at Ray's own default, 15, the
+client's burst starves the proxy on a shared 2-core machine). ``--kill-at S`` SIGKILLs a replica S seconds into
+the steady run of the ``--kill-apps`` instead (with ``--searcher-replicas 2`` the other keeps answering).
 
     python -m benchmarks.speed.serve_mixed_load --duration 5 --bursts 140 --burst-kill 0   # smoke, ~2 min
     python -m benchmarks.speed.serve_mixed_load --light-kill --burst-kill 140 --json out.json  # the run
@@ -50,6 +52,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common.machine import load_average
+from benchmarks.common.process import add_ray_niceness_arg, set_ray_worker_niceness
 from benchmarks.speed.serve_api import build_corpus_index, build_model, machine_info, start_plain, wait_ready
 
 # kind -> (path, JSON body or raw bytes); every one is answered 422 by both apps
@@ -139,6 +142,7 @@ def start_serve(manifest: Path, port: int, args: argparse.Namespace, topologies:
     from serve.app import run_local
     from serve.config import DeploymentSettings, ServeSettings
 
+    set_ray_worker_niceness(args.ray_worker_niceness)  # the proxy and replicas at the client's and plain app's priority
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     front = {"max_ongoing_requests": args.ingress_max_ongoing, "max_queued_requests": args.max_queued}
     urls = {}
@@ -331,6 +335,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--throughput-mode", action="store_true",
                    help="start Ray in Serve's throughput mode (RAY_SERVE_THROUGHPUT_OPTIMIZED=1: the router in the "
                         "proxy's own event loop, direct ingress on); implied by colocated-direct")
+    add_ray_niceness_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="/tmp/madr_bench_serve_mixed")
     p.add_argument("--json", default=None, help="also write the summary here")
@@ -423,7 +428,7 @@ def report(args: argparse.Namespace, results: dict) -> None:
           f"max_queued_requests {args.max_queued}, route_timeout_s {args.route_timeout:g}, request_timeout_s "
           f"{args.request_timeout:g}, queue_timeout_s "
           f"{args.queue_timeout if args.queue_timeout is not None else args.request_timeout / 2:g}; Serve's "
-          f"throughput mode {'on' if args.throughput_mode else 'off'}")
+          f"throughput mode {'on' if args.throughput_mode else 'off'}; Ray worker niceness {args.ray_worker_niceness}")
     steady = {n: r["steady"] for n, r in results.items() if "steady" in r}
     if steady:
         print(f"\nSteady: {args.clients} clients x {args.duration:g} s per app, {args.bad_fraction:.0%} bad")
