@@ -337,12 +337,41 @@ class DistillConfig(StageConfig):
 
 
 @dataclass
+class AspectHeadsConfig:
+    """The aspects stage (`pipelines.aspect_heads`): MtBERT's aspect classifiers (paper 000 Sec. 5, Eq. 3:
+    ``P(x) = softmax(E U_a^T + b_a)``, one table per aspect shared by both towers) trained on the text vectors of
+    a trained BiBERT (`init_from`, default the fine-tune stage's export) with the encoder frozen, so the model
+    explains its matches by aspects while its ranking stays exactly the encoder's; then calibrated on
+    `calibrate_split` (`madr.modeling.calibration`). `epochs` passes over the training split's annotated queries and
+    the products they judged (0: the stage is left out); `index.model_stage: aspects` indexes its export."""
+
+    epochs: int = 0
+    batch_size: int = 256
+    learning_rate: float = 1e-2
+    weight_decay: float = 0.0
+    init_from: str | None = None
+    calibrate_split: str = "dev"
+
+    def __post_init__(self) -> None:
+        for name in ("epochs", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < (0 if name == "epochs" else 1):
+                raise ValueError(f"train.aspects.{name} must be an integer >= {0 if name == 'epochs' else 1}, "
+                                 f"got {value!r}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"train.aspects.learning_rate must be > 0, got {self.learning_rate}")
+        if self.weight_decay < 0:
+            raise ValueError(f"train.aspects.weight_decay must be >= 0, got {self.weight_decay}")
+
+
+@dataclass
 class TrainConfig:
     seed: int = 0
     pretrain: StageConfig = field(default_factory=lambda: StageConfig(steps=100, aspect_weight=1.0))
     finetune: StageConfig = field(default_factory=lambda: StageConfig(steps=150, aspect_weight=0.1))
     distill: DistillConfig = field(default_factory=lambda: DistillConfig(steps=200, learning_rate=1e-4,
                                                                          weight_decay=0.0, warmup_ratio=0.0))
+    aspects: AspectHeadsConfig = field(default_factory=AspectHeadsConfig)
 
 
 REFERENCES = ("bm25", "dense", "untrained")
@@ -398,7 +427,7 @@ class IndexConfig:
 
     num_shards: int = 2
     index_factory: str = "Flat"
-    model_stage: str = "finetune"  # whose export is indexed: pretrain | finetune
+    model_stage: str = "finetune"  # whose export is indexed: pretrain | finetune | aspects (train.aspects)
     lexical: str | None = None  # bm25: a BM25 part over word pieces, fused with the dense scores
     fusion_lambda: float = 0.5  # dense weight of that fusion (searches that set no lam)
     lexical_tokenizer: str | None = None  # the BM25 part's tokenizer; None: the model's
@@ -408,7 +437,7 @@ class IndexConfig:
     def __post_init__(self) -> None:
         if isinstance(self.aspect_top_k, bool) or not isinstance(self.aspect_top_k, int) or self.aspect_top_k < 0:
             raise ValueError(f"index.aspect_top_k must be an integer >= 0, got {self.aspect_top_k!r}")
-        _check_choice("index.model_stage", self.model_stage, ("pretrain", "finetune"))
+        _check_choice("index.model_stage", self.model_stage, ("pretrain", "finetune", "aspects"))
         if self.lexical is not None:
             _check_choice("index.lexical", self.lexical, ("bm25",))
         if self.lexical_tokenizer is not None and self.lexical is None:
@@ -490,9 +519,26 @@ class ExperimentConfig:
 
     def __post_init__(self) -> None:
         _check_choice("recipe", self.recipe, ("product_search",))
+        self._check_aspect_heads()
         from madr.job_settings import check_sections  # imported here: it reads this module's classes
 
         check_sections(self)
+
+    def _check_aspect_heads(self) -> None:
+        """The aspects stage trains MtBERT's classifiers on a BiBERT's vectors: it needs a BiBERT with aspects to
+        predict, and `index.model_stage: aspects` needs that stage to run."""
+        heads = self.train.aspects.epochs > 0
+        if heads and self.model.name != "bibert":
+            raise ValueError(f"train.aspects.epochs is {self.train.aspects.epochs}, but model.name is "
+                             f"{self.model.name!r}: aspect heads on a frozen encoder are for bibert (an aspect model "
+                             "learns its own; set train.aspects.epochs: 0)")
+        if heads and not self.model.aspects:
+            raise ValueError("train.aspects.epochs > 0, but model.aspects is empty: no aspect to predict")
+        if heads and self.train.finetune.steps == 0 and not self.train.aspects.init_from:
+            raise ValueError("train.aspects trains on the fine-tune stage's export, but train.finetune.steps is 0; "
+                             "set train.aspects.init_from to a trained bibert model directory")
+        if self.index.model_stage == "aspects" and not heads:
+            raise ValueError("index.model_stage is aspects, but train.aspects.epochs is 0: that stage does not run")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -13,7 +13,8 @@ serve), so that a stage never guesses where the previous one wrote:
     <output_dir>/data/quarantine/     BEIR / TREC lines that failed validation (reason, file, line, field) + counts
     <output_dir>/data/clicks/         a click log's impressions, quarantine, summary.json, examination.json / .png
                                       (the estimated position bias) and report.json (`data.clicks`, madr.clicks)
-    <output_dir>/<stage>/model/       the export of a training stage (pretrain / finetune / distill)
+    <output_dir>/<stage>/model/       the export of a training stage (pretrain / finetune / distill / aspects: the
+                                      fine-tuned encoder with aspect heads, `pipelines.aspect_heads`)
     <output_dir>/index/manifest.json  the sharded index (its fusion chosen by the tune stage)
     <output_dir>/tune/                fusion.json / fusion.png: the dev grid of the dense + BM25 fusion
     <output_dir>/baseline/            the untrained backbone's model/, index/ (same corpus and BM25 part) and

@@ -6,7 +6,7 @@ and combinations a job would refuse fail naming their dotted path, in every sect
 besides: what only some stages read (the mining job's derived config, a Serve settings file named by
 `serve.config`, the `search:` settings the built index can serve), and a backbone or input that cannot be
 resolved on this machine; each fails now, naming the key, instead of after training. `not_applicable` says which stages the
-recipe leaves out (a training stage with 0 steps, a tune stage with no BM25 part to fuse, a baseline no
+recipe leaves out (a training stage with 0 steps or epochs, a tune stage with no BM25 part to fuse, a baseline no
 reference asks for).
 """
 
@@ -27,7 +27,7 @@ def experiment(data: Mapping[str, Any], where: str = "") -> ExperimentConfig:
         raise ValueError(f"{where}: {err}" if where else str(err)) from None
 
 
-OPTIONAL_IN_RECIPE = ("pretrain", "finetune", "distill", "tune", "baseline")  # the stages a recipe may leave out
+OPTIONAL_IN_RECIPE = ("pretrain", "finetune", "distill", "aspects", "tune", "baseline")  # a recipe may leave them out
 
 
 def not_applicable(stage: str, data: Mapping[str, Any], where: str = "") -> str | None:
@@ -38,6 +38,8 @@ def not_applicable(stage: str, data: Mapping[str, Any], where: str = "") -> str 
     cfg = experiment(data, where)
     if stage in ("pretrain", "finetune", "distill") and getattr(cfg.train, stage).steps == 0:
         return f"train.{stage}.steps is 0"
+    if stage == "aspects" and cfg.train.aspects.epochs == 0:
+        return "train.aspects.epochs is 0"
     if stage == "tune":
         if not cfg.tune.enabled:
             return "tune.enabled is false"

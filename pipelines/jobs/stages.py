@@ -1,9 +1,10 @@
 """The stage table: which module runs each stage of the pipeline, and each stage's identity (its key).
 
 A stage is one `python -m <module> <args>` command over one experiment YAML. Its key hashes the stage name,
-its command, the parsed config it reads (less the top-level sections it `ignores`: those only later stages
-read) and the key of the stage before it, so changing the config of a stage reruns it and every stage after
-it, while an unchanged stage is skipped (see `markers`): a new `serve:` section redeploys without retraining.
+its command, the parsed config it reads (less the sections it `ignores`: those only later stages read) and the
+key of the stage before it, so changing the config of a stage reruns it and every stage after it, while an
+unchanged stage is skipped (see `markers`): a new `serve:` section redeploys without retraining, and aspect
+heads added to a fine-tuned run (`train.aspects`) train on its encoder without fine-tuning it again.
 """
 
 from __future__ import annotations
@@ -23,9 +24,10 @@ class Stage:
     """One pipeline stage: `python -m module *args`, where "{config}" in args is replaced by the config path.
 
     kind "module" runs the module; kind "deploy" deploys the Serve config (see `deploy`).
-    `optional` stages are left out of `pipeline` unless named in --stages. `ignores`: top-level config
-    sections this stage never reads (left out of its key). GPUs are not a property of the stage: its config asks
-    for them (`distributed.use_gpu`, `encode.device`, the Serve deployments' `num_gpus`) on the workers it starts.
+    `optional` stages are left out of `pipeline` unless named in --stages. `ignores`: config sections this stage
+    never reads, top-level ("serve") or one level down ("train.aspects"), left out of its key. GPUs are not a
+    property of the stage: its config asks for them (`distributed.use_gpu`, `encode.device`, the Serve
+    deployments' `num_gpus`) on the workers it starts.
     """
 
     name: str
@@ -41,17 +43,20 @@ class Stage:
 
 
 _INDEX_ON = ("encode", "index", "tune", "evaluate", "serve")  # sections read from the encode stage on
+_TRAINING = (*_INDEX_ON, "train.aspects")  # ... and what the training stages never read: the aspects stage's
 STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("data", "pipelines.data.prepare",
           help="validate the catalog (or generate the synthetic one); corpus, eval/train queries + qrels, "
                "tokenizer, aspect vocabularies and statistics (Ray Data)",
           ignores=("train", "distributed", *_INDEX_ON)),
-    Stage("pretrain", "pipelines.train", ("--config", "{config}", "--stage", "pretrain"), ignores=_INDEX_ON,
+    Stage("pretrain", "pipelines.train", ("--config", "{config}", "--stage", "pretrain"), ignores=_TRAINING,
           help="MLM + aspect pretraining (paper 000 Eq. 7 / paper 001 Eq. 9)"),
-    Stage("finetune", "pipelines.train", ("--config", "{config}", "--stage", "finetune"), ignores=_INDEX_ON,
+    Stage("finetune", "pipelines.train", ("--config", "{config}", "--stage", "finetune"), ignores=_TRAINING,
           help="retrieval fine-tuning (paper 000 Eq. 8 / paper 001 Eq. 10)"),
     Stage("distill", "pipelines.train", ("--config", "{config}", "--stage", "distill"), optional=True,
-          ignores=_INDEX_ON, help="distil the query tower into a small student (paper 004)"),
+          ignores=_TRAINING, help="distil the query tower into a small student (paper 004)"),
+    Stage("aspects", "pipelines.aspect_heads", ignores=("distributed", *_INDEX_ON),
+          help="aspect heads on the frozen fine-tuned encoder, calibrated on dev: explains, ranks as the encoder"),
     Stage("encode", "pipelines.jobs.experiment", ("encode", "--config", "{config}"),
           ignores=("tune", "evaluate", "serve"), help="corpus -> sharded FAISS (+ sparse / BM25) index + manifest"),
     Stage("tune", "pipelines.tune", ignores=("evaluate", "serve"),
@@ -163,11 +168,21 @@ def stage_keys(stages: Sequence[Stage], configs: Mapping[str, dict[str, Any]],
     keys: dict[str, str] = {}
     previous = ""
     for stage in table.values():
-        cfg = {k: v for k, v in configs.get(stage.name, {}).items() if k not in stage.ignores}
+        cfg = _without(configs.get(stage.name, {}), stage.ignores)
         previous = config_hash({"stage": stage.name, "module": stage.module, "args": list(stage.args),
                                 "kind": stage.kind, "config": cfg, "previous": previous})
         keys[stage.name] = previous
     return {s.name: keys[s.name] for s in stages}
+
+
+def _without(config: Mapping[str, Any], ignores: Sequence[str]) -> dict[str, Any]:
+    """`config` less the sections named in `ignores`: top-level ("serve") or one level down ("train.aspects")."""
+    out = {k: v for k, v in config.items() if k not in ignores}
+    for name in ignores:
+        section, _, key = name.partition(".")
+        if key and isinstance(out.get(section), Mapping):
+            out[section] = {k: v for k, v in out[section].items() if k != key}
+    return out
 
 
 @dataclass

@@ -157,11 +157,11 @@ def test_stage_table_and_config_errors_name_the_file(tmp_path, toy, capsys):
 
 
 def test_builtin_table_maps_every_stage_of_the_issue():
-    assert list(STAGES) == ["data", "pretrain", "finetune", "distill", "encode", "tune", "baseline", "mine",
-                            "evaluate", "deploy"]
+    assert list(STAGES) == ["data", "pretrain", "finetune", "distill", "aspects", "encode", "tune", "baseline",
+                            "mine", "evaluate", "deploy"]
     assert STAGES["pretrain"].argv("c.yaml") == ["--config", "c.yaml", "--stage", "pretrain"]
-    assert [s.name for s in select(None)] == ["data", "pretrain", "finetune", "encode", "tune", "baseline", "evaluate",
-                                              "deploy"]
+    assert [s.name for s in select(None)] == ["data", "pretrain", "finetune", "aspects", "encode", "tune", "baseline",
+                                              "evaluate", "deploy"]
     assert STAGES["encode"].argv("c.yaml") == ["encode", "--config", "c.yaml"]
     for stage in STAGES.values():  # every entry point of the built-in table exists in this checkout
         check_available(stage)
@@ -187,6 +187,8 @@ def test_a_stage_key_changes_only_with_the_sections_it_reads():
                                                                        "deploy"]
     assert changed("tune", {"lambda_step": 0.05}) == ["tune", "baseline", "mine", "evaluate", "deploy"]
     assert changed("train", {**base["train"], "seed": 123}) == list(STAGES)[1:]
+    after_training = ["aspects", "encode", "tune", "baseline", "mine", "evaluate", "deploy"]
+    assert changed("train", {**base["train"], "aspects": {"epochs": 5}}) == after_training  # no retraining
     assert changed("data", {**base["data"], "seed": 99}) == list(STAGES)
 
 
