@@ -374,7 +374,7 @@ class TrainConfig:
     aspects: AspectHeadsConfig = field(default_factory=AspectHeadsConfig)
 
 
-REFERENCES = ("bm25", "dense", "untrained")
+REFERENCES = ("bm25", "dense", "untrained", "no_aspects")
 
 
 @dataclass
@@ -397,7 +397,9 @@ class EvalConfig:
     references: list[str] = field(default_factory=lambda: ["bm25", "dense"])  # evaluated beside the model in the
     # same run. An index with a BM25 part: bm25 (lam 0, what a user has today) and dense (lam 1, the encoder
     # alone) search the same index; untrained: the backbone before any training, indexed by the baseline stage
-    # (fused with BM25 as the tune stage chooses for it on dev when the index has a BM25 part)
+    # (fused with BM25 as the tune stage chooses for it on dev when the index has a BM25 part); no_aspects: an index
+    # with aspect data (an aspect model, or index.model_stage: aspects) searched as tuned but without the
+    # aspect-match score. bm25 and dense never add the aspect-match score: each is one signal alone
 
     def __post_init__(self) -> None:
         for ref in self.references:

@@ -83,16 +83,29 @@ REFERENCE_LAMBDA = {"bm25": 0.0, "dense": 1.0}  # eval.references: one half of t
 
 def _references(cfg: ExperimentConfig) -> list[dict[str, Any]]:
     """`eval.references`: for an index with a BM25 part, the same index searched by one half of its fusion
-    (bm25, dense); the baseline stage's index of the untrained backbone (untrained), searched as it was tuned."""
+    (bm25, dense; without the aspect-match score); the baseline stage's index of the untrained backbone
+    (untrained), searched as it was tuned; for an index with aspect data, the same index without the aspect-match
+    score (no_aspects: what the aspects add)."""
     run, runs = _search(cfg), []
     for ref in cfg.eval.references:
         if ref == "untrained":
             if has_baseline(cfg):
                 runs.append({**run, "name": untrained_name(cfg), "index": _abs(RunLayout.of(cfg).baseline_manifest)})
+        elif ref == "no_aspects":
+            if has_aspect_data(cfg):
+                runs.append({**run, "name": f"{cfg.model.name}-no-aspects",
+                             "search": {**run["search"], "aspect_weight": 0.0}})
         elif cfg.index.lexical is not None:
             runs.append({**run, "name": ref if ref == "bm25" else f"{cfg.model.name}-{ref}",
-                         "search": {**run["search"], "lam": REFERENCE_LAMBDA[ref]}})
+                         "search": {**run["search"], "lam": REFERENCE_LAMBDA[ref], "aspect_weight": 0.0}})
     return runs
+
+
+def has_aspect_data(cfg: ExperimentConfig) -> bool:
+    """Whether the encode stage stores the products' aspect values: the indexed model predicts aspects (an aspect
+    model, or the aspects stage's heads) and `index.aspect_top_k` keeps some."""
+    heads = cfg.model.learns_aspects or cfg.index.model_stage == "aspects"
+    return heads and bool(cfg.model.aspects) and cfg.index.aspect_top_k > 0
 
 
 def has_baseline(cfg: ExperimentConfig) -> bool:

@@ -57,6 +57,20 @@ def test_the_untrained_reference_is_the_same_index_of_the_backbone_before_traini
     assert from_dict(EncodeConfig, yaml.safe_load(path.read_text())["encode"]).model_dir == base["model_dir"]
 
 
+def test_the_aspect_heads_index_is_evaluated_with_and_without_its_aspect_match_score(tmp_path):
+    """`index.model_stage: aspects`: the encode stage indexes the aspects stage's export; `no_aspects` searches that
+    index as tuned but without the aspect-match score, and BM25 alone and the encoder alone never add it."""
+    cfg = _cfg(tmp_path, **{"train.aspects.epochs": 5, "index.model_stage": "aspects",
+                            "eval.references": ["bm25", "dense", "no_aspects"]})
+    assert experiment.encode_settings(cfg)["model_dir"] == str(RunLayout.of(cfg).model("aspects").resolve())
+    runs = from_dict(EvaluateConfig, experiment.evaluate_settings(cfg)).runs
+    assert [r.name for r in runs] == ["bibert", "bm25", "bibert-dense", "bibert-no-aspects"]
+    assert runs[0].search.aspect_weight is None  # as tuned (the manifest's weight)
+    assert [(r.search.lam, r.search.aspect_weight) for r in runs[1:]] == [(0.0, 0.0), (1.0, 0.0), (None, 0.0)]
+    without = _cfg(tmp_path, **{"eval.references": ["bm25", "no_aspects"]})  # the recipe: no aspect data, no run
+    assert [r.name for r in from_dict(EvaluateConfig, experiment.evaluate_settings(without)).runs] == ["bibert", "bm25"]
+
+
 def test_experiment_sections_override_single_keys(tmp_path):
     cfg = _cfg(tmp_path, **{"encode": {"batch_size": 7, "num_shards": 5}, "evaluate": {"k": 20},
                             "serve": {"max_k": 30}})
