@@ -2,20 +2,20 @@
 over the same test items (two-sided sign-flip randomisation and Student's paired t-test, the papers' test),
 and the paired bootstrap of a metric that is not a mean over items (an AUC).
 
-One implementation of each. `paired_tests` merges the two copies the Home Depot and hetPQA scripts had:
-the same test on the same draws, with the stricter edge cases of the Home Depot copy (an empty or constant
-difference) and a refusal of two sides that do not hold the same items (the hetPQA copy paired a's items
-and raised a KeyError only when b lacked one; the Home Depot copy silently paired the shared items).
+One implementation of each. `paired_tests` (`madr.significance`, which the evaluate job reports too) merges the
+two copies the Home Depot and hetPQA scripts had: the same test on the same draws, with the stricter edge cases
+of the Home Depot copy (an empty or constant difference) and a refusal of two sides that do not hold the same
+items (the hetPQA copy paired a's items and raised a KeyError only when b lacked one; the Home Depot copy
+silently paired the shared items).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-TOL = 1e-12  # differences closer than this count as equal
+from madr.significance import TOL, paired_tests  # noqa: F401  (the evaluate job reports the same test)
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
@@ -42,37 +42,6 @@ def seed_mean_std(per_seed: Sequence[Mapping[str, Mapping[str, float]]]) -> tupl
         mean[row] = {m: p[0] for m, p in pairs.items()}
         std[row] = {m: p[1] for m, p in pairs.items()}
     return mean, std
-
-
-def paired_tests(a: Mapping[str, float], b: Mapping[str, float], draws: int = 10000, seed: int = 0
-                 ) -> dict[str, float]:
-    """Mean difference a - b over the items (query ids) both map, with the two-sided paired randomisation p
-    (`draws` random sign flips of the per-item differences, (hits + 1) / (draws + 1)) and Student's paired
-    t-test p. A constant difference gives p_t 1.0 (zero) or 0.0 (non-zero), where t is 0 or infinite; no
-    items give NaNs and n 0. `a` and `b` must hold the same items (ValueError otherwise)."""
-    if set(a) != set(b):
-        raise ValueError(f"a paired test needs the same items on both sides: {len(set(a) - set(b))} only in a, "
-                         f"{len(set(b) - set(a))} only in b")
-    keys = sorted(a)
-    diff = np.array([a[k] - b[k] for k in keys], dtype=np.float64)
-    if len(diff) == 0:
-        return {"diff": math.nan, "p_randomisation": math.nan, "p_ttest": math.nan, "n": 0}
-    rng = np.random.default_rng(seed)
-    observed, hits, done = abs(diff.mean()), 0, 0
-    while done < draws:  # chunks keep the sign matrix small (the same draws as one big matrix)
-        n = min(1000, draws - done)
-        signs = rng.choice((-1.0, 1.0), size=(n, len(diff)))
-        hits += int(np.sum(np.abs(signs @ diff) / len(diff) >= observed - TOL))
-        done += n
-    p_t = math.nan
-    if np.ptp(diff) > TOL and len(diff) > 1:
-        from scipy.stats import ttest_rel
-
-        p_t = float(ttest_rel([a[k] for k in keys], [b[k] for k in keys]).pvalue)
-    elif len(diff) > 1:  # a constant difference: t is 0 or infinite
-        p_t = 1.0 if abs(diff.mean()) <= TOL else 0.0
-    return {"diff": float(diff.mean()), "p_randomisation": float((hits + 1) / (draws + 1)), "p_ttest": p_t,
-            "n": len(diff)}
 
 
 def paired_bootstrap(statistic: Callable[[np.ndarray], float], n: int, draws: int, rng: np.random.Generator

@@ -6,7 +6,9 @@ pool (``pipelines.evaluate.searcher``), index ids are mapped to the qrels' doc k
 conventions of that module). Results go to ``results.csv`` and ``results.md`` (one row per run), and each
 run's ranking to a TREC run file ``<run name>.trec`` (``qid Q0 docid rank score tag``, tag = the run name)
 beside ``qrels.trec``, the judgments it was scored against: ``trec_eval qrels.trec NAME.trec``, ranx or
-pyserini reproduce the table from them (doc ids are the qrels' doc keys).
+pyserini reproduce the table from them (doc ids are the qrels' doc keys). With several runs, the first (the
+model) is compared with each other (its references) per query, every metric: both means, the difference and the
+paired tests of `madr.significance` (``comparisons.csv`` / ``.md``), so a difference comes with its p.
 
 Inputs: ``queries`` + ``qrels`` files (Parquet / JSONL tables; qrels may also be a BEIR TSV or TREC file), or
 ``beir`` (a BEIR directory, local or a pyarrow filesystem URI) and its ``split``, whose judged queries are
@@ -32,6 +34,7 @@ import numpy as np
 from madr.data.trec import write_qrels, write_run
 from madr.evaluate_config import EvaluateConfig
 from madr.metrics import Qrels, Run, evaluate
+from madr.significance import paired_tests
 from pipelines.evaluate.io import (
     is_text_qrels,
     read_beir_split,
@@ -61,6 +64,24 @@ def to_run(results: dict[str, tuple[np.ndarray, np.ndarray]], keys: DocKeys) -> 
 
 def _metrics(run: Run, qrels: Qrels, cfg: EvaluateConfig, names: list[str]) -> dict[str, float]:
     return evaluate(run, qrels, names, relevance_threshold=cfg.relevance_threshold, gains=cfg.gains)
+
+
+def compare_to_first(per_query: dict[str, dict[str, dict[str, float]]], draws: int = 10000) -> list[dict[str, Any]]:
+    """{run: {metric: {query: value}}} (runs in order) -> one row per other run and metric: the first run against
+    it over the same queries, with the paired tests of `madr.significance`."""
+    names = list(per_query)
+    rows = []
+    for other in names[1:]:
+        for metric, first in per_query[names[0]].items():
+            both = first.keys() & per_query[other][metric].keys()  # AUC: the queries with both classes
+            ours = {q: first[q] for q in both}
+            theirs = {q: per_query[other][metric][q] for q in both}
+            test = paired_tests(ours, theirs, draws)
+            rows.append({"run": names[0], "reference": other, "metric": metric,
+                         "run_mean": float(np.mean(list(ours.values()))) if both else float("nan"),
+                         "reference_mean": float(np.mean(list(theirs.values()))) if both else float("nan"),
+                         **test})
+    return rows
 
 
 def _sweep_param(index: Any) -> tuple[str | None, list[int]]:
@@ -183,8 +204,8 @@ def write_trec_run(run: Run, path: Path, tag: str, log=print) -> str | None:
 
 def run_evaluate(cfg: EvaluateConfig, log=print, local: bool = False) -> dict[str, Any]:
     """Evaluate every run of ``cfg`` (Ray must be initialised, unless ``local``: the searches run in this
-    process); returns {"results": rows, "sweep": points, "run_files": {name: TREC run file}, "validation":
-    summary of BEIR / TREC inputs or None, ...}."""
+    process); returns {"results": rows, "sweep": points, "comparisons": the first run against each other one,
+    "run_files": {name: TREC run file}, "validation": summary of BEIR / TREC inputs or None, ...}."""
     if not cfg.runs:
         raise ValueError("evaluate: no runs given (each run names an index manifest)")
     out = Path(cfg.output)
@@ -194,7 +215,7 @@ def run_evaluate(cfg: EvaluateConfig, log=print, local: bool = False) -> dict[st
         write_qrels(out / "qrels.trec", qrels)
     except ValueError as err:
         log(f"no TREC qrels file: {err}")
-    rows, points, run_files = [], [], {}
+    rows, points, run_files, per_query = [], [], {}, {}
     for spec in cfg.runs:
         log(f"run {spec.name}: searching {queries.num_rows} queries in {spec.index}")
         keys = DocKeys(spec.index, cfg.doc_key)
@@ -202,14 +223,21 @@ def run_evaluate(cfg: EvaluateConfig, log=print, local: bool = False) -> dict[st
             search_dataset(queries, spec, cfg.k, cfg.search_actors, cfg.batch_size)
         results = collect(searched)
         run = to_run(results, keys)
-        values = _metrics(run, qrels, cfg, cfg.metrics)
+        per_query[spec.name] = evaluate(run, qrels, cfg.metrics, relevance_threshold=cfg.relevance_threshold,
+                                        gains=cfg.gains, per_query=True)
+        values = {m: float(np.mean(list(v.values()))) if v else float("nan") for m, v in per_query[spec.name].items()}
         rows.append({"run": spec.name, "index": str(spec.index), "queries": len(qrels), **values})
         log("  " + ", ".join(f"{k}={v:.4f}" for k, v in values.items()))
         run_files[spec.name] = write_trec_run(run, out / f"{spec.name}.trec", spec.name, log)
         points.extend(sweep(spec, queries, qrels, keys, cfg))
     write_table(rows, out, "results")
     write_table(points, out, "sweep")
+    comparisons = compare_to_first(per_query) if len(per_query) > 1 else []
+    if comparisons:
+        write_table(comparisons, out, "comparisons")
+        for c in comparisons:
+            log(f"  {c['run']} vs {c['reference']}: {c['metric']} {c['diff']:+.4f} (p {c['p_randomisation']:.4f})")
     png = plot(points, cfg.sweep_metric, out / "recall_latency.png") if cfg.plot else None
     log(f"results -> {out / 'results.csv'}, {out / 'results.md'}; plot -> {png}")
-    return {"results": rows, "sweep": points, "plot": png, "run_files": run_files, "validation": validation,
-            "config": dataclasses.asdict(cfg)}
+    return {"results": rows, "sweep": points, "comparisons": comparisons, "plot": png, "run_files": run_files,
+            "validation": validation, "config": dataclasses.asdict(cfg)}

@@ -105,6 +105,15 @@ def test_evaluation_job_matches_direct_metrics(evaluated, setup):
     assert at4["recall@10"] == pytest.approx(out["results"][1]["recall@10"], abs=1e-12)
     png = base / "out" / "recall_latency.png"
     assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the first run against the other, per query: the means are the table's, the tests madr.significance's
+    comparisons = {c["metric"]: c for c in out["comparisons"]}
+    assert set(comparisons) == set(METRICS) and all(c["reference"] == "dense-ivf" for c in comparisons.values())
+    for metric, c in comparisons.items():
+        first, other = out["results"]
+        assert (c["run_mean"], c["reference_mean"]) == pytest.approx((first[metric], other[metric]), abs=1e-12)
+        assert c["diff"] == pytest.approx(c["run_mean"] - c["reference_mean"], abs=1e-12)
+        assert 0 < c["p_randomisation"] <= 1 and c["n"] > 0
+    assert (base / "out" / "comparisons.md").read_text().startswith("| run | reference | metric | run_mean")
 
 
 # ranx names of the METRICS (ndcg with 2^rel - 1 gains is ranx's "burges" ndcg; binary metrics at grade >= 2,
