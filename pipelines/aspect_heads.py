@@ -46,7 +46,9 @@ def run_aspect_heads(cfg: ExperimentConfig, log=print) -> dict:
     catalog = load_catalog(cfg)
     texts, annotations = dev_texts(catalog, "train")
     t0 = time.perf_counter()
-    trained = train_aspect_heads(model, texts, annotations, stage, seed=cfg.train.seed)
+    log(f"[aspects] encoding {len(texts['query']):,} training queries and {len(texts['doc']):,} products with the "
+        f"frozen encoder of {source}")
+    trained = train_aspect_heads(model, texts, annotations, stage, seed=cfg.train.seed, log=log)
     log(f"[aspects] {stage.epochs} epochs on the frozen vectors of {len(texts['query']):,} training queries and "
         f"{len(texts['doc']):,} products in {time.perf_counter() - t0:.1f} s:")
     for key, r in trained.items():

@@ -25,6 +25,9 @@ C = TypeVar("C")
 R = TypeVar("R")
 
 LOOPBACK_DEFAULTS = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
+# Ray's workers (tasks, actors, Serve's proxy and replicas) at the priority of the rest of the machine, not Ray's
+# default niceness 15, at which any nice-0 process starves them (a served burst then times out)
+PRIORITY_DEFAULTS = {"RAY_worker_niceness": "0"}
 OFFLINE_DEFAULTS = {"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
 BOOTSTRAP = "provider:\n  type: local\n"
 
@@ -40,7 +43,7 @@ def write_bootstrap() -> Path:
 def apply_ray_env(offline: bool = False) -> None:
     """Set the loopback defaults (and, with `offline`, no hub downloads) in os.environ where unset; write the
     bootstrap file."""
-    for key, value in {**LOOPBACK_DEFAULTS, **(OFFLINE_DEFAULTS if offline else {})}.items():
+    for key, value in {**LOOPBACK_DEFAULTS, **PRIORITY_DEFAULTS, **(OFFLINE_DEFAULTS if offline else {})}.items():
         os.environ.setdefault(key, value)
     write_bootstrap()
 

@@ -70,6 +70,9 @@ def ray_local_args() -> dict:
 
 @pytest.fixture(scope="session")
 def ray_local(ray_local_args):
+    from pipelines.runtime import apply_ray_env
+
+    apply_ray_env()  # as every pipeline process starts Ray: loopback defaults, workers at the driver's priority
     import ray
 
     ray.init(**ray_local_args)

@@ -16,7 +16,7 @@ dev, with 0 on its grid).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -57,28 +57,33 @@ def _backbone_paths(model_dir: Path, shared: bool) -> dict[str, str]:
 
 
 @torch.no_grad()
-def aspect_vectors(model: BiEncoder, texts: Sequence[str], side: str, batch_size: int = 128) -> dict[str, torch.Tensor]:
-    """{aspect: [N, H]} the representations `model`'s aspect tables read for `texts` on `side` (eval mode)."""
+def aspect_vectors(model: BiEncoder, texts: Sequence[str], side: str, batch_size: int = 128,
+                   log: Callable[[str], None] | None = None) -> dict[str, torch.Tensor]:
+    """{aspect: [N, H]} the representations `model`'s aspect tables read for `texts` on `side` (eval mode);
+    `log` hears the progress at every tenth of the texts."""
     was_training = model.training
     model.eval()
     parts: dict[str, list[torch.Tensor]] = {}
+    step = max(batch_size, -(-len(texts) // 10 // batch_size) * batch_size)
     for i in range(0, len(texts), batch_size):
         enc = model.tokenize(list(texts[i:i + batch_size]), side)
         for aspect, h in model.encode(enc["input_ids"], enc["attention_mask"], side).aspect_repr.items():
             parts.setdefault(aspect, []).append(h.float())
+        if log is not None and (i + batch_size) % step == 0:
+            log(f"  {side}: {min(i + batch_size, len(texts)):,} / {len(texts):,} texts encoded")
     model.train(was_training)
     return {a: torch.cat(p) for a, p in parts.items()}
 
 
 def _examples(model: BiEncoder, texts: Mapping[str, Sequence[str]], annotations: Mapping[str, Annotations],
-              batch_size: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+              batch_size: int, log: Callable[[str], None] | None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """{objective key: (vectors [N, H], labels [N, M])} of every text of every side with an annotation of the key's
     aspect in the vocabularies (the tables are shared by both towers: Sec. 5)."""
     rows: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
     for side, side_texts in texts.items():
         if len(side_texts) != len(annotations[side]):
             raise ValueError(f"{len(side_texts)} {side} texts but {len(annotations[side])} annotations")
-        vectors = aspect_vectors(model, side_texts, side, batch_size)
+        vectors = aspect_vectors(model, side_texts, side, batch_size, log)
         for key, aspect, _ in objective_keys(model.config):
             labels = value_labels(model, aspect, annotations[side])
             has = (labels >= 0).any(dim=1)
@@ -95,13 +100,14 @@ def _examples(model: BiEncoder, texts: Mapping[str, Sequence[str]], annotations:
 
 
 def train_aspect_heads(model: BiEncoder, texts: Mapping[str, Sequence[str]], annotations: Mapping[str, Annotations],
-                       cfg: AspectHeadsConfig, seed: int = 0, encode_batch_size: int = 128) -> dict[str, dict]:
+                       cfg: AspectHeadsConfig, seed: int = 0, encode_batch_size: int = 128,
+                       log: Callable[[str], None] | None = None) -> dict[str, dict]:
     """Train `model`'s aspect tables by ``L_AP`` (Eq. 3) for `cfg.epochs` passes over the annotated `texts` (by side:
     "query", "doc"), every encoder weight frozen: the vectors are computed once. Returns per objective key the
-    items, the loss before and after and the Accuracy@1 on those items after."""
+    items, the loss before and after and the Accuracy@1 on those items after. `log` hears the encoding's progress."""
     if model.aspect_predictor is None:
         raise ValueError(f"model {model.config.name} has no aspect tables to train")
-    examples = _examples(model, texts, annotations, encode_batch_size)
+    examples = _examples(model, texts, annotations, encode_batch_size, log)
     if not examples:
         raise ValueError("no query or product has an annotation in the model's aspect vocabularies")
     params = list(model.aspect_predictor.parameters())

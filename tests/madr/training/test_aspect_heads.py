@@ -103,7 +103,9 @@ def test_stage_saves_a_calibrated_model_the_encode_job_reads_as_an_aspect_model(
     with pytest.raises(ValueError, match="not a madr model directory"):  # no fine-tune export yet
         run_aspect_heads(cfg, log=lambda *_: None)
     BiEncoder.load(bibert_dir).save(layout.model("finetune"))
-    result = run_aspect_heads(cfg, log=lambda *_: None)
+    lines: list[str] = []
+    result = run_aspect_heads(cfg, log=lines.append)
+    assert any("texts encoded" in line for line in lines)  # long work shows its progress
     saved = layout.model("aspects")
     assert json.loads((saved.parent / "result.json").read_text()) == json.loads(json.dumps(result))
     assert "split dev" in result["calibration"]["fitted_on"]
