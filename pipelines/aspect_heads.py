@@ -16,13 +16,13 @@ No Ray: a linear probe over cached vectors is seconds of work once the texts are
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
 
-from madr.config import ExperimentConfig, load_config
+from madr.config import ExperimentConfig
 from madr.layout import RunLayout
+from pipelines.runtime import experiment_main
 
 
 def run_aspect_heads(cfg: ExperimentConfig, log=print) -> dict:
@@ -68,16 +68,7 @@ def run_aspect_heads(cfg: ExperimentConfig, log=print) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.aspect_heads", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="experiment YAML")
-    args = parser.parse_args(argv)
-    try:
-        run_aspect_heads(load_config(args.config))
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return experiment_main(argv, "python -m pipelines.aspect_heads", __doc__, run_aspect_heads)
 
 
 if __name__ == "__main__":

@@ -15,11 +15,11 @@ The evaluate stage then searches that index as the run `untrained+bm25` (`untrai
 
 from __future__ import annotations
 
-import argparse
 import sys
 
-from madr.config import ExperimentConfig, load_config
+from madr.config import ExperimentConfig
 from madr.layout import RunLayout
+from pipelines.runtime import experiment_main
 
 
 def run_baseline(cfg: ExperimentConfig, log=print) -> int:
@@ -45,15 +45,7 @@ def run_baseline(cfg: ExperimentConfig, log=print) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.baseline", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="experiment YAML")
-    args = parser.parse_args(argv)
-    try:
-        return run_baseline(load_config(args.config))
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
+    return experiment_main(argv, "python -m pipelines.baseline", __doc__, run_baseline)
 
 
 if __name__ == "__main__":

@@ -137,3 +137,21 @@ def load_stage_config(cls: type[C], path: str | Path | None, flags: dict[str, An
         return from_dict(cls, apply_overrides(data, flag_overrides(flags or {})), where)
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path or '<defaults>'}: {e}") from None
+
+
+def experiment_main(argv: list[str] | None, prog: str, description: str | None, run: Callable[[Any], Any]) -> int:
+    """`prog --config EXPERIMENT.yaml`: `run` the typed experiment (`madr.config.load_config`); a bad config or a
+    missing input is one line on stderr and exit status 1; else `run`'s status when it returns an int, 0."""
+    from madr.config import load_config
+
+    parser = argparse.ArgumentParser(prog=prog, description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", required=True, help="experiment YAML")
+    args = parser.parse_args(argv)
+    try:
+        status = run(load_config(args.config))
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return status if isinstance(status, int) else 0
+

@@ -17,7 +17,6 @@ grid, so the stage can answer that the aspects do not help), and the best weight
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -25,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from madr.config import ExperimentConfig, load_config
+from madr.config import ExperimentConfig
 from madr.layout import RunLayout
 from madr.search.fusion_tuning import (
     AspectChoice,
@@ -36,6 +35,7 @@ from madr.search.fusion_tuning import (
     tune_fusion,
 )
 from madr.search.params import SearchParams
+from pipelines.runtime import experiment_main
 
 BATCH = 256
 
@@ -156,16 +156,7 @@ def write_report(choice: FusionChoice, out: Path, normalisations: list[str]) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.tune", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", required=True, help="experiment YAML")
-    args = parser.parse_args(argv)
-    try:
-        run_tune(load_config(args.config))
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return experiment_main(argv, "python -m pipelines.tune", __doc__, run_tune)
 
 
 if __name__ == "__main__":
