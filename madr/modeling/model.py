@@ -401,10 +401,7 @@ class BiEncoder(nn.Module):
         cfg = from_dict(ModelConfig, raw)
         tokenizer = AutoTokenizer.from_pretrained(str(path / "tokenizer"))
         vocab = AspectVocabularies.load(path / VOCAB_FILE) if (path / VOCAB_FILE).is_file() else None
-        paths = None
-        if cfg.has_backbone:
-            query = str(path / "query_backbone")
-            paths = {"query": query, "doc": query if cfg.shared_towers else str(path / "doc_backbone")}
+        paths = saved_backbone_paths(path, cfg) if cfg.has_backbone else None
         attention = path / FIELD_ATTENTION_FILE
         scorer = json.loads(attention.read_text())["scorer"] if attention.is_file() else None
         state = load_file(str(path / HEADS_FILE))
@@ -416,6 +413,12 @@ class BiEncoder(nn.Module):
             raise ValueError(f"{path / HEADS_FILE}: missing {missing[:5]}, unexpected {unexpected[:5]}")
         model.calibration = AspectCalibration.load(path)
         return model
+
+
+def saved_backbone_paths(path: Path, cfg: ModelConfig) -> dict[str, str]:
+    """Where a saved model's towers keep their backbones (`BiEncoder.save`): one directory when shared."""
+    query = str(path / "query_backbone")
+    return {"query": query, "doc": query if cfg.shared_towers else str(path / "doc_backbone")}
 
 
 def build_model(cfg: ModelConfig, tokenizer: PreTrainedTokenizerBase,

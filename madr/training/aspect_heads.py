@@ -25,7 +25,7 @@ from madr.config import AspectHeadsConfig
 from madr.losses.aspect_prediction import AspectPredictionLoss
 from madr.modeling.aspect_vocabulary import AspectVocabularies
 from madr.modeling.calibration import correct_top
-from madr.modeling.model import BiEncoder, objective_keys
+from madr.modeling.model import BiEncoder, objective_keys, saved_backbone_paths
 from madr.recipes.aspects.calibration import Annotations, value_labels
 
 
@@ -42,18 +42,13 @@ def with_aspect_heads(model_dir: str | Path, vocabularies: AspectVocabularies) -
         if not len(vocabularies.get(aspect, "phrase")):
             raise ValueError(f"aspect {aspect!r}: the vocabularies hold no phrase value")
     cfg = dataclasses.replace(base.config, name="mtbert")
-    paths = _backbone_paths(Path(model_dir), cfg.shared_towers)
+    paths = saved_backbone_paths(Path(model_dir), cfg)
     model = BiEncoder(cfg, base.tokenizer, vocabularies, backbone_paths=paths)
     missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
     if unexpected or any(not k.startswith("aspect_predictor.") for k in missing):
         raise ValueError(f"{model_dir}: the BiBERT's weights do not fit an MtBERT (missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]})")
     return model
-
-
-def _backbone_paths(model_dir: Path, shared: bool) -> dict[str, str]:
-    query = str(model_dir / "query_backbone")
-    return {"query": query, "doc": query if shared else str(model_dir / "doc_backbone")}
 
 
 @torch.no_grad()
