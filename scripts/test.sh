@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 source scripts/ray_env.sh
 .venv/bin/ruff check madr pipelines serve tests benchmarks
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q --durations=40 "$@"

@@ -436,8 +436,12 @@ class ShardedIndex:
         docstring)."""
         p = resolve(params, overrides)
         weight = self.aspect_weight(p)
-        if aspects is None or weight == 0:
+        if weight == 0:
             return self._search(dense, p, sparse, lexical)
+        if aspects is None:
+            raise ValueError(f"search: aspect_weight {weight:g} but no query aspect values were given (aspects=: "
+                             "madr.modeling.aspect_distributions.encode_aspects); set aspect_weight 0 to search "
+                             "without them")
         base = self._search(dense, p.replace(k=candidate_pool(p, lexical is not None)), sparse, lexical)
         with stage("aspects"):
             return aspect_rescore(base, aspects, self.aspects, weight, p.k)

@@ -97,7 +97,8 @@ def _sweep_param(index: Any) -> tuple[str | None, list[int]]:
 
 
 def sweep(spec: SearchSpec, queries: Any, qrels: Qrels, keys: DocKeys, cfg: EvaluateConfig) -> list[dict[str, Any]]:
-    """(setting, ms/query, metric) points of one run, timed in this process (search only)."""
+    """(setting, ms/query, metric) points of one run's dense search, timed in this process (search only: the
+    index's own knob, `nprobe` or `ef_search`; no BM25 or aspect-match fusion)."""
     import torch
 
     from madr.index import encode_queries
@@ -117,7 +118,7 @@ def sweep(spec: SearchSpec, queries: Any, qrels: Qrels, keys: DocKeys, cfg: Eval
             dense, sparse = encode_queries(model, texts)
     finally:
         torch.set_num_threads(threads)
-    params = search_params(spec, cfg.k, sparse is not None and index.has_sparse)
+    params = search_params(spec, cfg.k, sparse is not None and index.has_sparse).replace(aspect_weight=0.0)
     points = []
     for v in values:
         kw = {param: v} if param else {}

@@ -75,9 +75,23 @@ def search_texts(model: Any, index: Any, texts: list[str], k: int, spec: SearchS
 
     dense, sparse = encode_queries(model, texts) if encoder is None else encoder.encode(texts)
     if getattr(index, "has_lexical", False):  # dense + BM25 fusion (madr.index.lexical)
-        return index.search(dense, spec.search.replace(k=k), lexical=index.query_terms(model.tokenizer, texts))
-    return index.search(dense, search_params(spec, k, sparse is not None and index.has_sparse),
-                        sparse=sparse if index.has_sparse else None)
+        params = spec.search.replace(k=k)
+        return index.search(dense, params, lexical=index.query_terms(model.tokenizer, texts),
+                            aspects=query_aspects(model, index, texts, params))
+    params = search_params(spec, k, sparse is not None and index.has_sparse)
+    return index.search(dense, params, sparse=sparse if index.has_sparse else None,
+                        aspects=query_aspects(model, index, texts, params))
+
+
+def query_aspects(model: Any, index: Any, texts: list[str], params: SearchParams) -> dict | None:
+    """The queries' calibrated top-k aspect values when the search fuses the aspect-match score (an index with
+    aspect data and an aspect weight > 0: `ShardedIndex.aspect_weight`), as the served query encoder computes
+    them; else None."""
+    if getattr(index, "aspects", None) is None or index.aspect_weight(params) == 0:
+        return None
+    from madr.modeling.aspect_distributions import encode_aspects
+
+    return encode_aspects(model, texts, "query", int(index.manifest.aspects["k"]))
 
 
 def search_params(spec: SearchSpec, k: int, hybrid: bool) -> SearchParams:

@@ -12,6 +12,7 @@ import torch
 
 from madr.config import BackboneConfig, ModelConfig
 from madr.encode_config import EncodeConfig
+from madr.index import encode_queries
 from madr.index.manifest import Manifest
 from madr.modeling.calibration import AspectCalibration
 from madr.modeling.model import BiEncoder, build_model
@@ -87,3 +88,44 @@ def test_aspect_top_k_zero_stores_none(corpus, tokenizer, vocabularies, tmp_path
     assert Manifest.load(result.manifest_path).aspects is None
     with pytest.raises(ValueError, match="aspect_top_k"):
         EncodeConfig(aspect_top_k=-1)
+
+
+def test_an_evaluated_search_fuses_the_aspect_match_the_index_serves(corpus, tokenizer, vocabularies, tmp_path):
+    """The evaluate / mine searcher (`search_texts`) computes the queries' aspect values when the index's aspect
+    weight is > 0, as the served query encoder does; the index refuses a weighted search without them."""
+    from madr.index.manifest import record_aspect_weight
+    from madr.modeling.aspect_distributions import encode_aspects
+    from madr.search.params import SearchParams
+    from madr.search.sharded import ShardedIndex
+    from madr.search.spec import SearchSpec
+    from pipelines.evaluate.searcher import search_texts
+
+    model_dir = _model(tmp_path / "madral", "madral", tokenizer, vocabularies)
+    result = _encode(corpus, model_dir, tmp_path / "index", aspect_top_k=3)
+    record_aspect_weight(result.manifest_path, 0.5)
+    index, model = ShardedIndex.open(result.manifest_path), BiEncoder.load(model_dir).eval()
+    texts = corpus[1].column("text").to_pylist()[:12]
+    spec = SearchSpec(name="m", index=str(result.manifest_path))
+    scores, ids = search_texts(model, index, texts, 10, spec)
+    dense = encode_queries(model, texts)[0]
+    want = index.search(dense, SearchParams(k=10, lam=1.0), aspects=encode_aspects(model, texts, "query", 3))
+    np.testing.assert_array_equal(ids, want[1])
+    np.testing.assert_allclose(scores, want[0], rtol=1e-5)
+    plain = index.search(dense, SearchParams(k=10, lam=1.0, aspect_weight=0.0))
+    assert not np.allclose(scores, plain[0])  # the aspect match moved the scores
+    with pytest.raises(ValueError, match="no query aspect values"):
+        index.search(dense, SearchParams(k=10, lam=1.0))
+    # the evaluate job's latency sweep times the dense search alone
+    from madr.evaluate_config import EvaluateConfig
+    from madr.metrics import evaluate
+    from pipelines.evaluate.job import sweep, to_run
+    from pipelines.evaluate.searcher import DocKeys
+
+    queries = pa.table({"query_id": [f"q{i}" for i in range(12)], "text": texts})
+    qrels = {f"q{i}": {str(d): 1.0} for i, d in enumerate(corpus[1].column("doc_id").to_pylist()[:12])}
+    cfg = EvaluateConfig(queries="q", qrels="r", runs=[spec], output=str(tmp_path / "eval"), doc_key="doc_id",
+                         metrics=["recall@10"], k=10, sweep_metric="recall@10")
+    keys = DocKeys(str(result.manifest_path), "doc_id")
+    (point,) = sweep(spec, queries, qrels, keys, cfg)
+    dense_run = to_run({f"q{i}": (plain[1][i], plain[0][i]) for i in range(12)}, keys)
+    assert point["recall@10"] == pytest.approx(evaluate(dense_run, qrels, ["recall@10"])["recall@10"])
