@@ -462,7 +462,9 @@ class TuneConfig:
     BM25 part (`index.lexical: bm25`); `enabled: false` keeps `index.fusion_lambda` and min-max as set. When the
     index also stores aspect data (`index.aspect_top_k`, an aspect model), the aspect-match score's weight is then
     chosen from `aspect_weights` (a grid holding 0: the aspects may not help) with the chosen fusion, and written
-    into the manifest's `aspects` record (`madr.search.fusion_tuning.tune_aspect_weight`)."""
+    into the manifest's `aspects` record (`madr.search.fusion_tuning.tune_aspect_weight`); a weight > 0 is chosen
+    only when it beats 0 on the dev queries, paired per query, with randomisation p below `aspect_max_p` (1.0:
+    the best mean wins)."""
 
     enabled: bool = True
     split: str = "dev"
@@ -471,6 +473,7 @@ class TuneConfig:
     normalisations: list[str] = field(default_factory=lambda: ["minmax", "zscore"])
     candidates: int | None = None  # each retriever's candidates per query (None: the search default)
     aspect_weights: list[float] = field(default_factory=lambda: [0.0, 0.1, 0.2, 0.3, 0.5])
+    aspect_max_p: float = 0.05
 
     def __post_init__(self) -> None:
         from madr.metrics import parse_metric
@@ -488,6 +491,8 @@ class TuneConfig:
             _check_choice("tune.normalisations", norm, NORMALISATIONS)
         if self.candidates is not None and self.candidates < 1:
             raise ValueError(f"tune.candidates must be >= 1 or null, got {self.candidates}")
+        if not 0.0 < self.aspect_max_p <= 1.0:
+            raise ValueError(f"tune.aspect_max_p must be in (0, 1], got {self.aspect_max_p}")
 
 
 @dataclass

@@ -48,7 +48,11 @@ def run_aspect_heads(cfg: ExperimentConfig, log=print) -> dict:
     t0 = time.perf_counter()
     log(f"[aspects] encoding {len(texts['query']):,} training queries and {len(texts['doc']):,} products with the "
         f"frozen encoder of {source}")
-    trained = train_aspect_heads(model, texts, annotations, stage, seed=cfg.train.seed, log=log)
+    try:
+        trained = train_aspect_heads(model, texts, annotations, stage, seed=cfg.train.seed, log=log)
+    except ValueError as e:
+        raise ValueError(f"{e}; a catalog without aspect annotations runs without this stage: --set "
+                         "train.aspects.epochs=0 --set index.model_stage=finetune") from e
     log(f"[aspects] {stage.epochs} epochs on the frozen vectors of {len(texts['query']):,} training queries and "
         f"{len(texts['doc']):,} products in {time.perf_counter() - t0:.1f} s:")
     for key, r in trained.items():

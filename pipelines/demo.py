@@ -2,7 +2,7 @@
 
 1. start a single-node Ray cluster here (`ray start --head`, loopback only, token auth; `local_cluster`);
 2. submit every stage of the experiment to it as a Ray job (`pipelines.jobs pipeline --address ...`):
-   data -> pretrain -> finetune -> encode -> tune -> baseline -> evaluate (each skipped once complete; a stage
+   data -> pretrain -> finetune -> aspects -> encode -> tune -> baseline -> evaluate (each skipped once complete; a stage
    the recipe leaves out is recorded as skipped: configs/demo.yaml, the recommended product-search recipe,
    fine-tunes multilingual-e5-small with BM25-mined negatives and no pretraining, indexes it beside a BM25
    part whose fusion the tune stage picks on dev, and has the baseline stage index the untrained e5 the same
@@ -31,7 +31,7 @@ from madr.config_overrides import parse_overrides
 from madr.layout import RunLayout
 
 DEFAULT_CONFIG = "configs/demo.yaml"
-STAGES = "data,pretrain,finetune,encode,tune,baseline,evaluate,deploy"  # a stage the recipe leaves out is recorded
+STAGES = "data,pretrain,finetune,aspects,encode,tune,baseline,evaluate,deploy"  # a stage the recipe leaves out is recorded
 
 
 def pipeline_argv(config: str, cluster: Any, port: int, overrides: list[str]) -> list[str]:
@@ -105,18 +105,23 @@ def answer_queries(cfg: ExperimentConfig, url: str, k: int = 3) -> list[dict[str
         top = first["results"][0]
         explained = http_json(f"{url}/explain", {"query": first["query"], "doc_id": top["id"]})
         print(f"\nPOST {url}/explain  query {first['query']!r}, document {top['id']}:")
-        print(json.dumps(_short(explained), ensure_ascii=False, indent=1)[:2000])
+        shown = _short(explained)
+        if "aspect_match" in shown:  # after the scores it adds to
+            shown["aspect_match"] = shown.pop("aspect_match")
+        print(json.dumps(shown, ensure_ascii=False, indent=1)[:4000])
     return answers
 
 
 def _short(obj: Any, items: int = 5) -> Any:
     """Long lists and mappings cut to their first `items` entries and empty ones left out (a model without
-    aspect heads explains no aspects), for printing."""
+    aspect heads explains no aspects), aspect values as "value probability", for printing."""
     if isinstance(obj, dict):
         kept = {k: _short(v, items) for k, v in obj.items()}
         kept = {k: v for k, v in kept.items() if v not in ([], {}, None)}
         return dict(list(kept.items())[: max(items, 12)])
     if isinstance(obj, list):
+        if obj and all(isinstance(v, dict) and set(v) == {"value", "probability"} for v in obj):
+            return [f"{v['value']} {v['probability']:.2f}" for v in obj[:3]]
         return [_short(v, items) for v in obj[:items]]
     return round(obj, 4) if isinstance(obj, float) else obj
 

@@ -11,8 +11,9 @@ curve per normalisation).
 An index with aspect data (an aspect model's products' calibrated top-k values, `madr.index.aspects`) then gets the
 aspect-match score's weight chosen the same way: the dev queries' aspect values are computed once, every
 `tune.aspect_weights` point re-scores the chosen fusion's candidate pool (`tune_aspect_weight`; 0 is always on the
-grid, so the stage can answer that the aspects do not help), and the best weight is written into the manifest's
-`aspects` record (`record_aspect_weight`) and reported in `<output_dir>/tune/aspects.json`.
+grid, so the stage can answer that the aspects do not help; a weight > 0 needs a paired per-query gain over 0 with
+p below `tune.aspect_max_p`), and the chosen weight is written into the manifest's `aspects` record
+(`record_aspect_weight`) and reported in `<output_dir>/tune/aspects.json`.
 """
 
 from __future__ import annotations
@@ -109,8 +110,9 @@ def run_tune(cfg: ExperimentConfig, log=print, manifest_path: Path | None = None
         record_aspect_weight(manifest_path, aspect.aspect_weight)
         out = report_dir or tune_dir(cfg)
         (out / "aspects.json").write_text(json.dumps(aspect.to_dict(), indent=1))
+        p = "" if aspect.p_value is None else f"; best {aspect.best_weight:g}, p {aspect.p_value:.3g} vs 0"
         log(f"[tune] chose aspect_weight {aspect.aspect_weight:g}: dev {aspect.metric} {aspect.value:.4f} "
-            f"(0: {aspect.grid[0.0][aspect.metric]:.4f}) -> {manifest_path}")
+            f"(0: {aspect.grid[0.0][aspect.metric]:.4f}{p}; needs p < {aspect.max_p:g}) -> {manifest_path}")
     return choice
 
 
@@ -128,7 +130,7 @@ def choose_aspect_weight(cfg: ExperimentConfig, texts: list[str], dense: list, b
     base = fuse_candidates(dense, bm25, choice.lam, params.replace(k=candidate_pool(params, fused=True)))
     return tune_aspect_weight(base, queries, index.aspects, as_run, qrels, cfg.tune.metric, cfg.tune.aspect_weights,
                               k, metrics=cfg.eval.retrieval_metrics, relevance_threshold=cfg.eval.relevance_threshold,
-                              gains=cfg.eval.gains)
+                              gains=cfg.eval.gains, max_p=cfg.tune.aspect_max_p)
 
 
 def write_report(choice: FusionChoice, out: Path, normalisations: list[str]) -> Path:

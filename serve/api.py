@@ -304,7 +304,7 @@ class SearchRoutes:
         start = time.perf_counter()
         if req.lam is not None and req.lam != 1.0 and not self.has_sparse:
             raise HTTPException(422, "lam: the index is dense-only (no sparse or BM25 part); a lambda does not apply")
-        query: EncodedQuery = await self._call(self.backend.encode(req.query))
+        query: EncodedQuery = await self._call(self.backend.encode(req.query, aspects=self._uses_aspects(req)))
         encoded = time.perf_counter()
         if req.lam is not None and req.lam != 1.0 and query.sparse is None and query.lexical is None:
             raise HTTPException(422, "lam: the model is dense-only; a hybrid lambda does not apply")
@@ -331,6 +331,14 @@ class SearchRoutes:
         return {"query": req.query, "k": req.k, "lam": req.lam, "results": hits, "filter": report,
                 "aspects": None if plan is None else plan.report(self.aspects),
                 "took_ms": 1000 * (end - start), "timings_ms": timings}
+
+    def _uses_aspects(self, req: Any) -> bool:
+        """Whether the request's search needs the query's predicted aspect values: an aspect-match weight > 0
+        (the request's, else the index's) or a filter / boost by predicted values."""
+        if self.aspects is None:
+            return False
+        weight = self.aspects.aspect_weight if req.aspect_weight is None else req.aspect_weight
+        return weight > 0 or (req.aspects is None and req.aspect_filter is not None)
 
     def _aspect_plan(self, query: EncodedQuery, req: Any) -> AspectPlan | None:
         """What the aspect stage does for this request (None: nothing): the weight of the aspect-match score

@@ -20,8 +20,9 @@ of all groups with `madr.search.sharded.fuse_candidates`, as `ShardedIndex.searc
 
 An index with aspect data (`madr.index.aspects`) gets each query's calibrated top-k aspect values from the encoder
 too (`EncodedQuery.aspects`, `madr.modeling.aspect_distributions.encode_aspects`; an extra forward pass of the
-query tower's aspect heads); the API applies the aspect-match fusion and aspect filters to the candidates
-(`serve/api.py`, `madr.search.aspect_match`).
+query tower, made only for a request whose search uses them: an aspect-match weight > 0 or a filter by predicted
+values); the API applies the aspect-match fusion and aspect filters to the candidates (`serve/api.py`,
+`madr.search.aspect_match`).
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class Searched:
 
 
 class Backend(Protocol):
-    async def encode(self, text: str) -> EncodedQuery: ...
+    async def encode(self, text: str, aspects: bool = True) -> EncodedQuery: ...
 
     async def search(self, query: EncodedQuery, params: SearchParams) -> tuple[np.ndarray, np.ndarray]: ...
 
@@ -194,12 +195,14 @@ def onnx_query_encoder(model: BiEncoder, manifest_path: str | Path | None, threa
 
 
 def encode_texts(encoder: LeanQueryEncoder, texts: list[str], lexical_vocab: int | None = None,
-                 lexical_tokenizer: Any | None = None, aspect_k: int | None = None) -> list[EncodedQuery]:
+                 lexical_tokenizer: Any | None = None, aspect_k: int | None = None,
+                 wants_aspects: Sequence[bool] | None = None) -> list[EncodedQuery]:
     """Query-tower dense (+ sparse for hybrid models) vectors of `texts` (`LeanQueryEncoder.encode`), one
     `EncodedQuery` each; with `lexical_vocab` (the index's BM25 vocabulary size) also the raw texts' word-piece
     counts, split by `lexical_tokenizer` (the index's own, `lexical_tokenizer_dir`) or, when None, the model's
     tokenizer; with `aspect_k` (an index with aspect data) the calibrated top-k aspect values of a model that
-    predicts them."""
+    predicts them, for the texts whose `wants_aspects` is true (None: all). Those cost a second pass of the query
+    tower, so a search that uses no aspect (aspect weight 0, no predicted-aspect filter) asks for none."""
     with stage("encode"):
         dense, sparse = encoder.encode(list(texts))
         terms = None
@@ -208,18 +211,20 @@ def encode_texts(encoder: LeanQueryEncoder, texts: list[str], lexical_vocab: int
 
             tok = encoder.model.tokenizer if lexical_tokenizer is None else lexical_tokenizer
             terms = query_term_counts(tok, list(texts), lexical_vocab)
-    aspects = None
-    if aspect_k:
+    wanted = [i for i in range(len(texts)) if wants_aspects is None or wants_aspects[i]]
+    aspects, row_of = None, {i: r for r, i in enumerate(wanted)}
+    if aspect_k and wanted:
         from madr.index.aspects import select_rows
         from madr.modeling.aspect_distributions import encode_aspects
 
-        aspects = encode_aspects(encoder.model, list(texts), "query", aspect_k) or None
+        aspects = encode_aspects(encoder.model, [texts[i] for i in wanted], "query", aspect_k) or None
     rows = []
     for i in range(len(texts)):
         rows.append(EncodedQuery(np.ascontiguousarray(dense[i], dtype=np.float32),
                                  None if sparse is None else sparse.select([i]),
                                  None if terms is None else terms.select([i]),
-                                 aspects=None if aspects is None else select_rows(aspects, np.array([i]))))
+                                 aspects=None if aspects is None or i not in row_of
+                                 else select_rows(aspects, np.array([row_of[i]]))))
     return rows
 
 
@@ -424,10 +429,10 @@ class LocalBackend:
         self.aspect_k = aspect_k(self.index.manifest)
         self._lock = asyncio.Lock()
 
-    async def encode(self, text: str) -> EncodedQuery:
+    async def encode(self, text: str, aspects: bool = True) -> EncodedQuery:
         async with self._lock:  # torch modules are not re-entrant across threads
             return (await asyncio.to_thread(encode_texts, self.encoder, [text], self.lexical_vocab,
-                                            self.lexical_tokenizer, self.aspect_k))[0]
+                                            self.lexical_tokenizer, self.aspect_k, [aspects]))[0]
 
     async def search(self, query: EncodedQuery, params: SearchParams) -> tuple[np.ndarray, np.ndarray]:
         dense, sparse = stack([query])

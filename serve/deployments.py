@@ -98,21 +98,23 @@ class QueryEncoder:
         self._encode_batch.set_max_batch_size(max_batch_size)
         self._encode_batch.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
-    async def encode(self, text: str) -> EncodedQuery:
-        """One query, encoded in a batch with concurrent ones; a bad text fails only its own request."""
-        return _raise_or_return(await self._encode_batch(check_text(text, "text")))
+    async def encode(self, text: str, aspects: bool = True) -> EncodedQuery:
+        """One query, encoded in a batch with concurrent ones (with its aspect values when `aspects` and the index
+        has aspect data); a bad text fails only its own request."""
+        return _raise_or_return(await self._encode_batch((check_text(text, "text"), bool(aspects))))
 
-    async def encode_many(self, texts: list[str]) -> list[EncodedQuery | Exception]:
-        """An ingress's coalesced queries (`serve.coalesce`), each encoded as `encode` does; a failed one is its
-        exception, in place."""
-        return await _each(self.encode, texts)
+    async def encode_many(self, queries: list[tuple[str, bool]]) -> list[EncodedQuery | Exception]:
+        """An ingress's coalesced queries (`serve.coalesce`: (text, aspects) pairs), each encoded as `encode`
+        does; a failed one is its exception, in place."""
+        return await _each(lambda q: self.encode(*q), queries)
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.003)
-    async def _encode_batch(self, texts: list[str]) -> list[EncodedQuery | Exception]:
+    async def _encode_batch(self, queries: list[tuple[str, bool]]) -> list[EncodedQuery | Exception]:
         # In a thread: the event loop keeps queueing requests for the next batch meanwhile.
         with self.watchdog.running():
             results, stages = await asyncio.to_thread(timed_batch, partial(isolate, lambda batch: encode_texts(
-                self.encoder, batch, self.lexical_vocab, self.lexical_tokenizer, self.aspect_k)), texts)
+                self.encoder, [t for t, _ in batch], self.lexical_vocab, self.lexical_tokenizer, self.aspect_k,
+                [a for _, a in batch])), queries)
         for r in results:
             if isinstance(r, EncodedQuery):
                 r.stage_ms = stages  # the batch's encode time travels back with each query (`serve.latency`)
@@ -235,12 +237,13 @@ class RayBackend:
     def _call(self, send: Callable[[], Any], what: str, handle: Any) -> Awaitable[Any]:
         return call(send, self.policy, what, handle)
 
-    async def encode(self, text: str) -> EncodedQuery:
+    async def encode(self, text: str, aspects: bool = True) -> EncodedQuery:
         with stage("encode_call"):
             if self.coalesce > 1:
-                query = await self._encode(text)
+                query = await self._encode((text, aspects))
             else:
-                query = await self._call(lambda: self.encoder.encode.remote(text), "QueryEncoder", self.encoder)
+                query = await self._call(lambda: self.encoder.encode.remote(text, aspects), "QueryEncoder",
+                                         self.encoder)
         report([query.stage_ms])
         return query
 

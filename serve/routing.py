@@ -19,10 +19,7 @@ Serve is replacing them): the call then waits for the replacement, seconds on a 
   "Would": its place in the queue over the rate at which the deployment finishes calls while calls queue for
   it (measured over the last `RATE_WINDOW_S`; between bursts, the last such rate), so that a burst's excess is
   refused on arrival, not after waiting out the bound; before the router has ever seen a queue drain, only a
-  call that has waited the bound fails. The prediction decides a call's fate once: only while the call has waited
-  less than `DECIDE_WITHIN_S`. A call still queued after that was admitted, and fails only when it has waited
-  the bound itself: a rate that falls as the burst goes on (a chain of deployments whose own queues fill) does
-  not turn calls already admitted into late refusals;
+  call that has waited the bound fails;
 - in Serve's proxy, the death of the replica running a request (the request dies with it; the proxy cannot
   send an HTTP request again) is `ReplicaDied`, 503 + ``Retry-After: 1``, not Serve's bare 500. Elsewhere the
   death stays an `ActorDiedError`, which `serve.calls` answers by sending the call again.
@@ -53,7 +50,6 @@ from serve.config import RETRY_AFTER_S
 RATE_WINDOW_S = 2.0  # the window over which the router measures how fast calls finish
 MIN_FINISHES = 8  # ... and how many it needs to have seen finish in it to tell a rate
 BATCH_GAP_S = 0.01  # finishes closer than this to the one before are one batch's (a batch finishes its calls at once)
-DECIDE_WITHIN_S = 0.5  # a call is refused by its predicted wait only while it has waited less than this
 
 
 class QueuedTooLong(BackPressureError):
@@ -259,7 +255,7 @@ class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
         if self.max_queue_wait_s is None or empty_since is not None:
             return None
         expected = time.time() - pending.created_at  # waited since its first attempt
-        if rate is not None and expected < DECIDE_WITHIN_S:  # still to be admitted or refused
+        if rate is not None:
             expected += (ahead + 1) / rate  # ... and still to wait, at the rate calls finish
         return QueuedTooLong(name, expected, self.max_queue_wait_s) if expected >= self.max_queue_wait_s else None
 

@@ -12,11 +12,15 @@ choice is deterministic.
 
 Indexes with aspect data add a third signal, the aspect-match score (``madr.search.aspect_match``), fused into the
 chosen dense + BM25 ranking at ``aspect_weight``; ``tune_aspect_weight`` picks it from a small grid that holds 0,
-so "the aspects do not help on dev" is a possible answer (ties go to the smaller weight).
+so "the aspects do not help on dev" is a possible answer (ties go to the smaller weight). A weight > 0 must also
+earn its place: the best weight's per-query ``metric`` against weight 0's, a paired randomisation test
+(``madr.significance.paired_tests``), must be better with p below ``max_p``; a dev gain of the size of the noise
+keeps 0, so the aspects cost no ranking they have not shown they buy.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -98,9 +102,13 @@ class AspectChoice:
     metric: str
     value: float
     grid: dict[float, dict[str, float]]
+    best_weight: float = 0.0  # the best mean's weight, before the significance rule
+    p_value: float | None = None  # the best weight > 0 against 0, paired per query (None: the best is 0)
+    max_p: float = 1.0
 
     def to_dict(self) -> dict:
         return {"aspect_weight": self.aspect_weight, "metric": self.metric, "value": self.value,
+                "best_weight": self.best_weight, "p_value": self.p_value, "max_p": self.max_p,
                 "grid": [{"aspect_weight": w, "metrics": m} for w, m in self.grid.items()]}
 
 
@@ -114,18 +122,31 @@ def check_aspect_weights(weights: Sequence[float], where: str = "aspect weights"
 
 def tune_aspect_weight(base: TopK, query_aspects: dict, store: AspectStore, to_run: Callable[[TopK], Run],
                        qrels: Qrels, metric: str, weights: Sequence[float], k: int, metrics: Sequence[str] = (),
-                       relevance_threshold: float = 1.0, gains: str = "exp2") -> AspectChoice:
+                       relevance_threshold: float = 1.0, gains: str = "exp2", max_p: float = 1.0) -> AspectChoice:
     """The weight of ``weights`` whose aspect-match fusion (``aspect_rescore`` of the ``base`` candidates, the
     chosen dense + BM25 fusion's whole pool per query, with the queries' top-k aspect values) has the highest mean
-    ``metric``; ties go to the smaller weight."""
+    ``metric`` (ties go to the smaller weight), if it beats weight 0 per query with paired randomisation p below
+    ``max_p`` (1.0: the best mean wins); else 0."""
+    from madr.significance import paired_tests
+
+    if not 0.0 < max_p <= 1.0:
+        raise ValueError(f"max_p must be in (0, 1], got {max_p}")
     names = list(dict.fromkeys([metric, *metrics]))
     grid: dict[float, dict[str, float]] = {}
+    per_query: dict[float, dict[str, float]] = {}
     for w in sorted(set(check_aspect_weights(weights))):
         values = evaluate(to_run(aspect_rescore(base, query_aspects, store, w, k)), qrels, names,
-                          relevance_threshold=relevance_threshold, gains=gains)
-        grid[w] = {n: float(v) for n, v in values.items()}
+                          relevance_threshold=relevance_threshold, gains=gains, per_query=True)
+        grid[w] = {n: float(np.mean(list(v.values()))) if v else math.nan for n, v in values.items()}
+        per_query[w] = values[metric]
     best = max(grid, key=lambda w: (grid[w][metric], -w))
-    return AspectChoice(best, metric, grid[best][metric], grid)
+    p_value = None
+    chosen = best
+    if best > 0:
+        p_value = float(paired_tests(per_query[best], per_query[0.0])["p_randomisation"])
+        if max_p < 1.0 and not p_value < max_p:
+            chosen = 0.0
+    return AspectChoice(chosen, metric, grid[chosen][metric], grid, best, p_value, max_p)
 
 
 def as_arrays(points: Sequence[FusionPoint], normalisation: str, metric: str) -> tuple[np.ndarray, np.ndarray]:

@@ -26,6 +26,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from pipelines.runtime import PRIORITY_DEFAULTS
 from serve.direct_ingress import throughput_env
 
 DEFAULT_STATE = "runs/_cluster/local.json"
@@ -201,7 +202,7 @@ def write_secret(path: str | Path, text: str) -> None:
 
 def cluster_env(token_file: str, python: str | None = None) -> dict[str, str]:
     """Environment of a node (and so of every job on it): loopback, no usage stats, token auth, Serve's
-    throughput mode; `python`'s bin directory first on PATH (the jobs' `python`), this process's by default."""
+    throughput mode, workers at niceness 0 unless set (`pipelines.runtime.PRIORITY_DEFAULTS`); `python`'s bin directory first on PATH (the jobs' `python`), this process's by default."""
     env = dict(os.environ)
     env.update(RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="token",
                RAY_AUTH_TOKEN_PATH=token_file)
@@ -209,6 +210,8 @@ def cluster_env(token_file: str, python: str | None = None) -> dict[str, str]:
     # cluster is one node: nothing can move (Serve's controller and replicas stay until killed), so `stop` waited
     # the whole 30 s every time before the same graceful teardown. Set it in the environment to drain anyway.
     env.setdefault("RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "0")
+    for key, value in PRIORITY_DEFAULTS.items():  # workers at the priority of the rest of the machine
+        env.setdefault(key, value)
     throughput_env(env, override=False)  # Serve's throughput mode (serve.direct_ingress), unless set to 0
     env.pop("RAY_AUTH_TOKEN", None)
     env.pop("RAY_ADDRESS", None)

@@ -409,6 +409,17 @@ def test_local_cluster_stops_without_waiting_for_a_drain(tmp_path, monkeypatch):
     assert cluster_env(str(tmp_path / "token"))["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == "12"
 
 
+def test_local_cluster_workers_run_at_the_drivers_priority(tmp_path, monkeypatch):
+    """The demo's `ray start` gets Ray's workers at niceness 0 (Ray's 15 lets any busy process starve them),
+    unless the environment sets one."""
+    from pipelines.jobs.local_cluster import cluster_env
+
+    monkeypatch.delenv("RAY_worker_niceness", raising=False)
+    assert cluster_env(str(tmp_path / "token"))["RAY_worker_niceness"] == "0"
+    monkeypatch.setenv("RAY_worker_niceness", "10")
+    assert cluster_env(str(tmp_path / "token"))["RAY_worker_niceness"] == "10"
+
+
 def test_local_cluster_and_the_deploy_stage_start_ray_in_serves_throughput_mode(tmp_path, monkeypatch):
     """Where madr starts Ray for Serve, Serve's throughput mode is on unless the environment turns it off."""
     from pipelines.jobs.deploy import _with_throughput_mode

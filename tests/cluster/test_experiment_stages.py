@@ -29,7 +29,7 @@ def test_derived_settings_are_valid_job_configs_on_the_run_layout(tmp_path):
     layout = RunLayout.of(cfg)
     enc = from_dict(EncodeConfig, experiment.encode_settings(cfg))
     assert enc.input == [str(layout.corpus.resolve())] and enc.output == str(layout.index.resolve())
-    assert enc.model_dir == str(layout.model("finetune").resolve()) and enc.num_shards == 3
+    assert enc.model_dir == str(layout.model("aspects").resolve()) and enc.num_shards == 3  # the recipe indexes its heads
     assert enc.external_id_column == "product_id" and enc.replace_other_job
     ev = from_dict(EvaluateConfig, experiment.evaluate_settings(cfg))
     assert ev.queries == str(layout.queries("eval").resolve()) and ev.runs[0].search.nprobe == 8
@@ -67,7 +67,8 @@ def test_the_aspect_heads_index_is_evaluated_with_and_without_its_aspect_match_s
     assert [r.name for r in runs] == ["bibert", "bm25", "bibert-dense", "bibert-no-aspects"]
     assert runs[0].search.aspect_weight is None  # as tuned (the manifest's weight)
     assert [(r.search.lam, r.search.aspect_weight) for r in runs[1:]] == [(0.0, 0.0), (1.0, 0.0), (None, 0.0)]
-    without = _cfg(tmp_path, **{"eval.references": ["bm25", "no_aspects"]})  # the recipe: no aspect data, no run
+    without = _cfg(tmp_path, **{"train.aspects.epochs": 0, "index.model_stage": "finetune",
+                                "eval.references": ["bm25", "no_aspects"]})  # no aspect data: no such run
     assert [r.name for r in from_dict(EvaluateConfig, experiment.evaluate_settings(without)).runs] == ["bibert", "bm25"]
 
 

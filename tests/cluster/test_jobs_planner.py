@@ -259,7 +259,8 @@ def test_a_stage_the_recipe_leaves_out_is_recorded_not_run(tmp_path, capsys):
     assert tune.action == "skip" and "index.lexical is null" in tune.reason
     assert items["baseline"].action == "run", "the recipe evaluates the untrained e5 + BM25 beside it"
     for overrides, reason in (({"eval.references": ["bm25"]}, "eval.references has no untrained"),
-                              ({"train.finetune.steps": 0}, "no training stage runs")):
+                              ({"train.finetune.steps": 0, "train.aspects.epochs": 0, "index.model_stage": "finetune"},
+                               "no training stage runs")):
         untrained = Invocation("configs/product_search.yaml", overrides={"output_dir": str(tmp_path / "u"),
                                                                          **overrides})
         baseline = {i.stage: i for i in plan(untrained, select(None))}["baseline"]

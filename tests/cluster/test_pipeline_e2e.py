@@ -20,7 +20,7 @@ from pipelines.jobs.local_cluster import free_port
 ROOT = Path(__file__).resolve().parents[2]
 # e2e: `make test` leaves it out (2+ minutes); .ci/run runs it as its own required step (`pytest -m e2e`)
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.e2e]
-STAGES = ("data", "pretrain", "finetune", "encode", "tune", "baseline", "evaluate")
+STAGES = ("data", "pretrain", "finetune", "aspects", "encode", "tune", "baseline", "evaluate")
 
 
 def tiny_experiment(out: Path) -> dict:
@@ -33,10 +33,11 @@ def tiny_experiment(out: Path) -> dict:
                       "max_query_length": 16, "max_doc_length": 32},
             "train": {"pretrain": {"steps": 0},
                       "finetune": {**step, "aspect_weight": 0.0, "negatives": "mined", "mined_depth": 30,
-                                   "freeze_word_embeddings": True, "freeze_layers": 1}},
+                                   "freeze_word_embeddings": True, "freeze_layers": 1},
+                      "aspects": {"epochs": 3}},
             "distributed": {"backend": "ddp", "num_workers": 2, "cpus_per_worker": 0.5, "max_failures": 0,
                             "runtime_env": {"env_vars": {"TOKENIZERS_PARALLELISM": "false"}}},  # + the job's env
-            "index": {"num_shards": 2, "index_factory": "Flat", "lexical": "bm25"},
+            "index": {"num_shards": 2, "index_factory": "Flat", "lexical": "bm25", "model_stage": "aspects"},
             "tune": {"lambda_step": 0.25}, "eval": {"references": ["bm25", "dense", "untrained"]}}
 
 
@@ -58,7 +59,8 @@ def test_demo_flow_submits_every_stage_and_answers_over_http(tmp_path, monkeypat
     assert json.loads((data / "catalog" / "prepared.json").read_text())["counts"]["products"] == 300
     manifest = Manifest.load(tmp_path / "out" / "index" / "manifest.json")
     assert manifest.num_docs == 300 and len(manifest.shards) == 2
-    assert Path(manifest.model_dir).resolve() == (tmp_path / "out" / "finetune" / "model").resolve()
+    assert Path(manifest.model_dir).resolve() == (tmp_path / "out" / "aspects" / "model").resolve()
+    assert manifest.aspects is not None and manifest.aspects["calibrated"]  # the recipe's model explains
     results = (tmp_path / "out" / "evaluation" / "results.md").read_text()
     assert results.startswith("| run | index | queries | recall@10") and results in out
     assert [line.split(" | ")[0] for line in results.splitlines()[2:]] == [

@@ -153,3 +153,19 @@ def test_ray_serve_app_applies_the_aspect_stage(ray_local, aspect_index):
         serve.shutdown()  # the proxy too: the next module starts Serve on its own port
     assert [h["id"] for h in got["results"]] == [h["id"] for h in want["results"]]
     assert got["aspects"] == want["aspects"]
+
+
+def test_the_encoder_computes_aspect_values_only_for_the_queries_that_use_them(aspect_index):
+    """A second pass of the query tower only for the texts whose search uses aspects (`wants_aspects`)."""
+    from madr.modeling.aspect_distributions import encode_aspects
+    from madr.search.query_encoder import LeanQueryEncoder
+    from serve.backend import encode_texts
+
+    model, texts = aspect_index["model"], aspect_index["queries"]
+    rows = encode_texts(LeanQueryEncoder(model), texts, aspect_k=4, wants_aspects=[True, False, True])
+    assert rows[1].aspects is None and rows[0].aspects is not None and rows[2].aspects is not None
+    want = encode_aspects(model, [texts[0], texts[2]], "query", 4)
+    for row, i in ((rows[0], 0), (rows[2], 1)):
+        np.testing.assert_allclose(row.aspects["brand"].probs[0], want["brand"].probs[i], atol=1e-6)
+    assert all(r.aspects is None for r in encode_texts(LeanQueryEncoder(model), texts, aspect_k=4,
+                                                        wants_aspects=[False] * 3))

@@ -45,6 +45,22 @@ def test_aspects_that_help_get_a_weight(store):
     assert choice.aspect_weight > 0 and choice.value > choice.grid[0.0]["mrr@10"]
 
 
+def test_a_weight_needs_a_significant_gain_over_zero(store):
+    """Two queries cannot show a gain at p < 0.05; twenty helped the same way can."""
+    qrels = {"q0": {"d3": 1.0}, "q1": {"d4": 1.0}}
+    few = tune_aspect_weight(_base(2), _queries([1, 1]), store, _run, qrels, "mrr@10", [0, 0.5], k=3, max_p=0.05)
+    assert few.aspect_weight == 0.0 and few.best_weight == 0.5 and few.p_value >= 0.05
+    assert few.value == few.grid[0.0]["mrr@10"]
+    qrels = {f"q{i}": {f"d{3 + i % 2}": 1.0} for i in range(20)}
+    many = tune_aspect_weight(_base(20), _queries([1] * 20), store, _run, qrels, "mrr@10", [0, 0.5], k=3, max_p=0.05)
+    assert many.aspect_weight == 0.5 and many.p_value < 0.05
+    assert many.to_dict()["p_value"] == many.p_value
+    with pytest.raises(ValueError, match="aspect_max_p"):
+        from madr.config import TuneConfig
+
+        TuneConfig(aspect_max_p=0.0)
+
+
 def test_aspects_that_do_not_help_get_zero(store):
     qrels = {"q0": {"d0": 1.0}, "q1": {"d2": 1.0}}  # acme products, the query says zeta
     choice = tune_aspect_weight(_base(2), _queries([1, 1]), store, _run, qrels, "mrr@10", [0, 0.5, 0.9], k=3)
