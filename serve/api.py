@@ -304,7 +304,9 @@ class SearchRoutes:
         start = time.perf_counter()
         if req.lam is not None and req.lam != 1.0 and not self.has_sparse:
             raise HTTPException(422, "lam: the index is dense-only (no sparse or BM25 part); a lambda does not apply")
-        query: EncodedQuery = await self._call(self.backend.encode(req.query, aspects=self._uses_aspects(req)))
+        encoding = (self.backend.encode(req.query) if self.aspects is None  # no aspect data: nothing to ask for
+                    else self.backend.encode(req.query, aspects=self._uses_aspects(req)))
+        query: EncodedQuery = await self._call(encoding)
         encoded = time.perf_counter()
         if req.lam is not None and req.lam != 1.0 and query.sparse is None and query.lexical is None:
             raise HTTPException(422, "lam: the model is dense-only; a hybrid lambda does not apply")

@@ -21,7 +21,7 @@ class BrokenBackend:
     def __init__(self, mode: str) -> None:
         self.mode = mode
 
-    async def encode(self, text: str) -> EncodedQuery:
+    async def encode(self, text: str, aspects: bool = True) -> EncodedQuery:
         if self.mode == "down":
             raise BackendUnavailable("QueryEncoder: ActorDiedError: the replica died")
         await asyncio.sleep(30)
