@@ -2,8 +2,8 @@
 
 1. start a single-node Ray cluster here (`ray start --head`, loopback only, token auth; `local_cluster`);
 2. submit every stage of the experiment to it as a Ray job (`pipelines.jobs pipeline --address ...`):
-   data -> pretrain -> finetune -> aspects -> encode -> tune -> baseline -> evaluate (each skipped once complete; a stage
-   the recipe leaves out is recorded as skipped: configs/demo.yaml, the recommended product-search recipe,
+   data -> pretrain -> finetune -> aspects -> encode -> tune -> baseline -> evaluate (each skipped once complete;
+   a stage the recipe leaves out is recorded as skipped: configs/demo.yaml, the recommended product-search recipe,
    fine-tunes multilingual-e5-small with BM25-mined negatives and no pretraining, indexes it beside a BM25
    part whose fusion the tune stage picks on dev, and has the baseline stage index the untrained e5 the same
    way); then deploy the Ray Serve app over the index (`serve deploy`);
@@ -31,7 +31,8 @@ from madr.config_overrides import parse_overrides
 from madr.layout import RunLayout
 
 DEFAULT_CONFIG = "configs/demo.yaml"
-STAGES = "data,pretrain,finetune,aspects,encode,tune,baseline,evaluate,deploy"  # a stage the recipe leaves out is recorded
+# every stage in order; a stage the recipe leaves out is recorded as skipped
+STAGES = "data,pretrain,finetune,aspects,encode,tune,baseline,evaluate,deploy"
 
 
 def pipeline_argv(config: str, cluster: Any, port: int, overrides: list[str]) -> list[str]:

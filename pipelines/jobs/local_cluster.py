@@ -202,7 +202,8 @@ def write_secret(path: str | Path, text: str) -> None:
 
 def cluster_env(token_file: str, python: str | None = None) -> dict[str, str]:
     """Environment of a node (and so of every job on it): loopback, no usage stats, token auth, Serve's
-    throughput mode, workers at niceness 0 unless set (`pipelines.runtime.PRIORITY_DEFAULTS`); `python`'s bin directory first on PATH (the jobs' `python`), this process's by default."""
+    throughput mode, workers at niceness 0 unless set (`pipelines.runtime.PRIORITY_DEFAULTS`); `python`'s bin
+    directory first on PATH (the jobs' `python`), this process's by default."""
     env = dict(os.environ)
     env.update(RAY_USAGE_STATS_ENABLED="0", RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_AUTH_MODE="token",
                RAY_AUTH_TOKEN_PATH=token_file)

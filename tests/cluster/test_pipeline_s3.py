@@ -25,13 +25,16 @@ from tests.cluster.test_pipeline_e2e import tiny_experiment
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
-STAGES = "data,pretrain,finetune,aspects,encode,tune,evaluate"
+STAGES = "data,pretrain,finetune,encode,tune,evaluate"
 
 
 def s3_experiment(out: str) -> dict:
-    """`tiny_experiment` on `out`, without the untrained reference (no baseline stage: a shorter run)."""
+    """`tiny_experiment` on `out`, without the untrained reference and the aspect heads (no baseline or aspects
+    stage: a shorter run)."""
     cfg = tiny_experiment(out)  # type: ignore[arg-type]
     cfg["eval"] = {"references": ["bm25", "dense"]}
+    cfg["train"]["aspects"] = {"epochs": 0}
+    cfg["index"]["model_stage"] = "finetune"
     return cfg
 
 
@@ -85,7 +88,7 @@ def test_demo_pipeline_on_s3_resumes_after_a_killed_stage_and_serves_from_the_bu
     served = serve_from_bucket(load_config(str(config)))
     assert len(served["results"]) == 3, served
     mirror = storage.local_dir(uri)
-    assert (mirror / "index" / "manifest.json").is_file() and (mirror / "aspects" / "model").is_dir()  # the indexed model
+    assert (mirror / "index" / "manifest.json").is_file() and (mirror / "finetune" / "model").is_dir()
     assert not (mirror / "evaluation").exists(), "Serve downloads the index and its model, not the whole run"
 
 

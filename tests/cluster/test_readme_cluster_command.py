@@ -44,7 +44,7 @@ from madr.index import Manifest
 from pipelines.jobs import local_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
-STAGES = ("data", "finetune", "encode", "tune", "baseline", "evaluate")  # the recipe leaves pretraining out
+STAGES = ("data", "finetune", "aspects", "encode", "tune", "baseline", "evaluate")  # the recipe leaves pretraining out
 RAY_WORK = ("data", "finetune", "encode")  # the stages whose work runs in Ray tasks and actors
 SMALL = ["data.synthetic_products=300", "data.synthetic_queries=120", "model.backbone.name_or_path=null",
          "model.max_doc_length=32", "index.lexical_tokenizer=null", "train.finetune.steps=12",
@@ -202,7 +202,7 @@ def test_readme_cluster_command_on_two_nodes_installed_like_the_launcher(tmp_pat
 
         manifest = Manifest.load(out_dir / "index" / "manifest.json")
         assert manifest.num_docs == 300 and len(manifest.shards) == 2
-        assert Path(manifest.model_dir).resolve() == (out_dir / "finetune" / "model").resolve()
+        assert Path(manifest.model_dir).resolve() == (out_dir / "aspects" / "model").resolve()  # the recipe's heads
         results = (out_dir / "evaluation" / "results.md").read_text()
         assert results.startswith("| run | index | queries | recall@10"), results
 
