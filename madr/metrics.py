@@ -367,6 +367,10 @@ def evaluate(
                 raise ValueError(f"query {qid!r}, metric {spec.name!r}: {e}") from e
             if not math.isnan(value):
                 values[spec.name][qid] = value
-    if per_query:
-        return values
-    return {name: float(np.mean(list(v.values()))) if v else math.nan for name, v in values.items()}
+    return values if per_query else query_means(values)
+
+
+def query_means(per_query: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """{metric name: mean over its queries} of `evaluate(..., per_query=True)`'s values (NaN for a metric no query
+    has)."""
+    return {name: float(np.mean(list(v.values()))) if v else math.nan for name, v in per_query.items()}

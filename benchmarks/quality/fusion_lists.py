@@ -27,14 +27,13 @@ from benchmarks.quality.aspect_models.evaluation import (
     aspect_accuracy,
     dense_lists,
     encode,
-    means,
     per_query_metrics,
     run_dicts,
     score_lists,
     top_run,
 )
 from madr.config import ExperimentConfig
-from madr.metrics import evaluate
+from madr.metrics import evaluate, query_means
 from madr.modeling.model import BiEncoder
 from madr.search.score_fusion import (
     fuse_candidates,
@@ -123,7 +122,7 @@ def eq1_grid(step: float) -> list[float]:
 def eq1_dev_lambda(dev_matrices: tuple[torch.Tensor, torch.Tensor], dev: EvalSet, k: int, cfg: ExperimentConfig,
                    metric: str, grid: Sequence[float]) -> tuple[float, dict[float, float]]:
     """(the lam of `grid` with the best mean `metric` on the dev split, the first on ties; {lam: mean metric})."""
-    curve = {lam: means(metrics_of(eq1_at(dev_matrices, dev, k, lam), dev, cfg))[metric] for lam in grid}
+    curve = {lam: query_means(metrics_of(eq1_at(dev_matrices, dev, k, lam), dev, cfg))[metric] for lam in grid}
     return max(grid, key=lambda lam: curve[lam]), curve
 
 
@@ -137,7 +136,8 @@ def eq1_lists(model: BiEncoder, splits: dict[str, EvalSet], k: int, bs: int, lab
     matrices, terms = eq1_matrices(model, splits, bs, label, aspects)
     best, dev = eq1_dev_lambda(matrices["dev"], splits["dev"], k, cfg, metric, eq1_grid(step))
     info = {"lambda": best, "dev": dev, "terms": terms,
-            **{f"test_{part}": means(metrics_of(eq1_at(matrices["test"], splits["test"], k, lam), splits["test"], cfg))
+            **{f"test_{part}": query_means(metrics_of(eq1_at(matrices["test"], splits["test"], k, lam),
+                                                      splits["test"], cfg))
                for part, lam in (("dense", 1.0), ("sparse", 0.0))}}
     return {name: eq1_at(matrices[name], splits[name], k, best) for name in splits}, info
 

@@ -20,13 +20,12 @@ keeps 0, so the aspects cost no ranking they have not shown they buy.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from madr.metrics import Qrels, Run, evaluate
+from madr.metrics import Qrels, Run, evaluate, query_means
 from madr.search.aspect_match import AspectStore, aspect_rescore
 from madr.search.params import NORMALISATIONS, SearchParams
 from madr.search.protocol import TopK
@@ -137,7 +136,7 @@ def tune_aspect_weight(base: TopK, query_aspects: dict, store: AspectStore, to_r
     for w in sorted(set(check_aspect_weights(weights))):
         values = evaluate(to_run(aspect_rescore(base, query_aspects, store, w, k)), qrels, names,
                           relevance_threshold=relevance_threshold, gains=gains, per_query=True)
-        grid[w] = {n: float(np.mean(list(v.values()))) if v else math.nan for n, v in values.items()}
+        grid[w] = query_means(values)
         per_query[w] = values[metric]
     best = max(grid, key=lambda w: (grid[w][metric], -w))
     p_value = None

@@ -33,7 +33,7 @@ import numpy as np
 
 from madr.data.trec import write_qrels, write_run
 from madr.evaluate_config import EvaluateConfig
-from madr.metrics import Qrels, Run, evaluate
+from madr.metrics import Qrels, Run, evaluate, query_means
 from madr.significance import paired_tests
 from pipelines.evaluate.io import (
     is_text_qrels,
@@ -226,7 +226,7 @@ def run_evaluate(cfg: EvaluateConfig, log=print, local: bool = False) -> dict[st
         run = to_run(results, keys)
         per_query[spec.name] = evaluate(run, qrels, cfg.metrics, relevance_threshold=cfg.relevance_threshold,
                                         gains=cfg.gains, per_query=True)
-        values = {m: float(np.mean(list(v.values()))) if v else float("nan") for m, v in per_query[spec.name].items()}
+        values = query_means(per_query[spec.name])
         rows.append({"run": spec.name, "index": str(spec.index), "queries": len(qrels), **values})
         log("  " + ", ".join(f"{k}={v:.4f}" for k, v in values.items()))
         run_files[spec.name] = write_trec_run(run, out / f"{spec.name}.trec", spec.name, log)

@@ -4,7 +4,6 @@ aspect Accuracy@1."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -166,9 +165,6 @@ def majority_accuracy(vocabularies, aspects: list[str], train: list[dict], items
             out[f"{side}_acc@1_{aspect}"] = float(np.mean([int(counts.argmax()) in g for g in rows]))
     return out
 
-
-def means(per_query: dict[str, dict[str, float]]) -> dict[str, float]:
-    return {m: float(np.mean(list(v.values()))) if v else math.nan for m, v in per_query.items()}
 
 
 def search_depth(cfg: ExperimentConfig) -> int:
