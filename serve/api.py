@@ -334,20 +334,21 @@ class SearchRoutes:
                 "aspects": None if plan is None else plan.report(self.aspects),
                 "took_ms": 1000 * (end - start), "timings_ms": timings}
 
+    def _aspect_weight(self, req: Any) -> float:
+        """The aspect-match weight of a request on an index with aspect data: the request's, else the index's."""
+        return self.aspects.aspect_weight if req.aspect_weight is None else req.aspect_weight
+
     def _uses_aspects(self, req: Any) -> bool:
-        """Whether the request's search needs the query's predicted aspect values: an aspect-match weight > 0
-        (the request's, else the index's) or a filter / boost by predicted values."""
-        if self.aspects is None:
-            return False
-        weight = self.aspects.aspect_weight if req.aspect_weight is None else req.aspect_weight
-        return weight > 0 or (req.aspects is None and req.aspect_filter is not None)
+        """Whether the request's search (on an index with aspect data) needs the query's predicted aspect values:
+        an aspect-match weight > 0 or a filter / boost by predicted values."""
+        return self._aspect_weight(req) > 0 or (req.aspects is None and req.aspect_filter is not None)
 
     def _aspect_plan(self, query: EncodedQuery, req: Any) -> AspectPlan | None:
         """What the aspect stage does for this request (None: nothing): the weight of the aspect-match score
         (the request's, else the index's) and the condition to filter / boost by."""
         if self.aspects is None:
             return None
-        weight = self.aspects.aspect_weight if req.aspect_weight is None else req.aspect_weight
+        weight = self._aspect_weight(req)
         mode = req.aspect_filter.mode if req.aspect_filter is not None else "filter"
         condition, source = None, None
         if req.aspects is not None:
