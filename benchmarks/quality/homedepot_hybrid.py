@@ -65,7 +65,6 @@ from benchmarks.quality.aspect_models.evaluation import (
     Lists,
     bm25_lists,
     majority_accuracy,
-    means,
     search_depth,
     served_pieces,
 )
@@ -87,6 +86,7 @@ from benchmarks.quality.fusion_lists import (
 from benchmarks.quality.hybrid_report import aspect_lines, plot_curves, plot_rows
 from benchmarks.quality.row_export import write_row
 from madr.config import ExperimentConfig, from_dict
+from madr.metrics import query_means
 from madr.modeling.model import build_model
 from madr.modeling.tokenization import load_tokenizer
 from madr.recipes.aspects.calibration import calibrate
@@ -164,8 +164,8 @@ class Run:
               flush=True)
 
     def summary(self, key: str) -> dict[str, float]:
-        return {m: round(v, 4) for m, v in means(metrics_of(self.lists[key]["test"], self.splits["test"],
-                                                             self.cfg)).items()}
+        test = metrics_of(self.lists[key]["test"], self.splits["test"], self.cfg)
+        return {m: round(v, 4) for m, v in query_means(test).items()}
 
 
 def add_fusion(run: Run, key: str, parts: list[str], label: str) -> dict:
@@ -245,7 +245,7 @@ class Curve:
         lists = model_lists(model, dev, self.run.k, self.run.bench["encode_batch_size"],
                             f"{self.label} {stage} {step}", aspects=acc)
         model.train()
-        values = means(metrics_of(lists["dev"], dev["dev"], self.run.cfg))
+        values = query_means(metrics_of(lists["dev"], dev["dev"], self.run.cfg))
         point = {"stage": stage, "step": step, "loss": losses.get("loss"),
                  **{m: values[m] for m in ("recall@10", "mrr@10")}, **acc.get("dev", {})}
         self.points.append(point)
@@ -346,7 +346,7 @@ def seed_rows(run: Run, seeds: list[int]) -> tuple[dict, dict, dict]:
             continue
         each = [metrics_of(run.lists[k]["test"], run.splits["test"], run.cfg) for k in keys]
         per_q[base] = {m: {q: float(np.mean([e[m][q] for e in each])) for q in each[0][m]} for m in each[0]}
-        vals = [means(e) for e in each]
+        vals = [query_means(e) for e in each]
         mean[base] = {m: float(np.mean([v[m] for v in vals])) for m in vals[0]}
         std[base] = {m: float(np.std([v[m] for v in vals], ddof=1)) if len(vals) > 1 else 0.0 for m in vals[0]}
     return per_q, mean, std

@@ -438,8 +438,8 @@ def test_exported_rows_carry_the_full_runs_per_query_metrics(runs, user_config, 
     """`--export` (rows trained on another machine, e.g. a GPU) writes each trained row-seed's per-query test
     metrics, of the row alone and of its fusions (`benchmarks.quality.row_export`): read back, their seed means
     are the full run's table."""
-    from benchmarks.quality.aspect_models.evaluation import means
     from benchmarks.quality.row_export import read_rows
+    from madr.metrics import query_means
 
     lr = "train.finetune.learning_rate=2.0e-3"  # the settings of the last run: every list is kept
     export = tmp_path / "export"
@@ -456,7 +456,7 @@ def test_exported_rows_carry_the_full_runs_per_query_metrics(runs, user_config, 
     for key in [*TRAINED, *[f"bm25+{row}" for row in TRAINED], *[f"bm25+minilm+{row}" for row in TRAINED]]:
         assert sorted(per_seed[key]) == sorted(SEEDS), key
         for m, v in full["mean"][key].items():
-            got = np.mean([means(per_seed[key][s])[m] for s in SEEDS])
+            got = np.mean([query_means(per_seed[key][s])[m] for s in SEEDS])
             assert got == pytest.approx(v, abs=1e-9), (key, m)
 
 
@@ -464,8 +464,8 @@ def test_a_sparse_head_row_is_served_by_equation_1_with_the_dev_lambda(user_conf
     """MADRAL with a lean sparse head (`madral_pw_sparse`, the catalog's pieces only) is scored by
     paper 002 Eq. 1 with the lam that is best on dev, as the saved model (the index's `hybrid_lambda`) serves it:
     its test lists are brute force Eq. 1 at that lam, and the dense-only and sparse-only halves are reported."""
-    from benchmarks.quality.aspect_models.evaluation import means
     from benchmarks.quality.fusion_lists import metrics_of, model_lists
+    from madr.metrics import query_means
     from madr.modeling.model import BiEncoder
 
     result, printed = _main(user_config, tmp_path, "sparse", f"output_dir={tmp_path / 'run'}", "bench.seeds=[0]",
@@ -494,6 +494,6 @@ def test_a_sparse_head_row_is_served_by_equation_1_with_the_dev_lambda(user_conf
         np.testing.assert_allclose(z["test_scores"][:, :10], want, rtol=1e-4, atol=1e-5)
         kept = bench.Lists(z["test_scores"], z["test_ids"], z["test_judged"])
     assert result["mean"]["madral_pw_sparse"]["recall@10"] == pytest.approx(
-        means(metrics_of(kept, ev, cfg))["recall@10"]), "the table's row is these lists"
+        query_means(metrics_of(kept, ev, cfg))["recall@10"]), "the table's row is these lists"
     again = model_lists(model, {"test": ev}, 50, 64, "saved")["test"]  # e.g. ESCI's: the saved model's own lam
     np.testing.assert_allclose(again.scores, kept.scores, rtol=1e-4, atol=1e-5)
