@@ -107,9 +107,10 @@ class ServeSettings:
     Failures (`serve.calls`, `serve.routing`): busy is not dead. A call to a deployment whose replicas are all
     busy waits in its router's queue, bounded by `request_timeout_s` (the whole request's deadline: HTTP 504 +
     Retry-After after it) and, at the ingress, by `max_queued_requests` (`DeploymentSettings`; 256 for `ingress`
-    and `colocated` unless set: HTTP 503 + `Retry-After: 1` at once beyond it) and `queue_timeout_s` (how long a
-    request may wait in Serve's proxy for a busy ingress replica, then 503 + `Retry-After: 1`; None: half of
-    `request_timeout_s`, which starts once a replica has taken the request). `route_timeout_s`: how long a call
+    and `colocated` unless set: HTTP 503 + `Retry-After: 1` at once beyond it) and `queue_timeout_s` (a request that
+    would wait longer than this in Serve's proxy for a busy ingress replica, judged on its arrival from the rate at
+    which the replicas finish requests, gets 503 + `Retry-After: 1` at once; None: half of `request_timeout_s`; one
+    admitted waits its turn, at most `request_timeout_s`, which starts again once a replica has taken it). `route_timeout_s`: how long a call
     may wait while its deployment has no live replica (every replica died, Serve is replacing them; also in
     Serve's proxy, both topologies): HTTP 503 + `Retry-After: 1` after it. `replica_retries`: how often a call
     whose replica died, or did not take or answer it, is sent again (to another replica when there is one);
@@ -210,5 +211,11 @@ class ServeSettings:
                              f"they run on the CPU); set num_gpus: 0 or use them")
 
     def ingress_queue_timeout_s(self) -> float:
-        """How long a request may wait in Serve's proxy for a busy ingress replica (`queue_timeout_s`)."""
+        """The longest predicted wait in Serve's proxy for a busy ingress replica a request is admitted with
+        (`queue_timeout_s`)."""
         return self.queue_timeout_s if self.queue_timeout_s is not None else self.request_timeout_s / 2
+
+    def ingress_max_wait_s(self) -> float:
+        """How long an admitted request may wait in Serve's proxy: its deadline (`request_timeout_s`), or
+        `queue_timeout_s` when that is longer."""
+        return max(self.request_timeout_s, self.ingress_queue_timeout_s())

@@ -94,7 +94,8 @@ def build_app(args: dict[str, Any] | ServeSettings | None = None) -> Application
             s.manifest_path, group, s.mmap, s.verify, s.faiss_threads, s.searcher_max_batch_size,
             s.searcher_batch_wait_timeout_s, stuck_after_s=s.request_timeout_s)
         for g, group in enumerate(shard_groups(len(manifest.shards), s.shard_groups))]
-    ingress = deployment_options(s.ingress, s.route_timeout_s, s.ingress_queue_timeout_s())
+    ingress = deployment_options(s.ingress, s.route_timeout_s, s.ingress_queue_timeout_s(),
+                                 s.ingress_max_wait_s())
     return SearchIngress.options(name="SearchIngress", **ingress).bind(
         encoder, searchers, dataclasses.asdict(s))
 

@@ -8,8 +8,8 @@ What can go wrong, and what `call` does:
 
 - **Every replica busy** (a burst): the call waits its turn, in the router's queue and then in the replica,
   bounded only by the request's deadline (`ServeSettings.request_timeout_s`, HTTP 504 + ``Retry-After``) and,
-  at the ingress, by Serve's queue bound (`max_queued_requests`, and `queue_timeout_s`: HTTP 503 +
-  ``Retry-After``). Busy is not dead: a burst is answered, not shed.
+  at the ingress, by Serve's queue bound (`max_queued_requests`, and `queue_timeout_s` for a request's
+  predicted wait on arrival: HTTP 503 + ``Retry-After``). Busy is not dead: a burst is answered, not shed.
 - **No live replica** (all died; Serve is replacing them): the router (`serve.routing.LiveReplicaRouter`)
   fails a call that has waited `CallPolicy.route_timeout_s` while it knew no live replica (`NoLiveReplica`);
   `call` answers `BackendUnavailable` -> HTTP 503 + ``Retry-After`` at once. The router forgets a replica as

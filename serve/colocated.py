@@ -23,8 +23,8 @@ process and slow it down, both competing for the same cores.
 
 Failures: there is no handle hop for `serve.calls` to bound; Serve's proxy routes each request to a replica
 through `serve.routing.LiveReplicaRouter`. A burst queues in the proxy until a replica has a slot (beyond
-`colocated.max_queued_requests`: 503 + Retry-After at once; after `queue_timeout_s` in the queue: 503 +
-Retry-After). With 2 replicas a SIGKILL fails only the requests in
+`colocated.max_queued_requests`: 503 + Retry-After at once; a request that would wait longer than
+`queue_timeout_s` in the queue: 503 + Retry-After on arrival). With 2 replicas a SIGKILL fails only the requests in
 flight on the dead one (they die with the process; the proxy answers them 503 + Retry-After at once,
 `serve.routing.ReplicaDied`) and the other replica answers the rest; with none alive, the proxy answers 503 +
 Retry-After once a request has waited `route_timeout_s` for a live replica (tests/serve/test_serve_replica_death.py).
@@ -138,7 +138,8 @@ class ColocatedSearch:
 def build_colocated(s: ServeSettings) -> Application:
     """The co-located application (paths already absolute: `serve.app.build_app` calls this). Its replicas run
     numba's sparse search with `faiss_threads` threads (`NUMBA_NUM_THREADS`, module docstring)."""
-    options = deployment_options(s.colocated, s.route_timeout_s, s.ingress_queue_timeout_s())
+    options = deployment_options(s.colocated, s.route_timeout_s, s.ingress_queue_timeout_s(),
+                                 s.ingress_max_wait_s())
     actor = dict(options.pop("ray_actor_options"))
     env = dict(actor.get("runtime_env", {}).get("env_vars", {}))
     env.setdefault("NUMBA_NUM_THREADS", str(s.faiss_threads))

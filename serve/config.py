@@ -27,27 +27,31 @@ from madr.serve_config import (
 )
 from madr.storage import is_uri, pull_index
 
-__all__ = ["DEFAULT_API_KEY_ENV", "ENCODER_BACKENDS", "ENCODER_PRECISIONS", "RETRY_AFTER_S", "ROUTER_CLASS",
+__all__ = ["DEFAULT_API_KEY_ENV", "ENCODER_BACKENDS", "ENCODER_PRECISIONS", "MAX_BACKOFF_S", "RETRY_AFTER_S", "ROUTER_CLASS",
            "TOPOLOGIES", "DeploymentSettings", "ServeSettings", "check_exposure", "deployment_options", "is_loopback",
            "load_settings", "require_manifest", "resolved_api_key", "router_config", "settings_from_dict"]
 
 ROUTER_CLASS = "serve.routing:LiveReplicaRouter"  # routes every call to a deployment of the app
 RETRY_AFTER_S = 1.0  # the Retry-After of every 503 and 504 the app answers
+# The longest a router's routing task sleeps between two looks for a free replica slot. Serve's default, 0.5 s,
+# with its two routing tasks per replica, let a queue behind a replica that had been full for a second drain at
+# four calls a second, whatever the replica's speed: a burst's admitted calls waited out their bound.
+MAX_BACKOFF_S = 0.05
 
 
 def deployment_options(d: DeploymentSettings, route_timeout_s: float | None = None,
-                       queue_timeout_s: float | None = None) -> dict[str, Any]:
+                       queue_timeout_s: float | None = None, max_wait_s: float | None = None) -> dict[str, Any]:
     """`Deployment.options(...)` keyword arguments of a deployment with settings `d`. Calls to the deployment are
-    routed by `serve.routing.LiveReplicaRouter`: they wait for a busy replica (at most `queue_timeout_s`; None: as
-    long as it takes), and fail after `route_timeout_s` (None: never) while no replica is alive, unless the
-    deployment may scale to zero."""
+    routed by `serve.routing.LiveReplicaRouter`: they wait for a busy replica (refused on arrival when they would
+    wait over `queue_timeout_s`; at most `max_wait_s`, None: `queue_timeout_s`, None: as long as it takes), and fail
+    after `route_timeout_s` (None: never) while no replica is alive, unless the deployment may scale to zero."""
     actor = {"num_cpus": d.num_cpus, **({"num_gpus": d.num_gpus} if d.num_gpus else {})}
     opts: dict[str, Any] = {"ray_actor_options": actor,
                             "max_ongoing_requests": d.max_ongoing_requests,
                             "max_queued_requests": -1 if d.max_queued_requests is None
                             else d.max_queued_requests,
                             "backpressure_config": {"status_code": 503, "retry_after_s": RETRY_AFTER_S},
-                            "request_router_config": router_config(d, route_timeout_s, queue_timeout_s)}
+                            "request_router_config": router_config(d, route_timeout_s, queue_timeout_s, max_wait_s)}
     if d.autoscaling:
         opts["autoscaling_config"] = dict(d.autoscaling)
     else:
@@ -58,13 +62,13 @@ def deployment_options(d: DeploymentSettings, route_timeout_s: float | None = No
     return opts
 
 
-def router_config(d: DeploymentSettings, route_timeout_s: float | None,
-                  queue_timeout_s: float | None = None) -> dict[str, Any]:
+def router_config(d: DeploymentSettings, route_timeout_s: float | None, queue_timeout_s: float | None = None,
+                  max_wait_s: float | None = None) -> dict[str, Any]:
     """Serve's `request_router_config` for `LiveReplicaRouter`."""
     scales_to_zero = bool(d.autoscaling) and (d.autoscaling or {}).get("min_replicas", 1) == 0
-    return {"request_router_class": ROUTER_CLASS,
+    return {"request_router_class": ROUTER_CLASS, "max_backoff_s": MAX_BACKOFF_S,
             "request_router_kwargs": {"no_replica_timeout_s": None if scales_to_zero else route_timeout_s,
-                                      "max_queue_wait_s": queue_timeout_s}}
+                                      "max_queue_wait_s": queue_timeout_s, "max_wait_s": max_wait_s}}
 
 
 def resolved_api_key(s: ServeSettings) -> str | None:

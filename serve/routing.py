@@ -17,9 +17,11 @@ Serve is replacing them): the call then waits for the replacement, seconds on a 
 - with `max_queue_wait_s`, a call that would wait longer than that in the queue for a busy replica fails with
   `QueuedTooLong` (503 + ``Retry-After: 1``): the ingress's bound on a burst, sized from the request deadline.
   "Would": its place in the queue over the rate at which the deployment finishes calls while calls queue for
-  it (measured over the last `RATE_WINDOW_S`; between bursts, the last such rate), so that a burst's excess is
-  refused on arrival, not after waiting out the bound; before the router has ever seen a queue drain, only a
-  call that has waited the bound fails;
+  it (measured over the last `RATE_WINDOW_S`; between bursts, the last such rate). A call is judged so only in its
+  first `ADMIT_WINDOW_S` in the queue, so that a burst's excess is refused on arrival; a call not refused then is
+  admitted and keeps its place until it has waited `max_wait_s` (the request's deadline). A rate measured while a
+  burst is still arriving errs; an admitted call then waits past the bound and is answered late, where judging it
+  again at every tick refused it late, after it had waited for nothing;
 - in Serve's proxy, the death of the replica running a request (the request dies with it; the proxy cannot
   send an HTTP request again) is `ReplicaDied`, 503 + ``Retry-After: 1``, not Serve's bare 500. Elsewhere the
   death stays an `ActorDiedError`, which `serve.calls` answers by sending the call again.
@@ -30,7 +32,8 @@ busy, however long a call waits in it; one that finishes nothing is frozen or hu
 
 Every deployment of the app uses it (`serve.config.deployment_options`), so the same rules hold for
 the ingress's calls to the encoder and searchers (fan-out) and for the proxy's calls to the ingress (both
-topologies).
+topologies). Its routing tasks look for a free slot at most `serve.config.MAX_BACKOFF_S` apart, so a queue moves
+as fast as the replicas free slots.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from serve.config import RETRY_AFTER_S
 RATE_WINDOW_S = 2.0  # the window over which the router measures how fast calls finish
 MIN_FINISHES = 8  # ... and how many it needs to have seen finish in it to tell a rate
 BATCH_GAP_S = 0.01  # finishes closer than this to the one before are one batch's (a batch finishes its calls at once)
+ADMIT_WINDOW_S = 0.6  # how long after its arrival a queued call may still be refused by its predicted wait
 
 
 class QueuedTooLong(BackPressureError):
@@ -116,13 +120,15 @@ class _DeathAs503:
 
 
 class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
-    """Power-of-two-choices routing; a call waits for a busy replica (at most `max_queue_wait_s`), but at most
-    `no_replica_timeout_s` while no replica is alive (module docstring)."""
+    """Power-of-two-choices routing; a call waits for a busy replica (refused on arrival when it would wait over
+    `max_queue_wait_s`; at most `max_wait_s`), but at most `no_replica_timeout_s` while no replica is alive (module
+    docstring)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.no_replica_timeout_s: float | None = 1.0
         self.max_queue_wait_s: float | None = None
+        self.max_wait_s: float | None = None
         self._waiting: dict[str, tuple[float, PendingRequest]] = {}  # request id -> (queued since, request)
         self._expired: dict[str, BackPressureError] = {}  # request id -> why the sweeper failed it
         self._sent: dict[str, tuple[float, Any, bool]] = {}  # request id -> (sent at, replica id, taken)
@@ -133,15 +139,22 @@ class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
         self._sweeper: asyncio.Task | None = None
 
     def initialize_state(self, no_replica_timeout_s: float | None = 1.0, max_queue_wait_s: float | None = None,
-                         **kwargs: Any) -> None:
+                         max_wait_s: float | None = None, **kwargs: Any) -> None:
         """`no_replica_timeout_s`: how long a call may wait while no replica is alive (None: as long as it takes,
-        for a deployment that scales to zero); `max_queue_wait_s`: how long it may wait for a busy one (None: as
-        long as it takes)."""
+        for a deployment that scales to zero); `max_queue_wait_s`: the longest predicted wait for a busy replica a
+        call is admitted with (None: no such rule); `max_wait_s`: how long an admitted call may wait (None:
+        `max_queue_wait_s`, else as long as it takes)."""
         super().initialize_state(**kwargs)
-        for name, value in (("no_replica_timeout_s", no_replica_timeout_s), ("max_queue_wait_s", max_queue_wait_s)):
+        if max_wait_s is None:
+            max_wait_s = max_queue_wait_s
+        limits = (("no_replica_timeout_s", no_replica_timeout_s), ("max_queue_wait_s", max_queue_wait_s),
+                  ("max_wait_s", max_wait_s))
+        for name, value in limits:
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
-        self.no_replica_timeout_s, self.max_queue_wait_s = no_replica_timeout_s, max_queue_wait_s
+        if None not in (max_queue_wait_s, max_wait_s) and max_wait_s < max_queue_wait_s:
+            raise ValueError(f"max_wait_s ({max_wait_s}) must be >= max_queue_wait_s ({max_queue_wait_s})")
+        self.no_replica_timeout_s, self.max_queue_wait_s, self.max_wait_s = limits[0][1], limits[1][1], limits[2][1]
 
     # ---- what the app asks ----
 
@@ -221,7 +234,7 @@ class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
 
     def _rules_apply(self) -> bool:
         no_replica = self._empty_since is not None and self.no_replica_timeout_s is not None
-        return no_replica or self.max_queue_wait_s is not None
+        return no_replica or self.max_queue_wait_s is not None or self.max_wait_s is not None
 
     def _sweep_if_needed(self) -> None:
         if self._waiting and self._sweeper is None and self._rules_apply():
@@ -252,17 +265,20 @@ class LiveReplicaRouter(PowerOfTwoChoicesRequestRouter):
         empty_since, limit = self._empty_since, self.no_replica_timeout_s
         if empty_since is not None and limit is not None and now - max(queued_since, empty_since) >= limit:
             return NoLiveReplica(name, limit)
-        if self.max_queue_wait_s is None or empty_since is not None:
+        if empty_since is not None:
             return None
-        expected = time.time() - pending.created_at  # waited since its first attempt
-        if rate is not None:
-            expected += (ahead + 1) / rate  # ... and still to wait, at the rate calls finish
+        waited = time.time() - pending.created_at  # since its first attempt
+        if self.max_wait_s is not None and waited >= self.max_wait_s:
+            return QueuedTooLong(name, waited, self.max_wait_s)
+        if self.max_queue_wait_s is None or rate is None or waited >= ADMIT_WINDOW_S:
+            return None  # admitted: it keeps its place
+        expected = waited + (ahead + 1) / rate  # ... and still to wait, at the rate calls finish
         return QueuedTooLong(name, expected, self.max_queue_wait_s) if expected >= self.max_queue_wait_s else None
 
     async def _sweep(self) -> None:
         """While calls are queued and a rule applies: fail each call that is overdue (`_overdue`), in the
         queue's order (oldest first)."""
-        limits = [x for x in (self.no_replica_timeout_s, self.max_queue_wait_s) if x is not None]
+        limits = [x for x in (self.no_replica_timeout_s, self.max_queue_wait_s, self.max_wait_s) if x is not None]
         tick = min([0.1] + [x / 4 for x in limits])
         try:
             while self._waiting and self._rules_apply():

@@ -18,7 +18,7 @@ measured in turn (plain first, then Serve), phase by phase:
    15 s, a replica SIGKILLed 5 s in (fan-out: of ``searcher-0``; co-located: of ``Colocated``); and **during a
    burst** (``--burst-kill N``): a burst of N with a replica SIGKILLed ``--burst-kill-at`` s in. Reported: answers
    after the kill by status, the slowest, 503s without ``Retry-After``, 500s, and how long after the kill the
-   last non-200 came.
+   last non-200 came. ``--bursts-after-kills``: then the bursts again, on the replaced replicas.
 
 The Serve apps (``--apps``: ``fanout``, the demo's layout, ``colocated``, and ``colocated-direct``: the
 co-located app called at its replica's own port, `serve.direct_ingress`) run side by side in one Serve instance on
@@ -316,6 +316,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--burst-kill", type=int, default=140, help="Serve apps: a burst of N with a replica SIGKILLed "
                    "--burst-kill-at s in (0: none)")
     p.add_argument("--burst-kill-at", type=float, default=1.0)
+    p.add_argument("--bursts-after-kills", action="store_true",
+                   help="the --kill-apps: the bursts again after the kills, on the replaced replicas")
     p.add_argument("--kill-apps", default="fanout", help="the Serve apps the kill phases run on")
     p.add_argument("--searcher-replicas", type=int, default=1)
     p.add_argument("--kill-at", type=float, default=None, help="the steady runs of --kill-apps: SIGKILL a replica "
@@ -371,6 +373,10 @@ def measure(name: str, url: str, queries: list[str], args: argparse.Namespace) -
         r["burst_kill"] = burst_kill(name, url, queries, args.burst_kill, args.burst_kill_at)
         print(f"{name} kill during a burst: {json.dumps(r['burst_kill'])}", flush=True)
         wait_answering(url, queries)
+    if kills and sizes and args.bursts_after_kills:  # the same bursts on the replaced replicas
+        time.sleep(args.burst_pause)
+        print(f"{name} bursts after the kills:", flush=True)
+        r["bursts_after_kills"] = run_bursts(url, queries, sizes, args.burst_pause)
     return r
 
 
@@ -449,13 +455,14 @@ def report(args: argparse.Namespace, results: dict) -> None:
               "| 503/504 without Retry-After | load before |")
         print("|---|---|---|---|---|---|---|---|")
         for name, r in results.items():
-            for b in r.get("bursts", []):
-                print(f"| {name} | {b['n']} | {_counts(b['by_status'])} | {b['ok_fraction']:.1%} | "
-                      f"{b['ok_p50_s']:.2f} / {b['ok_p99_s']:.2f} / {b['ok_max_s']:.2f} | "
-                      f"{b['503_p50_s']:.2f} / {b['503_max_s']:.2f} ({b['503_within_1s']}) | "
-                      f"{b['5xx_without_retry_after']} | {b['load_average_before'].split(' / ')[0]} |")
+            for key, label in (("bursts", name), ("bursts_after_kills", f"{name}, after the kills")):
+                for b in r.get(key, []):
+                    print(f"| {label} | {b['n']} | {_counts(b['by_status'])} | {b['ok_fraction']:.1%} | "
+                          f"{b['ok_p50_s']:.2f} / {b['ok_p99_s']:.2f} / {b['ok_max_s']:.2f} | "
+                          f"{b['503_p50_s']:.2f} / {b['503_max_s']:.2f} ({b['503_within_1s']}) | "
+                          f"{b['5xx_without_retry_after']} | {b['load_average_before'].split(' / ')[0]} |")
         for name, r in results.items():
-            for b in r.get("bursts", []):
+            for b in r.get("bursts", []) + r.get("bursts_after_kills", []):
                 if b["why_not_200"]:
                     print(f"  {name}, burst of {b['n']}, not 200: {b['why_not_200']}")
     for name, r in results.items():

@@ -17,6 +17,7 @@ from serve_helpers import assert_same_ranking, free_port, running_plain_app
 from madr.search.params import SearchParams
 from serve.backend import shard_groups
 from serve.config import (
+    MAX_BACKOFF_S,
     DeploymentSettings,
     ServeSettings,
     check_exposure,
@@ -155,11 +156,16 @@ def test_every_deployment_routes_through_the_live_replica_router_with_a_queue_bo
     a deployment that may scale to zero waits for its cold start; a full queue answers 503 + Retry-After: 1."""
     from serve.deployments import ShardSearcher
 
-    opts = deployment_options(DeploymentSettings(max_queued_requests=50), route_timeout_s=0.7, queue_timeout_s=4.0)
+    opts = deployment_options(DeploymentSettings(max_queued_requests=50), route_timeout_s=0.7, queue_timeout_s=4.0,
+                              max_wait_s=8.0)
     deployment = ShardSearcher.options(**opts)
     config = deployment._deployment_config  # what Serve's routers and proxy read
     assert config.request_router_config.request_router_class == "serve.routing:LiveReplicaRouter"
-    assert config.request_router_config.request_router_kwargs == {"no_replica_timeout_s": 0.7, "max_queue_wait_s": 4.0}
+    assert config.request_router_config.request_router_kwargs == {"no_replica_timeout_s": 0.7, "max_queue_wait_s": 4.0,
+                                                                  "max_wait_s": 8.0}
+    # a queued call is routed within MAX_BACKOFF_S of a slot freeing (Serve's 0.5 s let a full replica's queue
+    # drain at two calls per 0.5 s per replica, whatever the replica's speed)
+    assert config.request_router_config.max_backoff_s == MAX_BACKOFF_S <= 0.1
     assert config.max_queued_requests == 50
     assert (config.backpressure_config.status_code, config.backpressure_config.retry_after_s) == (503, 1.0)
     assert deployment_options(DeploymentSettings())["max_queued_requests"] == -1  # Serve's "no bound"
@@ -167,24 +173,29 @@ def test_every_deployment_routes_through_the_live_replica_router_with_a_queue_bo
     assert zero["request_router_config"]["request_router_kwargs"]["no_replica_timeout_s"] is None
     assert ServeSettings(request_timeout_s=8).ingress_queue_timeout_s() == 4.0  # half the deadline unless set
     assert ServeSettings(queue_timeout_s=2.5).ingress_queue_timeout_s() == 2.5
+    assert ServeSettings(request_timeout_s=8).ingress_max_wait_s() == 8.0  # an admitted request waits to its deadline
+    assert ServeSettings(request_timeout_s=8, queue_timeout_s=9).ingress_max_wait_s() == 9.0
     with pytest.raises(ValueError, match="max_queued_requests must be >= 1"):
         DeploymentSettings(max_queued_requests=0)
 
 
-def test_the_router_refuses_a_bursts_excess_by_its_expected_wait_and_a_call_with_no_live_replica():
+def test_the_router_refuses_a_bursts_excess_on_arrival_by_its_expected_wait_and_a_call_with_no_live_replica():
     """serve.routing.LiveReplicaRouter's decisions on a queued call (Serve's own routing runs in the Ray tests)."""
     import time
     from types import SimpleNamespace
 
     from ray.serve._private.common import DeploymentHandleSource, DeploymentID
 
-    from serve.routing import LiveReplicaRouter, NoLiveReplica, QueuedTooLong
+    from serve.routing import ADMIT_WINDOW_S, LiveReplicaRouter, NoLiveReplica, QueuedTooLong
 
     router = LiveReplicaRouter(deployment_id=DeploymentID(name="Front", app_name="a"),
                                handle_source=DeploymentHandleSource.UNKNOWN)
-    router.initialize_state(no_replica_timeout_s=1.0, max_queue_wait_s=5.0)
+    with pytest.raises(ValueError, match="max_wait_s"):
+        router.initialize_state(max_queue_wait_s=5.0, max_wait_s=4.0)
+    router.initialize_state(no_replica_timeout_s=1.0, max_queue_wait_s=5.0, max_wait_s=10.0)
     now = time.monotonic()
-    queued = SimpleNamespace(created_at=time.time() - 0.45)  # queued 0.45 s ago
+    queued = SimpleNamespace(created_at=time.time() - 0.45)  # queued 0.45 s ago: still judged by its expected wait
+    assert 0.45 < ADMIT_WINDOW_S < 1.0
     assert router.finish_rate(now) is None  # nothing finished yet: only the time waited counts
     assert router._overdue(now, now, queued, ahead=1000, rate=None) is None
     router._finishes.extend(now - 1.0 + i * 0.05 for i in range(20))  # 20 calls finished over the last second
@@ -194,6 +205,10 @@ def test_the_router_refuses_a_bursts_excess_by_its_expected_wait_and_a_call_with
     refused = router._overdue(now, now, queued, ahead=150, rate=rate)  # ~8 s: refused now, not after 5 s
     assert isinstance(refused, QueuedTooLong) and refused.status_code == 503 and refused.retry_after_s == 1.0
     assert "would wait 8.0 s in the queue, over its 5 s bound" in str(refused)  # 0.45 + 151 / 20
+    admitted = SimpleNamespace(created_at=time.time() - ADMIT_WINDOW_S - 0.05)  # past its arrival: admitted
+    assert router._overdue(now, now, admitted, ahead=150, rate=rate) is None  # keeps its place however slow the queue
+    overdue = router._overdue(now, now, SimpleNamespace(created_at=time.time() - 10.2), ahead=0, rate=rate)
+    assert isinstance(overdue, QueuedTooLong) and "over its 10 s bound" in str(overdue)  # ... up to max_wait_s
     router._finishes.clear()
     router._finishes.extend(now - 0.9 + i * 0.001 for i in range(20))  # one batch of 20: no rate yet
     assert router.finish_rate(now) is None
