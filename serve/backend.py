@@ -149,49 +149,20 @@ def load_model(model_dir: str | Path, threads: int = 1, device: str = "cpu") -> 
 
 def query_encoder(model: BiEncoder, manifest_path: str | Path | None = None, verify: bool = True,
                   backend: str = "torch", threads: int = 1, precision: str = "fp32") -> LeanQueryEncoder:
-    """The lean query encoder of `model` (puts it in eval mode once); with `manifest_path` (a hybrid index) its
-    queries are projected onto the terms the index's sparse shards hold (`madr.search.sharded.sparse_term_ids`).
-    `backend="onnx"`: the query tower exported now and run in onnxruntime with `threads` threads
-    (`madr.export.onnx.OnnxQueryEncoder`, the same vectors; whole vocabulary, so no `manifest_path`).
-    `precision="int8"`: the tower's Linear layers dynamically quantised to int8 in that backend
-    (`madr.export.quantize.int8_encoder`)."""
-    from madr.search.query_encoder import LeanQueryEncoder
+    """The query encoder of `model` for `backend` and `precision` (`madr.search.query_encoder.build_query_encoder`,
+    in eval mode); with `manifest_path` (a hybrid index) its queries are projected onto the terms the index's sparse
+    shards hold (`madr.search.sharded.sparse_term_ids`; torch only: the ONNX graph projects onto the whole
+    vocabulary)."""
+    from madr.search.query_encoder import build_query_encoder
     from madr.search.sharded import sparse_term_ids
 
-    if precision not in ("fp32", "int8"):
-        raise ValueError(f"query encoder precision must be 'fp32' or 'int8', got {precision!r}")
-    if backend == "onnx":
-        return onnx_query_encoder(model, manifest_path, threads, precision)
-    if backend != "torch":
-        raise ValueError(f"query encoder backend must be 'torch' or 'onnx', got {backend!r}")
     terms = None
     if manifest_path is not None and model.config.has_sparse:
+        if backend == "onnx":
+            raise ValueError("the ONNX query encoder projects onto the whole vocabulary, not the index's terms "
+                             "(encoder_index_vocabulary needs encoder_backend 'torch')")
         terms = sparse_term_ids(manifest_path, verify=verify)
-    if precision == "int8":
-        from madr.export.quantize import Int8QueryEncoder
-
-        return Int8QueryEncoder(model, terms)
-    return LeanQueryEncoder(model, terms)
-
-
-def onnx_query_encoder(model: BiEncoder, manifest_path: str | Path | None, threads: int,
-                       precision: str = "fp32") -> LeanQueryEncoder:
-    """`model`'s query tower exported to a temporary ONNX file (int8: then quantised,
-    `madr.export.quantize.onnx_int8_encoder`) and loaded in onnxruntime (the file goes once the session holds it);
-    exported at start, so it can never be stale against the served model."""
-    import tempfile
-
-    from madr.export.onnx import OnnxQueryEncoder, export_onnx
-
-    if manifest_path is not None and model.config.has_sparse:
-        raise ValueError("the ONNX query encoder projects onto the whole vocabulary, not the index's terms "
-                         "(encoder_index_vocabulary needs encoder_backend 'torch')")
-    if precision == "int8":
-        from madr.export.quantize import onnx_int8_encoder
-
-        return onnx_int8_encoder(model, "query", threads)
-    with tempfile.TemporaryDirectory(prefix="madr-query-onnx-") as tmp:
-        return OnnxQueryEncoder(model, export_onnx(model, Path(tmp) / "query.onnx"), threads=threads)
+    return build_query_encoder(model, terms, backend, precision, threads)
 
 
 def encode_texts(encoder: LeanQueryEncoder, texts: list[str], lexical_vocab: int | None = None,

@@ -43,7 +43,8 @@ Load: closed-loop HTTP clients on loopback (``benchmarks.speed.serve_api.closed_
 "k": 10}`` with the run's test queries round robin, ``--concurrency`` levels (p50 / p99 at 1, queries/s at 16),
 each ``--warmup`` s discarded then ``--duration`` s, both apps up at once and measured in turn, the order
 alternating per level. Both answer ``timings_ms`` (encode / search / docs), whose p50s are reported. Results:
-``<out-dir>/results/<tag>.json`` and a table with the ratios madr / peer.
+``<out-dir>/results/<tag>.json`` and a table with the ratios madr / peer. ``--direct-ingress`` (a co-located serve
+config): the load goes to the replica's own port, not through Serve's proxy (`serve.direct_ingress`).
 
     python -m benchmarks.speed.recipe_serving --run runs/product_search                        # 1M, the full run
     python -m benchmarks.speed.recipe_serving --run RUN --docs 20000 --duration 2 --tag smoke  # smoke
@@ -397,15 +398,35 @@ def madr_settings(app: dict[str, Any], manifest: Path, port: int):
     return settings
 
 
-def start_madr(settings) -> str:
+def start_madr(settings, direct: bool = False) -> str:
+    """The Serve app of `settings` on a local Ray; its proxy URL (`direct`: Ray started in Serve's throughput mode,
+    so that the co-located replica also answers on its own port, `madr_url`)."""
     import ray
 
     from serve.app import run_local
 
+    if direct:
+        from serve.direct_ingress import throughput_env
+
+        throughput_env()
     ray.init(address="local", num_cpus=max(2, usable_cores()), include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     run_local(settings, name="madr_recipe", route_prefix="/")
     return f"http://127.0.0.1:{settings.port}"
+
+
+def madr_url(proxy_url: str, settings, direct: bool) -> str:
+    """Where the load goes: the proxy, or (`direct`) the co-located replica's own port (`serve.direct_ingress`)."""
+    if not direct:
+        return proxy_url
+    if settings.topology != "colocated":
+        raise ValueError("--direct-ingress needs the co-located topology (a serve config with topology: colocated)")
+    from serve.direct_ingress import wait_for_replica_urls
+
+    urls = wait_for_replica_urls("madr_recipe", 120)
+    if not urls:
+        raise RuntimeError("no replica of madr_recipe answers on its own port (Serve's throughput mode is off?)")
+    return urls[0]
 
 
 # ---- agreement -------------------------------------------------------------------------------------------------
@@ -493,7 +514,9 @@ def serve_both(args: argparse.Namespace, inputs: dict[str, Any], manifest: Path,
     peer = start_peer(manifest.parent.parent, info, settings.search, peer_port, args.peer_threads)
     try:
         t0 = time.perf_counter()
-        urls = {"madr": start_madr(settings), "peer": f"http://127.0.0.1:{peer_port}"}
+        urls = {"madr": start_madr(settings, args.direct_ingress), "peer": f"http://127.0.0.1:{peer_port}"}
+        wait_ready(urls["madr"], 600)
+        urls["madr"] = madr_url(urls["madr"], settings, args.direct_ingress)
         wait_ready(urls["madr"], 600)
         wait_ready(urls["peer"], 1800, peer)
         print(f"both apps ready in {time.perf_counter() - t0:.1f} s", flush=True)
@@ -503,6 +526,7 @@ def serve_both(args: argparse.Namespace, inputs: dict[str, Any], manifest: Path,
     finally:
         stop_apps(peer, 60)
     return {"agreement": agree, "results": results, "topology": settings.topology,
+            "ingress": "direct" if args.direct_ingress else "proxy",
             "serve_settings": {"shard_groups": settings.shard_groups, "search": dataclasses.asdict(settings.search),
                                **{f: dataclasses.asdict(getattr(settings, f)) for f in
                                   ("encoder", "searcher", "ingress", "colocated")}}}
@@ -520,6 +544,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", default=str(ROOT / "runs" / "bench_cache" / "recipe_serving"))
     p.add_argument("--concurrency", default="1,16")
+    p.add_argument("--direct-ingress", action="store_true",
+                   help="load the co-located replica's own port instead of Serve's proxy (serve.direct_ingress)")
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--check-queries", type=int, default=50)

@@ -205,3 +205,39 @@ class LeanQueryEncoder:
         term = cols if self._terms_np is None else self._terms_np[cols]
         order = np.argsort(term, axis=1, kind="stable")
         return np.take_along_axis(term, order, axis=1), np.take_along_axis(values, order, axis=1)
+
+
+def build_query_encoder(model: BiEncoder, term_ids: Sequence[int] | np.ndarray | None = None, backend: str = "torch",
+                        precision: str = "fp32", threads: int = 1) -> LeanQueryEncoder:
+    """The query encoder of `model` for a backend and precision (a Serve app's `encoder_backend` /
+    `encoder_precision`; the evaluate job's `encoder_backend` / `encoder_precision`, so a run scores what the app
+    serves); `term_ids`: the sparse terms to project onto (None: the whole vocabulary).
+    "torch" + "fp32": `LeanQueryEncoder`; "torch" + "int8": its Linear layers dynamically quantised
+    (`madr.export.quantize.Int8QueryEncoder`); "onnx": the query tower exported now and run in onnxruntime with
+    `threads` threads (`madr.export.onnx.OnnxQueryEncoder`, the same vectors; int8: quantised first,
+    `madr.export.quantize.onnx_int8_encoder`). The ONNX graph projects onto the whole vocabulary, so it takes no
+    `term_ids`; it is exported at start, so it can never be stale against the model."""
+    if precision not in ("fp32", "int8"):
+        raise ValueError(f"query encoder precision must be 'fp32' or 'int8', got {precision!r}")
+    if backend not in ("torch", "onnx"):
+        raise ValueError(f"query encoder backend must be 'torch' or 'onnx', got {backend!r}")
+    if backend == "torch":
+        if precision == "int8":
+            from madr.export.quantize import Int8QueryEncoder
+
+            return Int8QueryEncoder(model, term_ids)
+        return LeanQueryEncoder(model, term_ids)
+    if term_ids is not None:
+        raise ValueError("the ONNX query encoder projects onto the whole vocabulary, not the index's terms "
+                         "(encoder_index_vocabulary needs encoder_backend 'torch')")
+    if precision == "int8":
+        from madr.export.quantize import onnx_int8_encoder
+
+        return onnx_int8_encoder(model, "query", threads)
+    import tempfile
+    from pathlib import Path
+
+    from madr.export.onnx import OnnxQueryEncoder, export_onnx
+
+    with tempfile.TemporaryDirectory(prefix="madr-query-onnx-") as tmp:
+        return OnnxQueryEncoder(model, export_onnx(model, Path(tmp) / "query.onnx"), threads=threads)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from madr.config import from_dict
 from madr.search.params import SearchParams
 
+BACKENDS = ("torch", "onnx")
 PRECISIONS = ("fp32", "int8")
 
 
@@ -16,18 +17,23 @@ PRECISIONS = ("fp32", "int8")
 class SearchSpec:
     """One searcher: an index manifest, the model that encodes queries (default: the manifest's), and the
     search settings (YAML ``search:``; ``lam`` None = the manifest's, dense-only for dense indexes; ``k`` is
-    the job's: the evaluation depth or the mining ``rank_max``). ``encoder_precision``: "fp32" (the model as
-    saved) or "int8" (its query tower's Linear layers dynamically quantised, `madr.export.quantize`, as a Serve
-    app with ``encoder_precision: int8`` encodes queries), so a run scores what that app serves."""
+    the job's: the evaluation depth or the mining ``rank_max``). ``encoder_backend`` ("torch", default, or "onnx":
+    the query tower exported to onnxruntime) and ``encoder_precision`` ("fp32", the model as saved, or "int8": its
+    query tower's Linear layers dynamically quantised, `madr.export.quantize`) build the query encoder a Serve app
+    with the same two settings runs (`madr.search.query_encoder.build_query_encoder`), so a run scores what that
+    app serves."""
 
     name: str = "model"
     index: str = ""
     model_dir: str | None = None
     search: SearchParams = field(default_factory=SearchParams)
     encoder_precision: str = "fp32"
+    encoder_backend: str = "torch"
 
     def __post_init__(self) -> None:
         if isinstance(self.search, dict):
             self.search = from_dict(SearchParams, self.search, "search.")
         if self.encoder_precision not in PRECISIONS:
             raise ValueError(f"encoder_precision must be one of {', '.join(PRECISIONS)}, got {self.encoder_precision!r}")
+        if self.encoder_backend not in BACKENDS:
+            raise ValueError(f"encoder_backend must be one of {', '.join(BACKENDS)}, got {self.encoder_backend!r}")

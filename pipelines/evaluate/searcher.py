@@ -47,7 +47,7 @@ class SearchQueries:
         self.spec, self.k = SearchSpec(**spec), k
         self.model = BiEncoder.load(resolve_model_dir(self.spec)).eval()
         self.index = ShardedIndex.open(self.spec.index, mmap=mmap, verify=False)
-        self.encoder = query_encoder(self.model, self.spec.encoder_precision)
+        self.encoder = query_encoder(self.model, self.spec.encoder_backend, self.spec.encoder_precision)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         scores, ids = search_texts(self.model, self.index, batch.column("text").to_pylist(), self.k, self.spec,
@@ -57,14 +57,15 @@ class SearchQueries:
                          "scores": pa.array(list(scores), pa.list_(pa.float32()))})
 
 
-def query_encoder(model: Any, precision: str) -> Any:
-    """None for "fp32" (``search_texts`` encodes with the model itself); for "int8" the int8 query tower a Serve
-    app with ``encoder_precision: int8`` builds (`madr.export.quantize.Int8QueryEncoder`)."""
-    if precision == "fp32":
+def query_encoder(model: Any, backend: str, precision: str) -> Any:
+    """None for torch fp32 (``search_texts`` encodes with the model itself); else the query encoder a Serve app
+    with the same ``encoder_backend`` / ``encoder_precision`` builds (`madr.search.query_encoder.build_query_encoder`:
+    int8 in torch, or the tower in onnxruntime, fp32 or int8)."""
+    if (backend, precision) == ("torch", "fp32"):
         return None
-    from madr.export.quantize import int8_encoder
+    from madr.search.query_encoder import build_query_encoder
 
-    return int8_encoder(model)
+    return build_query_encoder(model, backend=backend, precision=precision)
 
 
 def search_texts(model: Any, index: Any, texts: list[str], k: int, spec: SearchSpec,

@@ -206,6 +206,29 @@ def test_an_int8_run_scores_the_int8_query_tower_the_serve_app_would_use(setup):
         SearchSpec(index="x", encoder_precision="fp16")
 
 
+def test_an_onnx_run_scores_the_onnx_query_tower_the_serve_app_would_use(setup):
+    """`encoder_backend: onnx` on a run: the job encodes its queries in onnxruntime, with the encoder a Serve app
+    with the same `encoder_backend` / `encoder_precision` builds (`build_query_encoder`): fp32 scores as torch
+    does; int8 (onnxruntime's dynamic quantisation) runs too, so its quality can be read beside fp32's."""
+    from madr.export.onnx import OnnxQueryEncoder
+    from pipelines.evaluate.searcher import query_encoder
+
+    base, _ = setup
+    fp32 = _runs(base)[0]
+    runs = [fp32, dataclasses.replace(fp32, name="onnx", encoder_backend="onnx"),
+            dataclasses.replace(fp32, name="onnx-int8", encoder_backend="onnx", encoder_precision="int8")]
+    got = {r["run"]: r for r in run_evaluate(dataclasses.replace(_config(base, "out_onnx", runs), plot=False),
+                                             log=lambda _: None, local=True)["results"]}
+    for metric in ("recall@10", "mrr@10"):
+        assert got["onnx"][metric] == pytest.approx(got[fp32.name][metric], abs=0.01), (metric, got)
+        assert 0 < got["onnx-int8"][metric] <= 1
+    model = BiEncoder.load(ShardedIndex.open(fp32.index).manifest.model_dir).eval()
+    assert query_encoder(model, "torch", "fp32") is None  # the model's own towers
+    assert isinstance(query_encoder(model, "onnx", "int8"), OnnxQueryEncoder)
+    with pytest.raises(ValueError, match="encoder_backend must be one of torch, onnx, got 'tensorrt'"):
+        SearchSpec(index="x", encoder_backend="tensorrt")
+
+
 def test_evaluate_config_errors(tmp_path):
     with pytest.raises(ValueError, match="run names must be unique"):
         EvaluateConfig(runs=[{"name": "a", "index": "x"}, {"name": "a", "index": "y"}])
