@@ -210,7 +210,11 @@ class ClickLogConfig:
     inverse propensity (`debias`; weights at most `clip`, normalised to mean 1; `debias: false` weighs every click
     alike, the naive baseline), less the click-noise floor `click_noise` ("auto": estimated from the log; 0: plain
     inverse propensity; `madr.clicks.noise`), documents skipped above a click at ranks examined with probability >=
-    `skip_min_examination` (and never clicked for the query) become its judged negatives. `position_base`: the
+    `skip_min_examination` (and never clicked for the query) become its judged negatives. `rate_quantile` (None: off):
+    a clicked pair is a positive only when the posterior probability that its click rate, position taken out, is
+    above that quantile of the log's fitted rates is > 0.5 (`madr.clicks.noise.pair_rates_above`: a pair's one
+    click in a few impressions is not taken at face value); with `debias: false` the curve still serves this filter
+    and the kept clicks weigh alike. `position_base`: the
     log's first position, 0, 1 or "auto" (per search). Without `data.catalog_dir` the products come from the log's
     document texts and the click queries are split `holdout` / `holdout` into dev / test (judged by clicks)."""
 
@@ -226,6 +230,7 @@ class ClickLogConfig:
     skip_negatives: bool = True
     skip_min_examination: float = 0.5
     click_noise: float | str = 0.0
+    rate_quantile: float | None = None
     holdout: float = 0.1
 
     def __post_init__(self) -> None:
@@ -243,6 +248,8 @@ class ClickLogConfig:
             raise ValueError("data.clicks: max_rank >= 1, clip >= 1 and skip_min_examination in [0, 1] are needed")
         if not 0 <= self.holdout < 0.5:
             raise ValueError(f"data.clicks.holdout must be in [0, 0.5), got {self.holdout}")
+        if self.rate_quantile is not None and not 0 < self.rate_quantile < 1:
+            raise ValueError(f"data.clicks.rate_quantile must be in (0, 1) or null, got {self.rate_quantile!r}")
         if self.click_noise != "auto" and not (isinstance(self.click_noise, (int, float)) and 0 <= self.click_noise < 1):
             raise ValueError(f"data.clicks.click_noise must be auto or a number in [0, 1), got {self.click_noise!r}")
 

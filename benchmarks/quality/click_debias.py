@@ -65,7 +65,7 @@ from madr.search.sparse import BM25Index
 
 ROOT = Path(__file__).resolve().parents[2]
 HOMEDEPOT = ROOT.parent / "shared" / "data" / "product_search" / "homedepot_relevance_dev.parquet"
-ROWS = ("naive", "debiased", "judgments")
+ROWS = ("naive", "debiased", "filtered", "judgments")  # filtered: naive weights, the posterior rate filter
 METRICS = ("recall@10", "mrr@10")
 
 
@@ -136,7 +136,8 @@ def run_config(base: ExperimentConfig, row: str, catalog_dir: Path, log: Path | 
     if row != "judgments":
         cfg = load_config(None, {**cfg.to_dict(), "data.clicks": {
             "path": str(log), "format": "impressions", "max_rank": args.top_k, "debias": row == "debiased",
-            "clip": args.clip, "estimator": args.estimator, "min_interventions": args.min_interventions},
+            "clip": args.clip, "estimator": args.estimator, "min_interventions": args.min_interventions,
+            "rate_quantile": args.rate_quantile if row == "filtered" else None},
             "train.finetune.judged_negative_share": args.skip_share})
     return cfg
 
@@ -222,16 +223,18 @@ def size_report(runs: dict[str, list[dict]], truth: np.ndarray, draws: int) -> d
     per_query = {row: seed_means(r) for row, r in runs.items() if r}
     means = {row: {m: float(np.mean([v[m] for v in pq.values()])) for m in METRICS} for row, pq in per_query.items()}
     tests = {}
-    for a, b in (("debiased", "naive"), ("judgments", "debiased"), ("judgments", "naive")):
+    for a, b in (("debiased", "naive"), ("filtered", "naive"), ("judgments", "debiased"), ("judgments", "naive")):
         if a in per_query and b in per_query:
             tests[f"{a} vs {b}"] = {m: paired_tests({q: v[m] for q, v in per_query[a].items()},
                                                     {q: v[m] for q, v in per_query[b].items()}, draws)
                                     for m in METRICS}
     recovered = {}
-    if all(r in means for r in ROWS):
+    for row in ("debiased", "filtered"):
+        if not all(r in means for r in (row, "naive", "judgments")):
+            continue
         for m in METRICS:
             gap = means["judgments"][m] - means["naive"][m]
-            recovered[m] = (means["debiased"][m] - means["naive"][m]) / gap if abs(gap) > 1e-9 else None
+            recovered.setdefault(row, {})[m] = (means[row][m] - means["naive"][m]) / gap if abs(gap) > 1e-9 else None
     curves = [r["examination"] for r in runs.get("debiased", []) if "examination" in r]
     errors = [curve_error(_Curve(c), truth) for c in curves]
     return {"means": means, "tests": tests, "gap_recovered": recovered, "curve_max_abs_error": errors,
@@ -274,13 +277,14 @@ def positive_mass(log: Path, catalog: Catalog, truth: np.ndarray, args: argparse
                   threshold: float) -> dict[str, dict[str, float]]:
     """Where each weighting puts the click positives' weight (`madr.clicks.judgments.click_judgments`, no
     training): the share on products judged >= `threshold` and on grade-0 / unjudged ones, for naive clicks,
-    inverse-propensity weights from the estimated and from the true curve, and the affine correction with the
-    click-noise floor estimated from the log and with the simulation's own."""
+    inverse-propensity weights from the estimated and from the true curve, the affine correction with the
+    click-noise floor estimated from the log and with the simulation's own, and naive and IPW weights kept to the
+    pairs the posterior rate filter allows (`madr.clicks.noise.pair_rates_above` at `--rate-quantile`)."""
     import dataclasses
 
     from madr.clicks.judgments import click_judgments, log_curve
     from madr.clicks.log import read_click_log
-    from madr.clicks.noise import estimate_click_noise
+    from madr.clicks.noise import estimate_click_noise, pair_rates_above
     from madr.config import ClickLogConfig
 
     text = {q.query_id: q.text for q in catalog.queries}
@@ -294,9 +298,14 @@ def positive_mass(log: Path, catalog: Catalog, truth: np.ndarray, args: argparse
     weightings = {"naive": (None, 0.0), "ipw (estimated curve)": (estimated, 0.0), "ipw (true curve)": (true, 0.0),
                   "affine (estimated curve and floor)": (estimated, floor.epsilon),
                   "affine (true curve and floor)": (true, args.epsilon)}
+    rates = pair_rates_above(impressions, estimated, args.rate_quantile)
+    allowed = {pair for pair, p in rates.items() if p > 0.5}
+    filtered = {f"naive, posterior rate filter (G {args.rate_quantile:g})": (None, 0.0, allowed),
+                f"ipw (estimated curve), posterior rate filter (G {args.rate_quantile:g})": (estimated, 0.0, allowed)}
     out: dict[str, dict[str, float]] = {"click_noise": {"estimated": floor.epsilon, "true": args.epsilon}}
-    for name, (curve, noise) in weightings.items():
-        positives = [j for j in click_judgments(impressions, curve, clip=args.clip, noise=noise) if j.relevant]
+    for name, (curve, noise, keep) in ({k: (*v, None) for k, v in weightings.items()} | filtered).items():
+        positives = [j for j in click_judgments(impressions, curve, clip=args.clip, noise=noise, allowed=keep)
+                     if j.relevant]
         w = np.array([j.weight for j in positives])
         g = np.array([grade.get((j.query, j.doc_id), 0) for j in positives])
         out[name] = {"relevant_share": round(float(w[g >= threshold].sum() / w.sum()), 4),
@@ -330,7 +339,7 @@ def report_text(result: dict[str, Any]) -> str:
             lines.append(f"  {name}: " + "; ".join(
                 f"{m} {t['diff']:+.4f} (t p={t['p_ttest']:.3g}, rand p={t['p_randomisation']:.3g}, n={t['n']})"
                 for m, t in per_metric.items()))
-        lines.append(f"  gap naive -> judgments recovered by debiasing: {rep['gap_recovered']}")
+        lines.append(f"  gap naive -> judgments recovered (by row): {rep['gap_recovered']}")
         lines.append("  the debiased row's examination curve, max abs error vs truth per seed: "
                      f"{rep['curve_max_abs_error']}")
     return "\n".join(lines)
@@ -365,6 +374,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--eta", type=float, default=1.0)
     p.add_argument("--epsilon", type=float, default=0.1)
     p.add_argument("--clip", type=float, default=10.0)
+    p.add_argument("--rate-quantile", type=float, default=0.75,
+                   help="--weights-only: the posterior rate filter's quantile (data.clicks.rate_quantile)")
     p.add_argument("--skip-share", type=float, default=0.5, help="train.finetune.judged_negative_share of click rows")
     p.add_argument("--corpus-size", type=int, default=12000)
     p.add_argument("--draws", type=int, default=10000)

@@ -9,6 +9,8 @@
   (Vardasbi et al., CIKM'20, Eq. 11): every impression of the pair adds w(rank) (clicked - p(rank) epsilon), so the
   clicks an irrelevant document gets by chance are taken off before position is undone; a clicked pair whose sum
   is not above 0 is within the noise and is no positive.
+* With `allowed` (the pairs whose posterior click rate is high enough, `madr.clicks.noise.pair_rates_above`), a
+  clicked pair outside it is no positive: one click in a few impressions of an irrelevant document is noise.
 * Negatives: documents shown above a clicked document of the same search (skipped: examined, by the click below
   them, and not chosen), only at ranks examined with probability >= `skip_min_examination` (a skip at a rank users
   rarely reach carries little signal) and never clicked for the query anywhere in the log (Joachims, KDD'02's
@@ -18,6 +20,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +29,7 @@ import pyarrow as pa
 
 from madr.clicks.examination import ExaminationCurve, estimate_from_table, write_curve
 from madr.clicks.harvesting import harvest_from_table
-from madr.clicks.noise import ClickNoise, estimate_click_noise
+from madr.clicks.noise import ClickNoise, estimate_click_noise, pair_rates_above
 
 
 @dataclass(frozen=True)
@@ -49,9 +52,10 @@ def click_weight(rank: int, curve: ExaminationCurve | None, clip: float) -> floa
 
 def click_judgments(impressions: pa.Table, curve: ExaminationCurve | None, *, clip: float = 10.0,
                     skip_negatives: bool = True, skip_min_examination: float = 0.5,
-                    noise: float = 0.0) -> list[ClickJudgment]:
+                    noise: float = 0.0, allowed: Collection[tuple[str, str]] | None = None) -> list[ClickJudgment]:
     """The judgments of a click log's impressions (module docstring); `curve=None` is the naive weighting (no
-    noise floor either). Sorted by (query, document)."""
+    noise floor either); `allowed` (None: every clicked pair): the (query, document) pairs that may be positives.
+    Sorted by (query, document)."""
     cols = {n: impressions.column(n).to_pylist() for n in ("search_id", "query", "doc_id", "position", "clicked",
                                                             "purchased")}
     floor = noise if curve is not None else 0.0
@@ -68,7 +72,7 @@ def click_judgments(impressions: pa.Table, curve: ExaminationCurve | None, *, cl
             clicks[query, doc] += 1
         searches[sid].append((rank, doc, chosen))
         query_of[sid] = query
-    positive = {k: w for k, w in weight.items() if clicks[k] and w > 0}
+    positive = {k: w for k, w in weight.items() if clicks[k] and w > 0 and (allowed is None or k in allowed)}
     skipped: set[tuple[str, str]] = set()
     if skip_negatives:
         for sid, shown in searches.items():
@@ -116,16 +120,21 @@ def judge_log_impressions(impressions: pa.Table, clicks: Any,
     """A log's examination curve, estimated from its impressions (`log_curve`) and written to `out_dir` (`examination.json` +
     `.png`) with the click-noise floor the judgments used (`log_noise`, the curve's `click_noise`), and the judgments
     `clicks` (a `madr.config.ClickLogConfig`) asks for: clipped inverse-propensity weights from that curve, less the
-    floor, with `debias`; naive weights without."""
+    floor, with `debias`; naive weights without; positives only among the pairs whose posterior click rate is
+    high with `rate_quantile` (`madr.clicks.noise.pair_rates_above`)."""
     if impressions.num_rows == 0:
         raise ValueError(f"{clicks.path}: the click log holds no impression (see {out_dir}/summary.json)")
     curve = log_curve(impressions, clicks)
     noise = log_noise(impressions, curve, clicks) if clicks.debias else ClickNoise(0.0, "naive")
     curve.click_noise = noise.to_dict()
     write_curve(curve, out_dir)
+    allowed = None
+    if clicks.rate_quantile is not None:
+        rates = pair_rates_above(impressions, curve, clicks.rate_quantile)
+        allowed = {pair for pair, p in rates.items() if p > 0.5}
     judgments = click_judgments(impressions, curve if clicks.debias else None, clip=clicks.clip,
                                 skip_negatives=clicks.skip_negatives, skip_min_examination=clicks.skip_min_examination,
-                                noise=noise.epsilon)
+                                noise=noise.epsilon, allowed=allowed)
     return curve, judgments
 
 

@@ -46,7 +46,13 @@ class ClickNoise:
 
 def pair_exposure(impressions: Any, curve: ExaminationCurve) -> tuple[np.ndarray, np.ndarray]:
     """Per (query, document) pair of the log: its clicks and its exposure (the sum of the propensities of the ranks
-    it was shown at), in a fixed order."""
+    it was shown at), in a fixed order (`pair_counts`'s)."""
+    _, clicks, exposure = pair_counts(impressions, curve)
+    return clicks, exposure
+
+
+def pair_counts(impressions: Any, curve: ExaminationCurve) -> tuple[list[tuple[str, str]], np.ndarray, np.ndarray]:
+    """The log's (query, document) pairs, sorted, with each one's clicks and exposure (`pair_exposure`)."""
     clicks: dict[tuple[str, str], int] = defaultdict(int)
     exposure: dict[tuple[str, str], float] = defaultdict(float)
     cols = [impressions.column(n).to_pylist() for n in ("query", "doc_id", "position", "clicked", "purchased")]
@@ -54,7 +60,7 @@ def pair_exposure(impressions: Any, curve: ExaminationCurve) -> tuple[np.ndarray
         exposure[query, doc] += curve.at(rank)
         clicks[query, doc] += int(bool(clicked or bought))
     keys = sorted(exposure)
-    return np.array([clicks[k] for k in keys], float), np.array([exposure[k] for k in keys], float)
+    return keys, np.array([clicks[k] for k in keys], float), np.array([exposure[k] for k in keys], float)
 
 
 def fit_npmle(clicks: np.ndarray, exposure: np.ndarray, grid: np.ndarray, iterations: int = 200) -> np.ndarray:
@@ -70,11 +76,10 @@ def fit_npmle(clicks: np.ndarray, exposure: np.ndarray, grid: np.ndarray, iterat
     return weights
 
 
-def estimate_click_noise(impressions: Any, curve: ExaminationCurve, quantile: float = 0.1,
-                         max_pairs: int = 20000, seed: int = 0) -> ClickNoise:
-    """epsilon of the log (module docstring): the `quantile` of the NPMLE of gamma over its pairs (at most
-    `max_pairs` of them, drawn with `seed`)."""
-    clicks, exposure = pair_exposure(impressions, curve)
+def fitted_rates(clicks: np.ndarray, exposure: np.ndarray, max_pairs: int = 20000,
+                 seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The grid of click rates and the NPMLE's weights over it (`fit_npmle`), fitted on the pairs with exposure (at
+    most `max_pairs` of them, drawn with `seed`)."""
     keep = exposure > 0
     clicks, exposure = clicks[keep], exposure[keep]
     if len(clicks) == 0:
@@ -83,6 +88,31 @@ def estimate_click_noise(impressions: Any, curve: ExaminationCurve, quantile: fl
         pick = np.random.default_rng(seed).choice(len(clicks), max_pairs, replace=False)
         clicks, exposure = clicks[pick], exposure[pick]
     grid = np.linspace(0.005, 1.0, 200)
-    weights = fit_npmle(clicks, exposure, grid)
+    return grid, fit_npmle(clicks, exposure, grid)
+
+
+def pair_rates_above(impressions: Any, curve: ExaminationCurve, quantile: float) -> dict[tuple[str, str], float]:
+    """Per (query, document) pair of the log: the posterior probability that its click rate gamma (clicks per
+    examination, the rank's effect taken out by `curve`) is above t, the `quantile` of the log's fitted G
+    (`fitted_rates`). Empirical Bayes (Robbins; the NPMLE prior of Laird, 1978): a pair with one click in a few
+    impressions is shrunk toward the log's bulk instead of taken at face value, one with many keeps its own rate."""
+    if not 0 < quantile < 1:
+        raise ValueError(f"the rate quantile must be in (0, 1), got {quantile}")
+    keys, clicks, exposure = pair_counts(impressions, curve)
+    grid, weights = fitted_rates(clicks, exposure)
+    threshold = grid[min(int(np.searchsorted(np.cumsum(weights), quantile)), len(grid) - 1)]
+    log_lik = clicks[:, None] * np.log(grid[None, :] * np.maximum(exposure[:, None], 1e-12)) \
+        - grid[None, :] * exposure[:, None]
+    post = np.exp(log_lik - log_lik.max(axis=1, keepdims=True)) * weights
+    above = post[:, grid > threshold].sum(axis=1) / post.sum(axis=1)
+    return {k: float(p) for k, p in zip(keys, above, strict=True)}
+
+
+def estimate_click_noise(impressions: Any, curve: ExaminationCurve, quantile: float = 0.1,
+                         max_pairs: int = 20000, seed: int = 0) -> ClickNoise:
+    """epsilon of the log (module docstring): the `quantile` of the NPMLE of gamma over its pairs (at most
+    `max_pairs` of them, drawn with `seed`)."""
+    clicks, exposure = pair_exposure(impressions, curve)
+    grid, weights = fitted_rates(clicks, exposure, max_pairs, seed)
     epsilon = float(grid[np.searchsorted(np.cumsum(weights), quantile)])
-    return ClickNoise(epsilon, "auto", int(len(clicks)), quantile)
+    return ClickNoise(epsilon, "auto", int(min((exposure > 0).sum(), max_pairs)), quantile)

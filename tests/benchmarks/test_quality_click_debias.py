@@ -31,8 +31,10 @@ def test_click_debias_tiny_and_resumable(tmp_path: Path) -> None:
             "--draws", "200", "--threads", "1", "--out", str(tmp_path / "study"), "--results-dir", str(tmp_path)]
     first = main(argv)
     report = first["sizes"]["400"]
-    assert set(report["means"]) == {"naive", "debiased", "judgments"}
-    assert set(report["tests"]) == {"debiased vs naive", "judgments vs debiased", "judgments vs naive"}
+    assert set(report["means"]) == {"naive", "debiased", "filtered", "judgments"}
+    assert set(report["tests"]) == {"debiased vs naive", "filtered vs naive", "judgments vs debiased",
+                                    "judgments vs naive"}
+    assert set(report["gap_recovered"]) == {"debiased", "filtered"}
     assert report["tests"]["debiased vs naive"]["recall@10"]["n"] > 0
     assert len(report["curve_max_abs_error"]) == 1 and len(report["estimated_curves"][0]) == 5
     assert set(report["curves"]) == {"em", "harvest"} and len(report["curves"]["em"]["max_abs_error"]) == 1
@@ -73,8 +75,10 @@ def test_weights_only_reports_where_each_weighting_puts_the_positives(tmp_path: 
     noisy = main([*argv, "--epsilon", "0.3"])["sizes"]["3000"]["positive_mass"][0]
     floor = noisy.pop("click_noise")
     assert floor["true"] == 0.3 and 0 < floor["estimated"] < 1
+    filters = {f"{w}, posterior rate filter (G 0.75)" for w in ("naive", "ipw (estimated curve)")}
     assert set(noisy) == {"naive", "ipw (estimated curve)", "ipw (true curve)", "affine (estimated curve and floor)",
-                          "affine (true curve and floor)"}
+                          "affine (true curve and floor)", *filters}
+    assert all(0 < noisy[f]["positives"] < noisy["naive"]["positives"] for f in filters), "the filter drops some"
     ipw = [noisy[k]["positives"] for k in ("naive", "ipw (estimated curve)", "ipw (true curve)")]
     assert len(set(ipw)) == 1, "inverse propensity changes weights, not positives"
     assert noisy["affine (true curve and floor)"]["positives"] < ipw[0], "clicks within the noise are no positives"

@@ -89,6 +89,51 @@ def test_the_click_noise_floor_is_read_from_a_simulated_log() -> None:
         assert noise.epsilon == pytest.approx(epsilon, abs=0.03), noise
 
 
+def test_the_posterior_rate_filter_keeps_the_clicks_of_relevant_pairs(tmp_path) -> None:
+    """`rate_quantile`: a clicked pair stays a positive only when its posterior click rate (position taken out,
+    shrunk toward the log's fitted rates) is likely above that quantile; on a log simulated with a known curve and
+    floor, most dropped positives are grade 0 and the kept ones' weight sits more on grades 3-4."""
+    import numpy as np
+
+    from madr.clicks.judgments import judge_log_impressions
+    from madr.clicks.noise import pair_rates_above
+    from madr.clicks.simulation import (
+        ClickSimulation,
+        graded_attractiveness,
+        power_law_examination,
+        simulate_impressions,
+    )
+    from madr.config import ClickLogConfig
+
+    rng = np.random.default_rng(0)
+    candidates, grade = {}, {}
+    for q in range(150):
+        grades = rng.choice(5, 30, p=[0.6, 0.1, 0.1, 0.1, 0.1])
+        scores = grades + rng.normal(0, 1.0, 30)
+        candidates[f"q{q}"] = [(f"d{q}-{i}", float(scores[i]), int(grades[i])) for i in range(30)]
+        grade.update({(f"q{q}", f"d{q}-{i}"): int(grades[i]) for i in range(30)})
+    truth = power_law_examination(10)
+    sim = ClickSimulation(15000, 10, truth, graded_attractiveness(4, 0.1), noise=1.0, seed=1)
+    log = impressions([(r["search_id"], r["query"], r["doc_id"], r["position"], r["clicked"])
+                       for r in simulate_impressions(candidates, sim)])
+    rates = pair_rates_above(log, curve(list(truth)), 0.75)
+    assert all(0.0 <= p <= 1.0 for p in rates.values()) and len(rates) > 1000
+
+    def shares(cfg: ClickLogConfig) -> tuple[float, float, int]:
+        _, judged = judge_log_impressions(log, cfg, tmp_path / str(cfg.rate_quantile))
+        pos = [j for j in judged if j.relevant]
+        w = np.array([j.weight for j in pos])
+        g = np.array([grade[j.query, j.doc_id] for j in pos])
+        return float(w[g >= 3].sum() / w.sum()), float(w[g == 0].sum() / w.sum()), len(pos)
+
+    base = dict(path="log", format="impressions", estimator="em", debias=False)
+    plain, filtered = shares(ClickLogConfig(**base)), shares(ClickLogConfig(**base, rate_quantile=0.75))
+    assert filtered[2] < plain[2], "the filter drops positives"
+    assert filtered[0] > plain[0] + 0.05 and filtered[1] < plain[1] / 2, (plain, filtered)  # 0.88 -> 0.99; 0.033 -> 0.002
+    with pytest.raises(ValueError, match="rate_quantile must be in"):
+        ClickLogConfig(**base, rate_quantile=1.0)
+
+
 def test_in_batch_softmax_and_pointwise_ce_take_per_row_weights() -> None:
     torch.manual_seed(0)
     q, p, n = torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8)
