@@ -157,10 +157,7 @@ def query_encoder(model: BiEncoder, manifest_path: str | Path | None = None, ver
     from madr.search.sharded import sparse_term_ids
 
     terms = None
-    if manifest_path is not None and model.config.has_sparse:
-        if backend == "onnx":
-            raise ValueError("the ONNX query encoder projects onto the whole vocabulary, not the index's terms "
-                             "(encoder_index_vocabulary needs encoder_backend 'torch')")
+    if manifest_path is not None and model.config.has_sparse:  # onnx refuses them (whole vocabulary)
         terms = sparse_term_ids(manifest_path, verify=verify)
     return build_query_encoder(model, terms, backend, precision, threads)
 
