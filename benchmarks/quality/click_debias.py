@@ -284,7 +284,7 @@ def positive_mass(log: Path, catalog: Catalog, truth: np.ndarray, args: argparse
 
     from madr.clicks.judgments import click_judgments, log_curve
     from madr.clicks.log import read_click_log
-    from madr.clicks.noise import estimate_click_noise, pair_rates_above
+    from madr.clicks.noise import estimate_click_noise, likely_above
     from madr.config import ClickLogConfig
 
     text = {q.query_id: q.text for q in catalog.queries}
@@ -298,8 +298,7 @@ def positive_mass(log: Path, catalog: Catalog, truth: np.ndarray, args: argparse
     weightings = {"naive": (None, 0.0), "ipw (estimated curve)": (estimated, 0.0), "ipw (true curve)": (true, 0.0),
                   "affine (estimated curve and floor)": (estimated, floor.epsilon),
                   "affine (true curve and floor)": (true, args.epsilon)}
-    rates = pair_rates_above(impressions, estimated, args.rate_quantile)
-    allowed = {pair for pair, p in rates.items() if p > 0.5}
+    allowed = likely_above(impressions, estimated, args.rate_quantile)
     filtered = {f"naive, posterior rate filter (G {args.rate_quantile:g})": (None, 0.0, allowed),
                 f"ipw (estimated curve), posterior rate filter (G {args.rate_quantile:g})": (estimated, 0.0, allowed)}
     out: dict[str, dict[str, float]] = {"click_noise": {"estimated": floor.epsilon, "true": args.epsilon}}

@@ -400,7 +400,7 @@ def madr_settings(app: dict[str, Any], manifest: Path, port: int):
 
 def start_madr(settings, direct: bool = False) -> str:
     """The Serve app of `settings` on a local Ray; its proxy URL (`direct`: Ray started in Serve's throughput mode,
-    so that the co-located replica also answers on its own port, `madr_url`)."""
+    so that the co-located replica also answers on its own port, `replica_url`)."""
     import ray
 
     from serve.app import run_local
@@ -415,10 +415,8 @@ def start_madr(settings, direct: bool = False) -> str:
     return f"http://127.0.0.1:{settings.port}"
 
 
-def madr_url(proxy_url: str, settings, direct: bool) -> str:
-    """Where the load goes: the proxy, or (`direct`) the co-located replica's own port (`serve.direct_ingress`)."""
-    if not direct:
-        return proxy_url
+def replica_url(settings) -> str:
+    """The co-located replica's own port (`serve.direct_ingress`), where `--direct-ingress` sends the load."""
     if settings.topology != "colocated":
         raise ValueError("--direct-ingress needs the co-located topology (a serve config with topology: colocated)")
     from serve.direct_ingress import wait_for_replica_urls
@@ -516,8 +514,9 @@ def serve_both(args: argparse.Namespace, inputs: dict[str, Any], manifest: Path,
         t0 = time.perf_counter()
         urls = {"madr": start_madr(settings, args.direct_ingress), "peer": f"http://127.0.0.1:{peer_port}"}
         wait_ready(urls["madr"], 600)
-        urls["madr"] = madr_url(urls["madr"], settings, args.direct_ingress)
-        wait_ready(urls["madr"], 600)
+        if args.direct_ingress:
+            urls["madr"] = replica_url(settings)
+            wait_ready(urls["madr"], 600)
         wait_ready(urls["peer"], 1800, peer)
         print(f"both apps ready in {time.perf_counter() - t0:.1f} s", flush=True)
         agree = {name: agreement(reference, served_top(u, check, 10)) for name, u in urls.items()}

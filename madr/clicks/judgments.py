@@ -29,7 +29,7 @@ import pyarrow as pa
 
 from madr.clicks.examination import ExaminationCurve, estimate_from_table, write_curve
 from madr.clicks.harvesting import harvest_from_table
-from madr.clicks.noise import ClickNoise, estimate_click_noise, pair_rates_above
+from madr.clicks.noise import ClickNoise, estimate_click_noise, likely_above
 
 
 @dataclass(frozen=True)
@@ -128,10 +128,7 @@ def judge_log_impressions(impressions: pa.Table, clicks: Any,
     noise = log_noise(impressions, curve, clicks) if clicks.debias else ClickNoise(0.0, "naive")
     curve.click_noise = noise.to_dict()
     write_curve(curve, out_dir)
-    allowed = None
-    if clicks.rate_quantile is not None:
-        rates = pair_rates_above(impressions, curve, clicks.rate_quantile)
-        allowed = {pair for pair, p in rates.items() if p > 0.5}
+    allowed = likely_above(impressions, curve, clicks.rate_quantile) if clicks.rate_quantile is not None else None
     judgments = click_judgments(impressions, curve if clicks.debias else None, clip=clicks.clip,
                                 skip_negatives=clicks.skip_negatives, skip_min_examination=clicks.skip_min_examination,
                                 noise=noise.epsilon, allowed=allowed)

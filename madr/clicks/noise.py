@@ -63,11 +63,18 @@ def pair_counts(impressions: Any, curve: ExaminationCurve) -> tuple[list[tuple[s
     return keys, np.array([clicks[k] for k in keys], float), np.array([exposure[k] for k in keys], float)
 
 
+def rate_likelihoods(clicks: np.ndarray, exposure: np.ndarray, grid: np.ndarray) -> np.ndarray:
+    """[pairs, grid] each pair's Poisson(gamma E_j) likelihood of its clicks at each rate of `grid`, scaled per pair
+    (its largest is 1)."""
+    log_lik = clicks[:, None] * np.log(grid[None, :] * np.maximum(exposure[:, None], 1e-12)) \
+        - grid[None, :] * exposure[:, None]
+    return np.exp(log_lik - log_lik.max(axis=1, keepdims=True))
+
+
 def fit_npmle(clicks: np.ndarray, exposure: np.ndarray, grid: np.ndarray, iterations: int = 200) -> np.ndarray:
     """The mixing weights over `grid` of the NPMLE of gamma (Laird, JASA 1978): EM on pi_m with each pair's
-    Poisson(gamma E_j) likelihood of its clicks."""
-    log_lik = clicks[:, None] * np.log(grid[None, :] * exposure[:, None]) - grid[None, :] * exposure[:, None]
-    lik = np.exp(log_lik - log_lik.max(axis=1, keepdims=True))
+    Poisson(gamma E_j) likelihood of its clicks (`rate_likelihoods`)."""
+    lik = rate_likelihoods(clicks, exposure, grid)
     weights = np.full(len(grid), 1.0 / len(grid))
     for _ in range(iterations):
         post = lik * weights
@@ -101,11 +108,15 @@ def pair_rates_above(impressions: Any, curve: ExaminationCurve, quantile: float)
     keys, clicks, exposure = pair_counts(impressions, curve)
     grid, weights = fitted_rates(clicks, exposure)
     threshold = grid[min(int(np.searchsorted(np.cumsum(weights), quantile)), len(grid) - 1)]
-    log_lik = clicks[:, None] * np.log(grid[None, :] * np.maximum(exposure[:, None], 1e-12)) \
-        - grid[None, :] * exposure[:, None]
-    post = np.exp(log_lik - log_lik.max(axis=1, keepdims=True)) * weights
+    post = rate_likelihoods(clicks, exposure, grid) * weights
     above = post[:, grid > threshold].sum(axis=1) / post.sum(axis=1)
     return {k: float(p) for k, p in zip(keys, above, strict=True)}
+
+
+def likely_above(impressions: Any, curve: ExaminationCurve, quantile: float) -> set[tuple[str, str]]:
+    """The (query, document) pairs whose click rate is more likely than not above the log's `quantile`
+    (`pair_rates_above` > 0.5): the pairs `data.clicks.rate_quantile` lets be positives."""
+    return {pair for pair, p in pair_rates_above(impressions, curve, quantile).items() if p > 0.5}
 
 
 def estimate_click_noise(impressions: Any, curve: ExaminationCurve, quantile: float = 0.1,

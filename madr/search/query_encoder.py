@@ -217,9 +217,11 @@ def build_query_encoder(model: BiEncoder, term_ids: Sequence[int] | np.ndarray |
     `threads` threads (`madr.export.onnx.OnnxQueryEncoder`, the same vectors; int8: quantised first,
     `madr.export.quantize.onnx_int8_encoder`). The ONNX graph projects onto the whole vocabulary, so it takes no
     `term_ids`; it is exported at start, so it can never be stale against the model."""
-    if precision not in ("fp32", "int8"):
+    from madr.serve_config import ENCODER_BACKENDS, ENCODER_PRECISIONS
+
+    if precision not in ENCODER_PRECISIONS:
         raise ValueError(f"query encoder precision must be 'fp32' or 'int8', got {precision!r}")
-    if backend not in ("torch", "onnx"):
+    if backend not in ENCODER_BACKENDS:
         raise ValueError(f"query encoder backend must be 'torch' or 'onnx', got {backend!r}")
     if backend == "torch":
         if precision == "int8":

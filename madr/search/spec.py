@@ -8,9 +8,7 @@ from dataclasses import dataclass, field
 
 from madr.config import from_dict
 from madr.search.params import SearchParams
-
-BACKENDS = ("torch", "onnx")
-PRECISIONS = ("fp32", "int8")
+from madr.serve_config import ENCODER_BACKENDS, ENCODER_PRECISIONS
 
 
 @dataclass
@@ -33,7 +31,9 @@ class SearchSpec:
     def __post_init__(self) -> None:
         if isinstance(self.search, dict):
             self.search = from_dict(SearchParams, self.search, "search.")
-        if self.encoder_precision not in PRECISIONS:
-            raise ValueError(f"encoder_precision must be one of {', '.join(PRECISIONS)}, got {self.encoder_precision!r}")
-        if self.encoder_backend not in BACKENDS:
-            raise ValueError(f"encoder_backend must be one of {', '.join(BACKENDS)}, got {self.encoder_backend!r}")
+        if self.encoder_precision not in ENCODER_PRECISIONS:
+            raise ValueError(f"encoder_precision must be one of {', '.join(ENCODER_PRECISIONS)}, "
+                             f"got {self.encoder_precision!r}")
+        if self.encoder_backend not in ENCODER_BACKENDS:
+            raise ValueError(f"encoder_backend must be one of {', '.join(ENCODER_BACKENDS)}, "
+                             f"got {self.encoder_backend!r}")
