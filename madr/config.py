@@ -21,6 +21,7 @@ import yaml
 from madr.config_files import read_config_file
 from madr.config_overrides import apply_overrides
 from madr.search.params import SearchParams
+from madr.serve_config import ASPECT_MIN_CONFIDENCE
 
 MODEL_NAMES = ("bibert", "mpbert", "mtbert", "dssm", "madr", "madral", "mur", "mural", "hybrid")
 FUSIONS = ("weighted_sum", "presence", "cls_gating")
@@ -381,7 +382,7 @@ class TrainConfig:
     aspects: AspectHeadsConfig = field(default_factory=AspectHeadsConfig)
 
 
-REFERENCES = ("bm25", "dense", "untrained", "no_aspects")
+REFERENCES = ("bm25", "dense", "untrained", "no_aspects", "aspect_filter", "aspect_boost")
 
 
 @dataclass
@@ -406,11 +407,16 @@ class EvalConfig:
     # alone) search the same index; untrained: the backbone before any training, indexed by the baseline stage
     # (fused with BM25 as the tune stage chooses for it on dev when the index has a BM25 part); no_aspects: an index
     # with aspect data (an aspect model, or index.model_stage: aspects) searched as tuned but without the
-    # aspect-match score. bm25 and dense never add the aspect-match score: each is one signal alone
+    # aspect-match score; aspect_filter / aspect_boost: that index searched as tuned, then its top_k filtered to /
+    # boosted by the products whose top aspect value is the query's own predicted value of confidence >=
+    # aspect_confidence (what /search's aspect_filter does). bm25 and dense never add the aspect-match score
+    aspect_confidence: float = ASPECT_MIN_CONFIDENCE
 
     def __post_init__(self) -> None:
         for ref in self.references:
             _check_choice("eval.references", ref, REFERENCES)
+        if isinstance(self.aspect_confidence, bool) or not 0.0 < self.aspect_confidence <= 1.0:
+            raise ValueError(f"eval.aspect_confidence must be in (0, 1], got {self.aspect_confidence!r}")
 
 
 @dataclass

@@ -79,13 +79,15 @@ def _search(cfg: ExperimentConfig) -> dict[str, Any]:
 
 
 REFERENCE_LAMBDA = {"bm25": 0.0, "dense": 1.0}  # eval.references: one half of the dense + BM25 fusion
+ASPECT_REFERENCES = {"aspect_filter": "filter", "aspect_boost": "boost"}  # eval.references: aspect-aware retrieval
 
 
 def _references(cfg: ExperimentConfig) -> list[dict[str, Any]]:
     """`eval.references`: for an index with a BM25 part, the same index searched by one half of its fusion
     (bm25, dense; without the aspect-match score); the baseline stage's index of the untrained backbone
     (untrained), searched as it was tuned; for an index with aspect data, the same index without the aspect-match
-    score (no_aspects: what the aspects add)."""
+    score (no_aspects: what the aspects add), and that index filtered / boosted by the queries' predicted values
+    (aspect_filter, aspect_boost)."""
     run, runs = _search(cfg), []
     for ref in cfg.eval.references:
         if ref == "untrained":
@@ -95,6 +97,10 @@ def _references(cfg: ExperimentConfig) -> list[dict[str, Any]]:
             if has_aspect_data(cfg):
                 runs.append({**run, "name": f"{cfg.model.name}-no-aspects",
                              "search": {**run["search"], "aspect_weight": 0.0}})
+        elif ref in ASPECT_REFERENCES:
+            if has_aspect_data(cfg):
+                runs.append({**run, "name": f"{cfg.model.name}-{ref.replace('_', '-')}",
+                             "aspect_filter": ASPECT_REFERENCES[ref], "aspect_confidence": cfg.eval.aspect_confidence})
         elif cfg.index.lexical is not None:
             runs.append({**run, "name": ref if ref == "bm25" else f"{cfg.model.name}-{ref}",
                          "search": {**run["search"], "lam": REFERENCE_LAMBDA[ref], "aspect_weight": 0.0}})

@@ -18,6 +18,8 @@ DEFAULT_API_KEY_ENV = "MADR_API_KEY"
 TOPOLOGIES = ("colocated", "fanout")
 ENCODER_BACKENDS = ("torch", "onnx")  # what runs the query tower's forward pass (ServeSettings.encoder_backend)
 ENCODER_PRECISIONS = ("fp32", "int8")  # its weights' precision (ServeSettings.encoder_precision)
+ASPECT_FILTER_MODES = ("filter", "boost")  # aspect-aware retrieval: keep, or rank first, the matching candidates
+ASPECT_MIN_CONFIDENCE = 0.7  # the confidence a query's predicted aspect value needs to filter / boost by
 
 
 @dataclass

@@ -49,6 +49,7 @@ from madr.search.aspect_match import (
 from madr.search.params import SearchParams
 from madr.search.sharded import candidate_pool
 from madr.search.timing import stage
+from madr.serve_config import ASPECT_MIN_CONFIDENCE
 from serve.backend import (
     Backend,
     BackendBadRequest,
@@ -115,7 +116,7 @@ class AspectFilter(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     mode: Literal["filter", "boost"] = "filter"
-    min_confidence: float = Field(0.7, gt=0.0, le=1.0)
+    min_confidence: float = Field(ASPECT_MIN_CONFIDENCE, gt=0.0, le=1.0)
 
 
 class AspectPlan:

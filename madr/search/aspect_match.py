@@ -40,8 +40,8 @@ from madr.index.aspects import AspectInfo, AspectTable, AspectTopK, load_shard_a
 from madr.index.manifest import MANIFEST_FILE, Manifest
 from madr.search.protocol import PAD_ID, TopK, pad_rows
 from madr.search.score_fusion import normalise
+from madr.serve_config import ASPECT_FILTER_MODES
 
-MODES = ("filter", "boost")
 Condition = dict[str, frozenset[int]]  # aspect -> wanted value ids
 
 
@@ -185,12 +185,30 @@ def condition_mask(docs: AspectTable, condition: Condition) -> np.ndarray:
 def apply_condition(scores: np.ndarray, ids: np.ndarray, mask: np.ndarray, mode: str) -> tuple[np.ndarray, np.ndarray]:
     """One query's ranked candidates after ``filter`` (matching only) or ``boost`` (matching first, each group in
     the given order)."""
-    if mode not in MODES:
-        raise ValueError(f"aspect_filter.mode must be one of {', '.join(MODES)}, got {mode!r}")
+    if mode not in ASPECT_FILTER_MODES:
+        raise ValueError(f"aspect_filter.mode must be one of {', '.join(ASPECT_FILTER_MODES)}, got {mode!r}")
     if mode == "filter":
         return scores[mask], ids[mask]
     order = np.concatenate([np.flatnonzero(mask), np.flatnonzero(~mask)])
     return scores[order], ids[order]
+
+
+def predicted_filter(base: TopK, query: AspectTable, store: AspectStore, min_confidence: float, mode: str,
+                     k: int) -> tuple[TopK, np.ndarray]:
+    """Per query, the base candidates filtered / boosted (``apply_condition``) by the query's own predicted values
+    of confidence >= ``min_confidence`` (``predicted_condition``), cut to ``k`` and padded; a query with no such
+    value keeps its ranking. Also [Q] bool: which queries had a condition."""
+    scores, ids = np.asarray(base[0], dtype=np.float64), np.asarray(base[1], dtype=np.int64)
+    rows, conditioned = [], np.zeros(ids.shape[0], dtype=bool)
+    for q in range(ids.shape[0]):
+        live = ids[q] != PAD_ID
+        s, i = scores[q][live], ids[q][live]
+        condition = predicted_condition(query, q, min_confidence, store)
+        if condition and i.size:
+            conditioned[q] = True
+            s, i = apply_condition(s, i, condition_mask(store.lookup(i), condition), mode)
+        rows.append((s[:k], i[:k]))
+    return pad_rows(rows, k), conditioned
 
 
 def filter_precision(kept: Iterable[int], known: Mapping[int, Mapping[str, Iterable[str]]],

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from madr.config import from_dict
 from madr.search.params import SearchParams
-from madr.serve_config import ENCODER_BACKENDS, ENCODER_PRECISIONS
+from madr.serve_config import ASPECT_FILTER_MODES, ASPECT_MIN_CONFIDENCE, ENCODER_BACKENDS, ENCODER_PRECISIONS
 
 
 @dataclass
@@ -19,7 +19,9 @@ class SearchSpec:
     the query tower exported to onnxruntime) and ``encoder_precision`` ("fp32", the model as saved, or "int8": its
     query tower's Linear layers dynamically quantised, `madr.export.quantize`) build the query encoder a Serve app
     with the same two settings runs (`madr.search.query_encoder.build_query_encoder`), so a run scores what that
-    app serves."""
+    app serves. ``aspect_filter`` ("filter" or "boost"; indexes with aspect data) then filters / boosts each query's
+    ranked results by its own predicted aspect values of confidence >= ``aspect_confidence``, as ``/search``'s
+    ``aspect_filter`` does (`madr.search.aspect_match.predicted_filter`)."""
 
     name: str = "model"
     index: str = ""
@@ -27,6 +29,8 @@ class SearchSpec:
     search: SearchParams = field(default_factory=SearchParams)
     encoder_precision: str = "fp32"
     encoder_backend: str = "torch"
+    aspect_filter: str | None = None
+    aspect_confidence: float = ASPECT_MIN_CONFIDENCE
 
     def __post_init__(self) -> None:
         if isinstance(self.search, dict):
@@ -37,3 +41,7 @@ class SearchSpec:
         if self.encoder_backend not in ENCODER_BACKENDS:
             raise ValueError(f"encoder_backend must be one of {', '.join(ENCODER_BACKENDS)}, "
                              f"got {self.encoder_backend!r}")
+        if self.aspect_filter is not None and self.aspect_filter not in ASPECT_FILTER_MODES:
+            raise ValueError(f"aspect_filter must be one of {', '.join(ASPECT_FILTER_MODES)} or null, got {self.aspect_filter!r}")
+        if isinstance(self.aspect_confidence, bool) or not 0.0 < self.aspect_confidence <= 1.0:
+            raise ValueError(f"aspect_confidence must be in (0, 1], got {self.aspect_confidence!r}")

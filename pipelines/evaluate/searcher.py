@@ -71,24 +71,42 @@ def query_encoder(model: Any, backend: str, precision: str) -> Any:
 def search_texts(model: Any, index: Any, texts: list[str], k: int, spec: SearchSpec,
                  encoder: Any = None) -> tuple[np.ndarray, np.ndarray]:
     """Encode ``texts`` (with ``encoder``, a `LeanQueryEncoder`, when given; else ``model``'s float towers) and
-    search ``index`` with ``spec``'s settings: (scores [Q, k], ids [Q, k])."""
+    search ``index`` with ``spec``'s settings: (scores [Q, k], ids [Q, k]); with ``spec.aspect_filter`` the top
+    ``k`` are then filtered / boosted by each query's predicted aspect values (``apply_aspect_filter``)."""
     from madr.index import encode_queries
 
     dense, sparse = encode_queries(model, texts) if encoder is None else encoder.encode(texts)
     if getattr(index, "has_lexical", False):  # dense + BM25 fusion (madr.index.lexical)
         params = spec.search.replace(k=k)
-        return index.search(dense, params, lexical=index.query_terms(model.tokenizer, texts),
-                            aspects=query_aspects(model, index, texts, params))
-    params = search_params(spec, k, sparse is not None and index.has_sparse)
-    return index.search(dense, params, sparse=sparse if index.has_sparse else None,
-                        aspects=query_aspects(model, index, texts, params))
+        aspects = query_aspects(model, index, texts, params, spec)
+        top = index.search(dense, params, lexical=index.query_terms(model.tokenizer, texts), aspects=aspects)
+    else:
+        params = search_params(spec, k, sparse is not None and index.has_sparse)
+        aspects = query_aspects(model, index, texts, params, spec)
+        top = index.search(dense, params, sparse=sparse if index.has_sparse else None, aspects=aspects)
+    return apply_aspect_filter(top, aspects, index, spec, k)
 
 
-def query_aspects(model: Any, index: Any, texts: list[str], params: SearchParams) -> dict | None:
-    """The queries' calibrated top-k aspect values when the search fuses the aspect-match score (an index with
-    aspect data and an aspect weight > 0: `ShardedIndex.aspect_weight`), as the served query encoder computes
-    them; else None."""
-    if getattr(index, "aspects", None) is None or index.aspect_weight(params) == 0:
+def apply_aspect_filter(top: tuple[np.ndarray, np.ndarray], aspects: dict | None, index: Any, spec: SearchSpec,
+                        k: int) -> tuple[np.ndarray, np.ndarray]:
+    """``top`` filtered / boosted by the queries' predicted values (``spec.aspect_filter``; unchanged without)."""
+    if spec.aspect_filter is None:
+        return top
+    if aspects is None:
+        raise ValueError(f"run {spec.name!r}: aspect_filter needs an index with aspect data ({spec.index} has none)")
+    from madr.search.aspect_match import predicted_filter
+
+    filtered, _ = predicted_filter(top, aspects, index.aspects, spec.aspect_confidence, spec.aspect_filter, k)
+    return filtered
+
+
+def query_aspects(model: Any, index: Any, texts: list[str], params: SearchParams, spec: SearchSpec) -> dict | None:
+    """The queries' calibrated top-k aspect values when the search uses them (an index with aspect data, and an
+    aspect weight > 0, `ShardedIndex.aspect_weight`, or an ``aspect_filter``), as the served query encoder
+    computes them; else None."""
+    if getattr(index, "aspects", None) is None:
+        return None
+    if index.aspect_weight(params) == 0 and spec.aspect_filter is None:
         return None
     from madr.modeling.aspect_distributions import encode_aspects
 

@@ -60,15 +60,21 @@ def test_the_untrained_reference_is_the_same_index_of_the_backbone_before_traini
 def test_the_aspect_heads_index_is_evaluated_with_and_without_its_aspect_match_score(tmp_path):
     """`index.model_stage: aspects`: the encode stage indexes the aspects stage's export; `no_aspects` searches that
     index as tuned but without the aspect-match score, and BM25 alone and the encoder alone never add it."""
-    cfg = _cfg(tmp_path, **{"train.aspects.epochs": 5, "index.model_stage": "aspects",
-                            "eval.references": ["bm25", "dense", "no_aspects"]})
+    cfg = _cfg(tmp_path, **{"train.aspects.epochs": 5, "index.model_stage": "aspects", "eval.aspect_confidence": 0.8,
+                            "eval.references": ["bm25", "dense", "no_aspects", "aspect_filter", "aspect_boost"]})
     assert experiment.encode_settings(cfg)["model_dir"] == str(RunLayout.of(cfg).model("aspects").resolve())
     runs = from_dict(EvaluateConfig, experiment.evaluate_settings(cfg)).runs
-    assert [r.name for r in runs] == ["bibert", "bm25", "bibert-dense", "bibert-no-aspects"]
+    assert [r.name for r in runs] == ["bibert", "bm25", "bibert-dense", "bibert-no-aspects", "bibert-aspect-filter",
+                                      "bibert-aspect-boost"]
     assert runs[0].search.aspect_weight is None  # as tuned (the manifest's weight)
-    assert [(r.search.lam, r.search.aspect_weight) for r in runs[1:]] == [(0.0, 0.0), (1.0, 0.0), (None, 0.0)]
+    assert [(r.search.lam, r.search.aspect_weight) for r in runs[1:4]] == [(0.0, 0.0), (1.0, 0.0), (None, 0.0)]
+    assert [(r.aspect_filter, r.aspect_confidence, r.search) for r in runs[4:]] == \
+        [("filter", 0.8, runs[0].search), ("boost", 0.8, runs[0].search)]  # the model as tuned, then filtered
+    assert {r.aspect_filter for r in runs[:4]} == {None}
+    with pytest.raises(ValueError, match="aspect_confidence"):
+        _cfg(tmp_path, **{"eval.aspect_confidence": 0.0})
     without = _cfg(tmp_path, **{"train.aspects.epochs": 0, "index.model_stage": "finetune",
-                                "eval.references": ["bm25", "no_aspects"]})  # no aspect data: no such run
+                                "eval.references": ["bm25", "no_aspects", "aspect_filter"]})  # no aspect data: no such run
     assert [r.name for r in from_dict(EvaluateConfig, experiment.evaluate_settings(without)).runs] == ["bibert", "bm25"]
 
 

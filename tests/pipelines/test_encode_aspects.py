@@ -129,3 +129,47 @@ def test_an_evaluated_search_fuses_the_aspect_match_the_index_serves(corpus, tok
     (point,) = sweep(spec, queries, qrels, keys, cfg)
     dense_run = to_run({f"q{i}": (plain[1][i], plain[0][i]) for i in range(12)}, keys)
     assert point["recall@10"] == pytest.approx(evaluate(dense_run, qrels, ["recall@10"])["recall@10"])
+
+
+def test_an_evaluated_aspect_filter_keeps_and_a_boost_ranks_first_what_serve_would(corpus, tokenizer, vocabularies,
+                                                                                   tmp_path):
+    """`SearchSpec.aspect_filter`: the evaluate searcher filters / boosts each query's ranked results by its own
+    predicted values of confidence >= `aspect_confidence` (`/search`'s aspect_filter): filtered results all hold
+    the condition and keep their order; boosted ones are the same set as the plain ranking, matching ones first;
+    a query without a confident value keeps its ranking; an index without aspect data is refused."""
+    from madr.modeling.aspect_distributions import encode_aspects
+    from madr.search.aspect_match import condition_mask, predicted_condition
+    from madr.search.sharded import ShardedIndex
+    from madr.search.spec import SearchSpec
+    from pipelines.evaluate.searcher import search_texts
+
+    model_dir = _model(tmp_path / "madral", "madral", tokenizer, vocabularies)
+    result = _encode(corpus, model_dir, tmp_path / "index", aspect_top_k=3)
+    index, model = ShardedIndex.open(result.manifest_path), BiEncoder.load(model_dir).eval()
+    texts = corpus[1].column("text").to_pylist()[:12]
+    run = {"name": "m", "index": str(result.manifest_path)}
+    confidence = 0.05  # a tiny random model is unsure: a low bar gives most queries a condition
+    plain = search_texts(model, index, texts, 30, SearchSpec(**run))
+    kept = search_texts(model, index, texts, 30, SearchSpec(**run, aspect_filter="filter", aspect_confidence=confidence))
+    boosted = search_texts(model, index, texts, 30, SearchSpec(**run, aspect_filter="boost", aspect_confidence=confidence))
+    query = encode_aspects(model, texts, "query", 3)
+    conditioned = 0
+    for q in range(len(texts)):
+        condition = predicted_condition(query, q, confidence, index.aspects)
+        base = plain[1][q][plain[1][q] >= 0]
+        if not condition:
+            np.testing.assert_array_equal(kept[1][q], plain[1][q])
+            continue
+        conditioned += 1
+        mask = condition_mask(index.aspects.lookup(base), condition)
+        got = kept[1][q][kept[1][q] >= 0]
+        np.testing.assert_array_equal(got, base[mask])  # the matching candidates, in their order
+        np.testing.assert_array_equal(boosted[1][q], np.concatenate([base[mask], base[~mask]]))
+    assert conditioned > 0
+    assert (kept[1] < 0).sum() > (plain[1] < 0).sum()  # the filter dropped candidates
+    no_aspects = _encode(corpus, _model(tmp_path / "bibert", "bibert", tokenizer, vocabularies), tmp_path / "plain")
+    with pytest.raises(ValueError, match="aspect_filter needs an index with aspect data"):
+        search_texts(BiEncoder.load(tmp_path / "bibert").eval(), ShardedIndex.open(no_aspects.manifest_path), texts,
+                     10, SearchSpec(name="b", index=str(no_aspects.manifest_path), aspect_filter="filter"))
+    with pytest.raises(ValueError, match="aspect_filter must be one of filter, boost"):
+        SearchSpec(**run, aspect_filter="drop")
