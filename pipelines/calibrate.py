@@ -6,7 +6,7 @@ Runs the model over the split's search terms and the products they judged, fits 
 and side (`madr.modeling.calibration`: the predicted values and every score stay as they are), saves it in
 MODEL_DIR (`aspect_calibration.json`, read by `BiEncoder.load`, so the served `/explain` reports calibrated
 confidences), and prints per aspect Accuracy@1, mean confidence and expected calibration error before and
-after; `--check` also scores the fitted temperatures on another split (held out from the fit). No Ray: the
+after, and the share of items an aspect filter would act on (calibrated confidence >= 0.7) with their Accuracy@1; `--check` also scores the fitted temperatures on another split (held out from the fit). No Ray: the
 logic is `madr.recipes.aspects.calibration`; `python -m pipelines.cli experiment` fits it after training.
 """
 
@@ -19,11 +19,14 @@ from pathlib import Path
 
 
 def format_report(report: dict[str, dict[str, float]], title: str) -> str:
-    lines = [title, f"{'side/aspect':<22} {'items':>6} {'T':>7} {'acc@1':>6} {'conf':>13} {'ECE':>13}"]
+    at = next(iter(report.values()), {}).get("confident_at", 0.0)
+    lines = [title, f"{'side/aspect':<22} {'items':>6} {'T':>7} {'acc@1':>6} {'conf':>13} {'ECE':>13} "
+                    f"{f'conf>={at:g}: share':>16} {'acc@1':>6}"]
     for key, r in report.items():
         lines.append(f"{key:<22} {r['items']:>6} {r['temperature']:>7.4f} {r['accuracy@1']:>6.3f} "
                      f"{r['confidence_before']:>5.3f} -> {r['confidence_after']:.3f} "
-                     f"{r['ece_before']:>5.3f} -> {r['ece_after']:.3f}")
+                     f"{r['ece_before']:>5.3f} -> {r['ece_after']:.3f} "
+                     f"{r['confident_share']:>16.3f} {r['confident_accuracy@1']:>6.3f}")
     return "\n".join(lines)
 
 

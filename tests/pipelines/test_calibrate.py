@@ -41,6 +41,7 @@ def test_cli_fits_saves_and_checks_on_a_held_out_split(catalog_dir, tokenizer, v
         side, aspect = key.split("/", 1)
         assert r["temperature"] == pytest.approx(loaded.calibration.temperature(side, aspect))
         assert r["nll_after"] <= r["nll_before"]
+        assert r["confident_at"] == 0.7 and 0.0 <= r["confident_share"] <= 1.0
     assert set(report["check"]) <= set(report["fit"]) and report["check"]
     assert all(r["items"] > 0 for r in report["check"].values())
     printed = capsys.readouterr().out

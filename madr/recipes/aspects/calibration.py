@@ -3,7 +3,10 @@
 `calibrate` runs the model's towers over query and document texts with aspect annotations (the dev split's
 search terms and the products they judged, for a catalog: `dev_texts`), fits one temperature per aspect and
 side, and reports per aspect the Accuracy@1 (unchanged by T), the mean top-value confidence and the expected
-calibration error before and after.
+calibration error before and after, and what an aspect filter would use (`madr.search.aspect_match`): the share of
+the items whose calibrated top value reaches `ASPECT_MIN_CONFIDENCE` and that value's Accuracy@1 among them (the
+filter's precision on items that name the aspect; a query's presence probability, which the filter also
+multiplies in, is left out).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from madr.modeling.calibration import (
 )
 from madr.modeling.model import BiEncoder, objective_keys
 from madr.recipes.aspects.evaluation import phrase_logits
+from madr.serve_config import ASPECT_MIN_CONFIDENCE
 
 Annotations = list[dict[str, list[str]]]
 
@@ -53,7 +57,8 @@ def labelled_logits(model: BiEncoder, texts: dict[str, list[str]], annotations: 
 
 def calibration_report(items: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]],
                        calibration: AspectCalibration) -> dict[str, dict[str, float]]:
-    """Per "side/key": {items, temperature, accuracy@1, confidence / ece / nll (Eq. 3) before and after}."""
+    """Per "side/key": {items, temperature, accuracy@1, confidence / ece / nll (Eq. 3) before and after, and at the
+    filter's confidence (module docstring) confident_share and confident_accuracy@1 (NaN when none reaches it)}."""
     report = {}
     for (side, key), (logits, labels) in items.items():
         t = calibration.temperature(side, key)
@@ -64,8 +69,18 @@ def calibration_report(items: dict[tuple[str, str], tuple[torch.Tensor, torch.Te
             "items": len(labels), "temperature": t, "accuracy@1": float(right.float().mean()),
             "confidence_before": float(before.mean()), "confidence_after": float(after.mean()),
             "ece_before": expected_calibration_error(before, right), "ece_after": expected_calibration_error(after, right),
-            "nll_before": scaled_nll(logits, labels, 1.0), "nll_after": scaled_nll(logits, labels, t)}
+            "nll_before": scaled_nll(logits, labels, 1.0), "nll_after": scaled_nll(logits, labels, t),
+            **confident(after, right)}
     return report
+
+
+def confident(confidence: torch.Tensor, right: torch.Tensor,
+              threshold: float = ASPECT_MIN_CONFIDENCE) -> dict[str, float]:
+    """The share of items whose top value's confidence reaches ``threshold``, and that value's Accuracy@1 among
+    them (NaN when none does)."""
+    sure = confidence >= threshold
+    return {"confident_at": threshold, "confident_share": float(sure.float().mean()),
+            "confident_accuracy@1": float(right[sure].float().mean()) if bool(sure.any()) else float("nan")}
 
 
 def calibrate(model: BiEncoder, texts: dict[str, list[str]], annotations: dict[str, Annotations],

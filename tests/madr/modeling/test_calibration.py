@@ -4,6 +4,7 @@ accuracy on an underconfident model, leaves the top value alone, and travels wit
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -67,6 +68,17 @@ def test_expected_calibration_error_values():
     correct = torch.tensor([True, True, True, True, False, True])
     # bin 0.9: accuracy 1 vs 0.9 (4/6 of items), bin 0.3: accuracy 0.5 vs 0.3 (2/6)
     assert expected_calibration_error(conf, correct) == pytest.approx(4 / 6 * 0.1 + 2 / 6 * 0.2)
+
+
+def test_the_filters_share_and_precision_count_only_the_confident_items():
+    from madr.recipes.aspects.calibration import confident
+
+    conf = torch.tensor([0.95, 0.8, 0.7, 0.69, 0.2])
+    right = torch.tensor([True, False, True, True, False])
+    assert confident(conf, right, 0.7) == {"confident_at": 0.7, "confident_share": pytest.approx(3 / 5),
+                                           "confident_accuracy@1": pytest.approx(2 / 3)}
+    none = confident(conf, right, 0.99)
+    assert none["confident_share"] == 0.0 and math.isnan(none["confident_accuracy@1"])
 
 
 def test_calibration_file_round_trip_and_bad_values(tmp_path):
