@@ -19,15 +19,6 @@ RESULTS = BENCHMARKS / "results"
 PLOTS = BENCHMARKS / "plots"
 
 
-def overrides(sets: Sequence[str]) -> dict[str, Any]:
-    """`--set key.sub=value` pairs -> {dotted key: value} (`madr.config_overrides.parse_overrides`); SystemExit on a bad
-    pair."""
-    try:
-        return parse_overrides(sets)
-    except ValueError as err:
-        raise SystemExit(str(err)) from None
-
-
 def read_config(path: str | Path, sets: Sequence[str]) -> dict[str, Any]:
     """The YAML mapping at `path` with the `--set` overrides applied (SystemExit on a bad override)."""
     data = read_mapping(path)

@@ -1,38 +1,23 @@
 """Learning from clicks where the truth is known: naive clicks vs debiased clicks vs the judgments themselves.
 
-A click log is simulated from the Home Depot judgments (`madr.data.sources.homedepot`, graded 0-4): for each search
-the old ranker, BM25 on the model tokenizer's word pieces over the whole catalog with Gaussian noise on its scores
-(`--noise` x the query's score spread, fresh per search; in a share `--swap-share` of the searches two shown ranks
-swapped, the interventions A/B tests and ranker updates leave in real logs), shows its top `--top-k` of `--pool`
-candidates, and users
-click by the position-based model, examination(rank) = (1 / rank) ** `--eta` x attractiveness(grade) = epsilon +
-(1 - epsilon) (2^g - 1) / 15 (`madr.clicks.simulation`). Searches draw the training queries uniformly; every
-(`--sizes` searches, seed) pair is its own log. The same recipe (the config's model, fine-tuning stage, BM25-mined
-negatives) is then trained through the product's own stages (`madr.recipes.aspects.experiment.load_catalog` with
-`data.clicks`: read, estimate the examination curve, judge; `madr.training.loop`) on
-  (a) naive clicks: every clicked document a positive of weight 1 (`data.clicks.debias: false`),
-  (b) debiased clicks: clipped inverse-propensity weights from the curve the log itself gives (`debias: true`,
-      estimated by `--estimator`: em, the position-based model's EM, or harvest, intervention harvesting),
-  (c) the training queries' judgments (the catalog as it is; one run per seed, shared by every size),
-and evaluated on the test queries (judgments, relevance >= `eval.relevance_threshold`) by exact search over the
-corpus (`--corpus-size`: the test queries' judged products + a seeded sample; 0: all): Recall@10 and MRR@10 per
-query. Reported per size: the means over seeds, paired tests over the test queries (per-query means over seeds;
-Student's t and randomisation, `benchmarks.common.stats.paired_tests`) of (b) vs (a), (c) vs (b) and (c) vs (a),
-the share of the (a) -> (c) gap that (b) recovers, the estimated vs true examination curve of the trained row (max
-abs error), and both estimators' curves on every log against the truth (`curves`: max abs error per seed, or why an
-estimator refused the log). `--curves-only` simulates the logs and reports those curves without training (seconds);
-`--weights-only` also reports where naive and inverse-propensity weights put the click positives' weight (on
-products judged relevant vs grade 0 / unjudged; `positive_mass`), from the estimated and from the true curve.
+A click log is simulated from the Home Depot judgments (graded 0-4; `madr.clicks.simulation`): per search the old
+ranker, BM25 on the model tokenizer's word pieces with Gaussian noise on its scores (`--noise` x the query's score
+spread; in a share `--swap-share` of the searches two shown ranks swapped), shows its top `--top-k` of `--pool`
+candidates; users click by the position-based model, examination (1 / rank) ** `--eta` x attractiveness epsilon +
+(1 - epsilon) (2^g - 1) / 15. Each (`--sizes` searches, seed) is its own log. The config's recipe is then trained
+through the product's own stages (`load_catalog` with `data.clicks`, `madr.training.loop`) on (a) naive clicks,
+(b) clipped inverse-propensity weights from the curve `--estimator` gives (em, or harvest: intervention
+harvesting), (c) filtered: naive weights on the pairs the posterior rate filter keeps, (d) the judgments; and
+evaluated on the test queries by exact search over the corpus (`--corpus-size`). Reported per size: means over
+seeds, paired tests (`benchmarks.common.stats.paired_tests`) of the rows, the share of the naive -> judgments gap
+recovered, and both estimators' curves on every log against the truth. `--curves-only`: the curves without
+training; `--weights-only`: also where each weighting puts the click positives' weight (`positive_mass`).
 
-Resumable: each (row, size, seed) keeps its per-query result in `<out>/runs/<row>/n<size>/seed<seed>/result.json`
-with a fingerprint of what it depends on (the config, with the estimator; the simulation's settings; the corpus);
-each log is kept under a name with its simulation's settings; a stopped study resumes at the next run. The full study (hours on 2 CPU
-cores: 3 sizes x 3 seeds x 2 click rows + 3 judgment rows, each a 200-step e5-small fine-tune and a corpus encode):
+Resumable: each (row, size, seed) keeps its result under `<out>/runs/<row>/n<size>/seed<seed>/result.json` with a
+fingerprint of what it depends on; each log is kept under a name with its simulation's settings.
 
     flock /tmp/madr_bench.lock python -m benchmarks.quality.click_debias --sizes 5000 20000 80000 --seeds 0 1 2 \\
         --corpus-size 12000 --threads 2
-
-A tiny run for tests: `--catalog synthetic` with a random tiny BERT and a few steps (tests/benchmarks).
 """
 
 from __future__ import annotations
@@ -41,6 +26,7 @@ import argparse
 import json
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -236,7 +222,7 @@ def size_report(runs: dict[str, list[dict]], truth: np.ndarray, draws: int) -> d
             gap = means["judgments"][m] - means["naive"][m]
             recovered.setdefault(row, {})[m] = (means[row][m] - means["naive"][m]) / gap if abs(gap) > 1e-9 else None
     curves = [r["examination"] for r in runs.get("debiased", []) if "examination" in r]
-    errors = [curve_error(_Curve(c), truth) for c in curves]
+    errors = [curve_error(SimpleNamespace(propensity=c), truth) for c in curves]  # the JSON curves
     return {"means": means, "tests": tests, "gap_recovered": recovered, "curve_max_abs_error": errors,
             "estimated_curves": curves, "true_curve": truth.tolist()}
 
@@ -310,13 +296,6 @@ def positive_mass(log: Path, catalog: Catalog, truth: np.ndarray, args: argparse
         out[name] = {"relevant_share": round(float(w[g >= threshold].sum() / w.sum()), 4),
                      "grade0_share": round(float(w[g == 0].sum() / w.sum()), 4), "positives": len(positives)}
     return out
-
-
-class _Curve:
-    """The propensities of an `ExaminationCurve` JSON, for `curve_error`."""
-
-    def __init__(self, propensity: list[float]) -> None:
-        self.propensity = propensity
 
 
 def report_text(result: dict[str, Any]) -> str:

@@ -1,12 +1,8 @@
 """Top lists of the product-search fusion benchmark (`benchmarks.quality.homedepot_hybrid`): each retriever's
-top-k over a split's corpus plus its scores of the split's judged products, computed once and cached as .npz
-under the output dir (keyed by a fingerprint of everything they depend on), then fused and scored.
-
-A `Lists` (`benchmarks.quality.aspect_models.evaluation`, with `dense_lists` / `bm25_lists`) holds one retriever on
-one split: `topk` = (scores [Q, k], corpus rows [Q, k]) in the
-`madr.search.protocol.TopK` layout, `judged` = [Q, J] scores of each query's judged products (qrels order,
-NaN padding). Fusion of lists (`fuse`) goes through `madr.search.score_fusion` (what the served hybrid uses);
-on the judged products it min-max normalises each retriever over the query's judged products.
+top-k over a split's corpus plus its scores of the split's judged products (a `Lists` of
+`benchmarks.quality.aspect_models.evaluation`), computed once and cached as .npz under the output dir (keyed by a
+fingerprint of everything they depend on), then fused (`madr.search.score_fusion`, what the served hybrid uses; on
+the judged products each retriever normalised over the query's judged products) and scored.
 """
 
 from __future__ import annotations
@@ -29,7 +25,6 @@ from benchmarks.quality.aspect_models.evaluation import (
     encode,
     per_query_metrics,
     run_dicts,
-    score_lists,
     top_run,
 )
 from madr.config import ExperimentConfig
@@ -46,7 +41,7 @@ from madr.search.score_fusion import (
 
 def encode_split(model: BiEncoder, texts: list[str], side: str, bs: int, desc: str) -> Encoded:
     """`texts` as `model` encodes them (`benchmarks.quality.aspect_models.evaluation.encode`: length-sorted
-    batches, search vectors, top-1 aspect values, sparse vectors of a model with them)."""
+    batches, search vectors, top-1 aspect values)."""
     max_len = model.config.max_query_length if side == "query" else model.config.max_doc_length
     lengths = token_lengths(model.tokenizer, model.config.prefixed(texts, side), max_len)
     return encode(model, texts, lengths, side, bs, desc)
@@ -66,80 +61,18 @@ def encode_splits(model: BiEncoder, splits: dict[str, EvalSet], bs: int, label: 
 
 def model_lists(model: BiEncoder, splits: dict[str, EvalSet], k: int, bs: int, label: str,
                 aspects: dict[str, dict[str, float]] | None = None) -> dict[str, Lists]:
-    """Lists of `model` on every split (`encode_splits`). Dense models: exact inner-product top-k; models with
-    sparse vectors: Eq. 1 at the model's `hybrid_lambda` (as an index of it serves them; `eq1_lists` chooses the
-    lam on dev). For a model that predicts aspects, `aspects` (when given) receives each split's Accuracy@1 per
-    aspect and side."""
-    if model.config.has_sparse:
-        matrices, _ = eq1_matrices(model, splits, bs, label, aspects)
-        return {name: eq1_at(matrices[name], splits[name], k, model.config.hybrid_lambda) for name in splits}
+    """Exact inner-product top-k lists of `model` on every split (`encode_splits`). For a model that predicts
+    aspects, `aspects` (when given) receives each split's Accuracy@1 per aspect and side."""
     docs, queries = encode_splits(model, splits, bs, label)
     out = {}
     for name, (rows, q) in queries.items():
         out[name] = dense_lists(q.vectors, docs.vectors[torch.from_numpy(rows)], splits[name], k)
         if aspects is not None and docs.preds:
-            aspects[name] = split_accuracy(model, q.preds, docs.preds, rows, splits[name])
+            ev = splits[name]
+            aspects[name] = {**aspect_accuracy(model, q.preds, ev.query_aspects, "query"),
+                             **aspect_accuracy(model, {a: p[rows] for a, p in docs.preds.items()}, ev.doc_aspects,
+                                               "doc")}
     return out
-
-
-def split_accuracy(model: BiEncoder, q_preds: dict, doc_preds: dict, rows: np.ndarray, ev: EvalSet) -> dict:
-    """Aspect Accuracy@1 of a split's queries and of its corpus (rows `rows` of the encoded products)."""
-    return {**aspect_accuracy(model, q_preds, ev.query_aspects, "query"),
-            **aspect_accuracy(model, {a: p[rows] for a, p in doc_preds.items()}, ev.doc_aspects, "doc")}
-
-
-def eq1_matrices(model: BiEncoder, splits: dict[str, EvalSet], bs: int, label: str,
-                 aspects: dict[str, dict[str, float]] | None = None
-                 ) -> tuple[dict[str, tuple[torch.Tensor, torch.Tensor]], dict[str, float]]:
-    """{split: (dense [Q, N], sparse [Q, N] scores)} of a model with sparse vectors over each split's corpus
-    (dense unit-length for cosine models, sparse cut to the top-k as indexed) and the non-zero terms per vector."""
-    docs, queries = encode_splits(model, splits, bs, label)
-    terms = {"doc": float(np.diff(docs.sparse.indptr).mean())}
-    matrices = {}
-    for name, (rows, q) in queries.items():
-        terms[f"{name}_query"] = float(np.diff(q.sparse.indptr).mean())
-        matrices[name] = (q.vectors @ docs.vectors[torch.from_numpy(rows)].T,
-                          torch.from_numpy((q.sparse @ docs.sparse[rows].T).toarray()).float())
-        if aspects is not None and docs.preds:
-            aspects[name] = split_accuracy(model, q.preds, docs.preds, rows, splits[name])
-    return matrices, terms
-
-
-def eq1_at(matrices: tuple[torch.Tensor, torch.Tensor], ev: EvalSet, k: int, lam: float) -> Lists:
-    """Paper 002 Eq. 1 lists: lam * dense + (1 - lam) * sparse scores."""
-    dense, sparse = matrices
-    return score_lists(lambda s, e: lam * dense[s:e] + (1.0 - lam) * sparse[s:e], len(dense), ev, k)
-
-
-def eq1_grid(step: float) -> list[float]:
-    """The lam values to try, largest first (ties keep more dense): multiples of `step`, and 1 - 10^(-i/4) for i
-    in 4..12 (0.9 ... 0.999). Raw Eq. 1 adds sparse dot products of ~10-25 to cosines of at most ~0.3 (a
-    MADRAL + sparse head on e5, RESULTS, "A sparse head on e5"), so the two parts balance near lam 0.99, between the steps."""
-    tail = [round(1 - 10 ** (-i / 4), 6) for i in range(4, 13)]
-    return sorted({round(i * step, 6) for i in range(round(1 / step) + 1)} | set(tail), reverse=True)
-
-
-def eq1_dev_lambda(dev_matrices: tuple[torch.Tensor, torch.Tensor], dev: EvalSet, k: int, cfg: ExperimentConfig,
-                   metric: str, grid: Sequence[float]) -> tuple[float, dict[float, float]]:
-    """(the lam of `grid` with the best mean `metric` on the dev split, the first on ties; {lam: mean metric})."""
-    curve = {lam: query_means(metrics_of(eq1_at(dev_matrices, dev, k, lam), dev, cfg))[metric] for lam in grid}
-    return max(grid, key=lambda lam: curve[lam]), curve
-
-
-def eq1_lists(model: BiEncoder, splits: dict[str, EvalSet], k: int, bs: int, label: str, cfg: ExperimentConfig,
-              metric: str, step: float, aspects: dict[str, dict[str, float]] | None = None
-              ) -> tuple[dict[str, Lists], dict]:
-    """Lists of a model with sparse vectors (`model.sparse_head`) scored as it is served, paper 002 Eq. 1
-    (`eq1_matrices`, `eq1_at`), with lam on `eq1_grid(step)` chosen on the dev split by mean `metric` (ties: the
-    larger lam). Returns the lists of every split at that lam and {"lambda", "dev": {lam: metric}, "test_dense",
-    "test_sparse" (the test means at lam = 1 and 0: the two halves alone), "terms" (non-zero terms per vector)}."""
-    matrices, terms = eq1_matrices(model, splits, bs, label, aspects)
-    best, dev = eq1_dev_lambda(matrices["dev"], splits["dev"], k, cfg, metric, eq1_grid(step))
-    info = {"lambda": best, "dev": dev, "terms": terms,
-            **{f"test_{part}": query_means(metrics_of(eq1_at(matrices["test"], splits["test"], k, lam),
-                                                      splits["test"], cfg))
-               for part, lam in (("dense", 1.0), ("sparse", 0.0))}}
-    return {name: eq1_at(matrices[name], splits[name], k, best) for name in splits}, info
 
 
 def fingerprint(parts: dict) -> str:
@@ -211,20 +144,6 @@ def weight_grid(n: int, step: float) -> list[tuple[float, ...]]:
     return [tuple(u / units for u in w) for w in split(units, n)]
 
 
-def retrieval_per_query(scores: np.ndarray, ids: np.ndarray, ev: EvalSet, cfg: ExperimentConfig,
-                        metrics: Sequence[str]) -> dict[str, dict[str, float]]:
-    """{metric: {query id: value}} of top lists (retrieval metrics only: no judged scores)."""
-    return evaluate(top_run(scores, ids, ev), ev.qrels, list(metrics),
-                    relevance_threshold=cfg.eval.relevance_threshold, gains=cfg.eval.gains, per_query=True)
-
-
-def retrieval_means(scores: np.ndarray, ids: np.ndarray, ev: EvalSet, cfg: ExperimentConfig,
-                    metrics: Sequence[str]) -> dict[str, float]:
-    """Mean over the queries of each retrieval metric of top lists (no re-ranking metrics: no judged scores)."""
-    per_q = retrieval_per_query(scores, ids, ev, cfg, metrics)
-    return {m: float(np.mean(list(v.values()))) for m, v in per_q.items()}
-
-
 def tune_weights(parts: Sequence[Lists], ev: EvalSet, cfg: ExperimentConfig, metric: str, step: float,
                  k: int, normalisations: Sequence[str] = ("minmax",)
                  ) -> tuple[tuple[str, tuple[float, ...]], dict[tuple[str, tuple[float, ...]], float]]:
@@ -237,7 +156,9 @@ def tune_weights(parts: Sequence[Lists], ev: EvalSet, cfg: ExperimentConfig, met
     for norm in normalisations:
         candidates = fusion_candidates([p.topk for p in parts], norm)  # = weighted_fusion, once per normalisation
         for w in weight_grid(len(parts), step):
-            scores, ids = fuse_candidates(candidates, w, depth)
-            seen[norm, w] = retrieval_means(scores, ids, ev, cfg, [metric])[metric]
+            run = top_run(*fuse_candidates(candidates, w, depth), ev)  # retrieval metrics only: no judged scores
+            per_q = evaluate(run, ev.qrels, [metric], relevance_threshold=cfg.eval.relevance_threshold,
+                             gains=cfg.eval.gains, per_query=True)
+            seen[norm, w] = query_means(per_q)[metric]
     best = max(seen, key=lambda nw: seen[nw])
     return best, seen

@@ -1,41 +1,29 @@
-"""Quality on REAL product search against what a search engineer would set up in an afternoon: BM25
-on word pieces, untrained all-MiniLM-L6-v2 and multilingual-e5-small, and their fusions, next to madr's trained
-rows alone and fused with BM25, in ONE run over one corpus.
+"""Quality on REAL product search against what a search engineer would set up in an afternoon: BM25 on word
+pieces, untrained all-MiniLM-L6-v2 and multilingual-e5-small and their fusions, next to madr's trained rows alone
+and fused with BM25, in ONE run over one corpus.
 
-Data: the Home Depot catalog and 70/10/20 split by search term of `madr.data.sources.homedepot`
-(`configs/real/homedepot_hybrid.yaml`, `homedepot:`); without a `homedepot:` section, the catalog of `data:`
-(a user's `data.catalog_dir`: products / queries / judgments Parquet with train / dev / test queries). Test: the test terms with a product of relevance >=
-`eval.relevance_threshold` over `bench.corpus_size` products (their judged products + a seeded sample; the
-same corpus for every row). Dev, for choosing fusion weights
-only: the dev terms over `bench.dev_corpus_size` products built the same way.
+Data: the Home Depot catalog and split of `madr.data.sources.homedepot` (`homedepot:`), else the catalog of `data:`
+(a user's `data.catalog_dir`). Test: the test terms with a product of relevance >= `eval.relevance_threshold` over
+`bench.corpus_size` products (their judged products + a seeded sample); dev (fusion weights only): the dev terms
+over `bench.dev_corpus_size` products built the same way.
 
-Rows (the first group does not depend on the seed):
-- BM25 on the word pieces of `bench.lexical_tokenizer` (`madr.search.sparse.BM25Index`), and on the pieces of
-  the trained rows' own tokenizer (`model.backbone`: what an index built with `index.lexical: bm25` holds);
-- each `bench.references` encoder untrained: mean pooling, cosine, its own "query: " / "passage: " prefixes;
-- fusions of BM25 with each reference and of all three: per-query min-max normalised scores over the union of
-  the top-1000 lists (`madr.search.score_fusion.weighted_fusion`, = ranx `fuse(norm="min-max",
-  method="wsum")`), weights on a grid of `bench.fusion_step` summing to 1 chosen on dev by `bench.tune_metric`;
-  BM25 + e5 also by reciprocal rank fusion (k = `bench.rrf_k`);
-- each `bench.trained` row (`benchmarks.quality.aspect_models.rows`, e.g. BiBERT) on `model:` (e5 by default,
-  its prefixes and mean pooling) fine-tuned with `train:` per seed, alone and fused with each BM25 (weight on
-  dev); the fusion with BM25 on the model's own pieces is what the system serves (encode job with
-  `index.lexical: bm25` -> `ShardedIndex` / Ray Serve `/search`).
-Metrics (test): Recall@k over the corpus and MRR@10 from the top-1000 lists; NDCG@10 (gain 2^rel - 1) and AUC
-by re-ranking each query's judged products (fusions: min-max over the judged products). Paired tests
-(Student's t and sign-flip randomisation) of every row against `bench.target` (BM25 + e5) per metric, on the
-per-query mean over seeds.
+Rows: BM25 (`madr.search.sparse.BM25Index`) on the pieces of `bench.lexical_tokenizer` and of the trained rows'
+own tokenizer (what `index.lexical: bm25` serves); each `bench.references` encoder untrained (mean pooling, cosine,
+its prefixes); fusions of BM25 with each reference and with all (`madr.search.score_fusion.weighted_fusion` over
+the union of the top lists, normalisation and weights on a `bench.fusion_step` grid chosen on dev by
+`bench.tune_metric`), and BM25 + e5 by reciprocal rank fusion; each `bench.trained` row
+(`benchmarks.quality.aspect_models.rows`) fine-tuned with `train:` per seed, alone and fused with each BM25.
+Metrics (test): Recall@k and MRR@10 from the top lists; NDCG@10 and AUC by re-ranking each query's judged
+products. Paired tests (t and sign-flip randomisation) of every row against `bench.target` on the per-query mean
+over seeds.
 
-Resumable: every retriever's lists are kept in <output_dir>/lists/*.npz with a fingerprint of what they depend
-on (data, model, training, seed); a stopped run recomputes only what is missing. Trained models listed in
-`bench.save_models` are saved to <output_dir>/seed<seed>/<row>/model (the served configuration).
+Resumable: every retriever's lists are kept in <output_dir>/lists/*.npz under a fingerprint of what they depend
+on; models in `bench.save_models` are saved to <output_dir>/seed<seed>/<row>/model. Writes
+<out-dir>/results/<tag>.json and <out-dir>/plots/<tag>.png after the references and after every seed.
 
     python -m benchmarks.quality.homedepot_hybrid --threads 2                      # 1 seed
-    python -m benchmarks.quality.homedepot_hybrid --seeds 0 1 2 --tag real_homedepot_hybrid_3seeds
     python -m benchmarks.quality.homedepot_hybrid --set homedepot.max_queries=1500 --set bench.corpus_size=3000 \\
         --set bench.dev_corpus_size=2000 --set train.finetune.steps=4 --tag smoke              # quick look
-
-Writes <out-dir>/results/<tag>.json and <out-dir>/plots/<tag>.png after the references and after every seed.
 """
 
 from __future__ import annotations
@@ -50,14 +38,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common.config import (
-    ROOT,
-    RUN_OUT,
-    add_run_args,
-    local_backbone,
-    read_config,
-    repo_path,
-)
+from benchmarks.common.config import ROOT, RUN_OUT, add_run_args, local_backbone, read_config, repo_path
 from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.common.results import write_result_json
 from benchmarks.quality.aspect_models.data import EvalSet, catalog_for
@@ -68,14 +49,11 @@ from benchmarks.quality.aspect_models.evaluation import (
     search_depth,
     served_pieces,
 )
-from benchmarks.quality.aspect_models.report import relative_table, significance, value_table
-from benchmarks.quality.aspect_models.rows import model_config, trained_rows, training_changes
+from benchmarks.quality.aspect_models.rows import TRAINED_ROWS, model_config, training_changes
 from benchmarks.quality.aspect_models.training import train_row
 from benchmarks.quality.fusion_lists import (
     cached_lists,
     corpus_key,
-    eq1_grid,
-    eq1_lists,
     fingerprint,
     fuse,
     metrics_of,
@@ -83,7 +61,14 @@ from benchmarks.quality.fusion_lists import (
     rrf,
     tune_weights,
 )
-from benchmarks.quality.hybrid_report import aspect_lines, plot_curves, plot_rows
+from benchmarks.quality.hybrid_report import (
+    aspect_lines,
+    plot_curves,
+    plot_rows,
+    relative_table,
+    significance,
+    value_table,
+)
 from benchmarks.quality.row_export import write_row
 from madr.config import ExperimentConfig, from_dict
 from madr.metrics import query_means
@@ -259,7 +244,7 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
     the test aspect Accuracy@1 and, for `bench.curve_seeds`, the dev curve; kept beside the cached lists)."""
     cfg, b, info = run.cfg, run.bench, {}
     for row in b["trained"]:
-        key, label = f"{row}@{seed}", trained_rows(cfg)[row][0]
+        key, label = f"{row}@{seed}", TRAINED_ROWS[row][0]
         settings = {k: v for k, v in cfg.to_dict().items() if k in ("train", "data")}  # what training reads
         if training_changes(row):
             settings["row_training"] = training_changes(row)
@@ -276,16 +261,8 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
                                          pretrain_frozen_params=list(b["pretrain_frozen_params"]), device=run.device)
             info[row]["train_s"] = time.perf_counter() - t0 - (curve.seconds if curve else 0.0)  # without the curve
             acc: dict[str, dict[str, float]] = {}
-            if model.config.has_sparse:  # served by Eq. 1 with the lam chosen on dev (the index's hybrid_lambda)
-                lists, info[row]["eq1"] = eq1_lists(model, run.splits, run.k, b["encode_batch_size"],
-                                                    f"{label} seed {seed}", run.cfg, b["tune_metric"],
-                                                    float(b["fusion_step"]), aspects=acc)
-                model.config.hybrid_lambda = info[row]["eq1"]["lambda"]
-                print(f"{label} seed {seed}: Eq. 1 lam {model.config.hybrid_lambda} (dev); "
-                      f"{json.dumps({k: info[row]['eq1'][k] for k in ('test_dense', 'test_sparse', 'terms')})}")
-            else:
-                lists = model_lists(model, run.splits, run.k, b["encode_batch_size"], f"{label} seed {seed}",
-                                    aspects=acc)
+            lists = model_lists(model, run.splits, run.k, b["encode_batch_size"], f"{label} seed {seed}",
+                                aspects=acc)
             if row in b["save_models"]:
                 info[row]["calibration"] = calibrate_dev(model, run.splits["dev"])
                 print(f"saved {row} -> {model.save(saved)}")
@@ -297,9 +274,7 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
         run.add(key, f"{label} (trained, {Path(str(cfg.model.backbone.name_or_path)).name})", compute,
                 {"row": row, "model": dataclasses.asdict(model_config(cfg, row)), "settings": settings, "seed": seed,
                  "freeze": [bool(b["freeze_word_embeddings"]), int(b["freeze_layers"]),
-                            bool(b["pretrain_frozen_backbone"]), *b["pretrain_frozen_params"]],
-                 # a sparse row's lists are Eq. 1 at the lam chosen from this grid (no key for the others)
-                 **({"eq1_grid": eq1_grid(float(b["fusion_step"]))} if model_config(cfg, row).has_sparse else {})},
+                            bool(b["pretrain_frozen_backbone"]), *b["pretrain_frozen_params"]]},
                 refresh=row in b["save_models"] and not saved.is_dir())  # kept lists, but no saved model
         if row not in info and kept_info.is_file():
             info[row] = json.loads(kept_info.read_text())

@@ -1,39 +1,27 @@
 """Does madr's pipeline reproduce the product-search benchmark? Per-query test metrics of the pipeline's run
-(`python -m pipelines.jobs pipeline --config configs/product_search.yaml`) against the benchmark's rows on the
-same catalog (`python -m benchmarks.quality.homedepot_hybrid --config configs/real/product_search.yaml --export
-DIR`, with `bench.corpus_size: null` so both search the whole catalog), paired per query.
+(`python -m pipelines.jobs pipeline --config configs/product_search.yaml`) against the benchmark's exported rows on
+the same catalog (`python -m benchmarks.quality.homedepot_hybrid --config configs/real/product_search.yaml --export
+DIR`, `bench.corpus_size: null`), paired per query.
 
-The pipeline's runs are its evaluate stage's TREC files (`<output_dir>/evaluation/<run>.trec`, scored here against
-`<output_dir>/data/eval/qrels.parquet` with `madr.metrics`); the benchmark's are the per-query metrics its
-`--export` wrote (`benchmarks.quality.row_export`). Pairs: the served fusion (BM25 + the fine-tuned encoder,
-fusion chosen on dev) and the fine-tuned encoder alone. Queries: those the benchmark evaluates (>= 1 product
-at `eval.relevance_threshold`), which both sides hold. Metrics: the retrieval metrics both compute from ranked
-lists (recall@k, MRR@10); the benchmark's NDCG@10 and AUC re-rank every judged product of a query by the model's
-score, which a TREC run of the top `eval.top_k` cannot give, so they are left out.
+The pipeline's runs are its evaluate stage's TREC files, scored here against its qrels with `madr.metrics`; the
+benchmark's are the per-query metrics of its `--export` (`benchmarks.quality.row_export`). Pairs: the served
+fusion and the fine-tuned encoder alone, over the queries the benchmark evaluates; retrieval metrics only
+(recall@k, MRR@10: NDCG@10 and AUC re-rank every judged product, which a TREC run of the top k cannot give).
 
     python -m benchmarks.quality.pipeline_equivalence --pipeline-dir runs/product_search --export DIR/export
 
-Two trainings of the same recipe are two draws of a model: their batches come in a different order, and per
-query they differ even when nothing else does. `--between-seeds --seed A B` pairs the benchmark's row at seed A
-with its row at seed B (and, given the pipeline's runs of both seeds, the pipeline's too): the yardstick for what
-the pipeline-against-benchmark pairing finds.
+`--between-seeds --seed A B`: the benchmark's row at seed A against seed B (and, given the pipeline's two runs,
+the pipeline's too): the yardstick of what two draws of a model differ by. `--over-seeds RESULT ...`: this
+module's per-seed results paired by seed (a training's draw as the unit).
 
     python -m benchmarks.quality.pipeline_equivalence --between-seeds --export DIR/export --seed 3 4
-    python -m benchmarks.quality.pipeline_equivalence --between-seeds --pipeline-dir RUN_S2 RUN_S3 \
-        --export DIR/export --seed 2 3
-
-`--over-seeds RESULT ...` reads the results of several seeds' comparisons (this module's JSONs) and pairs the two
-sides by seed: a training's draw is the unit there, not a query.
-
     python -m benchmarks.quality.pipeline_equivalence --over-seeds benchmarks/results/pipeline_equivalence_seed{0,1,2,3}.json
 
-The multilingual recipe (`--multilingual PUBLISHED`): the pipeline's run of `configs/real/multilingual.yaml`
-(`<output_dir>/metrics.json`, its trained row) against the published benchmark's teacher row of the same seed
-(`benchmarks/results/real_multitask_e5.json`, written by the multilingual benchmark before the pipeline replaced
-it): click AUC, click NDCG@5 and NLI AUC where both report them (one number per side), and cross-lingual top-1
-paired per source language.
+`--multilingual PUBLISHED`: the pipeline's runs of `configs/real/multilingual.yaml` (`metrics.json`) against the
+published benchmark's teacher row of the same seed (`benchmarks/results/real_multitask_e5.json`): click AUC, click
+NDCG@5 and NLI AUC where both report them, cross-lingual top-1 paired per source language.
 
-    python -m benchmarks.quality.pipeline_equivalence --pipeline-dir RUN_S0 RUN_S1 RUN_S2 \
+    python -m benchmarks.quality.pipeline_equivalence --pipeline-dir RUN_S0 RUN_S1 RUN_S2 \\
         --multilingual benchmarks/results/real_multitask_e5.json --seed 0 1 2
 """
 

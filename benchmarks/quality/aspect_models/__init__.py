@@ -1,2 +1,2 @@
-"""The product-search benchmark's shared parts (rows, data, evaluation, training, report tables): used by
+"""The product-search benchmark's shared parts (rows, data, evaluation, training): used by
 `benchmarks.quality.homedepot_hybrid` and `benchmarks.quality.fusion_lists`."""

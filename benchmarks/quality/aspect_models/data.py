@@ -7,7 +7,6 @@ import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -72,16 +71,6 @@ class EvalSet:
                    [p.aspects for p in products], [q.query_id for q in queries], [q.text for q in queries],
                    [q.aspects for q in queries], qrels,
                    [np.array([row[pid] for pid in qrels[q.query_id]], dtype=np.int64) for q in queries])
-
-    def summary(self, catalog: Catalog) -> dict[str, Any]:
-        splits = {s: len(catalog.queries_in(s)) for s in ("train", "dev", "test")}
-        grades = np.bincount([j.relevance for j in catalog.judgments], minlength=5).tolist()
-        covered = {a: float(np.mean([bool(p.aspects.get(a)) for p in catalog.products])) for a in catalog.aspect_names}
-        q_covered = {a: float(np.mean([bool(x.get(a)) for x in self.query_aspects])) for a in catalog.aspect_names}
-        return {"products": len(catalog.products), "corpus": len(self.product_ids), "queries": splits, "judgments": len(catalog.judgments),
-                "relevance_counts_0_to_4": grades, "evaluated_test_queries": len(self.query_ids),
-                "judged_per_evaluated_query": float(np.mean([len(j) for j in self.judged])),
-                "product_aspect_coverage": covered, "test_query_aspect_coverage": q_covered}
 
 
 def token_lengths(tokenizer, texts: list[str], max_length: int) -> np.ndarray:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import torch
@@ -18,7 +17,6 @@ from madr.config import ExperimentConfig
 from madr.metrics import evaluate
 from madr.modeling.batching import model_device
 from madr.modeling.model import BiEncoder, objective_keys
-from madr.search.sparse import SparseBatch
 from madr.search.sparse.bm25 import BM25Index
 
 
@@ -28,21 +26,19 @@ class Encoded:
 
     vectors: torch.Tensor  # [N, d] search vectors, L2-normalised for cosine models
     preds: dict[str, np.ndarray]  # aspect key -> [N] top-1 phrase value, for the aspects the model predicts
-    sparse: Any = None  # scipy CSR [N, V] sparse vectors (top-k cut, eval mode) of a model with them, else None
 
 
 @torch.no_grad()
 def encode(model: BiEncoder, texts: list[str], lengths: np.ndarray, side: str, batch_size: int,
            desc: str) -> Encoded:
-    """`texts` encoded in ONE pass in length order: search vectors, the top-1 phrase value of each aspect the
-    model predicts and, for a model with sparse vectors, those."""
+    """`texts` encoded in ONE pass in length order: search vectors and the top-1 phrase value of each aspect the
+    model predicts."""
     model.eval()
     device = model_device(model)
     keys = [k for k, _, g in objective_keys(model.config) if g == "phrase"]
     order = np.argsort(lengths, kind="stable")
     emb = torch.empty(len(texts), model.embedding_dim)
     preds = {k: np.zeros(len(texts), dtype=np.int64) for k in keys}
-    parts = []
     for start in tqdm(range(0, len(texts), batch_size), desc=desc, leave=False, mininterval=5):
         idx = order[start:start + batch_size]
         enc = model.tokenize([texts[i] for i in idx], side)
@@ -51,10 +47,7 @@ def encode(model: BiEncoder, texts: list[str], lengths: np.ndarray, side: str, b
         emb[torch.from_numpy(idx)] = F.normalize(e, dim=-1) if model.config.similarity == "cosine" else e
         for k in keys:
             preds[k][idx] = out.aspect_logits[k].argmax(-1).cpu().numpy()
-        if model.config.has_sparse:
-            parts.append(SparseBatch.from_dense(out.sparse.float().cpu()))
-    sparse = SparseBatch.concat(parts).select(np.argsort(order)).to_scipy().tocsr() if parts else None
-    return Encoded(emb, preds, sparse)
+    return Encoded(emb, preds)
 
 
 @dataclass
@@ -80,17 +73,11 @@ def judged_matrix(ev: EvalSet) -> np.ndarray:
 
 def dense_lists(q: torch.Tensor, d: torch.Tensor, ev: EvalSet, k: int, chunk: int = 256) -> Lists:
     """Exact inner-product top-k of query vectors `q` over the split's corpus vectors `d`, and the judged."""
-    return score_lists(lambda s, e: q[s:e] @ d.T, len(q), ev, k, chunk)
-
-
-def score_lists(scores_of: Callable[[int, int], torch.Tensor], n_queries: int, ev: EvalSet, k: int,
-                chunk: int = 256) -> Lists:
-    """Exact top-k and judged scores of the [Q, N] score matrix whose rows s:e `scores_of(s, e)` gives."""
     scores, ids = [], []
     jm = judged_matrix(ev)
     judged = np.full(jm.shape, np.nan)
-    for s in range(0, n_queries, chunk):
-        sim = scores_of(s, s + chunk)
+    for s in range(0, len(q), chunk):
+        sim = q[s:s + chunk] @ d.T
         top_s, top_i = torch.topk(sim, min(k, sim.shape[1]), dim=1)
         scores.append(top_s.numpy())
         ids.append(top_i.numpy())
@@ -164,7 +151,6 @@ def majority_accuracy(vocabularies, aspects: list[str], train: list[dict], items
         if rows:
             out[f"{side}_acc@1_{aspect}"] = float(np.mean([int(counts.argmax()) in g for g in rows]))
     return out
-
 
 
 def search_depth(cfg: ExperimentConfig) -> int:

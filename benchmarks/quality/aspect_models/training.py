@@ -34,7 +34,7 @@ def train_row(key: str, cfg: ExperimentConfig, catalog: Catalog, tokenizer, voca
     train through it. `device`: where the model trains (the batches follow the model)."""
     mcfg = model_config(cfg, key)
     torch.manual_seed(seed)
-    model = build_catalog_model(mcfg, catalog, tokenizer, vocab).to(device)  # a sparse head: the catalog's pieces
+    model = build_catalog_model(mcfg, catalog, tokenizer, vocab).to(device)
     # word embeddings: 12M of all-MiniLM's 23M weights, a third of the step time on 2 CPU cores
     freeze_backbone(model, freeze_embeddings, freeze_layers)
     stages = {kind: stage_config(cfg, key, kind) for kind in ("pretrain", "finetune")}
