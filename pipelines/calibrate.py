@@ -26,8 +26,12 @@ def format_report(report: dict[str, dict[str, float]], title: str) -> str:
         lines.append(f"{key:<22} {r['items']:>6} {r['temperature']:>7.4f} {r['accuracy@1']:>6.3f} "
                      f"{r['confidence_before']:>5.3f} -> {r['confidence_after']:.3f} "
                      f"{r['ece_before']:>5.3f} -> {r['ece_after']:.3f} "
-                     f"{r['confident_share']:>16.3f} {r['confident_accuracy@1']:>6.3f}")
+                     f"{r['confident_share']:>16.3f} {_number(r['confident_accuracy@1']):>6}")
     return "\n".join(lines)
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def run_calibration(model_dir: str, catalog_dir: str, split: str = "dev", check: str | None = None,

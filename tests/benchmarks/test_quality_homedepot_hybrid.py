@@ -153,7 +153,7 @@ def _main(config: Path, out: Path, tag: str, *sets: str) -> tuple[dict, str]:
 
 
 def _json(value) -> str:
-    """`value` as sorted JSON: equal for equal content, NaN included (a calibration report's accuracy of no item)."""
+    """`value` as sorted JSON: equal for equal content."""
     return json.dumps(value, sort_keys=True)
 
 

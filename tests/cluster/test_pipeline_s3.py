@@ -1,7 +1,9 @@
 """The demo pipeline at the e2e test's tiny size with `output_dir: s3://<bucket>/demo` on a real S3 API server
-(moto on 127.0.0.1): a stage killed mid-way leaves no marker and nothing pushed; the rerun, from an empty local
-mirror (as on another node), takes every earlier stage's outputs from the bucket with their checksums and skips
-those stages; Serve downloads the index and model from the bucket and answers a query."""
+(moto on 127.0.0.1), trained from a raw click log (`data.clicks`: impressions simulated over a generated catalog's
+training queries) instead of judgments: the data stage estimates the log's examination curve and writes it with
+the run; a stage killed mid-way leaves no marker and nothing pushed; the rerun, from an empty local mirror (as on
+another node), takes every earlier stage's outputs from the bucket with their checksums and skips those stages;
+Serve downloads the index and model from the bucket and answers a query."""
 
 from __future__ import annotations
 
@@ -18,20 +20,25 @@ import yaml
 
 from madr import storage
 from madr.config import load_config
+from madr.data.synthetic.catalog import generate_catalog
 from pipelines.jobs import cli, markers
 from pipelines.jobs.experiment import serve_args
 from pipelines.jobs.local_cluster import free_port
 from tests.cluster.test_pipeline_e2e import tiny_experiment
+from tests.pipelines.test_click_training import click_log
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 STAGES = "data,pretrain,finetune,encode,tune,evaluate"
 
 
-def s3_experiment(out: str) -> dict:
-    """`tiny_experiment` on `out`, without the untrained reference and the aspect heads (no baseline or aspects
-    stage: a shorter run)."""
+def s3_experiment(out: str, catalog_dir: Path, clicks: Path) -> dict:
+    """`tiny_experiment` on `out`, its training judgments from the click log `clicks` over the catalog in
+    `catalog_dir` (dev and test keep the catalog's judgments), without the untrained reference and the aspect heads
+    (no baseline or aspects stage: a shorter run)."""
     cfg = tiny_experiment(out)  # type: ignore[arg-type]
+    cfg["data"] = {"catalog_dir": str(catalog_dir),
+                   "clicks": {"path": str(clicks), "format": "impressions", "max_rank": 8}}
     cfg["eval"] = {"references": ["bm25", "dense"]}
     cfg["train"]["aspects"] = {"epochs": 0}
     cfg["index"]["model_stage"] = "finetune"
@@ -59,10 +66,16 @@ def test_demo_pipeline_on_s3_resumes_after_a_killed_stage_and_serves_from_the_bu
     monkeypatch.chdir(ROOT)
     uri = s3_bucket + "/demo"
     config = tmp_path / "demo-s3.yaml"
-    config.write_text(yaml.safe_dump(s3_experiment(uri)))
+    catalog = generate_catalog(num_products=300, num_queries=120, seed=0, languages=["en", "de"])
+    catalog.write(tmp_path / "catalog")
+    clicks = click_log(catalog, tmp_path / "clicks.jsonl")
+    config.write_text(yaml.safe_dump(s3_experiment(uri, tmp_path / "catalog", clicks)))
     state = uri + "/_stages"
 
     assert cli.main(["pipeline", "--config", str(config), "--stages", "data,pretrain"]) == 0
+    pushed = storage.remote_checksums(uri)
+    assert {"data/clicks/examination.json", "data/clicks/examination.png"} <= set(pushed), sorted(pushed)
+    assert "click log" in capsys.readouterr().out  # the data stage's report names the log and its curve
     log = kill_when_running([sys.executable, "-m", "pipelines.jobs", "run-stage", "--stage", "finetune",
                              "--config", str(config)], "finetune", after_s=8.0)
     assert "finetune: done" not in log, log

@@ -58,7 +58,7 @@ def labelled_logits(model: BiEncoder, texts: dict[str, list[str]], annotations: 
 def calibration_report(items: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]],
                        calibration: AspectCalibration) -> dict[str, dict[str, float]]:
     """Per "side/key": {items, temperature, accuracy@1, confidence / ece / nll (Eq. 3) before and after, and at the
-    filter's confidence (module docstring) confident_share and confident_accuracy@1 (NaN when none reaches it)}."""
+    filter's confidence (module docstring) confident_share and confident_accuracy@1 (None when none reaches it)}."""
     report = {}
     for (side, key), (logits, labels) in items.items():
         t = calibration.temperature(side, key)
@@ -75,12 +75,12 @@ def calibration_report(items: dict[tuple[str, str], tuple[torch.Tensor, torch.Te
 
 
 def confident(confidence: torch.Tensor, right: torch.Tensor,
-              threshold: float = ASPECT_MIN_CONFIDENCE) -> dict[str, float]:
+              threshold: float = ASPECT_MIN_CONFIDENCE) -> dict[str, float | None]:
     """The share of items whose top value's confidence reaches ``threshold``, and that value's Accuracy@1 among
-    them (NaN when none does)."""
+    them (None when none does)."""
     sure = confidence >= threshold
     return {"confident_at": threshold, "confident_share": float(sure.float().mean()),
-            "confident_accuracy@1": float(right[sure].float().mean()) if bool(sure.any()) else float("nan")}
+            "confident_accuracy@1": float(right[sure].float().mean()) if bool(sure.any()) else None}
 
 
 def calibrate(model: BiEncoder, texts: dict[str, list[str]], annotations: dict[str, Annotations],
