@@ -96,6 +96,16 @@ def _sweep_param(index: Any) -> tuple[str | None, list[int]]:
     return None, [0]
 
 
+def sweep_key(spec: SearchSpec) -> tuple:
+    """What a run's ``sweep`` depends on: its index, its model and its search settings, less what the sweep leaves
+    out (it times the index's own search without BM25 or aspect-match fusion: the aspect-match weight, and lam unless
+    the index is a hybrid one with sparse shards). Runs that differ only there share one sweep."""
+    from madr.index import Manifest
+
+    search = spec.search.replace(aspect_weight=0.0, **({} if Manifest.load(spec.index).has_sparse else {"lam": None}))
+    return spec.index, spec.model_dir, spec.encoder_backend, spec.encoder_precision, search
+
+
 def sweep(spec: SearchSpec, queries: Any, qrels: Qrels, keys: DocKeys, cfg: EvaluateConfig) -> list[dict[str, Any]]:
     """(setting, ms/query, metric) points of one run's dense search, timed in this process (search only: the
     index's own knob, `nprobe` or `ef_search`; no BM25 or aspect-match fusion)."""
@@ -216,7 +226,7 @@ def run_evaluate(cfg: EvaluateConfig, log=print, local: bool = False) -> dict[st
         write_qrels(out / "qrels.trec", qrels)
     except ValueError as err:
         log(f"no TREC qrels file: {err}")
-    rows, points, run_files, per_query = [], [], {}, {}
+    rows, points, run_files, per_query, swept = [], [], {}, {}, {}
     for spec in cfg.runs:
         log(f"run {spec.name}: searching {queries.num_rows} queries in {spec.index}")
         keys = DocKeys(spec.index, cfg.doc_key)
@@ -230,7 +240,12 @@ def run_evaluate(cfg: EvaluateConfig, log=print, local: bool = False) -> dict[st
         rows.append({"run": spec.name, "index": str(spec.index), "queries": len(qrels), **values})
         log("  " + ", ".join(f"{k}={v:.4f}" for k, v in values.items()))
         run_files[spec.name] = write_trec_run(run, out / f"{spec.name}.trec", spec.name, log)
-        points.extend(sweep(spec, queries, qrels, keys, cfg))
+        key = sweep_key(spec)
+        if key in swept:  # the same dense search as an earlier run's: its points stand for this run's too
+            log(f"  sweep: as run {swept[key]}'s (same index, model and dense search)")
+        else:
+            swept[key] = spec.name
+            points.extend(sweep(spec, queries, qrels, keys, cfg))
     write_table(rows, out, "results")
     write_table(points, out, "sweep")
     comparisons = compare_to_first(per_query) if len(per_query) > 1 else []

@@ -165,6 +165,7 @@ def test_an_evaluated_aspect_filter_keeps_and_a_boost_ranks_first_what_serve_wou
         got = kept[1][q][kept[1][q] >= 0]
         np.testing.assert_array_equal(got, base[mask])  # the matching candidates, in their order
         np.testing.assert_array_equal(boosted[1][q], np.concatenate([base[mask], base[~mask]]))
+        assert np.all(np.diff(boosted[0][q][boosted[1][q] >= 0]) <= 0)  # the scores order the boosted ranking
     assert conditioned > 0
     assert (kept[1] < 0).sum() > (plain[1] < 0).sum()  # the filter dropped candidates
     no_aspects = _encode(corpus, _model(tmp_path / "bibert", "bibert", tokenizer, vocabularies), tmp_path / "plain")

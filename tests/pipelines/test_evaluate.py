@@ -162,11 +162,16 @@ def test_beir_directory_and_trec_qrels_give_the_parquet_metrics(evaluated, setup
     assert [(r["row"], r["reason"], r["field"]) for r in bad] == [
         (len(catalog.judgments) + 2, "unknown_id", "query-id"), (len(catalog.judgments) + 3, "unknown_id", "corpus-id")]
     assert by_beir["validation"]["quarantined"] == {"unknown_id": 2}
+    # a second run that differs only in the aspect stage: its own results, the first run's sweep (timed once)
+    again = dataclasses.replace(hybrid[0], name="hybrid-again", search=hybrid[0].search.replace(aspect_weight=0.0))
+    logged: list[str] = []
     by_trec = run_evaluate(dataclasses.replace(
-        _config(base, "out_trec", hybrid, queries=str(base / "queries.parquet"),
+        _config(base, "out_trec", [*hybrid, again], queries=str(base / "queries.parquet"),
                 qrels=str(base / "out" / "qrels.trec")),
-        plot=False), log=lambda _: None, local=True)
-    assert {r["run"]: {m: r[m] for m in METRICS} for r in by_trec["results"]} == expected
+        plot=False), log=logged.append, local=True)
+    got = {r["run"]: {m: r[m] for m in METRICS} for r in by_trec["results"]}
+    assert got == {**expected, "hybrid-again": expected["hybrid"]}
+    assert {p["run"] for p in by_trec["sweep"]} == {"hybrid"} and "  sweep: as run hybrid's" in "\n".join(logged)
 
 
 def test_an_int8_run_scores_the_int8_query_tower_the_serve_app_would_use(setup):
