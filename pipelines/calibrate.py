@@ -6,7 +6,8 @@ Runs the model over the split's search terms and the products they judged, fits 
 and side (`madr.modeling.calibration`: the predicted values and every score stay as they are), saves it in
 MODEL_DIR (`aspect_calibration.json`, read by `BiEncoder.load`, so the served `/explain` reports calibrated
 confidences), and prints per aspect Accuracy@1, mean confidence and expected calibration error before and
-after, and the share of items an aspect filter would act on (calibrated confidence >= 0.7) with their Accuracy@1; `--check` also scores the fitted temperatures on another split (held out from the fit). No Ray: the
+after, and the share of items an aspect filter would act on (calibrated confidence >= 0.7) with their
+Accuracy@1; `--check` also scores the fitted temperatures on another split (held out from the fit). No Ray: the
 logic is `madr.recipes.aspects.calibration`; `python -m pipelines.cli experiment` fits it after training.
 """
 

@@ -194,26 +194,24 @@ def apply_condition(scores: np.ndarray, ids: np.ndarray, mask: np.ndarray, mode:
 
 
 def predicted_filter(base: TopK, query: AspectTable, store: AspectStore, min_confidence: float, mode: str,
-                     k: int) -> tuple[TopK, np.ndarray]:
+                     k: int) -> TopK:
     """Per query, the base candidates filtered / boosted (``apply_condition``) by the query's own predicted values
     of confidence >= ``min_confidence`` (``predicted_condition``), cut to ``k`` and padded; a query with no such
     value keeps its ranking. Boosted candidates' scores are raised above every other candidate's (by the score
-    range + 1), so the scores order the ranking as a run file's reader sorts it. Also [Q] bool: which queries had
-    a condition."""
+    range + 1), so the scores order the ranking as a run file's reader sorts it."""
     scores, ids = np.asarray(base[0], dtype=np.float64), np.asarray(base[1], dtype=np.int64)
-    rows, conditioned = [], np.zeros(ids.shape[0], dtype=bool)
+    rows = []
     for q in range(ids.shape[0]):
         live = ids[q] != PAD_ID
         s, i = scores[q][live], ids[q][live]
         condition = predicted_condition(query, q, min_confidence, store)
         if condition and i.size:
-            conditioned[q] = True
             mask = condition_mask(store.lookup(i), condition)
             if mode == "boost":
                 s = np.where(mask, s + (s.max() - s.min()) + 1.0, s)
             s, i = apply_condition(s, i, mask, mode)
         rows.append((s[:k], i[:k]))
-    return pad_rows(rows, k), conditioned
+    return pad_rows(rows, k)
 
 
 def filter_precision(kept: Iterable[int], known: Mapping[int, Mapping[str, Iterable[str]]],

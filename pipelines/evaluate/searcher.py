@@ -96,8 +96,7 @@ def apply_aspect_filter(top: tuple[np.ndarray, np.ndarray], aspects: dict | None
         raise ValueError(f"run {spec.name!r}: aspect_filter needs an index with aspect data ({spec.index} has none)")
     from madr.search.aspect_match import predicted_filter
 
-    filtered, _ = predicted_filter(top, aspects, index.aspects, spec.aspect_confidence, spec.aspect_filter, k)
-    return filtered
+    return predicted_filter(top, aspects, index.aspects, spec.aspect_confidence, spec.aspect_filter, k)
 
 
 def query_aspects(model: Any, index: Any, texts: list[str], params: SearchParams, spec: SearchSpec) -> dict | None:
