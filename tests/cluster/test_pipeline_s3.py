@@ -33,13 +33,14 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 STAGES = "data,pretrain,finetune,encode,tune,evaluate"
 
 
-def s3_experiment(out: str, catalog_dir: Path, clicks: Path) -> dict:
-    """`tiny_experiment` on `out`, its training judgments from the click log `clicks` over the catalog in
-    `catalog_dir` (dev and test keep the catalog's judgments), without the untrained reference and the aspect heads
-    (no baseline or aspects stage: a shorter run)."""
+def s3_experiment(out: str, catalog_dir: Path | None = None, clicks: Path | None = None) -> dict:
+    """`tiny_experiment` on `out`, without the untrained reference and the aspect heads (no baseline or aspects
+    stage: a shorter run); with `catalog_dir` and `clicks`, its training judgments come from the click log `clicks`
+    over that catalog (dev and test keep the catalog's judgments)."""
     cfg = tiny_experiment(out)  # type: ignore[arg-type]
-    cfg["data"] = {"catalog_dir": str(catalog_dir),
-                   "clicks": {"path": str(clicks), "format": "impressions", "max_rank": 8}}
+    if catalog_dir is not None and clicks is not None:
+        cfg["data"] = {"catalog_dir": str(catalog_dir),
+                       "clicks": {"path": str(clicks), "format": "impressions", "max_rank": 8}}
     cfg["eval"] = {"references": ["bm25", "dense"]}
     cfg["train"]["aspects"] = {"epochs": 0}
     cfg["index"]["model_stage"] = "finetune"
