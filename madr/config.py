@@ -21,7 +21,7 @@ import yaml
 from madr.config_files import read_config_file
 from madr.config_overrides import apply_overrides
 from madr.search.params import SearchParams
-from madr.serve_config import ASPECT_MIN_CONFIDENCE
+from madr.serve_config import ASPECT_MIN_CONFIDENCE, check_aspect_confidence
 
 MODEL_NAMES = ("bibert", "mpbert", "mtbert", "dssm", "madr", "madral", "mur", "mural", "hybrid")
 FUSIONS = ("weighted_sum", "presence", "cls_gating")
@@ -415,8 +415,7 @@ class EvalConfig:
     def __post_init__(self) -> None:
         for ref in self.references:
             _check_choice("eval.references", ref, REFERENCES)
-        if isinstance(self.aspect_confidence, bool) or not 0.0 < self.aspect_confidence <= 1.0:
-            raise ValueError(f"eval.aspect_confidence must be in (0, 1], got {self.aspect_confidence!r}")
+        check_aspect_confidence(self.aspect_confidence, "eval.aspect_confidence")
 
 
 @dataclass

@@ -22,6 +22,13 @@ ASPECT_FILTER_MODES = ("filter", "boost")  # aspect-aware retrieval: keep, or ra
 ASPECT_MIN_CONFIDENCE = 0.7  # the confidence a query's predicted aspect value needs to filter / boost by
 
 
+def check_aspect_confidence(value: float, key: str) -> None:
+    """An aspect filter's confidence (presence x calibrated probability) is in (0, 1]; else a ValueError naming
+    ``key``."""
+    if isinstance(value, bool) or not 0.0 < value <= 1.0:
+        raise ValueError(f"{key} must be in (0, 1], got {value!r}")
+
+
 @dataclass
 class DeploymentSettings:
     """Scaling and resources of one deployment; a `deployments:` entry in the Serve YAML overrides these.

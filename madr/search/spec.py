@@ -8,7 +8,13 @@ from dataclasses import dataclass, field
 
 from madr.config import from_dict
 from madr.search.params import SearchParams
-from madr.serve_config import ASPECT_FILTER_MODES, ASPECT_MIN_CONFIDENCE, ENCODER_BACKENDS, ENCODER_PRECISIONS
+from madr.serve_config import (
+    ASPECT_FILTER_MODES,
+    ASPECT_MIN_CONFIDENCE,
+    ENCODER_BACKENDS,
+    ENCODER_PRECISIONS,
+    check_aspect_confidence,
+)
 
 
 @dataclass
@@ -42,6 +48,6 @@ class SearchSpec:
             raise ValueError(f"encoder_backend must be one of {', '.join(ENCODER_BACKENDS)}, "
                              f"got {self.encoder_backend!r}")
         if self.aspect_filter is not None and self.aspect_filter not in ASPECT_FILTER_MODES:
-            raise ValueError(f"aspect_filter must be one of {', '.join(ASPECT_FILTER_MODES)} or null, got {self.aspect_filter!r}")
-        if isinstance(self.aspect_confidence, bool) or not 0.0 < self.aspect_confidence <= 1.0:
-            raise ValueError(f"aspect_confidence must be in (0, 1], got {self.aspect_confidence!r}")
+            raise ValueError(f"aspect_filter must be one of {', '.join(ASPECT_FILTER_MODES)} or null, "
+                             f"got {self.aspect_filter!r}")
+        check_aspect_confidence(self.aspect_confidence, "aspect_confidence")
