@@ -5,7 +5,7 @@ while its ranking stays exactly the encoder's (`madr.training.aspect_heads`).
 1. loads the BiBERT of `train.aspects.init_from` (default the fine-tune stage's export) as an MtBERT with new aspect
    tables over the data stage's phrase vocabularies (`<output_dir>/data/vocab.json`);
 2. trains the tables on the training split's annotated search terms and the products they judged, the encoder
-   frozen (its vectors computed once);
+   frozen (its vectors computed once per distinct text, for this and the calibration split: `FrozenVectors`);
 3. fits their confidence temperatures on `train.aspects.calibrate_split` (`madr.recipes.aspects.calibration`) and
    reports Accuracy@1 and calibration error there;
 4. saves the model to `<output_dir>/aspects/model` (what `index.model_stage: aspects` indexes: the encode job stores
@@ -32,7 +32,7 @@ def run_aspect_heads(cfg: ExperimentConfig, log=print) -> dict:
     from madr.modeling.aspect_vocabulary import AspectVocabularies
     from madr.recipes.aspects.calibration import calibrate, dev_texts
     from madr.recipes.aspects.experiment import load_catalog
-    from madr.training.aspect_heads import train_aspect_heads, with_aspect_heads
+    from madr.training.aspect_heads import FrozenVectors, train_aspect_heads, with_aspect_heads
     from pipelines.calibrate import format_report
 
     stage, layout = cfg.train.aspects, RunLayout.of(cfg)
@@ -45,23 +45,27 @@ def run_aspect_heads(cfg: ExperimentConfig, log=print) -> dict:
     model = with_aspect_heads(source, AspectVocabularies.load(layout.vocab))
     catalog = load_catalog(cfg)
     texts, annotations = dev_texts(catalog, "train")
+    held_texts, held_annotations = dev_texts(catalog, stage.calibrate_split)
     t0 = time.perf_counter()
-    log(f"[aspects] encoding {len(texts['query']):,} training queries and {len(texts['doc']):,} products with the "
-        f"frozen encoder of {source}")
+    vectors = FrozenVectors(model, log=log)
+    for side in ("query", "doc"):  # one pass of the encoder over both splits' distinct texts
+        log(f"[aspects] encoding the {side} texts of the training and {stage.calibrate_split} splits with the "
+            f"frozen encoder of {source}")
+        vectors.add(texts[side] + held_texts[side], side)
     try:
-        trained = train_aspect_heads(model, texts, annotations, stage, seed=cfg.train.seed, log=log)
+        trained = train_aspect_heads(model, texts, annotations, stage, seed=cfg.train.seed, vectors=vectors)
     except ValueError as e:
         raise ValueError(f"{e}; a catalog without aspect annotations runs without this stage: --set "
                          "train.aspects.epochs=0 --set index.model_stage=finetune") from e
     log(f"[aspects] {stage.epochs} epochs on the frozen vectors of {len(texts['query']):,} training queries and "
-        f"{len(texts['doc']):,} products in {time.perf_counter() - t0:.1f} s:")
+        f"{len(texts['doc']):,} products, encoding included, in {time.perf_counter() - t0:.1f} s:")
     for key, r in trained.items():
         log(f"  {key:<12} {r['items']:>7,} items  loss {r['loss_before']:.3f} -> {r['loss_after']:.3f}  "
             f"acc@1 {r['accuracy@1']:.3f}")
-    held_texts, held_annotations = dev_texts(catalog, stage.calibrate_split)
     fitted_on = (f"split {stage.calibrate_split}: {len(held_texts['query']):,} queries, "
                  f"{len(held_texts['doc']):,} products")
-    model.calibration, fit = calibrate(model, held_texts, held_annotations, fitted_on)
+    model.calibration, fit = calibrate(model, held_texts, held_annotations, fitted_on,
+                                       logits_of=vectors.phrase_logits)
     log(format_report(fit, f"[aspects] calibrated on {fitted_on}"))
     out = layout.model("aspects")
     model.save(out)

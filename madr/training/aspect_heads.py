@@ -9,8 +9,9 @@ BiBERT's, and the aspects come on top (`/explain`, the aspect-match score whose 
 dev, with 0 on its grid).
 
 - `with_aspect_heads`: a saved BiBERT as an MtBERT with new aspect tables over the phrase vocabularies;
-- `aspect_vectors`: the frozen representations the tables read (for MtBERT, the text vector itself);
-- `train_aspect_heads`: the tables trained by ``L_AP`` on those vectors, computed once.
+- `FrozenVectors`: the frozen representations the tables read (for MtBERT, the text vector itself), computed
+  once per distinct text and side, so training and calibration share one pass of the encoder;
+- `train_aspect_heads`: the tables trained by ``L_AP`` on those vectors.
 """
 
 from __future__ import annotations
@@ -51,39 +52,70 @@ def with_aspect_heads(model_dir: str | Path, vocabularies: AspectVocabularies) -
     return model
 
 
-@torch.no_grad()
-def aspect_vectors(model: BiEncoder, texts: Sequence[str], side: str, batch_size: int = 128,
-                   log: Callable[[str], None] | None = None) -> dict[str, torch.Tensor]:
-    """{aspect: [N, H]} the representations `model`'s aspect tables read for `texts` on `side` (eval mode);
-    `log` hears the progress at every tenth of the texts."""
-    was_training = model.training
-    model.eval()
-    parts: dict[str, list[torch.Tensor]] = {}
-    step = max(batch_size, -(-len(texts) // 10 // batch_size) * batch_size)
-    for i in range(0, len(texts), batch_size):
-        enc = model.tokenize(list(texts[i:i + batch_size]), side)
-        for aspect, h in model.encode(enc["input_ids"], enc["attention_mask"], side).aspect_repr.items():
-            parts.setdefault(aspect, []).append(h.float())
-        if log is not None and (i + batch_size) % step == 0:
-            log(f"  {side}: {min(i + batch_size, len(texts)):,} / {len(texts):,} texts encoded")
-    model.train(was_training)
-    return {a: torch.cat(p) for a, p in parts.items()}
+class FrozenVectors:
+    """The representations `model`'s aspect tables read (`TowerOutput.aspect_repr`), computed once per distinct
+    text and side: every encoder weight is frozen, so a text's vector never changes while the tables train.
+    Texts are encoded longest first, so a batch pads little; `log` hears the progress at every tenth."""
+
+    def __init__(self, model: BiEncoder, batch_size: int = 128, log: Callable[[str], None] | None = None) -> None:
+        self.model, self.batch_size, self.log = model, batch_size, log
+        self._row: dict[str, dict[str, int]] = {}
+        self._vectors: dict[str, dict[str, torch.Tensor]] = {}
+
+    @torch.no_grad()
+    def add(self, texts: Sequence[str], side: str) -> None:
+        """Encode the texts of `side` not encoded yet (eval mode)."""
+        rows = self._row.setdefault(side, {})
+        new = sorted({t for t in texts if t not in rows}, key=lambda t: (-len(t), t))
+        if not new:
+            return
+        was_training = self.model.training
+        self.model.eval()
+        parts: dict[str, list[torch.Tensor]] = {}
+        step = max(self.batch_size, -(-len(new) // 10 // self.batch_size) * self.batch_size)
+        for i in range(0, len(new), self.batch_size):
+            enc = self.model.tokenize(new[i:i + self.batch_size], side)
+            out = self.model.encode(enc["input_ids"], enc["attention_mask"], side)
+            for aspect, h in out.aspect_repr.items():
+                parts.setdefault(aspect, []).append(h.float())
+            if self.log is not None and (i + self.batch_size) % step == 0:
+                self.log(f"  {side}: {min(i + self.batch_size, len(new)):,} / {len(new):,} texts encoded")
+        self.model.train(was_training)
+        held = self._vectors.setdefault(side, {})
+        for aspect, p in parts.items():
+            held[aspect] = torch.cat([held[aspect], *p]) if aspect in held else torch.cat(p)
+        first = len(rows)
+        rows.update((t, first + i) for i, t in enumerate(new))
+
+    def __call__(self, texts: Sequence[str], side: str) -> dict[str, torch.Tensor]:
+        """{aspect: [N, H]} for `texts` in their order, encoding those not seen yet."""
+        self.add(texts, side)
+        index = torch.tensor([self._row[side][t] for t in texts], dtype=torch.long)
+        return {a: v[index] for a, v in self._vectors.get(side, {}).items()}
+
+    @torch.no_grad()
+    def phrase_logits(self, texts: list[str], side: str) -> dict[str, torch.Tensor]:
+        """{objective key: [N, V]} the tables' phrase-value logits of `texts` (Eq. 3), as
+        `madr.recipes.aspects.evaluation.phrase_logits` gives them, from the held vectors."""
+        keys = {k: a for k, a, g in objective_keys(self.model.config) if g == "phrase"}
+        vectors = self(texts, side)
+        return {k: self.model.aspect_predictor({k: vectors[a]})[k].float() for k, a in keys.items()}
 
 
 def _examples(model: BiEncoder, texts: Mapping[str, Sequence[str]], annotations: Mapping[str, Annotations],
-              batch_size: int, log: Callable[[str], None] | None) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+              vectors: FrozenVectors) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """{objective key: (vectors [N, H], labels [N, M])} of every text of every side with an annotation of the key's
     aspect in the vocabularies (the tables are shared by both towers: Sec. 5)."""
     rows: dict[str, tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
     for side, side_texts in texts.items():
         if len(side_texts) != len(annotations[side]):
             raise ValueError(f"{len(side_texts)} {side} texts but {len(annotations[side])} annotations")
-        vectors = aspect_vectors(model, side_texts, side, batch_size, log)
+        side_vectors = vectors(side_texts, side)
         for key, aspect, _ in objective_keys(model.config):
             labels = value_labels(model, aspect, annotations[side])
             has = (labels >= 0).any(dim=1)
             xs, ys = rows.setdefault(key, ([], []))
-            xs.append(vectors[aspect][has])
+            xs.append(side_vectors[aspect][has])
             ys.append(labels[has])
     out = {}
     for key, (xs, ys) in rows.items():
@@ -95,14 +127,14 @@ def _examples(model: BiEncoder, texts: Mapping[str, Sequence[str]], annotations:
 
 
 def train_aspect_heads(model: BiEncoder, texts: Mapping[str, Sequence[str]], annotations: Mapping[str, Annotations],
-                       cfg: AspectHeadsConfig, seed: int = 0, encode_batch_size: int = 128,
-                       log: Callable[[str], None] | None = None) -> dict[str, dict]:
+                       cfg: AspectHeadsConfig, seed: int = 0, vectors: FrozenVectors | None = None) -> dict[str, dict]:
     """Train `model`'s aspect tables by ``L_AP`` (Eq. 3) for `cfg.epochs` passes over the annotated `texts` (by side:
-    "query", "doc"), every encoder weight frozen: the vectors are computed once. Returns per objective key the
-    items, the loss before and after and the Accuracy@1 on those items after. `log` hears the encoding's progress."""
+    "query", "doc"), every encoder weight frozen: the vectors come from `vectors` (default: a new
+    `FrozenVectors(model)`), computed once. Returns per objective key the items, the loss before and after and the
+    Accuracy@1 on those items after."""
     if model.aspect_predictor is None:
         raise ValueError(f"model {model.config.name} has no aspect tables to train")
-    examples = _examples(model, texts, annotations, encode_batch_size, log)
+    examples = _examples(model, texts, annotations, vectors or FrozenVectors(model))
     if not examples:
         raise ValueError("no query or product has an annotation in the model's aspect vocabularies")
     params = list(model.aspect_predictor.parameters())

@@ -46,6 +46,7 @@ from pipelines.evaluate.searcher import (
     DocKeys,
     SearchSpec,
     collect,
+    opened,
     resolve_model_dir,
     search_dataset,
     search_local,
@@ -112,11 +113,8 @@ def sweep(spec: SearchSpec, queries: Any, qrels: Qrels, keys: DocKeys, cfg: Eval
     import torch
 
     from madr.index import encode_queries
-    from madr.modeling.model import BiEncoder
-    from madr.search.sharded import ShardedIndex
 
-    model = BiEncoder.load(resolve_model_dir(spec)).eval()
-    index = ShardedIndex.open(spec.index, mmap=True, verify=False)
+    model, index = opened(resolve_model_dir(spec), str(spec.index))
     param, values = _sweep_param(index)
     if cfg.sweep and param:
         values = list(cfg.sweep)
@@ -215,7 +213,7 @@ def write_trec_run(run: Run, path: Path, tag: str, log=print) -> str | None:
 
 def run_evaluate(cfg: EvaluateConfig, log=print, local: bool = False) -> dict[str, Any]:
     """Evaluate every run of ``cfg`` (Ray must be initialised, unless ``local``: the searches run in this
-    process); returns {"results": rows, "sweep": points, "comparisons": the first run against each other one,
+    process, as they do when the queries fit in one batch, ``cfg.batch_size``); returns {"results": rows, "sweep": points, "comparisons": the first run against each other one,
     "run_files": {name: TREC run file}, "validation": summary of BEIR / TREC inputs or None, ...}."""
     if not cfg.runs:
         raise ValueError("evaluate: no runs given (each run names an index manifest)")
@@ -228,9 +226,11 @@ def run_evaluate(cfg: EvaluateConfig, log=print, local: bool = False) -> dict[st
         log(f"no TREC qrels file: {err}")
     rows, points, run_files, per_query, swept = [], [], {}, {}, {}
     for spec in cfg.runs:
-        log(f"run {spec.name}: searching {queries.num_rows} queries in {spec.index}")
+        in_process = local or queries.num_rows <= cfg.batch_size  # one batch: an actor pool would only start up
+        log(f"run {spec.name}: searching {queries.num_rows} queries in {spec.index}"
+            + (" in this process" if in_process else f" on {cfg.search_actors} Ray actor(s)"))
         keys = DocKeys(spec.index, cfg.doc_key)
-        searched = search_local(queries, spec, cfg.k, cfg.batch_size) if local else \
+        searched = search_local(queries, spec, cfg.k, cfg.batch_size) if in_process else \
             search_dataset(queries, spec, cfg.k, cfg.search_actors, cfg.batch_size)
         results = collect(searched)
         run = to_run(results, keys)

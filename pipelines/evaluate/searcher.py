@@ -12,6 +12,7 @@ qrels use (e.g. a product id) through the index's docs table. A run's settings a
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +40,10 @@ class SearchQueries:
     def __init__(self, spec: dict[str, Any], k: int, torch_threads: int | None = 1, mmap: bool = True) -> None:
         import torch
 
-        from madr.modeling.model import BiEncoder
-        from madr.search.sharded import ShardedIndex
-
         if torch_threads:
             torch.set_num_threads(torch_threads)
         self.spec, self.k = SearchSpec(**spec), k
-        self.model = BiEncoder.load(resolve_model_dir(self.spec)).eval()
-        self.index = ShardedIndex.open(self.spec.index, mmap=mmap, verify=False)
+        self.model, self.index = opened(resolve_model_dir(self.spec), str(self.spec.index), mmap)
         self.encoder = query_encoder(self.model, self.spec.encoder_backend, self.spec.encoder_precision)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -55,6 +52,16 @@ class SearchQueries:
         return pa.table({"query_id": batch.column("query_id"),
                          "ids": pa.array(list(ids), pa.list_(pa.int64())),
                          "scores": pa.array(list(scores), pa.list_(pa.float32()))})
+
+
+@functools.lru_cache(maxsize=2)
+def opened(model_dir: str, index: str, mmap: bool = True) -> tuple[Any, Any]:
+    """(the model in eval mode, the opened ``ShardedIndex``), loaded once per process: the runs of one evaluation
+    and its sweeps often share a model or an index (neither is changed by a search)."""
+    from madr.modeling.model import BiEncoder
+    from madr.search.sharded import ShardedIndex
+
+    return BiEncoder.load(model_dir).eval(), ShardedIndex.open(index, mmap=mmap, verify=False)
 
 
 def query_encoder(model: Any, backend: str, precision: str) -> Any:

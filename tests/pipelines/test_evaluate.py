@@ -174,6 +174,18 @@ def test_beir_directory_and_trec_qrels_give_the_parquet_metrics(evaluated, setup
     assert {p["run"] for p in by_trec["sweep"]} == {"hybrid"} and "  sweep: as run hybrid's" in "\n".join(logged)
 
 
+@pytest.mark.ray
+def test_queries_that_fit_one_batch_are_searched_in_the_driver_with_the_ray_jobs_numbers(evaluated, setup):
+    base, _ = setup
+    logged: list[str] = []
+    one_batch = run_evaluate(dataclasses.replace(_config(base, "out_one_batch"), batch_size=100_000, plot=False),
+                             log=logged.append)
+    assert one_batch["results"] == evaluated["results"]
+    n = pq.read_table(base / "queries.parquet").num_rows
+    assert [line for line in logged if line.startswith("run ")] == [
+        f"run {spec.name}: searching {n} queries in {spec.index} in this process" for spec in _runs(base)]
+
+
 def test_an_int8_run_scores_the_int8_query_tower_the_serve_app_would_use(setup):
     """`encoder_precision: int8` on a run: the job encodes its queries with the int8 query tower
     (`madr.export.quantize.Int8QueryEncoder`, what a Serve app with `encoder_precision: int8` builds), so its

@@ -11,6 +11,8 @@ multiplies in, is left out).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from madr.data.schema import Catalog
@@ -36,10 +38,16 @@ def value_labels(model: BiEncoder, aspect: str, annotations: Annotations) -> tor
     return pad_labels([voc.encode(a.get(aspect, [])) for a in annotations])
 
 
+LogitsOf = Callable[[list[str], str], dict[str, torch.Tensor]]
+
+
 def labelled_logits(model: BiEncoder, texts: dict[str, list[str]], annotations: dict[str, Annotations],
-                    batch_size: int = 128) -> dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]]:
+                    batch_size: int = 128, logits_of: LogitsOf | None = None,
+                    ) -> dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]]:
     """{(side, objective key): (logits [N, V], labels [N, M])} over the items of `texts[side]` with an annotation of
-    that aspect in the model's vocabularies. Raises when the model learns no aspects."""
+    that aspect in the model's vocabularies. `logits_of(texts, side)` gives the phrase logits (default: `model`
+    encodes the texts, `phrase_logits`; `madr.training.aspect_heads.FrozenVectors.phrase_logits` reuses vectors
+    already computed). Raises when the model learns no aspects."""
     if not model.predicts_aspect_values:
         raise ValueError(f"model {model.config.name} predicts no aspect values to calibrate")
     aspect_of = {k: a for k, a, g in objective_keys(model.config) if g == "phrase"}
@@ -47,7 +55,9 @@ def labelled_logits(model: BiEncoder, texts: dict[str, list[str]], annotations: 
     for side, side_texts in texts.items():
         if len(side_texts) != len(annotations[side]):
             raise ValueError(f"calibrate: {len(side_texts)} {side} texts but {len(annotations[side])} annotations")
-        for key, logits in phrase_logits(model, side_texts, side, batch_size).items():
+        logits_by_key = (logits_of(side_texts, side) if logits_of is not None
+                         else phrase_logits(model, side_texts, side, batch_size))
+        for key, logits in logits_by_key.items():
             labels = value_labels(model, aspect_of[key], annotations[side])
             has = (labels >= 0).any(dim=1)
             if bool(has.any()):
@@ -84,11 +94,12 @@ def confident(confidence: torch.Tensor, right: torch.Tensor,
 
 
 def calibrate(model: BiEncoder, texts: dict[str, list[str]], annotations: dict[str, Annotations],
-              fitted_on: str = "", batch_size: int = 128) -> tuple[AspectCalibration, dict[str, dict[str, float]]]:
+              fitted_on: str = "", batch_size: int = 128, logits_of: LogitsOf | None = None,
+              ) -> tuple[AspectCalibration, dict[str, dict[str, float]]]:
     """Fit the temperature of every (side, aspect) with annotated items in `texts[side]` / `annotations[side]`;
-    returns the calibration and its `calibration_report` on the same items. Raises when the model learns no
-    aspects or no item has an annotation in its vocabularies."""
-    items = labelled_logits(model, texts, annotations, batch_size)
+    returns the calibration and its `calibration_report` on the same items (`logits_of`: see `labelled_logits`).
+    Raises when the model learns no aspects or no item has an annotation in its vocabularies."""
+    items = labelled_logits(model, texts, annotations, batch_size, logits_of)
     if not items:
         raise ValueError("calibrate: no query or document has an annotation in the model's vocabularies")
     temps: dict[str, dict[str, float]] = {}

@@ -22,7 +22,8 @@ from madr.config import (
 from madr.layout import RunLayout, mark_prepared
 from madr.modeling.model import BiEncoder, build_model
 from madr.recipes.aspects.calibration import dev_texts
-from madr.training.aspect_heads import train_aspect_heads, with_aspect_heads
+from madr.recipes.aspects.evaluation import phrase_logits
+from madr.training.aspect_heads import FrozenVectors, train_aspect_heads, with_aspect_heads
 from pipelines.aspect_heads import main, run_aspect_heads
 from pipelines.encode.resume import model_aspects
 
@@ -67,6 +68,28 @@ def test_heads_learn_the_annotations_and_leave_every_vector_as_it_was(bibert_dir
         ours = model.aspect_predictor(model.encode(enc["input_ids"], enc["attention_mask"], "query").aspect_repr)
         theirs = loaded.aspect_predictor(loaded.encode(enc["input_ids"], enc["attention_mask"], "query").aspect_repr)
     assert all(torch.allclose(ours[k], theirs[k]) for k in ours)
+
+
+def test_frozen_vectors_encode_each_distinct_text_once_and_give_the_models_logits(bibert_dir, catalog,
+                                                                                   vocabularies, monkeypatch):
+    model = with_aspect_heads(bibert_dir, vocabularies).eval()
+    encoded: list[int] = []
+    encode = model.encode
+    monkeypatch.setattr(model, "encode", lambda ids, mask, side: encoded.append(len(ids)) or encode(ids, mask, side))
+    vectors = FrozenVectors(model, batch_size=16)
+    queries = [q.text for q in catalog.queries[:40]]
+    vectors.add(queries + queries[:10], "query")
+    first = len(set(queries))
+    assert sum(encoded) == first  # distinct texts only
+    again = vectors(list(reversed(queries)) + ["a text not seen yet"], "query")
+    assert sum(encoded) == first + 1  # only the new one
+    monkeypatch.undo()
+    direct = phrase_logits(model, queries, "query")
+    held = vectors.phrase_logits(queries, "query")
+    assert set(held) == set(direct) == set(catalog.aspect_names)
+    for key in direct:  # longest-first batches pad differently: equal up to float rounding
+        assert torch.allclose(held[key], direct[key], atol=1e-5), key
+    assert next(iter(again.values())).shape[0] == len(queries) + 1
 
 
 def test_only_a_bibert_with_aspects_gets_heads(catalog, tokenizer, vocabularies, tmp_path):
