@@ -45,9 +45,10 @@ def tune_dir(cfg: ExperimentConfig) -> Path:
     return Path(cfg.output_dir) / "tune"
 
 
-def candidate_lists(cfg: ExperimentConfig, texts: list[str], k: int, manifest_path: Path) -> tuple[list, list, Any]:
-    """(dense candidates per shard, BM25 candidates per shard, the opened index) of `texts` over the index of
-    `manifest_path`, in batches."""
+def candidate_lists(cfg: ExperimentConfig, texts: list[str], k: int, manifest_path: Path,
+                    ) -> tuple[list, list, Any, Any]:
+    """(dense candidates per shard, BM25 candidates per shard, the opened index, its model) of `texts` over the
+    index of `manifest_path`, in batches."""
     from madr.index import Manifest, encode_queries
     from madr.modeling.model import BiEncoder
     from madr.search.sharded import ShardedIndex
@@ -68,7 +69,7 @@ def candidate_lists(cfg: ExperimentConfig, texts: list[str], k: int, manifest_pa
             d, b = shard.candidates(vectors, terms, params)
             dense[s].append(d)
             bm25[s].append(b)
-    return [_stack(parts) for parts in dense], [_stack(parts) for parts in bm25], index
+    return [_stack(parts) for parts in dense], [_stack(parts) for parts in bm25], index, model
 
 
 def _stack(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
@@ -91,7 +92,7 @@ def run_tune(cfg: ExperimentConfig, log=print, manifest_path: Path | None = None
     k = cfg.eval.top_k
     log(f"[tune] {len(ids)} {cfg.tune.split} queries, {len(qrels)} judged; grid step {cfg.tune.lambda_step}, "
         f"normalisations {cfg.tune.normalisations}, by {cfg.tune.metric}")
-    dense, bm25, index = candidate_lists(cfg, texts, k, manifest_path)
+    dense, bm25, index, model = candidate_lists(cfg, texts, k, manifest_path)
     keys = DocKeys(manifest_path, "product_id")
 
     def as_run(fused: tuple[np.ndarray, np.ndarray]) -> dict:
@@ -106,7 +107,7 @@ def run_tune(cfg: ExperimentConfig, log=print, manifest_path: Path | None = None
     log(f"[tune] chose lam {choice.lam:g} ({choice.lam:g} dense + {1 - choice.lam:g} BM25), "
         f"{choice.normalisation}: dev {choice.metric} {choice.value:.4f} -> {manifest_path}")
     if index.aspects is not None:
-        aspect = choose_aspect_weight(cfg, texts, dense, bm25, choice, index, as_run, qrels, k)
+        aspect = choose_aspect_weight(cfg, model, texts, dense, bm25, choice, index, as_run, qrels, k)
         record_aspect_weight(manifest_path, aspect.aspect_weight)
         out = report_dir or tune_dir(cfg)
         (out / "aspects.json").write_text(json.dumps(aspect.to_dict(), indent=1))
@@ -116,15 +117,13 @@ def run_tune(cfg: ExperimentConfig, log=print, manifest_path: Path | None = None
     return choice
 
 
-def choose_aspect_weight(cfg: ExperimentConfig, texts: list[str], dense: list, bm25: list, choice: FusionChoice,
-                         index: Any, as_run: Any, qrels: dict, k: int) -> AspectChoice:
-    """The aspect-match weight of `tune.aspect_weights` best on the dev queries, over the chosen fusion's whole
-    candidate pool (`madr.search.sharded.candidate_pool`), the queries' aspect values computed once."""
+def choose_aspect_weight(cfg: ExperimentConfig, model: Any, texts: list[str], dense: list, bm25: list,
+                         choice: FusionChoice, index: Any, as_run: Any, qrels: dict, k: int) -> AspectChoice:
+    """The aspect-match weight of `tune.aspect_weights` best on the dev queries (`model`: the index's), over the
+    chosen fusion's whole candidate pool (`madr.search.sharded.candidate_pool`), the queries' aspect values computed once."""
     from madr.modeling.aspect_distributions import encode_aspects
-    from madr.modeling.model import BiEncoder
     from madr.search.sharded import candidate_pool, fuse_candidates
 
-    model = BiEncoder.load(index.manifest.model_dir).eval()
     queries = encode_aspects(model, texts, "query", int(index.manifest.aspects["k"]))
     params = SearchParams(k=k, candidates=cfg.tune.candidates, lam=choice.lam, normalisation=choice.normalisation)
     base = fuse_candidates(dense, bm25, choice.lam, params.replace(k=candidate_pool(params, fused=True)))

@@ -8,7 +8,8 @@ From the experiment's data section to the files every later stage reads (layout:
    under `data/quarantine` with their file, line and field, as every ingested source's), or the seeded
    synthetic multilingual multi-aspect world (`data.synthetic_products`, `synthetic_queries`, `languages`);
 2. the corpus the encode stage indexes: one row per product with its index id (`doc_id`) and text and
-   aspect fields, written by Ray Data in blocks;
+   aspect fields, written by Ray Data in blocks (steps 2, 4 and 5 run in this process, on the same batch
+   functions, for a catalog of at most `IN_PROCESS_ROWS` products and queries: `pipelines.data.batched`);
 3. the queries and qrels of `eval.split` (evaluation) and of the train split (hard-negative mining);
 4. the tokenizer (the backbone's, or a WordPiece trained on the catalog) and the phrase / word / token
    aspect vocabularies, aggregated by Ray Data over products and queries (paper 001 Sec. 5.3.1);
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -36,6 +38,7 @@ from madr.data.synthetic.catalog import generate_catalog
 from madr.layout import RunLayout, mark_prepared
 from madr.modeling.backbone import resolve_backbone_path
 from madr.recipes.aspects.experiment import prepare_tokenizer, read_beir_catalog
+from pipelines.data.batched import IN_PROCESS_ROWS
 
 CORPUS_ROWS_PER_FILE = 50_000
 
@@ -90,9 +93,15 @@ def corpus_table(products: pa.Table, aspects: list[str]) -> pa.Table:
     return pa.table(columns)
 
 
-def write_corpus(ray: Any, products_path: Path, aspects: list[str], out: Path) -> int:
-    """The corpus as Parquet files written by Ray Data (ids assigned in file order before distribution)."""
+def write_corpus(ray: Any, products_path: Path, aspects: list[str], out: Path, in_process: bool = False) -> int:
+    """The corpus as Parquet files written by Ray Data (ids assigned in file order before distribution); with
+    `in_process`, one file written here."""
     table = corpus_table(pq.read_table(products_path), aspects)
+    if in_process:
+        shutil.rmtree(out, ignore_errors=True)
+        out.mkdir(parents=True)
+        pq.write_table(table, out / "part-000000.parquet")
+        return table.num_rows
     ds = ray.data.from_arrow(table).repartition(max(1, -(-table.num_rows // CORPUS_ROWS_PER_FILE)))
     ds.write_parquet(str(out), mode="overwrite")
     return table.num_rows
@@ -138,8 +147,11 @@ def prepare(cfg: ExperimentConfig, log: Any = print) -> dict[str, Any]:
     log(f"[data] catalog from {origin}: {len(catalog.products)} products, {len(catalog.queries)} queries, "
         f"{len(catalog.judgments)} judgments -> {layout.catalog}")
     aspects = list(cfg.model.aspects)
-    docs = write_corpus(ray, layout.catalog / PRODUCTS_FILE, aspects, layout.corpus)
-    log(f"[data] corpus: {docs} documents -> {layout.corpus}")
+    products, queries = (pq.read_table(layout.catalog / f) for f in (PRODUCTS_FILE, QUERIES_FILE))
+    in_process = products.num_rows + queries.num_rows <= IN_PROCESS_ROWS
+    docs = write_corpus(ray, layout.catalog / PRODUCTS_FILE, aspects, layout.corpus, in_process)
+    log(f"[data] corpus: {docs} documents -> {layout.corpus} "
+        f"({'in this process' if in_process else 'by Ray Data'}; corpus, vocabularies and statistics)")
     n_queries, n_qrels = write_split(layout.catalog, cfg.eval.split, layout.queries("eval"), layout.qrels("eval"))
     log(f"[data] evaluation split {cfg.eval.split!r}: {n_queries} queries, {n_qrels} judgments")
     n_train, _ = write_split(layout.catalog, "train", layout.queries("train"), layout.qrels("train"), required=False)
@@ -149,12 +161,16 @@ def prepare(cfg: ExperimentConfig, log: Any = print) -> dict[str, Any]:
         n_dev, _ = write_split(layout.catalog, "dev", layout.queries("dev"), layout.qrels("dev"), required=False)
         log(f"[data] dev split: {n_dev} queries")
     tokenizer = tokenizer_path(cfg, catalog)
-    annotated = ray.data.read_parquet([str(layout.catalog / PRODUCTS_FILE), str(layout.catalog / QUERIES_FILE)],
-                                      columns=aspects)
+    if in_process:  # the same batch functions, without starting Ray Data tasks (pipelines.data.batched)
+        annotated = pa.concat_tables([products.select(aspects), queries.select(aspects)], promote_options="default")
+        sides = {"item": products, "query": queries}
+    else:
+        annotated = ray.data.read_parquet([str(layout.catalog / PRODUCTS_FILE), str(layout.catalog / QUERIES_FILE)],
+                                          columns=aspects)
+        sides = {"item": ray.data.read_parquet(str(layout.catalog / PRODUCTS_FILE)),
+                 "query": ray.data.read_parquet(str(layout.catalog / QUERIES_FILE))}
     vocabs = build_vocabularies_ray(annotated, aspects, tokenizer=tokenizer, min_freq=cfg.model.vocab_min_freq)
     vocabs.save(layout.vocab)
-    sides = {"item": ray.data.read_parquet(str(layout.catalog / PRODUCTS_FILE)),
-             "query": ray.data.read_parquet(str(layout.catalog / QUERIES_FILE))}
     stats = aspect_stats(sides, aspects, vocabs)
     layout.stats.write_text(json.dumps(stats.to_dict(), indent=1))
     log(stats.format())

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from ray.data import Dataset
 
 from madr.modeling.aspect_vocabulary import GRANULARITIES, AspectVocabularies, normalize_value
+from pipelines.data.batched import map_batches
 
 
 def _masks(batch: pa.Table, aspects: Sequence[str]) -> np.ndarray:
@@ -41,23 +42,24 @@ def _partial(batch: pa.Table, aspects: Sequence[str], key: str | None) -> pa.Tab
                      **{f"has_{a}": [int(((masks >> i) & 1).sum())] for i, a in enumerate(aspects)}})
 
 
-def coverage(ds: Dataset, aspects: Sequence[str], key: str | None = None) -> tuple[int, dict[str, float]]:
+def coverage(ds: Dataset | pa.Table, aspects: Sequence[str], key: str | None = None) -> tuple[int, dict[str, float]]:
     """(documents, {aspect: fraction of documents with at least one non-empty value}).
 
-    `map_batches` computes partial sums per batch; the driver adds them up (a global `Dataset.aggregate`
+    `map_batches` computes partial sums per batch (of a Ray Dataset, or of a table in this process:
+    `pipelines.data.batched`); the driver adds them up (a global `Dataset.aggregate`
     gives the same result far more slowly). With `key` (e.g. product_id, when items repeat over
     query-item pairs) each distinct key is one document, annotated if any of its rows is.
     """
-    partial = ds.map_batches(_partial, fn_kwargs={"aspects": list(aspects), "key": key}, batch_format="pyarrow")
+    partial = map_batches(ds, _partial, {"aspects": list(aspects), "key": key})
     if key is None:
         totals = dict.fromkeys(["documents"] + [f"has_{a}" for a in aspects], 0)
-        for batch in partial.iter_batches(batch_format="pyarrow", batch_size=None):
+        for batch in partial:
             for name in totals:
                 totals[name] += int(pc.sum(batch.column(name)).as_py() or 0)
         docs, counts = totals["documents"], [totals[f"has_{a}"] for a in aspects]
     else:
         masks: dict[str, int] = {}
-        for batch in partial.iter_batches(batch_format="pyarrow", batch_size=None):
+        for batch in partial:
             for k, m in zip(batch.column("key").to_pylist(), batch.column("mask").to_pylist(), strict=True):
                 masks[k] = masks.get(k, 0) | m
         docs = len(masks)
@@ -100,7 +102,7 @@ def _short(n: int) -> str:
     return f"{n / 1000:.0f}k" if n >= 10_000 else (f"{n / 1000:.1f}k" if n >= 1000 else str(n))
 
 
-def aspect_stats(sides: Mapping[str, Dataset], aspects: Sequence[str],
+def aspect_stats(sides: Mapping[str, Dataset | pa.Table], aspects: Sequence[str],
                  vocabularies: AspectVocabularies | None = None,
                  keys: Mapping[str, str] | None = None) -> AspectStats:
     """Coverage of every side (name -> Dataset of annotated documents; `keys[side]` deduplicates that side

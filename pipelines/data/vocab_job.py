@@ -37,6 +37,7 @@ from madr.modeling.aspect_vocabulary import (
     normalize_value,
     value_pieces,
 )
+from pipelines.data.batched import map_batches
 
 
 @lru_cache(maxsize=4)
@@ -90,20 +91,20 @@ def _piece_counts(batch: pa.Table, aspects: Sequence[str], granularities: Sequen
                      "n": pa.array([counts[k] for k in keys], pa.int64())})
 
 
-def piece_frequencies(ds: Dataset, aspects: Sequence[str], granularities: Sequence[str],
+def piece_frequencies(ds: Dataset | pa.Table, aspects: Sequence[str], granularities: Sequence[str],
                       tokenizer: str | None = None, batch_size: int = 4096) -> dict[tuple[str, str], Counter]:
-    """{(aspect, granularity): Counter(piece -> number of documents containing it)} over `ds`."""
-    partial = ds.map_batches(_piece_counts, batch_size=batch_size, batch_format="pyarrow",
-                             fn_kwargs={"aspects": list(aspects), "granularities": list(granularities),
-                                        "tokenizer": tokenizer})
+    """{(aspect, granularity): Counter(piece -> number of documents containing it)} over `ds` (a Ray Dataset, or a
+    `pyarrow.Table` counted in this process: `pipelines.data.batched`)."""
+    partial = map_batches(ds, _piece_counts, {"aspects": list(aspects), "granularities": list(granularities),
+                                              "tokenizer": tokenizer}, batch_size)
     out: dict[tuple[str, str], Counter] = {(a, g): Counter() for a in aspects for g in granularities}
-    for batch in partial.iter_batches(batch_format="pyarrow", batch_size=None):
+    for batch in partial:
         for a, g, p, n in zip(*(batch.column(i).to_pylist() for i in range(4)), strict=True):
             out[(a, g)][p] += n
     return out
 
 
-def build_vocabularies_ray(ds: Dataset, aspects: Sequence[str], granularities: Sequence[str] = GRANULARITIES,
+def build_vocabularies_ray(ds: Dataset | pa.Table, aspects: Sequence[str], granularities: Sequence[str] = GRANULARITIES,
                            tokenizer: str | os.PathLike | None = None, min_freq: int = 1,
                            max_size: int | None = None) -> AspectVocabularies:
     """`build_vocabularies` over a Dataset of annotations; `tokenizer` is a path for `load_tokenizer`

@@ -173,7 +173,10 @@ def _run(args: argparse.Namespace, names: Sequence[str] | None) -> int:
             if complete and not args.force:
                 print(f"[madr.jobs] {stage.name}: skip, {why}", flush=True)
                 continue
-            rc = _submit_stage(args, cluster, stage, key, args.force)
+            if visible and inv.not_applicable(stage, inv.parsed()[stage.name], inv.configs.path(stage.name)):
+                rc = runner.run_stage_here(stage, inv, force=args.force)  # only a marker to write: no job for it
+            else:
+                rc = _submit_stage(args, cluster, stage, key, args.force)
         if rc != 0:
             print(f"[madr.jobs] stopped at {stage.name} (exit code {rc})", file=sys.stderr)
             return rc

@@ -20,7 +20,7 @@ from pipelines.jobs.local_cluster import free_port
 ROOT = Path(__file__).resolve().parents[2]
 # e2e: `make test` leaves it out (2+ minutes); .ci/run runs it as its own required step (`pytest -m e2e`)
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.e2e]
-STAGES = ("data", "pretrain", "finetune", "aspects", "encode", "tune", "baseline", "evaluate")
+STAGES = ("data", "finetune", "aspects", "encode", "tune", "baseline", "evaluate")  # pretrain: not in the recipe
 
 
 def tiny_experiment(out: Path) -> dict:
@@ -54,6 +54,9 @@ def test_demo_flow_submits_every_stage_and_answers_over_http(tmp_path, monkeypat
         assert marker["ray_job"] and marker["ray_job"].startswith(f"madr-{stage}-"), stage
         assert f"[madr.jobs] {stage}: {marker['ray_job']} SUCCEEDED" in out
     assert "[madr.jobs] deploy: {'madr': 'RUNNING'}" in out
+    skipped = json.loads((tmp_path / "out" / "_stages" / "pretrain.done.json").read_text())
+    assert skipped["skipped"] and skipped["ray_job"] is None, "a stage the recipe leaves out submits no job"
+    assert "[madr.jobs] pretrain: not in this recipe (train.pretrain.steps is 0)" in out
 
     data = tmp_path / "out" / "data"
     assert json.loads((data / "catalog" / "prepared.json").read_text())["counts"]["products"] == 300

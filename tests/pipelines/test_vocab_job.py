@@ -34,6 +34,9 @@ def test_ray_vocabularies_equal_the_in_process_ones(ray_local, catalog, tokenize
         got = build_vocabularies_ray(ds, aspects, ["phrase", "word", "token"], tokenizer_dir, min_freq, max_size)
         assert got.to_dict() == expected.to_dict(), f"min_freq={min_freq}, max_size={max_size}: vocabularies differ"
         assert len(got.get("color", "phrase")) > 0, "the fixture has colour values"
+        in_process = build_vocabularies_ray(table, aspects, ["phrase", "word", "token"], tokenizer_dir, min_freq,
+                                            max_size)  # a table: the same batch function, without Ray Data
+        assert in_process.to_dict() == expected.to_dict()
     # phrase + word only need no tokenizer; the token granularity does
     words = build_vocabularies_ray(ds, aspects, ["word"])
     assert words.to_dict() == build_vocabularies(annotations, aspects, ["word"]).to_dict()
@@ -57,5 +60,7 @@ def test_stats_hand_computed(ray_local):
     assert stats.documents == {"item": 4, "query": 4}, stats.documents
     assert stats.coverage == {"item": {"brand": 0.25, "color": 0.75}, "query": {"brand": 0.25, "color": 0.25}}
     assert stats.vocab_sizes == {"brand": {"phrase": 1, "word": 1}, "color": {"phrase": 3, "word": 3}}
+    here = aspect_stats({"item": items, "query": queries}, ["brand", "color"], vocabs, keys={"item": "product_id"})
+    assert (here.documents, here.coverage) == (stats.documents, stats.coverage)  # tables, in this process
     table = stats.format()
     assert "75.0%" in table and "(3, 3)" in table, table
