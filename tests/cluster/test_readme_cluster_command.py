@@ -45,7 +45,9 @@ from pipelines.jobs import local_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 STAGES = ("data", "finetune", "aspects", "encode", "tune", "baseline", "evaluate")  # the recipe leaves pretraining out
-RAY_WORK = ("data", "finetune", "encode")  # the stages whose work runs in Ray tasks and actors
+# the stages whose work runs in Ray tasks and actors (the data stage prepares a catalog this small in its driver:
+# pipelines.data.batched)
+RAY_WORK = ("finetune", "encode")
 SMALL = ["data.synthetic_products=300", "data.synthetic_queries=120", "model.backbone.name_or_path=null",
          "model.max_doc_length=32", "index.lexical_tokenizer=null", "train.finetune.steps=12",
          "train.finetune.batch_size=16", "train.finetune.learning_rate=1e-3", "train.finetune.freeze_layers=1",
