@@ -1,6 +1,5 @@
-"""Where the benchmarks read and write, the one way a quality benchmark reads its YAML config with
-`--set key=value` overrides (a bad override is a clean exit naming it, not a traceback), its command-line
-options, and its loop over training seeds (`over_seeds`)."""
+"""The repository paths, the benchmarks' argument parser, and a quality benchmark's YAML config with `--set
+key=value` overrides and its loop over training seeds."""
 
 from __future__ import annotations
 
@@ -19,11 +18,16 @@ RESULTS = BENCHMARKS / "results"
 PLOTS = BENCHMARKS / "plots"
 
 
+def parser(module: str, doc: str | None) -> argparse.ArgumentParser:
+    """The parser of `python -m <module>`, its docstring as the description."""
+    return argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def read_config(path: str | Path, sets: Sequence[str]) -> dict[str, Any]:
     """The YAML mapping at `path` with the `--set` overrides applied (SystemExit on a bad override)."""
-    data = read_mapping(path)
     try:
-        return apply_overrides(data, parse_overrides(sets))
+        return apply_overrides(read_mapping(path), parse_overrides(sets))
     except ValueError as err:
         raise SystemExit(str(err)) from None
 
@@ -34,8 +38,7 @@ def repo_path(path: str | Path) -> str:
 
 
 def local_backbone(name: str | None) -> str | None:
-    """A backbone name that is a relative path existing under the repository root -> that absolute path; a
-    hub name, a `pypi:` package, an absolute path or None unchanged."""
+    """A relative backbone path that exists under the repository root -> absolute; anything else unchanged."""
     if name and not name.startswith("pypi:") and not Path(name).is_absolute() and (ROOT / name).exists():
         return str(ROOT / name)
     return name
@@ -44,8 +47,8 @@ def local_backbone(name: str | None) -> str | None:
 def over_seeds(seeds: Sequence[int], run_seed: Callable[[int], tuple[Any, ...]],
                test_rows: Callable[[tuple[Any, ...]], Mapping[str, Mapping[str, float]]],
                metric: str = "mrr@5") -> list[list[Any]]:
-    """`run_seed(seed)` for every seed, printing each seed's test `metric` per row (`test_rows(result)`: row ->
-    metrics) as it finishes; the results transposed: one list per item of `run_seed`'s tuple, in seed order."""
+    """`run_seed(seed)` for every seed, printing each seed's test `metric` per row (`test_rows(result)`); the
+    results transposed: one list per item of `run_seed`'s tuple, in seed order."""
     columns: list[list[Any]] = []
     for seed in seeds:
         result = run_seed(seed)
@@ -57,13 +60,11 @@ def over_seeds(seeds: Sequence[int], run_seed: Callable[[int], tuple[Any, ...]],
     return columns
 
 
-def add_run_args(parser: argparse.ArgumentParser, config: Path, tag: str, seeds: list[int] | None = None) -> None:
-    """The options every quality benchmark with a YAML config takes: --config (default `config`), --set
-    (repeatable dotted override), --seeds (default `seeds`, None: the config's), --threads, --tag (`tag`)."""
+def add_run_args(parser: argparse.ArgumentParser, config: Path, tag: str) -> None:
+    """--config (default `config`), --set (repeatable), --seeds (default: the config's), --threads, --tag."""
     parser.add_argument("--config", default=str(config))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="dotted config override, e.g. finetune.steps=20 (repeatable)")
-    shown = "the config's" if seeds is None else " ".join(map(str, seeds))
-    parser.add_argument("--seeds", type=int, nargs="+", default=seeds, help=f"training seeds (default: {shown})")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default: the config's)")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--tag", default=tag, help="name of the JSON / PNG")

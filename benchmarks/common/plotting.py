@@ -1,5 +1,5 @@
-"""The two ends of every benchmark plot: matplotlib on the file-only Agg backend (optional: a benchmark without
-matplotlib still writes its JSON), and saving a figure as a PNG next to the results."""
+"""matplotlib on the file-only Agg backend (optional: without it a benchmark still writes its JSON), and saving
+a figure as a PNG."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 
 def pyplot() -> Any | None:
-    """`matplotlib.pyplot` on the Agg backend, or None (with a line saying so) when matplotlib is not installed."""
+    """`matplotlib.pyplot` on Agg, or None (saying so) when matplotlib is not installed."""
     try:
         import matplotlib
     except ImportError:
@@ -21,7 +21,6 @@ def pyplot() -> Any | None:
 
 
 def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
-    """Lay `fig` out, write it to `path` (folders created) and close it; returns the path."""
     import matplotlib.pyplot as plt
 
     path = Path(path)

@@ -1,20 +1,22 @@
-"""The measured child processes of the speed benchmarks: each contender runs in a fresh interpreter
-(`module_command` + `child_env`: `python -m benchmarks.speed.<name> --child ...` from any directory), and
-its process tree's peak memory and CPU, and the rest of the machine's load, are sampled (`ProcessTree`,
-`Interval`, `wait_quiet`)."""
+"""The speed benchmarks' measured child processes: each contender runs in a fresh interpreter
+(`python -m benchmarks.speed.<name> --child ...`, `child_result`), its process tree's peak memory and CPU and
+the rest of the machine's load sampled (`ProcessTree`, `Interval`, `wait_quiet`)."""
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import threading
 import time
 
 from benchmarks.common.config import ROOT
 
+RESULT = "RESULT "  # the line a child prints its result on (`print_result`)
+
 
 def module_command(module: str) -> list[str]:
-    """`[python, "-m", module]` with this interpreter (`child_env` makes the checkout importable)."""
     return [sys.executable, "-m", module]
 
 
@@ -24,16 +26,26 @@ def child_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
-RAY_DEFAULT_WORKER_NICENESS = 15  # Ray's worker processes (tasks, actors, Serve's proxy and replicas) unless told
+def print_result(result: dict) -> None:
+    print(RESULT + json.dumps(result), flush=True)
+
+
+def child_result(cmd: list[str], **env: str) -> dict:
+    """Run `cmd` with `child_env(**env)`; the result it printed last (`print_result`), RuntimeError with the
+    output's tail when it failed."""
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=child_env(**env))
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
+    if proc.returncode or not lines:
+        raise RuntimeError(f"{' '.join(cmd[3:6])} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                           f"{proc.stderr[-3000:]}")
+    return json.loads(lines[-1][len(RESULT):])
 
 
 def add_ray_niceness_arg(parser) -> None:
-    """`--ray-worker-niceness`: Ray's workers run at niceness 15 unless told otherwise, so on a shared 2-core
-    machine they get a fraction of the CPU a nice-0 process gets (the benchmark's own client, a plain server, the
-    loop it is compared with); 0 runs every contender at one priority."""
+    """`--ray-worker-niceness` (default 0): Ray's own 15 makes its workers yield the CPU to every nice-0 process
+    of a shared machine (the client, a plain server, the loop compared with)."""
     parser.add_argument("--ray-worker-niceness", type=int, default=0,
-                        help=f"Ray's default is {RAY_DEFAULT_WORKER_NICENESS}: its workers then yield the CPU to "
-                             "every nice-0 process; 0 runs them at the priority of the rest of the benchmark")
+                        help="niceness of Ray's workers (Ray's default 15; 0: the rest of the benchmark's)")
 
 
 def set_ray_worker_niceness(niceness: int) -> None:
@@ -42,16 +54,15 @@ def set_ray_worker_niceness(niceness: int) -> None:
 
 
 def machine_busy_seconds() -> float:
-    """CPU seconds the whole machine has spent busy (every process: /proc/stat, all but idle and iowait)."""
+    """CPU seconds the whole machine has spent busy (/proc/stat, all but idle and iowait)."""
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def wait_quiet(below: float, max_wait: float, window: float = 5.0) -> float:
-    """Wait (up to `max_wait` s) until the machine's busy CPU over `window` s is under `below` cores (nothing of
-    ours runs between contenders, so that is the other jobs' load); returns the last reading."""
+    """Wait (up to `max_wait` s) until the machine's busy CPU over `window` s is under `below` cores; returns the
+    last reading (nothing of ours runs between contenders: that is the other jobs' load)."""
     deadline = time.monotonic() + max_wait
     while True:
         busy0 = machine_busy_seconds()
@@ -62,16 +73,14 @@ def wait_quiet(below: float, max_wait: float, window: float = 5.0) -> float:
 
 
 class ProcessTree:
-    """Peak summed PSS (sampled in a thread) and CPU seconds of this process and its descendants.
-
-    Reading smaps_rollup is not free: with Ray's ten processes one sample costs about 40 ms of CPU here, so
-    samples are a second apart and the sampler's own CPU time is left out of `cpu_seconds`."""
+    """Peak summed PSS (and RSS) and CPU seconds of this process and its descendants, sampled in a thread every
+    `interval` s (one sample of Ray's ten processes costs ~40 ms of CPU: left out of `cpu_seconds`)."""
 
     def __init__(self, interval: float = 1.0) -> None:
         import psutil
 
-        self.proc, self.interval, self.peak, self._stop = psutil.Process(), interval, 0, threading.Event()
-        self.peak_rss = 0  # summed RSS (shared pages counted in every process), beside `peak` (summed PSS)
+        self.proc, self.interval, self._stop = psutil.Process(), interval, threading.Event()
+        self.peak = self.peak_rss = 0
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.sampler_cpu = 0.0
         self._cpu: dict[int, float] = {}

@@ -1,4 +1,4 @@
-"""Where a benchmark's result JSON goes and how it is written (one place for every quality script)."""
+"""Writing a benchmark's result JSON."""
 
 from __future__ import annotations
 
@@ -7,9 +7,14 @@ from pathlib import Path
 from typing import Any
 
 
-def write_result_json(out_dir: str | Path, tag: str, result: dict[str, Any]) -> Path:
-    """`result` as indented JSON at `<out_dir>/results/<tag>.json` (numpy scalars as floats); the path."""
-    path = Path(out_dir) / "results" / f"{tag}.json"
+def write_json(path: str | Path, result: Any, indent: int = 1) -> Path:
+    """`result` as JSON at `path` (folders created; numpy scalars as floats); the path."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1, default=float))
+    path.write_text(json.dumps(result, indent=indent, default=float))
     return path
+
+
+def write_result_json(out_dir: str | Path, tag: str, result: dict[str, Any]) -> Path:
+    """`result` at `<out_dir>/results/<tag>.json`."""
+    return write_json(Path(out_dir) / "results" / f"{tag}.json", result)

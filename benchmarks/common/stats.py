@@ -1,6 +1,5 @@
-"""The statistics the quality benchmarks report: mean ± sample std over seeds and the paired tests of two rows over
-the same test items (`madr.significance.paired_tests`: two-sided sign-flip randomisation and Student's paired
-t-test, the papers' test; the evaluate job reports the same)."""
+"""Mean ± sample std over seeds, and the one paired test of two rows over the same items
+(`madr.significance.paired_tests`: sign-flip randomisation and Student's paired t, as the evaluate job)."""
 
 from __future__ import annotations
 
@@ -18,8 +17,6 @@ def mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 
 def format_mean_std(values: Sequence[float], digits: int = 3) -> str:
-    """"0.512" for one value, "0.512 ± 0.013" (sample std) for several."""
-    if len(values) == 1:
-        return f"{values[0]:.{digits}f}"
+    """"0.512" for one value, "0.512 ± 0.013" for several."""
     mean, std = mean_std(values)
-    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+    return f"{mean:.{digits}f}" if len(values) == 1 else f"{mean:.{digits}f} ± {std:.{digits}f}"

@@ -1,23 +1,8 @@
-"""Learning from clicks where the truth is known: naive clicks vs debiased clicks vs the judgments themselves.
+"""Learning from clicks where the truth is known: a click log simulated from the Home Depot judgments, the recipe
+trained through the product's own stages on naive clicks, debiased clicks, rate-filtered clicks and the judgments;
+test recall / MRR with paired tests, and the examination curves' errors. Runs and logs are kept for a rerun.
 
-A click log is simulated from the Home Depot judgments (graded 0-4; `madr.clicks.simulation`): per search the old
-ranker, BM25 on the model tokenizer's word pieces with Gaussian noise on its scores (`--noise` x the query's score
-spread; in a share `--swap-share` of the searches two shown ranks swapped), shows its top `--top-k` of `--pool`
-candidates; users click by the position-based model, examination (1 / rank) ** `--eta` x attractiveness epsilon +
-(1 - epsilon) (2^g - 1) / 15. Each (`--sizes` searches, seed) is its own log. The config's recipe is then trained
-through the product's own stages (`load_catalog` with `data.clicks`, `madr.training.loop`) on (a) naive clicks,
-(b) clipped inverse-propensity weights from the curve `--estimator` gives (em, or harvest: intervention
-harvesting), (c) filtered: naive weights on the pairs the posterior rate filter keeps, (d) the judgments; and
-evaluated on the test queries by exact search over the corpus (`--corpus-size`). Reported per size: means over
-seeds, paired tests (`benchmarks.common.stats.paired_tests`) of the rows, the share of the naive -> judgments gap
-recovered, and both estimators' curves on every log against the truth. `--curves-only`: the curves without
-training; `--weights-only`: also where each weighting puts the click positives' weight (`positive_mass`).
-
-Resumable: each (row, size, seed) keeps its result under `<out>/runs/<row>/n<size>/seed<seed>/result.json` with a
-fingerprint of what it depends on; each log is kept under a name with its simulation's settings.
-
-    flock /tmp/madr_bench.lock python -m benchmarks.quality.click_debias --sizes 5000 20000 80000 --seeds 0 1 2 \\
-        --corpus-size 12000 --threads 2
+    python -m benchmarks.quality.click_debias --sizes 5000 20000 80000 --seeds 0 1 2 --corpus-size 12000
 """
 
 from __future__ import annotations

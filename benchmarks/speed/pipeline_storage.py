@@ -1,14 +1,5 @@
-"""Wall time of the demo pipeline at the e2e test's tiny size with `output_dir` on local disk and on S3.
-
-Each mode runs `python -m pipelines.jobs pipeline` (in this process, every stage a child process with its own
-local Ray) over `--stages` from nothing: `local` writes to a temporary directory; `s3` writes to
-`s3://<bucket>/demo` on a moto S3 server on 127.0.0.1 (tests/s3_server.py), each stage pulling the run into
-its local mirror before it (empty at the start; a later stage finds the earlier stages' files there, checks
-their sha256 against the bucket's record and downloads nothing) and pushing its new files after it
-(`madr.storage`). Reported per mode: the pipeline's wall time and each stage's `duration_s` from its completion
-marker (for S3: pull + stage + push; the runner prints each sync's file counts and seconds).
-Both modes run on the same machine, one after the other, so the difference is the sync's cost (the S3 server
-is local: no network latency or bandwidth limit is modelled).
+"""Wall time of the demo pipeline at the e2e test's tiny size with `output_dir` on local disk and on S3 (a moto
+server on loopback): the stages' sync cost.
 
     python -m benchmarks.speed.pipeline_storage --out /tmp/pipeline_storage.json
 """

@@ -1,24 +1,7 @@
-"""Benchmark: the product-search recipe from catalog to evaluated index, madr's Ray pipeline against a hand-written
-single-process peer doing the same steps with the same settings; wall time per stage and the ratio madr / peer.
-
-madr: ``python -m pipelines.jobs pipeline --config configs/product_search.yaml --set data.catalog_dir=CATALOG
---set output_dir=<out-dir>/madr-<key> --set "eval.references=[bm25, dense]" --stages data,finetune,encode,tune,
-evaluate`` (plus ``--set`` pass-through) as a subprocess: each stage's wall time from its completion marker
-(``duration_s``), test metrics from ``evaluation/results.csv``, the fusion from ``tune/fusion.json``, the peak summed
-PSS of the process tree.
-
-Peer (``--child peer``, a fresh interpreter): pandas / pyarrow, sentence-transformers, FAISS and bm25s with the
-settings read from the same config (``recipe``): data (the catalog's Parquet files; text = title + description);
-finetune (bm25s-mined negatives over the backbone's lower-cased word pieces, one (query, positive, mined negative)
-triplet per judged positive; the backbone with mean pooling, the config's frozen embeddings / layers,
-``MultipleNegativesRankingLoss`` at scale 1 / temperature, AdamW, linear warm-up / decay, clipping at 1); encode
-(``faiss.IndexFlatIP`` + bm25s over the index's lexical tokenizer); tune (the (lam, normalisation) grid fused as
-``madr.search.score_fusion.weighted_fusion`` does, best dev ``tune.metric``); evaluate (the chosen fusion, dense
-alone, BM25 alone). Both sides are graded by ``madr.metrics.evaluate``. Known differences of the recipe: madr adds a
-pointwise CE term and orders its rows in rounds.
-
-Results: ``<out-dir>/results/pipeline_vs_peer-<side>-<key>.json`` per side (reused for the same settings), then
-``pipeline_vs_peer-<key>.json`` with both, per-stage and total ratios and where madr's extra time goes.
+"""The product-search recipe from catalog to evaluated index: madr's pipeline (`python -m pipelines.jobs
+pipeline`, stages data, finetune, encode, tune, evaluate) against a hand-written single-process peer (pandas,
+sentence-transformers with mined negatives, FAISS, bm25s) with the same settings: wall time per stage, the ratio
+madr / peer, both sides' test metrics.
 
     python -m benchmarks.speed.pipeline_vs_peer --catalog /path/to/homedepot_catalog        # the full run
     python -m benchmarks.speed.pipeline_vs_peer --steps 2 --out-dir runs/pipeline_vs_peer_smoke   # sample catalog

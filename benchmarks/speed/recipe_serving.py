@@ -1,27 +1,7 @@
-"""Benchmark: the recommended product-search index (``configs/product_search.yaml``) served through Ray Serve at
-``--docs`` documents (1M), against the service a search engineer would build by hand from the same parts.
-
-Input: a pipeline run's output directory (``--run``): its fine-tuned e5 (``<run>/finetune/model``), its index
-(dense FAISS shards, the BM25 part on word pieces, the tune stage's fusion in the manifest) and its test queries.
-The real documents are topped up to ``--docs`` with *drawn* ones (speed, not quality): a random real vector plus
-Gaussian noise of ``--noise`` x the per-dimension std (renormalised for unit vectors), that document's display
-fields, and a word-piece list with a drawn real length and pieces from the corpus's unigram frequencies. The scaled
-index is built with ``madr.index.build`` in the run's layout (shard count, index type, BM25 part, fusion) and
-cached under ``--cache`` (by input manifest + docs + seed + noise + index type; an interrupted build resumes).
-
-madr: the deploy stage's Ray Serve app (``pipelines.jobs.experiment.serve_args`` laid into ``--serve-config`` by
-``pipelines.jobs.deploy.load_serve_config``, its ``deployments:`` applied) on a local Ray with the machine's cores.
-Peer: one uvicorn process, a FastAPI app (sync endpoint) with sentence-transformers (the same weights, exported by
-``madr.export.sentence_transformers``; mean pooling, "query: " prompt, normalised), FAISS of the same type and
-``nprobe``, ``bm25s`` (Lucene idf, the manifest's k1 / b) over the same word pieces, and the same fusion in numpy
-(``benchmarks.common.peer_fusion``); ``--peer-threads`` torch / FAISS threads (1, as a madr replica; 0: all cores).
-
-Agreement: on ``--check-queries`` test queries each app's top 10 (over HTTP) against madr's offline top 10
-(``ShardedIndex``): identical lists and mean overlap. Load: closed-loop HTTP clients on loopback
-(``benchmarks.speed.serve_api``), ``POST /search {"query", "k": 10}`` with the test queries round robin, at each
-``--concurrency`` level ``--warmup`` s then ``--duration`` s, both apps up, the order alternating per level;
-``--direct-ingress`` (a co-located serve config) loads the replica's own port (``serve.direct_ingress``). Results:
-``<out-dir>/results/<tag>.json`` and a table with the ratios madr / peer.
+"""The recommended product-search index (a pipeline run's fine-tuned e5, BM25 part and tuned fusion) scaled to
+`--docs` documents with drawn ones, served through the deploy stage's Ray Serve app, against one FastAPI process of
+sentence-transformers + FAISS + `bm25s` with the same fusion: top-10 agreement with the offline search, then
+closed-loop p50 / p99 and queries/s per `--concurrency` level (`--direct-ingress`: the co-located replica's port).
 
     python -m benchmarks.speed.recipe_serving --run runs/product_search                        # 1M, the full run
     python -m benchmarks.speed.recipe_serving --run RUN --docs 20000 --duration 2 --tag smoke  # smoke
@@ -35,7 +15,6 @@ import gc
 import hashlib
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -45,11 +24,12 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
-from benchmarks.common.config import ROOT
+from benchmarks.common.config import ROOT, parser
 from benchmarks.common.machine import load_1min, machine_line, run_command, usable_cores, versions
 from benchmarks.common.peer_fusion import fuse
 from benchmarks.common.process import child_env, module_command
 from benchmarks.common.results import write_result_json
+from pipelines.jobs.local_cluster import free_port
 from pipelines.runtime import apply_ray_env
 
 apply_ray_env(offline=True)  # Ray network hygiene (scripts/ray_env.sh), before Ray is imported
@@ -176,41 +156,25 @@ def scaled_corpus(real: dict[str, Any], docs: int, noise: float, seed: int, out:
 
 
 def build_scaled_index(real: dict[str, Any], corpus: Path, factory: str, seed: int) -> Path:
-    """madr's sharded index of the scaled corpus in `corpus/index`, laid out as the run's (shard count, BM25 part
-    with its lexical tokenizer, the tune stage's fusion); complete shards of an interrupted build are kept."""
+    """madr's index of the scaled corpus in `corpus/index`, laid out as the run's (shard count, BM25 part with its
+    lexical tokenizer, the tune stage's fusion)."""
     import pyarrow.parquet as pq
 
-    from madr.index.build import (
-        DOCS_FILE,
-        assemble_manifest,
-        completed_shard,
-        sample_rows,
-        train_index,
-        write_docs,
-        write_shard,
-    )
-    from madr.index.lexical import TOKENIZER_DIR, load_term_counts, save_tokenizer
+    from madr.index.build import build_index
+    from madr.index.lexical import load_term_counts
     from madr.index.manifest import MANIFEST_FILE, record_fusion
 
-    out = corpus / "index"
+    out, lex = corpus / "index", real["lexical"]
     if (out / MANIFEST_FILE).is_file():
         return out / MANIFEST_FILE
     t0 = time.perf_counter()
-    ids, dense = np.load(corpus / "ids.npy"), np.load(corpus / "dense.npy", mmap_mode="r")
-    lexical, lex = load_term_counts(corpus / "lexical.npz"), real["lexical"]
-    trained = train_index(factory, dense.shape[1], np.ascontiguousarray(sample_rows(dense, None, seed)), seed)
-    infos = []
-    for s, rows in enumerate(np.array_split(np.arange(ids.size), len(real["manifest"].shards))):
-        infos.append(completed_shard(out, s) or write_shard(out, s, trained, np.ascontiguousarray(dense[rows]),
-                                                            ids[rows], lexical=lexical.select(rows)))
-        print(f"index: shard {s} ({rows.size:,} docs) at {time.perf_counter() - t0:.1f} s", flush=True)
-    write_docs(out, pq.read_table(corpus / "docs.parquet"))
-    save_tokenizer(real["tokenizer"], out / TOKENIZER_DIR)
-    path = assemble_manifest(out, infos, dense.shape[1], factory, model_dir=str(real["model_dir"]),
-                             docs_path=DOCS_FILE, lexical_vocab_size=lexical.vocab_size,
-                             fusion_lambda=lex.fusion_lambda, lexical_tokenizer=TOKENIZER_DIR)
+    path = build_index(np.load(corpus / "dense.npy"), np.load(corpus / "ids.npy"), out, len(real["manifest"].shards),
+                       factory, model_dir=str(real["model_dir"]), docs=pq.read_table(corpus / "docs.parquet"),
+                       seed=seed, lexical=load_term_counts(corpus / "lexical.npz"), fusion_lambda=lex.fusion_lambda,
+                       lexical_tokenizer=real["tokenizer"])
     record_fusion(path, lex.fusion_lambda, lex.normalisation)
-    return path
+    print(f"index built in {time.perf_counter() - t0:.1f} s", flush=True)
+    return Path(path)
 
 
 def cache_dir(args: argparse.Namespace, manifest: Path, factory: str) -> Path:
@@ -473,12 +437,6 @@ def print_table(result: dict[str, Any]) -> None:
               f"{p['p50_ms']:.1f} / {p['p99_ms']:.1f} | {r['p50']:.2f}x | {r['qps']:.2f}x |")
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def serve_both(args: argparse.Namespace, inputs: dict[str, Any], manifest: Path, info: dict[str, Any]) -> dict:
     """Offline reference, both apps up, agreement over HTTP, the load levels; Serve and the peer stopped after."""
     from benchmarks.speed.serve_api import measure_levels, stop_apps, wait_ready
@@ -510,8 +468,7 @@ def serve_both(args: argparse.Namespace, inputs: dict[str, Any], manifest: Path,
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(MODULE, __doc__)
     p.add_argument("--run", help="the pipeline run's output directory (its output_dir)")
     p.add_argument("--config", default="configs/product_search.yaml", help="the run's experiment config")
     p.add_argument("--serve-config", default="serve/serve_config.yaml", help="the deploy stage's Serve config")

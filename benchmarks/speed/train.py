@@ -1,19 +1,6 @@
-"""Training throughput of the Ray Train job (DDP/gloo and DeepSpeed ZeRO-2 on CPU) vs a plain PyTorch loop on
-the same model, rows, batch and steps; and GradCache's peak memory vs plain backprop at batch 1024.
-
-A. Throughput: fine-tuning (paper 000 Eq. 8) the MADRAL of configs/train_tiny.yaml, backbone `--size` (tiny: the
-   config's; small: 4 layers, hidden 256), `--steps` steps at global batch `--batch`, every contender from the same
-   saved model (`prepare_stage`'s init model) and the same rows (the stage's Parquet examples):
-   - `plain_1t` / `plain_2t` (the peer): one process, no Ray: the example files in order, `decode_batch`, the job's
-     `StageModule` loss, backward, the job's optimiser and schedule (torch threads 1 / 2);
-   - `ray_ddp`: `pipelines.train.job.run_stage`, 2 Ray Train workers x 1 thread, DDP over gloo;
-   - `ray_deepspeed`: the same with `distributed.backend=deepspeed`, ZeRO stage 2 on CPU.
-   Reported: steady pairs/s (after the first `log_every` window; the Ray job's own reports) and end to end
-   (steps x batch / the whole run, `ray.init` apart), CPU seconds of the process tree, the other jobs' load, the
-   final loss. Each contender in a fresh subprocess, `--repeat` times interleaved; the best steady run reported.
-B. Memory: one fine-tuning step at `--big-batch` pairs of a 4-layer, hidden-128 BERT bi-encoder through the job's
-   engine (`DDPEngine.train_step`, dropout off), plain backprop vs GradCache chunks (`--chunks`), each in a fresh
-   subprocess (peak RSS = ru_maxrss).
+"""A. Training throughput of the Ray Train job (DDP, DeepSpeed ZeRO-2 on CPU) vs a plain PyTorch loop on the same
+model, rows, batch and steps (steady and end-to-end pairs/s); B. GradCache's peak memory vs plain backprop at
+batch `--big-batch`.
 
     python -m benchmarks.speed.train --out benchmarks/results/train_cpu.json --plot benchmarks/plots/train_cpu.png
     python -m benchmarks.speed.train --steps 20 --repeat 1 --skip memory       # smoke check
