@@ -13,16 +13,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import time
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common.machine import arch_cores, versions_line
+from benchmarks.common.config import parser
+from benchmarks.common.machine import machine_line, versions_line
 from benchmarks.common.plotting import pyplot, save_figure
-from benchmarks.common.process import ProcessTree, child_env, module_command
+from benchmarks.common.process import ProcessTree, child_result, module_command, print_result
+from benchmarks.common.results import write_json
 
 TINY = {"tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
                  "max_position_embeddings": 128},
@@ -35,7 +36,7 @@ CHECK_ROWS = 256  # vectors compared between methods (same model -> same vectors
 # ---- inputs ----------------------------------------------------------------------------------------------
 
 def make_corpus(work: Path, n: int) -> Path:
-    """``n`` synthetic products (the first 10,000 repeated; ids 0..n-1) as Parquet files of 5,000 rows."""
+    """`n` synthetic products (the first 10,000 repeated) as Parquet files of 5,000 rows."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -201,10 +202,8 @@ def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: in
 
 def startup_phases(events: list[tuple[float, int, float, str]], start: float, stream: float,
                    first_out: float) -> dict:
-    """Where the job's start-up goes, in s from the job's start (``pipelines.encode.trace`` events): the
-    driver until the stream starts (model fingerprint, plan, identity), and per actor process (in the order
-    their ``init start`` came) its process start, job code imported, constructor start and end (torch,
-    tokenizer and model load), first piece encoded; and when the driver saw the first encoded piece."""
+    """Where the job's start-up goes, in s from its start (`pipelines.encode.trace` events): the driver until the
+    stream, per actor its process start, code imported, constructor start / end, first piece; the first piece."""
     actors: dict[int, dict[str, float]] = {}
     for t, pid, proc_start, what in events:
         if "init start" in what and pid not in actors:
@@ -232,16 +231,12 @@ CHILDREN = {"torch": child_torch, "st": child_st, "ray": child_ray,
 
 
 def run_child(method: str, corpus: Path, model_dir: Path, out: Path, args: argparse.Namespace) -> dict:
-    """Run one method in a fresh interpreter; returns its result with the peak memory."""
+    """One method in a fresh interpreter: its result with the peak memory."""
     cmd = [*module_command(__spec__.name), "--child", method, "--corpus", str(corpus), "--model-dir", str(model_dir),
            "--out", str(out), "--threads", str(args.threads), "--shards", str(args.shards)]
     if args.max_docs_per_shard:
         cmd += ["--max-docs-per-shard", str(args.max_docs_per_shard)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=child_env(RAY_DEDUP_LOGS="1"))
-    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")]
-    if proc.returncode or not line:
-        raise RuntimeError(f"{method} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return json.loads(line[-1][len("RESULT "):])
+    return child_result(cmd, RAY_DEDUP_LOGS="1")
 
 
 def report(rows: list[dict], sizes: list[int], methods: list[str]) -> None:
@@ -262,7 +257,7 @@ def report(rows: list[dict], sizes: list[int], methods: list[str]) -> None:
 
 
 def plot_memory(json_paths: list[str], png: str) -> None:
-    """Peak PSS vs corpus size, one line per method, from ``--json`` files of memory runs."""
+    """Peak PSS vs corpus size, one line per method, from `--json` files of memory runs."""
     plt = pyplot()
     if plt is None:
         return
@@ -283,8 +278,7 @@ def plot_memory(json_paths: list[str], png: str) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
-                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__spec__.name, __doc__)
     ap.add_argument("--model", default="tiny", choices=sorted(MAX_LENGTH))
     ap.add_argument("--sizes", type=int, nargs="+", default=[10_000, 30_000])
     ap.add_argument("--methods", nargs="+", default=["ray", "st", "torch"], choices=sorted(CHILDREN))
@@ -309,12 +303,12 @@ def main() -> None:
                                        shards=args.shards, max_docs_per_shard=args.max_docs_per_shard)
         res["peak_pss_mb"], res["peak_rss_mb"] = tree.peak / 2**20, tree.peak_rss / 2**20
         res["cpu_s"], res["sampler_cpu_s"] = tree.cpu_seconds(), tree.sampler_cpu
-        print("RESULT " + json.dumps(res), flush=True)
+        print_result(res)
         return
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0]
-    header = {"machine": arch_cores(), "load_before": load,
+    header = {"machine": machine_line(), "load_before": load,
               "versions": versions_line("torch", "transformers", "sentence_transformers", "ray", "faiss"),
               "model": args.model, "max_length": MAX_LENGTH[args.model], "threads": args.threads,
               "sizes": args.sizes, "max_docs_per_shard": args.max_docs_per_shard, "shards": args.shards}
@@ -347,8 +341,7 @@ def main() -> None:
     header["load_after"] = os.getloadavg()[0]
     print(f"load avg after: {header['load_after']:.2f}")
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps({"run": header, "rows": rows}, indent=1))
+        write_json(args.json, {"run": header, "rows": rows})
 
 
 if __name__ == "__main__":

@@ -11,25 +11,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import process
+from benchmarks.common.config import parser as make_parser
 from benchmarks.common.machine import load_average, machine_line, versions_line
-from benchmarks.common.process import (
-    Interval,
-    ProcessTree,
-    add_ray_niceness_arg,
-    child_env,
-    module_command,
-    set_ray_worker_niceness,
-    wait_quiet,
-)
-from benchmarks.speed.ingest_report import crossings, plot, ratios, report
+from benchmarks.common.plotting import pyplot, save_figure
+from benchmarks.common.process import Interval, ProcessTree
+from benchmarks.common.results import write_json
 
 WORDS = ("a man woman child dog cat group people two three young old red blue green small large is are "
          "playing running sitting standing eating walking looking holding wearing riding near on in at the "
@@ -37,15 +32,6 @@ WORDS = ("a man woman child dog cat group people two three young old red blue gr
          "while with under over sleeping talking laughing reading music guitar camera phone picture").split()
 LABELS = ("entailment", "neutral", "contradiction")
 MODES = ("loop", "loop_threads", "ray_tasks", "ray_actors", "ray_tasks_w1")
-
-
-def machine_info() -> str:
-    return (f"machine: {machine_line()}\n"
-            f"versions: {versions_line('ray', 'pyarrow', 'transformers', 'tokenizers')}")
-
-
-def load() -> str:
-    return "load average (1/5/15 min): " + load_average().replace(" / ", " ")
 
 
 def sentence(rng: random.Random) -> str:
@@ -149,7 +135,7 @@ def run_ray(data: Path, tokenizer: str, args: argparse.Namespace, compute: str, 
 
     apply_ray_env()  # loopback defaults and the local-provider bootstrap file
     os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")  # a loaded 2-core machine starts slowly
-    set_ray_worker_niceness(args.ray_worker_niceness)
+    process.set_ray_worker_niceness(args.ray_worker_niceness)
     import ray
 
     with ProcessTree() as tree:
@@ -173,19 +159,15 @@ def child(args: argparse.Namespace) -> None:
         compute = "actors" if args.mode == "ray_actors" else "tasks"
         workers = 1 if args.mode.endswith("_w1") else args.workers
         out = run_ray(Path(args.data), args.tokenizer, args, compute, workers)
-    print("RESULT " + json.dumps(out), flush=True)
+    process.print_result(out)
 
 
 def spawn(mode: str, args: argparse.Namespace, data: Path, tok: str) -> dict:
-    quiet = wait_quiet(args.quiet_below, args.quiet_wait) if args.quiet_wait > 0 else None
-    cmd = [*module_command(__spec__.name), "--child", mode, "--data", str(data), "--tokenizer", tok,
+    quiet = process.wait_quiet(args.quiet_below, args.quiet_wait) if args.quiet_wait > 0 else None
+    cmd = [*process.module_command(__spec__.name), "--child", mode, "--data", str(data), "--tokenizer", tok,
            "--window", str(args.window), "--max-length", str(args.max_length), "--ranges", str(args.ranges),
            "--workers", str(args.workers), "--ray-worker-niceness", str(args.ray_worker_niceness)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=child_env())
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        raise SystemExit(f"{mode} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return {**json.loads(lines[-1][len("RESULT "):]), "others_before": quiet}
+    return {**process.child_result(cmd), "others_before": quiet}
 
 
 def prefix_file(big: Path, rows: int, path: Path) -> None:
@@ -195,9 +177,105 @@ def prefix_file(big: Path, rows: int, path: Path) -> None:
             dst.write(src.readline())
 
 
+def load() -> str:
+    return "load average (1/5/15 min): " + load_average().replace(" / ", " ")
+
+
+def _rate(r: dict) -> float:
+    return r["rows"] / r["seconds"]
+
+
+def report(mode: str, runs: list[dict], good: int) -> dict:
+    """Print and return the best run of `mode` (Ray: its best cold, best warm and best cold + init)."""
+    for r in runs:
+        assert r["rows"] == good and r["balanced"], f"{mode}: {r['rows']} good rows, expected {good}"
+    best = dict(min(runs, key=lambda r: r["seconds"]))
+    times = ", ".join(f"{r['seconds']:.1f}" for r in runs)
+    others = ", ".join(f"{r['others_cores']:.2f}" for r in runs)
+    line = (f"{mode:<13} {_rate(best):>8,.0f} rows/s  {best['seconds']:6.2f} s (runs: {times})  CPU "
+            f"{best['cpu']:6.1f} s ({1e6 * best['cpu'] / good:.0f} us/row)  peak PSS {best['peak_bytes'] / 2**20:,.0f} "
+            f"MiB  first batch {best['first_batch']:.2f} s  others' load {others} cores  quarantined {best['bad']}")
+    if "warm" in best:
+        warm = min((r["warm"] for r in runs), key=lambda r: r["seconds"])
+        assert all(r["warm"]["rows"] == good and r["warm"]["balanced"] for r in runs)
+        assert warm["tokens"] == best["tokens"]
+        with_init = min(runs, key=lambda r: r["seconds"] + r["init"])
+        best.update(warm_best=warm, init_best=min(r["init"] for r in runs),
+                    with_init_seconds=with_init["seconds"] + with_init["init"])
+        line += (f"\n{'':<13} warm: {_rate(warm):>8,.0f} rows/s  {warm['seconds']:6.2f} s  CPU {warm['cpu']:6.1f} s "
+                 f"({1e6 * warm['cpu'] / good:.0f} us/row)  first batch {warm['first_batch']:.2f} s  others' load "
+                 f"{warm['others_cores']:.2f} cores; cold + ray.init: {good / best['with_init_seconds']:,.0f} rows/s "
+                 f"(ray.init {best['init_best']:.1f} s)")
+        line += "".join(f"\n{'':<15}{s}" for s in warm["stats"])
+    if "stages" in best:
+        line += f"\n{'':<13} stages (s): " + ", ".join(f"{k} {v:.2f}" for k, v in best["stages"].items())
+    print(line, flush=True)
+    return best
+
+
+def ratios(results: dict[str, dict], args: argparse.Namespace) -> dict[str, float]:
+    """Throughput of each Ray figure over each loop's (>1: Ray is faster), and the 1 -> N worker scaling."""
+    out: dict[str, float] = {}
+    for base in ("loop", "loop_threads"):
+        for mode in [m for m in results if m.startswith("ray")]:
+            if base not in results:
+                continue
+            b = results[base]["seconds"]
+            out[f"{mode}/{base} cold"] = b / results[mode]["seconds"]
+            out[f"{mode}/{base} warm"] = b / results[mode]["warm_best"]["seconds"]
+            out[f"{mode}/{base} cold+init"] = b / results[mode]["with_init_seconds"]
+    if "ray_tasks" in results and "ray_tasks_w1" in results:
+        one, many = results["ray_tasks_w1"]["warm_best"]["seconds"], results["ray_tasks"]["warm_best"]["seconds"]
+        out[f"ray_tasks {args.workers} workers / 1 worker warm"] = one / many
+    return out
+
+
+def crossings(sizes: list[int], per_size: dict[int, dict[str, dict]]) -> dict[str, float | None]:
+    """The row count where ray_tasks' throughput reaches the loop's, per Ray figure (log-linear interpolation
+    of the ratio between the two neighbouring sizes; None when it never does, the smallest size when always)."""
+    out: dict[str, float | None] = {}
+    for key, seconds in (("warm", lambda r: r["warm_best"]["seconds"]), ("cold", lambda r: r["seconds"]),
+                         ("cold+init", lambda r: r["with_init_seconds"])):
+        ratio = [per_size[n]["loop"]["seconds"] / seconds(per_size[n]["ray_tasks"]) for n in sizes]
+        out[key] = None
+        for i, r in enumerate(ratio):
+            if r >= 1.0:
+                if i == 0:
+                    out[key] = float(sizes[0])
+                else:
+                    lo, hi = math.log(sizes[i - 1]), math.log(sizes[i])
+                    frac = (1.0 - ratio[i - 1]) / (r - ratio[i - 1])
+                    out[key] = float(math.exp(lo + frac * (hi - lo)))
+                break
+    return out
+
+
+def plot(path: str, sizes: list[int], per_size: dict[int, dict[str, dict]], title: str) -> None:
+    plt = pyplot()
+    if plt is None:
+        return
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    modes = list(per_size[sizes[0]])
+    for mode in modes:
+        ax.plot(sizes, [_rate(per_size[n][mode]) for n in sizes], marker="o",
+                label=mode if mode.startswith("loop") else f"{mode} cold")
+        if mode.startswith("ray"):
+            ax.plot(sizes, [per_size[n][mode]["rows"] / per_size[n][mode]["warm_best"]["seconds"] for n in sizes],
+                    marker="s", linestyle="--", label=f"{mode} warm")
+            ax.plot(sizes, [per_size[n][mode]["rows"] / per_size[n][mode]["with_init_seconds"] for n in sizes],
+                    marker="^", linestyle=":", label=f"{mode} cold + ray.init")
+    ax.set_xscale("log")
+    ax.set_xlabel("input rows (SNLI-layout JSONL, 3% bad)")
+    ax.set_ylabel("good rows/s (read + validate + tokenise)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    save_figure(fig, path, dpi=110)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
-                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = make_parser(__spec__.name, __doc__)
     parser.add_argument("--rows", type=int, nargs="+", default=[200_000], help="one size, or several (a sweep)")
     parser.add_argument("--window", type=int, default=2048, help="rows per validate/tokenise call")
     parser.add_argument("--max-length", type=int, default=64)
@@ -206,7 +284,7 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="Ray tasks/actors")
     parser.add_argument("--repeat", type=int, default=2, help="runs of each contender (best is reported)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    add_ray_niceness_arg(parser)
+    process.add_ray_niceness_arg(parser)
     parser.add_argument("--quiet-below", type=float, default=0.3,
                         help="before each run, wait until the other jobs use fewer cores than this ...")
     parser.add_argument("--quiet-wait", type=float, default=0.0, help="... for at most this many seconds (0: no wait)")
@@ -220,7 +298,7 @@ def main() -> None:
         args.mode = args.child
         return child(args)
 
-    info = machine_info()
+    info = f"machine: {machine_line()}\nversions: {versions_line('ray', 'pyarrow', 'transformers', 'tokenizers')}"
     print(info, flush=True)
     load_before = load()
     print(f"before: {load_before}", flush=True)
@@ -267,12 +345,11 @@ def main() -> None:
                                                f"best of {args.repeat}; {load_before}")
             print(f"plot: {args.plot}")
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps({
+        write_json(args.out, {
             "command": " ".join(sys.argv), "machine": info, "load_before": load_before, "load_after": load_after,
             "args": {k: v for k, v in vars(args).items() if k not in ("child", "data", "tokenizer")},
             "results": {str(n): per_size[n] for n in sizes}, "ratios": {str(n): all_ratios[n] for n in sizes},
-            "crossing_rows": cross}, indent=1))
+            "crossing_rows": cross})
         print(f"results: {args.out}")
 
 

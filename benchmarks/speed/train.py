@@ -18,9 +18,19 @@ import time
 from pathlib import Path
 
 from benchmarks.common.config import ROOT
+from benchmarks.common.config import parser as make_parser
 from benchmarks.common.machine import cpu_model, memory_gib, usable_cores, versions
 from benchmarks.common.plotting import pyplot, save_figure
-from benchmarks.common.process import Interval, ProcessTree, child_env, module_command, wait_quiet
+from benchmarks.common.process import (
+    Interval,
+    ProcessTree,
+    child_env,
+    child_result,
+    module_command,
+    print_result,
+    wait_quiet,
+)
+from benchmarks.common.results import write_json
 
 MODES = ("plain_1t", "plain_2t", "ray_ddp", "ray_deepspeed")
 SIZES = {
@@ -143,12 +153,11 @@ def spawn(mode: str, args: argparse.Namespace, work: str) -> dict:
     quiet = wait_quiet(args.quiet_below, args.quiet_wait) if args.quiet_wait > 0 else None
     cmd = [*module_command(__spec__.name), "--child", mode, "--work-dir", work, "--size", args.size,
            "--steps", str(args.steps), "--batch", str(args.batch)]
-    env = child_env(TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1" if mode != "plain_2t" else "2")
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    if proc.returncode != 0 or not lines:
-        return {"mode": mode, "error": (proc.stdout[-2000:] + "\n" + proc.stderr[-4000:])}
-    return {**json.loads(lines[-1][len("RESULT "):]), "others_before": quiet}
+    try:
+        result = child_result(cmd, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="2" if mode == "plain_2t" else "1")
+    except RuntimeError as err:
+        return {"mode": mode, "error": str(err)}
+    return {**result, "others_before": quiet}
 
 
 def throughput(args: argparse.Namespace) -> dict:
@@ -198,8 +207,8 @@ print(json.dumps({{"chunk": {chunk}, "batch": {batch}, "seconds": seconds, "rss_
 
 
 def memory_inputs(out: str, batch: int) -> tuple[str, str]:
-    """One model (4-layer, hidden-128 BERT towers, no dropout) and one tokenised batch of `batch` pairs, saved
-    for the measuring subprocesses, so plain and GradCache see identical inputs."""
+    """One model (4-layer, hidden-128 BERT towers, no dropout) and one tokenised batch of `batch` pairs, saved for
+    the measuring subprocesses (plain and GradCache see identical inputs)."""
     import torch
 
     from madr.config import load_config
@@ -284,8 +293,7 @@ def plot(path: str, report: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
-                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = make_parser(__spec__.name, __doc__)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=list(SIZES))
@@ -304,7 +312,7 @@ def main() -> None:
     parser.add_argument("--size", default="tiny", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print("RESULT " + json.dumps(run_child(args.child, args)), flush=True)
+        print_result(run_child(args.child, args))
         return
     report: dict = {"command": " ".join(sys.argv), "machine": machine(), "throughput": [], "memory": []}
     print(json.dumps(report["machine"]), flush=True)
@@ -322,8 +330,7 @@ def main() -> None:
     for t in report["throughput"]:
         print_table(t)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(report, indent=1))
+        write_json(args.out, report)
     if args.plot and report["throughput"]:
         plot(args.plot, report)
 
