@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks.common.config import parser
 from benchmarks.common.results import write_result_json
 from benchmarks.common.stats import paired_tests
 from madr.clicks.examination import ExaminationCurve, curve_error, estimate_examination
@@ -310,8 +311,7 @@ def report_text(result: dict[str, Any]) -> str:
 
 # -- command line -----------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.quality.click_debias", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("benchmarks.quality.click_debias", __doc__)
     p.add_argument("--config", default=str(ROOT / "configs" / "product_search.yaml"))
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="dotted config override")
     p.add_argument("--sizes", type=int, nargs="+", default=[5000, 20000, 80000], help="searches per simulated log")

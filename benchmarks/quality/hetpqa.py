@@ -7,7 +7,6 @@ seed from the packaged SPLADE backbone, with paired tests; writes benchmarks/res
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
@@ -17,9 +16,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common.config import PLOTS, RESULTS, ROOT, add_run_args, over_seeds, read_config, repo_path
+from benchmarks.common.config import (
+    PLOTS,
+    RESULTS,
+    ROOT,
+    add_run_args,
+    over_seeds,
+    parser,
+    read_config,
+    repo_path,
+)
 from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.common.plotting import pyplot, save_figure
+from benchmarks.common.results import write_json
 from benchmarks.common.stats import format_mean_std, mean_std, paired_tests
 from madr.config import from_dict
 from madr.data.sources.hetpqa import HetPQAConfig, load_hetpqa
@@ -198,8 +207,7 @@ def plot(zs: dict[str, dict[str, float]], ft: list[dict[str, dict[str, float]]],
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
-                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__spec__.name, __doc__)
     add_run_args(p, ROOT / "configs" / "real" / "hetpqa.yaml", "real_hetpqa")
     args = p.parse_args(argv)
     het, cfg = load_config(Path(args.config), args.set + ([f"seeds={args.seeds}"] if args.seeds else []))
@@ -248,9 +256,7 @@ def main(argv: list[str] | None = None) -> dict:
               "fine_tuned": {"test": [means(r) for r in ft_rows], "chosen": ft_chosen, "final_losses": finals,
                              "per_question_seed_mean": per_question_record(seed_mean(ft_rows))},
               "significance_mrr@5": sig, "paper_002_table3": PAPER, "machine": info, "timings": timings}
-    out = RESULTS / f"{args.tag}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
+    out = write_json(RESULTS / f"{args.tag}.json", result, indent=2)
     print(f"wrote {out}")
     return result
 

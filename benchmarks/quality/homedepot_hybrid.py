@@ -9,7 +9,6 @@ with BM25; recall / MRR / NDCG / AUC, paired tests against `bench.target`. Lists
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import time
@@ -19,7 +18,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common.config import ROOT, RUN_OUT, add_run_args, local_backbone, read_config, repo_path
+from benchmarks.common.config import (
+    ROOT,
+    RUN_OUT,
+    add_run_args,
+    local_backbone,
+    parser,
+    read_config,
+    repo_path,
+)
 from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.common.results import write_result_json
 from benchmarks.quality.aspect_models.data import EvalSet, catalog_for
@@ -350,8 +357,7 @@ def chance_accuracy(cfg: ExperimentConfig, catalog, vocab, ev: EvalSet) -> dict[
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__spec__.name, __doc__)
     add_run_args(p, ROOT / "configs" / "real" / "homedepot_hybrid.yaml", "real_homedepot_hybrid")
     p.add_argument("--out-dir", default=str(RUN_OUT), help="results/ and plots/ go under it")
     p.add_argument("--device", default="cpu", help="where the trained rows train and encode (cpu, cuda)")

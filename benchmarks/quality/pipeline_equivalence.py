@@ -10,14 +10,13 @@ the multilingual pipeline's runs against the published teacher rows.
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections import defaultdict
 from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from benchmarks.common.config import RUN_OUT
+from benchmarks.common.config import RUN_OUT, parser
 from benchmarks.common.results import write_result_json
 from benchmarks.common.stats import paired_tests
 from madr.config import load_config
@@ -167,7 +166,7 @@ def table(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__spec__.name, __doc__)
     p.add_argument("--pipeline-dir", nargs="*", default=[],
                    help="the pipeline run's output_dir (multilingual and --between-seeds: one per --seed, in the "
                         "same order; --between-seeds without it: the benchmark's seeds only)")

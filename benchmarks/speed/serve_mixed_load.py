@@ -22,8 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common.config import parser
 from benchmarks.common.machine import load_average
 from benchmarks.common.process import add_ray_niceness_arg, set_ray_worker_niceness
+from benchmarks.common.results import write_json
 from benchmarks.speed.serve_api import build_corpus_index, build_model, machine_info, start_plain, wait_ready
 
 # kind -> (path, JSON body or raw bytes); every one is answered 422 by both apps
@@ -271,8 +273,7 @@ def wait_answering(url: str, queries: list[str], timeout_s: float = 120.0) -> No
 # ---- the run --------------------------------------------------------------------------------------------------
 
 def parse_args() -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = parser(__spec__.name, __doc__)
     p.add_argument("--docs", type=int, default=20_000)
     p.add_argument("--shards", type=int, default=2)
     p.add_argument("--index", default="Flat")
@@ -442,8 +443,7 @@ def report(args: argparse.Namespace, results: dict) -> None:
                   f"{k['slowest_503_s']:.2f} s; 503 without Retry-After {k['503_without_retry_after']}, 500s "
                   f"{k['500']}; the last non-200 {k['normal_after_s']:.1f} s after the kill")
     if args.json:
-        Path(args.json).write_text(json.dumps({"args": vars(args), "machine": machine_info(), "results": results},
-                                              indent=1))
+        write_json(args.json, {"args": vars(args), "machine": machine_info(), "results": results})
 
 
 if __name__ == "__main__":

@@ -8,7 +8,6 @@ madr's `BM25Index` against `bm25s`; writes benchmarks/results/<tag>.json and ben
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata
 import json
 import time
@@ -17,9 +16,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from benchmarks.common.config import BENCHMARKS, ROOT
+from benchmarks.common.config import BENCHMARKS, ROOT, parser
 from benchmarks.common.machine import load_1min, machine_line, versions_line
 from benchmarks.common.plotting import pyplot, save_figure
+from benchmarks.common.results import write_result_json
 from madr.search.sparse import BM25Index, InvertedIndex, SparseBatch
 from madr.search.sparse.seismic_index import SeismicParams, SeismicSparseIndex
 
@@ -255,8 +255,7 @@ def plot(results: dict, path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog=f"python -m {__spec__.name}", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = parser(__spec__.name, __doc__)
     ap.add_argument("--max-docs", type=int, default=None, help="sample this many real titles (default: all)")
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--single", type=int, default=300, help="queries timed one at a time")
@@ -293,8 +292,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"BM25 (word pieces): {json.dumps({k: round(v, 3) for k, v in bm25.items()})}", flush=True)
     out = {**info, "command": f"python -m {__spec__.name} " + " ".join(argv or []), "corpora": results,
            "bm25": bm25, "wall_s": time.perf_counter() - start, "load_average_after": load_1min()}
-    (BENCHMARKS / "results").mkdir(parents=True, exist_ok=True)
-    (BENCHMARKS / "results" / f"{args.tag}.json").write_text(json.dumps(out, indent=1, default=float))
+    write_result_json(BENCHMARKS, args.tag, out)
     plot(results, BENCHMARKS / "plots" / f"{args.tag}.png")
     print(f"wrote benchmarks/results/{args.tag}.json ({out['wall_s']:.0f} s)")
     return out
