@@ -37,8 +37,7 @@ from benchmarks.quality.aspect_models.evaluation import (
     search_depth,
     served_pieces,
 )
-from benchmarks.quality.aspect_models.rows import TRAINED_ROWS, model_config, training_changes
-from benchmarks.quality.aspect_models.training import train_row
+from benchmarks.quality.aspect_models.rows import TRAINED_ROWS, model_config, train_row, training_changes
 from benchmarks.quality.fusion_lists import (
     cached_lists,
     corpus_key,
@@ -57,7 +56,7 @@ from benchmarks.quality.hybrid_report import (
     significance,
     value_table,
 )
-from benchmarks.quality.row_export import write_row
+from benchmarks.quality.pipeline_equivalence import write_row
 from madr.config import ExperimentConfig, from_dict
 from madr.metrics import query_means
 from madr.modeling.model import build_model
@@ -289,8 +288,7 @@ def calibrate_dev(model, dev: EvalSet) -> dict:
 
 
 def export_row(run: Run, row: str, seed: int, keys: list[str], info: dict) -> Path:
-    """`benchmarks.quality.row_export.write_row` of trained row `row` and its fusions (`keys`, kept as
-    `<key>@<seed>`): their per-query test metrics, for paired tests across runs and machines (`benchmarks.quality.pipeline_equivalence`)."""
+    """`pipeline_equivalence.write_row` of trained row `row` and its fusions (`keys`, kept as `<key>@<seed>`)."""
     path = write_row(run.export, row, seed,
                      {key: metrics_of(run.lists[f"{key}@{seed}"]["test"], run.splits["test"], run.cfg) for key in keys},
                      {key: run.labels[f"{key}@{seed}"] for key in keys}, {key: info.get(key) for key in keys},

@@ -17,7 +17,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from benchmarks.common.config import RUN_OUT, parser
-from benchmarks.common.results import write_result_json
+from benchmarks.common.machine import load_average, machine_info
+from benchmarks.common.results import write_json, write_result_json
 from benchmarks.common.stats import paired_tests
 from madr.config import load_config
 from madr.metrics import Qrels, Run, evaluate
@@ -25,6 +26,19 @@ from madr.metrics import Qrels, Run, evaluate
 SINGLE_METRICS = ("click_auc", "ndcg@5", "nli_auc_en", "nli_auc_xx")  # multilingual: compared where both report
 PAIRS = {"fused": ("{model}", "bm25+{row}"), "encoder alone": ("{model}-dense", "{row}")}
 RETRIEVAL = ("recall@", "mrr@")  # computed from ranked lists on both sides (module docstring)
+
+
+def write_row(export: Path, row: str, seed: int, per_query: dict[str, dict], labels: dict[str, str],
+              info: dict, device: str) -> Path:
+    """<export>/seed<seed>/<row>.json (`homedepot_hybrid --export`): the per-query test metrics of a trained row and
+    its fusions ({key: {metric: {query: value}}}), their labels, the training info and where it ran."""
+    import torch
+
+    accelerator = torch.cuda.get_device_name() if device.startswith("cuda") else None
+    return write_json(export / f"seed{seed}" / f"{row}.json",
+                      {"row": row, "seed": seed, "per_query": per_query, "labels": labels, "info": info,
+                       "device": device, "accelerator": accelerator,
+                       "machine": machine_info(load_average=load_average())}, indent=None)
 
 
 def read_trec_run(path: Path) -> Run:

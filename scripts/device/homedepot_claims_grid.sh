@@ -1,6 +1,6 @@
 #!/bin/bash
 # The paper-claim rows of benchmarks/quality/homedepot_claims.py on a lent GPU machine (the `device` tool), one
-# process per (seed, row), each row-seed exported per query (benchmarks/quality/row_export.py) for
+# process per (seed, row), each row-seed exported per query (`homedepot_hybrid --export`) for
 # `python -m benchmarks.quality.homedepot_claims` here (code retired; last at commit ab8b945).
 #
 # The machine has torch + transformers but no network, no faiss, no e5 and no ../shared: prepare a carried

@@ -10,8 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from benchmarks.quality.pipeline_equivalence import compare, compare_seeds, main, over_seeds
-from benchmarks.quality.row_export import write_row
+from benchmarks.quality.pipeline_equivalence import compare, compare_seeds, main, over_seeds, write_row
 
 
 def _pipeline_dir(tmp_path):

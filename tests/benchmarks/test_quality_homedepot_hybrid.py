@@ -441,7 +441,7 @@ def test_the_shipped_product_search_config_runs_on_a_user_catalog(user_config, t
 
 def test_exported_rows_carry_the_full_runs_per_query_metrics(runs, user_config, tmp_path):
     """`--export` (rows trained on another machine, e.g. a GPU) writes each trained row-seed's per-query test
-    metrics, of the row alone and of its fusions (`benchmarks.quality.row_export`): read back, their seed means
+    metrics, of the row alone and of its fusions (`benchmarks.quality.pipeline_equivalence.write_row`): read back, their seed means
     are the full run's table."""
     from madr.metrics import query_means
 

@@ -1,2 +1,1 @@
-"""The product-search benchmark's shared parts (rows, data, evaluation, training): used by
-`benchmarks.quality.homedepot_hybrid` and `benchmarks.quality.fusion_lists`."""
+"""The product-search benchmark's rows, data and evaluation (`benchmarks.quality.homedepot_hybrid`)."""
