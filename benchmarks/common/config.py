@@ -47,8 +47,7 @@ def local_backbone(name: str | None) -> str | None:
 def over_seeds(seeds: Sequence[int], run_seed: Callable[[int], tuple[Any, ...]],
                test_rows: Callable[[tuple[Any, ...]], Mapping[str, Mapping[str, float]]],
                metric: str = "mrr@5") -> list[list[Any]]:
-    """`run_seed(seed)` for every seed, printing each seed's test `metric` per row (`test_rows(result)`); the
-    results transposed: one list per item of `run_seed`'s tuple, in seed order."""
+    """`run_seed(seed)` per seed, printing its test `metric` per row; the results transposed, in seed order."""
     columns: list[list[Any]] = []
     for seed in seeds:
         result = run_seed(seed)

@@ -10,8 +10,7 @@ TINY = {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2, "in
 
 
 def served_hybrid(backbone: str, texts: list[str], tokenizer_dir: str | Path):
-    """A seeded hybrid `BiEncoder` (top-64 sparse terms, 32 / 64 tokens, lambda 0.5, dot product) on
-    `backbone` ("tiny", or a name / path / `pypi:` spec of `madr.modeling.backbone.resolve_backbone_path`)."""
+    """A seeded hybrid `BiEncoder` (top-64 sparse terms, lambda 0.5, dot) on `backbone` ("tiny", or a name / path)."""
     import torch
 
     from madr.config import BackboneConfig, ModelConfig

@@ -20,8 +20,7 @@ def normalised(x: np.ndarray, how: str) -> np.ndarray:
 
 def fuse(dense: tuple[np.ndarray, np.ndarray], bm25: tuple[np.ndarray, np.ndarray], lam: float, how: str,
          k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, scores) lists fused over their union: a list's minimum for an id it misses, each list normalised,
-    ``lam * dense + (1 - lam) * bm25``; the top k (ids, scores) by score, then id."""
+    """Top-k (ids, scores) of `lam * dense + (1 - lam) * bm25` over the union, each normalised (a miss: its min)."""
     cand = np.union1d(dense[0], bm25[0])
 
     def column(ids: np.ndarray, scores: np.ndarray) -> np.ndarray:

@@ -31,8 +31,7 @@ def print_result(result: dict) -> None:
 
 
 def child_result(cmd: list[str], **env: str) -> dict:
-    """Run `cmd` with `child_env(**env)`; the result it printed last (`print_result`), RuntimeError with the
-    output's tail when it failed."""
+    """Run `cmd` with `child_env(**env)`: the result it printed last; RuntimeError with its output when it failed."""
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=child_env(**env))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
     if proc.returncode or not lines:
@@ -42,8 +41,7 @@ def child_result(cmd: list[str], **env: str) -> dict:
 
 
 def add_ray_niceness_arg(parser) -> None:
-    """`--ray-worker-niceness` (default 0): Ray's own 15 makes its workers yield the CPU to every nice-0 process
-    of a shared machine (the client, a plain server, the loop compared with)."""
+    """`--ray-worker-niceness` (default 0; Ray's own 15 yields the CPU to every nice-0 process of the benchmark)."""
     parser.add_argument("--ray-worker-niceness", type=int, default=0,
                         help="niceness of Ray's workers (Ray's default 15; 0: the rest of the benchmark's)")
 
@@ -61,8 +59,7 @@ def machine_busy_seconds() -> float:
 
 
 def wait_quiet(below: float, max_wait: float, window: float = 5.0) -> float:
-    """Wait (up to `max_wait` s) until the machine's busy CPU over `window` s is under `below` cores; returns the
-    last reading (nothing of ours runs between contenders: that is the other jobs' load)."""
+    """Wait up to `max_wait` s for the machine's busy CPU to fall under `below` cores; the last reading."""
     deadline = time.monotonic() + max_wait
     while True:
         busy0 = machine_busy_seconds()
@@ -73,8 +70,7 @@ def wait_quiet(below: float, max_wait: float, window: float = 5.0) -> float:
 
 
 class ProcessTree:
-    """Peak summed PSS (and RSS) and CPU seconds of this process and its descendants, sampled in a thread every
-    `interval` s (one sample of Ray's ten processes costs ~40 ms of CPU: left out of `cpu_seconds`)."""
+    """Peak summed PSS / RSS and CPU seconds of this process and its descendants, sampled every `interval` s."""
 
     def __init__(self, interval: float = 1.0) -> None:
         import psutil

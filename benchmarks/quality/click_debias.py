@@ -75,8 +75,7 @@ def old_ranker_candidates(catalog: Catalog, tokenizer: Any, pool: int) -> dict[s
 
 
 def simulation_settings(args: argparse.Namespace) -> dict[str, Any]:
-    """What a simulated log depends on besides its size and seed (the old ranker's pool and noise, the swaps, the
-    click model)."""
+    """What a simulated log depends on besides its size and seed."""
     return {"top_k": args.top_k, "pool": args.pool, "noise": args.noise, "swap_share": args.swap_share,
             "eta": args.eta, "epsilon": args.epsilon, "catalog": args.catalog, "max_queries": args.max_queries}
 
@@ -217,8 +216,7 @@ ESTIMATORS = {"em": estimate_examination, "harvest": estimate_harvested}
 
 
 def log_curves(log: Path, truth: np.ndarray, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """Both estimators' curves on one simulated log, each with its max abs error vs the truth, or the reason the
-    estimator refused the log."""
+    """Both estimators' curves on one log with their max abs error vs the truth, or why an estimator refused."""
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     cols = [np.array([r[k] for r in rows]) for k in ("query", "doc_id", "position", "clicked")]
     out = {}

@@ -36,8 +36,7 @@ from madr.search.score_fusion import (
 
 
 def encode_split(model: BiEncoder, texts: list[str], side: str, bs: int, desc: str) -> Encoded:
-    """`texts` as `model` encodes them (`benchmarks.quality.aspect_models.evaluation.encode`: length-sorted
-    batches, search vectors, top-1 aspect values)."""
+    """`texts` as `model` encodes them (length-sorted batches, search vectors, top-1 aspect values)."""
     max_len = model.config.max_query_length if side == "query" else model.config.max_doc_length
     lengths = token_lengths(model.tokenizer, model.config.prefixed(texts, side), max_len)
     return encode(model, texts, lengths, side, bs, desc)
@@ -45,8 +44,7 @@ def encode_split(model: BiEncoder, texts: list[str], side: str, bs: int, desc: s
 
 def encode_splits(model: BiEncoder, splits: dict[str, EvalSet], bs: int, label: str
                   ) -> tuple[Encoded, dict[str, tuple[np.ndarray, Encoded]]]:
-    """The products of every split's corpus, encoded once (their sorted union), and {split: (the rows of that
-    union which are the split's corpus, in its order; the split's queries encoded)}."""
+    """Every split's products encoded once (their sorted union), and {split: (its rows in it, its queries)}."""
     texts = sorted({t for ev in splits.values() for t in ev.doc_texts})
     row = {t: i for i, t in enumerate(texts)}
     docs = encode_split(model, texts, "doc", bs, f"{label}: corpus")
@@ -57,8 +55,7 @@ def encode_splits(model: BiEncoder, splits: dict[str, EvalSet], bs: int, label: 
 
 def model_lists(model: BiEncoder, splits: dict[str, EvalSet], k: int, bs: int, label: str,
                 aspects: dict[str, dict[str, float]] | None = None) -> dict[str, Lists]:
-    """Exact inner-product top-k lists of `model` on every split (`encode_splits`). For a model that predicts
-    aspects, `aspects` (when given) receives each split's Accuracy@1 per aspect and side."""
+    """Exact top-k lists of `model` per split; `aspects` (when given) receives each split's Accuracy@1."""
     docs, queries = encode_splits(model, splits, bs, label)
     out = {}
     for name, (rows, q) in queries.items():
@@ -81,8 +78,7 @@ def corpus_key(splits: dict[str, EvalSet]) -> str:
 
 
 def cached_lists(path: Path, key: str, compute: Callable[[], dict[str, Lists]]) -> tuple[dict[str, Lists], float]:
-    """`compute()` once per `key`: kept in `path` (.npz) and reused while the key matches. Returns (lists,
-    seconds spent computing, 0 when kept)."""
+    """(`compute()`, seconds) once per `key`, kept in `path` (.npz) and reused while the key matches (0 s)."""
     if path.is_file():
         with np.load(path, allow_pickle=False) as z:
             if str(z["key"]) == key:
@@ -102,8 +98,7 @@ def cached_lists(path: Path, key: str, compute: Callable[[], dict[str, Lists]]) 
 
 
 def fuse(parts: Sequence[Lists], weights: Sequence[float], k: int, normalisation: str = "minmax") -> Lists:
-    """Weighted sum of per-query normalised scores (min-max by default, or z-scores) over the union of the top
-    lists (`madr.search.score_fusion.weighted_fusion`), and over each query's judged products."""
+    """Weighted sum of per-query normalised scores over the top lists' union, and over the judged products."""
     scores, ids = weighted_fusion([p.topk for p in parts], weights, k, normalisation=normalisation)
     judged = np.zeros(parts[0].judged.shape)
     for w, p in zip(weights, parts, strict=True):

@@ -67,8 +67,7 @@ COMPARISONS = (("hybrid", "dense_alone"), ("hybrid", "sparse_alone"), ("hybrid",
 
 
 def load_config(path: Path, sets: list[str]) -> tuple[HetPQAConfig, PQAConfig]:
-    """`hetpqa:` -> HetPQAConfig (data_dir resolved against the repository root), the rest -> PQAConfig;
-    `--set key=value` overrides (dotted, YAML values) apply first."""
+    """(`hetpqa:` as HetPQAConfig, the rest as PQAConfig), `--set` overrides applied first."""
     data = read_config(path, sets)
     het = from_dict(HetPQAConfig, data.pop("hetpqa", {}) or {})
     het.data_dir = repo_path(het.data_dir)
@@ -85,8 +84,7 @@ def per_query(s: SplitScores, values: list[np.ndarray]) -> dict[str, dict[str, f
 
 def rank_rows(dev: dict[str, SplitScores], test: dict[str, SplitScores], grid, norms, prior_k: int
               ) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, Any]]:
-    """Per-question test metrics of every row; `dev`/`test` map "hybrid" (and "dense"/"sparse" when trained
-    alone) to scores. Lambda, normalisation and priors are chosen on dev only."""
+    """Per-question test metrics of every row (lambda, normalisation and priors chosen on dev) and the choices."""
     h_dev, h_test = dev["hybrid"], test["hybrid"]
     lam, norm, dev_mrr = tune_lambda(h_dev, norms, grid)
     lam_src, priors, dev_mrr_src = tune_source_aware(h_dev, grid, prior_k)
@@ -118,8 +116,7 @@ def seed_mean(rows: list[dict[str, dict[str, dict[str, float]]]]) -> dict[str, d
 
 
 def per_question_record(rows: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, dict[str, float]]]:
-    """{metric: {row: {question: value}}} for `PAIRED_METRICS`, rounded to 6 digits: what a paired test of two
-    runs on the same split needs."""
+    """{metric: {row: {question: value}}} of `PAIRED_METRICS` (6 digits), for paired tests across runs."""
     return {m: {k: {q: round(v, 6) for q, v in rows[k][m].items()} for k in rows} for m in PAIRED_METRICS}
 
 

@@ -123,8 +123,7 @@ class Run:
     export: Path | None = None  # per-query test metrics of each trained row-seed are written under it (`export_row`)
 
     def add(self, key: str, label: str, compute, depends: dict, refresh: bool = False) -> None:
-        """Lists of retriever `key`: kept ones while `depends` (and the data) match, else `compute()`; `refresh`
-        computes them even when kept (a trained model to save that the kept run did not save)."""
+        """Lists of retriever `key`: kept while `depends` match, else `compute()` (`refresh`: computed anyway)."""
         where = self.out / "lists" / f"{key.replace('+', '_')}.npz"
         if refresh:
             where.unlink(missing_ok=True)
@@ -155,8 +154,7 @@ def add_fusion(run: Run, key: str, parts: list[str], label: str) -> dict:
 
 
 def reference_fusions(names: list[str]) -> dict[str, tuple[list[str], str]]:
-    """{row: (parts, label)} of the reference fusions: BM25 with each of the reference encoders `names`, and
-    with all of them when there are several."""
+    """{row: (parts, label)}: BM25 with each reference encoder, and with all of them when there are several."""
     out = {f"bm25+{n}": (["bm25", n], f"BM25 + {n}") for n in names}
     if len(names) > 1:
         out["bm25+" + "+".join(names)] = (["bm25", *names], "BM25 + " + " + ".join(names))
@@ -201,9 +199,7 @@ def reference_rows(run: Run) -> dict:
 
 
 class Curve:
-    """Dev quality against training steps (aspect Accuracy@1 and R@10 as training goes): every
-    `every` steps of each stage (a multiple of the stages' `log_every`), the dev split's Recall@10 / MRR@10 and
-    aspect Accuracy@1 of the model being trained, then back to training mode."""
+    """Dev Recall@10 / MRR@10 and aspect Accuracy@1 of the model being trained, every `every` steps of a stage."""
 
     def __init__(self, run: Run, label: str, every: int) -> None:
         self.run, self.label, self.every, self.points, self.seconds = run, label, every, [], 0.0
@@ -227,8 +223,7 @@ class Curve:
 
 
 def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict:
-    """Each `bench.trained` row fine-tuned with `seed`, alone and fused with BM25; returns training info (with
-    the test aspect Accuracy@1 and, for `bench.curve_seeds`, the dev curve; kept beside the cached lists)."""
+    """Each `bench.trained` row trained with `seed`, alone and fused; its training info (kept beside the lists)."""
     cfg, b, info = run.cfg, run.bench, {}
     for row in b["trained"]:
         key, label = f"{row}@{seed}", TRAINED_ROWS[row][0]
@@ -277,8 +272,7 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
 
 
 def calibrate_dev(model, dev: EvalSet) -> dict:
-    """An aspect model's confidence temperatures fitted on the dev queries and corpus (`/explain` reads them from
-    the saved model); returns the report, {} for a model without aspect predictions."""
+    """An aspect model's confidence temperatures fitted on dev (read by `/explain`); the report, or {}."""
     if not model.predicts_aspect_values:
         return {}
     model.calibration, report = calibrate(model, {"query": dev.query_texts, "doc": dev.doc_texts},
@@ -346,8 +340,7 @@ def publish(run: Run, seeds: list[int], fusions: dict, training: dict, tag: str,
 
 
 def chance_accuracy(cfg: ExperimentConfig, catalog, vocab, ev: EvalSet) -> dict[str, float]:
-    """Test aspect Accuracy@1 of always predicting the most frequent value of the training annotations (the
-    train search terms and every product: what aspect pretraining sees)."""
+    """Test aspect Accuracy@1 of the most frequent value of the training annotations (train queries, products)."""
     aspects = list(cfg.model.aspects)
     train = [q.aspects for q in catalog.queries_in("train")] + [p.aspects for p in catalog.products]
     return {**majority_accuracy(vocab, aspects, train, ev.query_aspects, "query"),

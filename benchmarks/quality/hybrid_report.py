@@ -48,8 +48,7 @@ def relative_table(order: list[str], labels: dict, mean: dict, metrics: list[str
 
 
 def aspect_lines(training: dict, rows: list[str], labels: dict, chance: dict | None = None) -> list[str]:
-    """Markdown lines: test aspect Accuracy@1 per trained row (mean over the seeds that have it), under the
-    `chance` row (the most frequent training value, `majority_accuracy`)."""
+    """Markdown lines: test aspect Accuracy@1 per trained row (mean over seeds), under the `chance` row."""
     acc = {row: [t[row]["aspects"]["test"] for t in training.values() if t.get(row, {}).get("aspects", {}).get("test")]
            for row in rows}
     acc = {row: each for row, each in acc.items() if each}
@@ -92,8 +91,7 @@ def plot_curves(training: dict, rows: list[str], labels: dict, path: Path) -> No
 
 
 def short_label(label: str) -> str:
-    """A row's label for a plot axis: without "(dev)" and the served-configuration note, so that weighted and
-    reciprocal rank fusions of the same parts stay apart."""
+    """A row's label for a plot axis (without "(dev)" and the served-configuration note)."""
     return label.replace(" (dev)", "").replace("; the served configuration", "").replace("weights ", "")
 
 

@@ -97,10 +97,7 @@ def compare(pipeline_dir: Path, export: Path, row: str, seed: int, draws: int) -
 
 
 def compare_seeds(pipeline_dirs: list[Path], export: Path, row: str, seeds: list[int], draws: int) -> dict:
-    """How far two trainings of the same code apart: the benchmark's row at seed a against seed b, and the
-    pipeline's run a against run b, paired per query as `compare` pairs the two sides ("pipeline" = seed a,
-    "benchmark" = seed b). What `compare` finds between the pipeline and the benchmark means something only next to
-    what it finds within each."""
+    """Seed a against seed b of the benchmark's row (and of the pipeline's runs): what two trainings differ by."""
     (a, b), out = seeds, {}
     bench_a, bench_b = benchmark_per_query(export, row, a), benchmark_per_query(export, row, b)
     for pair, metrics in bench_a.items():
@@ -115,8 +112,7 @@ def compare_seeds(pipeline_dirs: list[Path], export: Path, row: str, seeds: list
 
 
 def over_seeds(results: list[Path], draws: int) -> dict:
-    """{pair: {metric: {pipeline, benchmark, diff, p_randomisation, p_ttest, n}}}: each side's mean over the
-    seeds' comparisons in `results` (this module's JSONs of `compare`, one per seed), paired by seed."""
+    """Each side's mean over the per-seed `compare` results in `results`, paired by seed."""
     per_seed = {path.stem: json.loads(path.read_text())["pairs"] for path in results}
     first = next(iter(per_seed.values()))
     out: dict[str, dict] = {}
@@ -132,8 +128,7 @@ def over_seeds(results: list[Path], draws: int) -> dict:
 
 def compare_multilingual(pipeline_dir: Path, published: Path, seed: int, draws: int,
                          row: str = "multitask", theirs_row: str = "multi-task e5 teacher (12 layers)") -> dict:
-    """{metric: {pipeline, benchmark, diff[, p_randomisation, p_ttest, n]}}: the click and NLI metrics both report
-    unpaired, cross-lingual top-1 paired per source language (module docstring)."""
+    """Click and NLI metrics side by side, cross-lingual top-1 paired per source language."""
     ours = json.loads((pipeline_dir / "metrics.json").read_text())["rows"][row]
     runs = json.loads(published.read_text())["runs"]
     theirs = next(r for r in runs if r["seed"] == seed)["rows"][theirs_row]
@@ -147,9 +142,7 @@ def compare_multilingual(pipeline_dir: Path, published: Path, seed: int, draws: 
 
 
 def compare_multilingual_seeds(runs: dict[int, Path], published: Path, draws: int) -> dict:
-    """`compare_multilingual` for each seed's run, then each metric both report over the seeds, paired by seed
-    (with three seeds the sign-flip test cannot go below p 0.25: the t-test and the published seeds' spread say
-    more)."""
+    """`compare_multilingual` per seed's run, then each metric over the seeds, paired by seed."""
     per_seed = {seed: compare_multilingual(path, published, seed, draws) for seed, path in sorted(runs.items())}
     out: dict[str, dict] = {f"seed {seed}": rows for seed, rows in per_seed.items()}
     if len(per_seed) > 1:

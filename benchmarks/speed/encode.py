@@ -202,8 +202,7 @@ def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: in
 
 def startup_phases(events: list[tuple[float, int, float, str]], start: float, stream: float,
                    first_out: float) -> dict:
-    """Where the job's start-up goes, in s from its start (`pipelines.encode.trace` events): the driver until the
-    stream, per actor its process start, code imported, constructor start / end, first piece; the first piece."""
+    """Where the job's start-up goes (`pipelines.encode.trace` events, s from its start), per actor."""
     actors: dict[int, dict[str, float]] = {}
     for t, pid, proc_start, what in events:
         if "init start" in what and pid not in actors:

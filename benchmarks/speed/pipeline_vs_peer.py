@@ -73,8 +73,7 @@ def settings_key(catalog: Path, config: str, sets: list[str], steps: int | None)
 
 
 def sample_catalog(config: str, out: Path) -> Path:
-    """The catalog the pipeline generates when ``data.catalog_dir`` is null (``madr.data.synthetic.catalog.
-    generate_catalog`` with the config's ``data`` section), written once to `out`."""
+    """The catalog the pipeline generates when `data.catalog_dir` is null, written once to `out`."""
     from madr.config import load_config
     from madr.data.synthetic.catalog import generate_catalog
 
@@ -131,8 +130,7 @@ def bm25_search(model: Any, queries: list[list[int]], k: int, n_docs: int) -> li
 
 
 def mine_triplets(data: dict[str, Any], s: dict[str, Any]) -> list[tuple[str, str, str]]:
-    """(query, positive, mined negative) texts: BM25's top `mined_depth` products per train query that are not
-    judged relevant (nor share a relevant product's text), one triplet per judged positive, shuffled."""
+    """(query, positive, BM25-mined negative) texts, one per judged positive of a train query, shuffled."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(s["backbone"])
@@ -272,8 +270,7 @@ def tune(model: Any, index: dict[str, Any], data: dict[str, Any], s: dict[str, A
 
 def evaluate_test(model: Any, index: dict[str, Any], data: dict[str, Any], s: dict[str, Any],
                   choice: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Test metrics of the chosen fusion and of each half of it (lam 1: dense, lam 0: BM25, as madr's
-    ``eval.references`` search the same index)."""
+    """Test metrics of the chosen fusion and of its halves (lam 1: dense, lam 0: BM25)."""
     qids, texts = data["splits"]["test"]
     dense, bm25 = candidates(model, index, texts, s)
     lams = {"fused": choice["lam"], "dense": 1.0, "bm25": 0.0}

@@ -57,8 +57,7 @@ def run_inputs(run: Path, config: str, serve_config: str) -> dict[str, Any]:
 
 
 def real_corpus(manifest_path: Path) -> dict[str, Any]:
-    """The run's documents as stored: ids, dense vectors, word-piece term counts, display rows, lexical tokenizer
-    (the index's own, else the model's), fusion record and model directory."""
+    """The run's documents as stored: ids, vectors, term counts, display rows, lexical tokenizer, model dir."""
     import pyarrow.parquet as pq
     import scipy.sparse as sp
 
@@ -84,8 +83,7 @@ def real_corpus(manifest_path: Path) -> dict[str, Any]:
 # ---- drawn documents -----------------------------------------------------------------------------------------
 
 def draw_dense(real: np.ndarray, n: int, noise: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """`n` vectors: a random real one (its row returned too) plus N(0, (noise * per-dimension std)^2), renormalised
-    when the real vectors are unit length."""
+    """`n` vectors: a random real one (its row too) plus noise x the per-dimension std, unit when the real are."""
     std = real.std(axis=0).astype(np.float32)
     unit = bool(np.allclose(np.linalg.norm(real, axis=1), 1.0, atol=1e-3))
     src = rng.integers(0, real.shape[0], n)
@@ -98,8 +96,7 @@ def draw_dense(real: np.ndarray, n: int, noise: float, rng: np.random.Generator)
 
 
 def draw_term_counts(tf, n: int, rng: np.random.Generator):
-    """`n` word-piece documents as term counts [n, V] (CSR): lengths drawn from the real documents' (`tf` rows),
-    pieces from the real corpus's unigram frequencies."""
+    """`n` word-piece documents (CSR): lengths drawn from the real ones, pieces from their unigram frequencies."""
     import scipy.sparse as sp
 
     lengths = np.asarray(tf.sum(axis=1)).ravel().astype(np.int64)
@@ -122,8 +119,7 @@ def drawn_docs(docs, src: np.ndarray, ids: np.ndarray):
 
 
 def scaled_corpus(real: dict[str, Any], docs: int, noise: float, seed: int, out: Path) -> None:
-    """The real documents plus drawn ones up to `docs`, ids ascending, written to `out` (ids.npy, dense.npy,
-    lexical.npz (`madr.index.lexical.save_term_counts`), docs.parquet); skipped when they are there."""
+    """The real documents plus drawn ones up to `docs`, ids ascending, written to `out` (once)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     import scipy.sparse as sp
@@ -156,8 +152,7 @@ def scaled_corpus(real: dict[str, Any], docs: int, noise: float, seed: int, out:
 
 
 def build_scaled_index(real: dict[str, Any], corpus: Path, factory: str, seed: int) -> Path:
-    """madr's index of the scaled corpus in `corpus/index`, laid out as the run's (shard count, BM25 part with its
-    lexical tokenizer, the tune stage's fusion)."""
+    """madr's index of the scaled corpus in `corpus/index`, laid out as the run's (shards, BM25 part, fusion)."""
     import pyarrow.parquet as pq
 
     from madr.index.build import build_index
@@ -232,8 +227,7 @@ class PeerQuery(BaseModel):
 
 
 def peer_dense_index(dense: np.ndarray, factory: str, nprobe: int | None, seed: int = 0):
-    """The peer's FAISS index of madr's type (`faiss.index_factory`, inner product): "Flat" is `IndexFlatIP`; an IVF
-    type is trained on up to 100k seeded vectors and searched with madr's `nprobe` (None: FAISS's default, as madr)."""
+    """The peer's FAISS index of madr's type (inner product; IVF trained on 100k seeded vectors, madr's nprobe)."""
     import faiss
 
     index = faiss.index_factory(dense.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
@@ -321,9 +315,7 @@ SETTING_OF = {"QueryEncoder": "encoder", "SearchIngress": "ingress", "Colocated"
 
 
 def madr_settings(app: dict[str, Any], manifest: Path, port: int):
-    """`ServeSettings` of the deploy stage's application, on `manifest`, loopback `port`, no key, quiet logs: its
-    args, then each `deployments:` entry's replicas / CPUs (`serve.placement.serve_config_deployments`) and
-    `max_ongoing_requests` / `max_queued_requests`, as `serve run` would apply them."""
+    """`ServeSettings` of the deploy stage's application on `manifest` and `port`, its `deployments:` applied."""
     from serve.config import settings_from_dict
     from serve.placement import serve_config_deployments
 
@@ -341,8 +333,7 @@ def madr_settings(app: dict[str, Any], manifest: Path, port: int):
 
 
 def start_madr(settings, direct: bool = False) -> str:
-    """The Serve app of `settings` on a local Ray; its proxy URL (`direct`: Ray started in Serve's throughput mode,
-    so that the co-located replica also answers on its own port, `replica_url`)."""
+    """The Serve app on a local Ray (`direct`: in Serve's throughput mode); its proxy URL."""
     import ray
 
     from serve.app import run_local
@@ -386,9 +377,7 @@ def offline_top(manifest: Path, model_dir: str, settings, queries: list[str], k:
 
 
 def served_top(url: str, queries: list[str], k: int, attempts: int = 5) -> list[list[int]]:
-    """Each query's top-k ids from `url`'s `/search`, one request at a time. A 503 / 504 with Retry-After (a busy or
-    restarting app, as both apps answer) is retried after the advised delay, as a client should; any other answer
-    without results, or the last attempt's, is an error naming the query and the status."""
+    """Each query's top-k ids from `url`, one request at a time (a 503 / 504 with Retry-After retried)."""
     import requests
 
     def top(http: requests.Session, q: str) -> list[int]:

@@ -126,8 +126,7 @@ LATENCY_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN
 
 def start_serve(manifest: Path, port: int, nprobe: int | None, shards: int, tuning: str,
                 topologies: list[str], batch_wait_ms: float | None = None) -> dict[str, str]:
-    """Both topologies' apps in one Serve instance on `port`; returns {topology: base URL}. `batch_wait_ms`:
-    the encoder's and searchers' `@serve.batch` wait (None: the settings' defaults, 3 and 1 ms)."""
+    """The `topologies`' apps in one Serve instance on `port` ({topology: base URL})."""
     import ray
 
     from madr.search.params import SearchParams
@@ -217,8 +216,7 @@ async def closed_loop(url: str, queries: list[str], concurrency: int, warmup: fl
 
 def measure_levels(urls: dict[str, str], queries: list[str], levels: list[int], warmup: float, duration: float,
                    k: int, alternate: bool = False) -> dict[str, dict[int, dict]]:
-    """`closed_loop` on every app at every concurrency level, printing each result; `alternate`: the apps' order
-    reversed every other level, so drifting background load hits them alike."""
+    """`closed_loop` on every app at every level (`alternate`: the apps' order reversed every other level)."""
     results: dict[str, dict[int, dict]] = {name: {} for name in urls}
     for i, c in enumerate(levels):
         for name in (list(urls)[::-1] if alternate and i % 2 else list(urls)):

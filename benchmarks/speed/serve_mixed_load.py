@@ -109,8 +109,7 @@ INGRESS_MAX_ONGOING = 128  # the ingress's / Colocated's max_ongoing_requests (t
 
 
 def start_serve(manifest: Path, port: int, args: argparse.Namespace, topologies: list[str]) -> dict[str, str]:
-    """The Serve app of each topology in one Serve instance on `port` (app ``madr_<topology>`` at
-    ``/<topology>``); returns {topology: base URL}."""
+    """The apps of `topologies` in one Serve instance on `port` ({topology: base URL})."""
     import ray
 
     from serve.app import run_local
@@ -137,8 +136,7 @@ def start_serve(manifest: Path, port: int, args: argparse.Namespace, topologies:
 
 
 def killer(app: str, at_s: float, log: dict):
-    """A coroutine that SIGKILLs one replica of the Serve app `app`'s `KILL_TARGET` deployment `at_s` seconds
-    after it starts (its pid and the time into `log`)."""
+    """A coroutine that SIGKILLs one replica of `app`'s `KILL_TARGET` deployment `at_s` s after it starts."""
     from ray._private.state import actors as actor_table
 
     async def kill() -> None:

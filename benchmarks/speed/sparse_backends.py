@@ -122,8 +122,7 @@ EXACT_ENGINES = ("scipy", "compiled", "maxscore")
 
 
 def exact_rows(index: InvertedIndex, queries: SparseBatch, single: int) -> tuple[dict, np.ndarray]:
-    """q/s of the exact engines (scipy, compiled, maxscore), batched and one at a time, interleaved; the exact
-    top 10. The compiled and maxscore ids must equal scipy's, and maxscore's scores the compiled engine's."""
+    """q/s of the exact engines, batched and one at a time (their ids checked equal), and the exact top 10."""
     for engine in EXACT_ENGINES:  # compiles / warms every path
         index.search(queries.select(range(4)), k=K, engine=engine)
     out: dict[str, float] = {}
@@ -145,8 +144,7 @@ def exact_rows(index: InvertedIndex, queries: SparseBatch, single: int) -> tuple
 
 def seismic_curve(index: InvertedIndex, queries: SparseBatch, exact: np.ndarray, builds: list[SeismicParams],
                   cuts: list[int], heaps: list[float], single: int) -> dict:
-    """For each build setting: build Seismic once, then recall@10 and batched q/s for every (query_cut,
-    heap_factor); the fastest point with recall@10 >= 0.97, also timed one query at a time."""
+    """Recall@10 and q/s of Seismic per build x query_cut x heap_factor; the fastest point at recall >= 0.97."""
     points, built, indexes = [], [], []
     for b, params in enumerate(builds):
         t0 = time.perf_counter()

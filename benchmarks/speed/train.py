@@ -207,8 +207,7 @@ print(json.dumps({{"chunk": {chunk}, "batch": {batch}, "seconds": seconds, "rss_
 
 
 def memory_inputs(out: str, batch: int) -> tuple[str, str]:
-    """One model (4-layer, hidden-128 BERT towers, no dropout) and one tokenised batch of `batch` pairs, saved for
-    the measuring subprocesses (plain and GradCache see identical inputs)."""
+    """One model (4-layer, hidden-128, no dropout) and one batch of `batch` pairs, saved for the subprocesses."""
     import torch
 
     from madr.config import load_config

@@ -16,8 +16,7 @@ from madr.recipes.aspects.experiment import load_catalog
 
 
 def catalog_for(home: dict | None, cfg: ExperimentConfig) -> Catalog:
-    """The Home Depot catalog (written once per `homedepot:` settings and annotator code under the output dir),
-    else `data:`."""
+    """The Home Depot catalog (written once per `homedepot:` settings under the output dir), else `data:`."""
     if home is not None:
         from madr.data.sources import homedepot
 
@@ -50,8 +49,7 @@ class EvalSet:
     @classmethod
     def of(cls, catalog: Catalog, split: str, threshold: float, corpus_size: int | None = None,
            seed: int = 0) -> EvalSet:
-        """`corpus_size` (None: every product) keeps the evaluated queries' judged products and a seeded
-        sample of the others: a cheaper, smaller corpus for the retrieval metrics."""
+        """`corpus_size` (None: all) keeps the queries' judged products and a seeded sample of the others."""
         qrels_all = catalog.qrels(split)
         queries = [q for q in catalog.queries_in(split)
                    if any(r >= threshold for r in qrels_all.get(q.query_id, {}).values())]

@@ -31,8 +31,7 @@ class Encoded:
 @torch.no_grad()
 def encode(model: BiEncoder, texts: list[str], lengths: np.ndarray, side: str, batch_size: int,
            desc: str) -> Encoded:
-    """`texts` encoded in ONE pass in length order: search vectors and the top-1 phrase value of each aspect the
-    model predicts."""
+    """`texts` encoded in length order: search vectors and the top-1 phrase value of each predicted aspect."""
     model.eval()
     device = model_device(model)
     keys = [k for k, _, g in objective_keys(model.config) if g == "phrase"]
@@ -88,8 +87,7 @@ def dense_lists(q: torch.Tensor, d: torch.Tensor, ev: EvalSet, k: int, chunk: in
 
 
 def served_pieces(tokenizer) -> Callable[[str], list[str]]:
-    """`tokenizer`'s word pieces of the lower-cased text: what an index built with `index.lexical: bm25` holds
-    for that tokenizer (`madr.index.lexical.word_pieces` lower-cases first)."""
+    """`tokenizer`'s word pieces of the lower-cased text, as an index with `index.lexical: bm25` holds them."""
     return lambda text: tokenizer.tokenize(text.lower())
 
 
@@ -140,8 +138,7 @@ def aspect_accuracy(model: BiEncoder, preds: dict[str, np.ndarray], aspects: lis
 
 
 def majority_accuracy(vocabularies, aspects: list[str], train: list[dict], items: list[dict], side: str) -> dict:
-    """The chance row of aspect Accuracy@1: always predict the phrase value most frequent in `train` (the
-    pretraining annotations), scored like `aspect_accuracy` on `items` with an annotation in the vocabulary."""
+    """The chance row of aspect Accuracy@1: the phrase value most frequent in `train`, scored on `items`."""
     out = {}
     for aspect in aspects:
         voc = vocabularies.get(aspect, "phrase")

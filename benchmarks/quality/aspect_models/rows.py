@@ -50,8 +50,7 @@ def stage_config(cfg: ExperimentConfig, key: str, kind: str) -> StageConfig:
 
 
 def model_config(cfg: ExperimentConfig, key: str):
-    """Row `key` over the config's `model:`; `model.pooling` (e.g. e5's mean) applies to the rows whose head pools
-    the tokens itself (BiBERT, MtBERT): the others define their own text vector and keep "cls"."""
+    """Row `key` over the config's `model:` (`model.pooling` for the rows whose head pools tokens; else "cls")."""
     row = dataclasses.replace(cfg.model, **{"pooling": "cls", **TRAINED_ROWS[key][1]})
     return dataclasses.replace(row, pooling=cfg.model.pooling) if row.pooling_configurable else row
 
