@@ -41,7 +41,6 @@ ROWS = ("naive", "debiased", "filtered", "judgments")  # filtered: naive weights
 METRICS = ("recall@10", "mrr@10")
 
 
-# -- data -------------------------------------------------------------------------------------------------------
 def base_catalog(args: argparse.Namespace, out: Path) -> Path:
     """The judged catalog (Home Depot, or a synthetic one for tests), written once under `out/catalog`."""
     where = out / "catalog"
@@ -99,7 +98,6 @@ def write_log(candidates: dict, args: argparse.Namespace, size: int, seed: int, 
     return path
 
 
-# -- one run ----------------------------------------------------------------------------------------------------
 def run_config(base: ExperimentConfig, row: str, catalog_dir: Path, log: Path | None, out: Path, seed: int,
                args: argparse.Namespace) -> ExperimentConfig:
     cfg = load_config(None, {**base.to_dict(), "output_dir": str(out), "data.catalog_dir": str(catalog_dir)})
@@ -183,7 +181,6 @@ def cached_run(cfg: ExperimentConfig, args: argparse.Namespace, log: Path | None
     return {**result, "cached": False}
 
 
-# -- report -----------------------------------------------------------------------------------------------------
 def seed_means(runs: list[dict]) -> dict[str, dict[str, float]]:
     """Per query, each metric's mean over the seeds' runs."""
     queries = set.intersection(*(set(r["per_query"]) for r in runs))
@@ -307,7 +304,6 @@ def report_text(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-# -- command line -----------------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = parser("benchmarks.quality.click_debias", __doc__)
     p.add_argument("--config", default=str(ROOT / "configs" / "product_search.yaml"))

@@ -94,9 +94,6 @@ def cached_lists(path: Path, key: str, compute: Callable[[], dict[str, Lists]]) 
     return lists, time.perf_counter() - t0
 
 
-# ---- fusion and scoring -------------------------------------------------------------------------------------
-
-
 def fuse(parts: Sequence[Lists], weights: Sequence[float], k: int, normalisation: str = "minmax") -> Lists:
     """Weighted sum of per-query normalised scores over the top lists' union, and over the judged products."""
     scores, ids = weighted_fusion([p.topk for p in parts], weights, k, normalisation=normalisation)

@@ -63,18 +63,12 @@ COMPARISONS = (("hybrid", "dense_alone"), ("hybrid", "sparse_alone"), ("hybrid",
                ("source_prior", "hybrid"))
 
 
-# ---- config ---------------------------------------------------------------------------------------------------
-
-
 def load_config(path: Path, sets: list[str]) -> tuple[HetPQAConfig, PQAConfig]:
     """(`hetpqa:` as HetPQAConfig, the rest as PQAConfig), `--set` overrides applied first."""
     data = read_config(path, sets)
     het = from_dict(HetPQAConfig, data.pop("hetpqa", {}) or {})
     het.data_dir = repo_path(het.data_dir)
     return het, from_dict(PQAConfig, data)
-
-
-# ---- evaluation with per-question values ------------------------------------------------------------------------
 
 
 def per_query(s: SplitScores, values: list[np.ndarray]) -> dict[str, dict[str, float]]:
@@ -120,9 +114,6 @@ def per_question_record(rows: dict[str, dict[str, dict[str, float]]]) -> dict[st
     return {m: {k: {q: round(v, 6) for q, v in rows[k][m].items()} for k in rows} for m in PAIRED_METRICS}
 
 
-# ---- runs -------------------------------------------------------------------------------------------------------
-
-
 def zero_shot(cfg: PQAConfig, records: list, tokenizer, timings: dict) -> tuple[dict, dict]:
     t = time.perf_counter()
     model = pqa_model(cfg.model, tokenizer, 0)
@@ -149,9 +140,6 @@ def fine_tuned(cfg: PQAConfig, records: list, tokenizer, seed: int, timings: dic
         timings[f"seed{seed}_score_{rep}_s"] = time.perf_counter() - t
     rows, chosen = rank_rows(dev, test, ev.grid, ev.normalisations, ev.prior_k)
     return rows, chosen, finals
-
-
-# ---- output -----------------------------------------------------------------------------------------------------
 
 
 def table(per_seed: list[dict[str, dict[str, float]]], paper: bool = True) -> str:

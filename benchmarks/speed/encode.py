@@ -33,8 +33,6 @@ MAX_LENGTH = {"minilm": 128, "tiny": 64, "micro": 48}
 CHECK_ROWS = 256  # vectors compared between methods (same model -> same vectors)
 
 
-# ---- inputs ----------------------------------------------------------------------------------------------
-
 def make_corpus(work: Path, n: int) -> Path:
     """`n` synthetic products (the first 10,000 repeated) as Parquet files of 5,000 rows."""
     import pyarrow as pa
@@ -88,8 +86,6 @@ def make_model(work: Path, kind: str) -> Path:
     build_model(cfg, tok).save(model_dir)
     return model_dir
 
-
-# ---- the methods (each runs in a child process) --------------------------------------------------------
 
 def _texts_ids(corpus: Path) -> tuple[list[str], np.ndarray]:
     import pyarrow.parquet as pq

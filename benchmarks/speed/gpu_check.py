@@ -229,22 +229,14 @@ def serve_phase(manifest: Path, sizes: Sizes, ready_s: float, port: int = 18440)
     import ray
     from ray import serve
 
-    from benchmarks.speed.serve_api import closed_loop, wait_ready
+    from benchmarks.speed.serve_api import closed_loop, start_serve, wait_ready
     from madr.data.synthetic.catalog import generate_catalog
     from madr.search.params import SearchParams
-    from serve.app import run_local
-    from serve.config import ServeSettings
 
-    # the machine's cores; the dry run's 2 cores are declared as 8 so that the app's replicas (5.5 CPUs with 4
-    # shards) are placed: Ray's CPU count is a reservation, not a limit
-    ray.init(num_cpus=os.cpu_count() if sizes.use_gpu else 8, include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
-    try:
-        settings = ServeSettings(manifest_path=str(manifest), port=port, search=SearchParams(nprobe=sizes.nprobe),
-                                 shard_groups=sizes.shards, api_key_env="MADR_GPU_CHECK_NO_KEY",
-                                 request_timeout_s=30, log_level="WARNING", access_log=False, topology="fanout")
-        run_local(settings, name="madr", route_prefix="/")
-        url = f"http://127.0.0.1:{port}"
+    try:  # the dry run's 2 cores declared as 8 to place the replicas (5.5 CPUs at 4 shards): a reservation only
+        url = start_serve(manifest, port, ["fanout"], num_cpus=os.cpu_count() if sizes.use_gpu else 8,
+                          search=SearchParams(nprobe=sizes.nprobe), shard_groups=sizes.shards,
+                          request_timeout_s=30)["fanout"]
         wait_ready(url, ready_s)
         queries = [q.text for q in generate_catalog(300, 500, seed=1).queries]
         levels = {str(c): asyncio.run(closed_loop(url, queries, c, sizes.warmup_s, sizes.duration_s, 10))

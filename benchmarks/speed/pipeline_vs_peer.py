@@ -36,8 +36,6 @@ MIN_RELEVANCE = 3  # a positive for fine-tuning and mining (madr.training.negati
 ENCODE_BATCH = 64
 
 
-# ---- settings ---------------------------------------------------------------------------------------------------
-
 def recipe(config: str, sets: list[str], steps: int | None) -> dict[str, Any]:
     """The settings both sides run with: the pipeline config's, with `sets` (``--set key=value``) and `steps`."""
     from madr.config import load_config
@@ -82,8 +80,6 @@ def sample_catalog(config: str, out: Path) -> Path:
         generate_catalog(d.synthetic_products, d.synthetic_queries, seed=d.seed, languages=d.languages).write(out)
     return out
 
-
-# ---- the peer ---------------------------------------------------------------------------------------------------
 
 def read_catalog(catalog: Path) -> dict[str, Any]:
     """data: product ids and texts, queries per split (ids, texts), judgments as {query: {product: grade}}."""
@@ -320,8 +316,6 @@ def peer_child(args: argparse.Namespace) -> None:
     Path(args.result).write_text(json.dumps(out, indent=1, default=float))
 
 
-# ---- the two sides, measured from here ----------------------------------------------------------------------------
-
 def measure_peer(catalog: Path, s: dict[str, Any], work: Path) -> dict[str, Any]:
     """The peer in a fresh interpreter (its imports counted in its stages); its result plus process wall time."""
     work.mkdir(parents=True, exist_ok=True)
@@ -370,8 +364,6 @@ def measure_madr(catalog: Path, run: Path, config: str, sets: list[str], steps: 
     return {**read_madr_run(run), "process_s": time.perf_counter() - t0, "peak_pss_gib": tree.peak / 2**30,
             "command": cmd, "load_before": load}
 
-
-# ---- report -----------------------------------------------------------------------------------------------------
 
 def compare(madr: dict[str, Any], peer: dict[str, Any]) -> dict[str, Any]:
     """Per-stage and total ratios madr / peer, and where madr's extra seconds go (stage by stage)."""

@@ -39,8 +39,6 @@ CHUNK = 100_000
 PEER_MODEL, PEER_BM25 = "peer_model", "peer_bm25s"
 
 
-# ---- the run's inputs ---------------------------------------------------------------------------------------
-
 def run_inputs(run: Path, config: str, serve_config: str) -> dict[str, Any]:
     """The run's index manifest, test queries and the deploy stage's Serve application (args + deployments)."""
     from madr.config import load_config
@@ -79,8 +77,6 @@ def real_corpus(manifest_path: Path) -> dict[str, Any]:
             "docs": pq.read_table(base / manifest.docs_path), "manifest": manifest, "lexical": lex,
             "tokenizer": lex.tokenizer(base) or load_tokenizer(model_dir / "tokenizer"), "model_dir": model_dir}
 
-
-# ---- drawn documents -----------------------------------------------------------------------------------------
 
 def draw_dense(real: np.ndarray, n: int, noise: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """`n` vectors: a random real one (its row too) plus noise x the per-dimension std, unit when the real are."""
@@ -200,8 +196,6 @@ def prepare(args: argparse.Namespace, inputs: dict[str, Any]) -> tuple[Path, dic
                       "b": lex.b, "cache": str(out)}
 
 
-# ---- the peer: FastAPI + sentence-transformers + faiss + bm25s ------------------------------------------------
-
 def peer_bm25(corpus: Path, k1: float, b: float):
     """bm25s (Lucene idf) over the corpus's word-piece lists (term ids repeated by count), built once and saved."""
     import bm25s
@@ -309,8 +303,6 @@ def start_peer(corpus: Path, info: dict[str, Any], search: Any, port: int, threa
     return subprocess.Popen(cmd, cwd=ROOT, env=child_env())
 
 
-# ---- madr: the deploy stage's Serve app ------------------------------------------------------------------------
-
 SETTING_OF = {"QueryEncoder": "encoder", "SearchIngress": "ingress", "Colocated": "colocated"}
 
 
@@ -360,8 +352,6 @@ def replica_url(settings) -> str:
     return urls[0]
 
 
-# ---- agreement -------------------------------------------------------------------------------------------------
-
 def offline_top(manifest: Path, model_dir: str, settings, queries: list[str], k: int) -> np.ndarray:
     """madr's offline top k ids [Q, k] (`ShardedIndex`, the served search settings)."""
     from madr.index import encode_queries
@@ -402,8 +392,6 @@ def agreement(reference: np.ndarray, got: list[list[int]]) -> dict[str, float]:
     overlap = [len(set(r) & set(g)) / max(len(r), 1) for r, g in zip(ref, got, strict=True)]
     return {"queries": len(ref), "identical": float(np.mean(same)), "overlap": float(np.mean(overlap))}
 
-
-# ---- load and report -------------------------------------------------------------------------------------------
 
 def ratios(results: dict[str, dict[int, dict]]) -> dict[int, dict[str, float]]:
     m, p = results["madr"], results["peer"]

@@ -29,14 +29,10 @@ from pipelines.runtime import apply_ray_env
 apply_ray_env(offline=True)  # Ray network hygiene (scripts/ray_env.sh), before Ray is imported
 
 
-# ---- machine -----------------------------------------------------------------------------------------------
-
 def machine_info() -> str:
     return (f"machine: {machine_line()}; load average at start {load_1min():.1f}\n"
             f"versions: {versions_line('ray', 'fastapi', 'uvicorn', 'torch', 'faiss', 'numpy', 'aiohttp')}")
 
-
-# ---- model, corpus, index ----------------------------------------------------------------------------------
 
 def build_model(out: Path, backbone: str) -> Path:
     """The served hybrid model (`benchmarks.common.hybrid_model`) saved under `out/model` (kept between runs)."""
@@ -97,8 +93,6 @@ def build_corpus_index(args: argparse.Namespace, model_dir: Path) -> Path:
     return Path(manifest)
 
 
-# ---- the two servers -----------------------------------------------------------------------------------------
-
 def wait_ready(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
     import requests
 
@@ -124,35 +118,24 @@ def start_plain(manifest: Path, port: int, nprobe: int | None) -> subprocess.Pop
 LATENCY_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
 
 
-def start_serve(manifest: Path, port: int, nprobe: int | None, shards: int, tuning: str,
-                topologies: list[str], batch_wait_ms: float | None = None) -> dict[str, str]:
-    """The `topologies`' apps in one Serve instance on `port` ({topology: base URL})."""
+def start_serve(manifest: Path, port: int, topologies: list[str], num_cpus: int = 2, direct: bool = False,
+                **settings) -> dict[str, str]:
+    """The `topologies`' apps (`ServeSettings` fields `settings`) in one Serve instance on `port` ({topology: base
+    URL}); `direct`: also the co-located replica on its own port (Ray started in Serve's throughput mode)."""
     import ray
 
-    from madr.search.params import SearchParams
     from serve.app import run_local
-    from serve.config import DeploymentSettings, ServeSettings
-    from serve.direct_ingress import throughput_env
+    from serve.config import ServeSettings
 
-    if tuning == "latency":  # before ray.init: the cluster's processes inherit the driver's environment
-        os.environ.update(LATENCY_ENV)
-    if tuning == "throughput":  # Ray Serve's throughput mode: ingress replicas also serve HTTP on their own port
-        throughput_env()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+             configure_logging=False)
     urls = {}
-    waits = {} if batch_wait_ms is None else {"encoder_batch_wait_timeout_s": batch_wait_ms / 1000,
-                                              "searcher_batch_wait_timeout_s": batch_wait_ms / 1000}
     for topology in topologies:
-        settings = ServeSettings(manifest_path=str(manifest), port=port, search=SearchParams(nprobe=nprobe),
-                                 shard_groups=shards, api_key_env="MADR_BENCH_NO_KEY", request_timeout_s=30,
-                                 log_level="WARNING", access_log=False, topology=topology,
-                                 encoder=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
-                                 searcher=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
-                                 ingress=DeploymentSettings(num_cpus=0.25, max_ongoing_requests=256),
-                                 colocated=DeploymentSettings(num_cpus=0.25, max_ongoing_requests=256), **waits)
-        run_local(settings, name=f"madr_{topology}", route_prefix=f"/{topology}")
+        run_local(ServeSettings(manifest_path=str(manifest), port=port, api_key_env="MADR_BENCH_NO_KEY",
+                                log_level="WARNING", access_log=False, topology=topology, **settings),
+                  name=f"madr_{topology}", route_prefix=f"/{topology}")
         urls[topology] = f"http://127.0.0.1:{port}/{topology}"
-        if tuning == "throughput" and topology == "colocated":  # the same replica, called on its own port
+        if direct and topology == "colocated":  # the same replica, called on its own port
             urls["colocated-direct"] = direct_url(f"madr_{topology}")
     return urls
 
@@ -166,8 +149,6 @@ def direct_url(app_name: str, timeout: float = 60.0) -> str:
         raise RuntimeError(f"expected one direct-ingress replica of {app_name}, Serve lists {found}")
     return found[0]
 
-
-# ---- load -----------------------------------------------------------------------------------------------
 
 async def closed_loop(url: str, queries: list[str], concurrency: int, warmup: float, duration: float,
                       k: int) -> dict:
@@ -240,6 +221,25 @@ def stop_apps(child: subprocess.Popen, timeout_s: float) -> None:
         pass
 
 
+def serve_apps(args: argparse.Namespace, manifest: Path, port: int, topologies: list[str]) -> dict[str, str]:
+    """`start_serve` with the benchmark's deployments, `--serve-tuning` and `--batch-wait-ms`."""
+    from madr.search.params import SearchParams
+    from serve.config import DeploymentSettings
+    from serve.direct_ingress import throughput_env
+
+    if args.serve_tuning == "latency":  # before ray.init: the cluster's processes inherit the driver's environment
+        os.environ.update(LATENCY_ENV)
+    if args.serve_tuning == "throughput":  # Serve's throughput mode: ingress replicas also answer on their own port
+        throughput_env()
+    waits = {} if args.batch_wait_ms is None else {"encoder_batch_wait_timeout_s": args.batch_wait_ms / 1000,
+                                                   "searcher_batch_wait_timeout_s": args.batch_wait_ms / 1000}
+    return start_serve(manifest, port, topologies, direct=args.serve_tuning == "throughput",
+                       search=SearchParams(nprobe=args.nprobe), shard_groups=args.shards, request_timeout_s=30,
+                       encoder=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
+                       searcher=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
+                       ingress=DeploymentSettings(num_cpus=0.25, max_ongoing_requests=256),
+                       colocated=DeploymentSettings(num_cpus=0.25, max_ongoing_requests=256), **waits)
+
 
 def main() -> None:
     p = parser(__spec__.name, __doc__)
@@ -277,9 +277,7 @@ def main() -> None:
     results: dict[str, dict[int, dict]] = {}
     try:
         t0 = time.perf_counter()
-        urls = {"plain": f"http://127.0.0.1:{plain_port}",
-                **start_serve(manifest, serve_port, args.nprobe, args.shards, args.serve_tuning, topologies,
-                                 args.batch_wait_ms)}
+        urls = {"plain": f"http://127.0.0.1:{plain_port}", **serve_apps(args, manifest, serve_port, topologies)}
         for name, u in urls.items():
             wait_ready(u, 600, plain if name == "plain" else None)
         print(f"all apps ready in {time.perf_counter() - t0:.1f} s", flush=True)

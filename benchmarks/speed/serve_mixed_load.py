@@ -26,7 +26,15 @@ from benchmarks.common.config import parser
 from benchmarks.common.machine import load_average
 from benchmarks.common.process import add_ray_niceness_arg, set_ray_worker_niceness
 from benchmarks.common.results import write_json
-from benchmarks.speed.serve_api import build_corpus_index, build_model, machine_info, start_plain, wait_ready
+from benchmarks.speed.serve_api import (
+    build_corpus_index,
+    build_model,
+    direct_url,
+    machine_info,
+    start_plain,
+    start_serve,
+    wait_ready,
+)
 
 # kind -> (path, JSON body or raw bytes); every one is answered 422 by both apps
 BAD: dict[str, tuple[str, object]] = {
@@ -108,31 +116,20 @@ KILL_TARGET = {"fanout": "searcher-0", "colocated": "Colocated"}  # the deployme
 INGRESS_MAX_ONGOING = 128  # the ingress's / Colocated's max_ongoing_requests (then --max-queued in Serve's queue)
 
 
-def start_serve(manifest: Path, port: int, args: argparse.Namespace, topologies: list[str]) -> dict[str, str]:
-    """The apps of `topologies` in one Serve instance on `port` ({topology: base URL})."""
-    import ray
-
-    from serve.app import run_local
-    from serve.config import DeploymentSettings, ServeSettings
+def serve_apps(manifest: Path, port: int, args: argparse.Namespace, topologies: list[str]) -> dict[str, str]:
+    """`start_serve` with the timeouts, queue and replicas of the arguments."""
+    from serve.config import DeploymentSettings
 
     set_ray_worker_niceness(args.ray_worker_niceness)  # the proxy and replicas at the client's and plain app's priority
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
     front = {"max_ongoing_requests": INGRESS_MAX_ONGOING, "max_queued_requests": args.max_queued}
-    urls = {}
-    for topology in topologies:
-        settings = ServeSettings(manifest_path=str(manifest), port=port, api_key_env="MADR_BENCH_NO_KEY",
-                                 topology=topology, request_timeout_s=args.request_timeout,
-                                 route_timeout_s=args.route_timeout, queue_timeout_s=args.queue_timeout,
-                                 encoder_max_batch_size=args.batch_size, searcher_max_batch_size=args.batch_size,
-                                 log_level="WARNING", access_log=False,
-                                 encoder=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
-                                 searcher=DeploymentSettings(num_cpus=0.25, max_ongoing_requests=128,
-                                                             num_replicas=args.searcher_replicas),
-                                 ingress=DeploymentSettings(num_cpus=0.25, **front),
-                                 colocated=DeploymentSettings(num_cpus=1.0, **front))
-        run_local(settings, name=f"madr_{topology}", route_prefix=f"/{topology}")
-        urls[topology] = f"http://127.0.0.1:{port}/{topology}"
-    return urls
+    return start_serve(manifest, port, topologies, request_timeout_s=args.request_timeout,
+                       route_timeout_s=args.route_timeout, queue_timeout_s=args.queue_timeout,
+                       encoder_max_batch_size=args.batch_size, searcher_max_batch_size=args.batch_size,
+                       encoder=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
+                       searcher=DeploymentSettings(num_cpus=0.25, max_ongoing_requests=128,
+                                                   num_replicas=args.searcher_replicas),
+                       ingress=DeploymentSettings(num_cpus=0.25, **front),
+                       colocated=DeploymentSettings(num_cpus=1.0, **front))
 
 
 def killer(app: str, at_s: float, log: dict):
@@ -152,8 +149,6 @@ def killer(app: str, at_s: float, log: dict):
 
     return kill
 
-
-# ---- bursts ---------------------------------------------------------------------------------------------------
 
 async def burst(url: str, queries: list[str], n: int, on_start=None) -> tuple[list[Answer], float]:
     """`n` good POST /search sent at once, each on its own connection; every answer recorded."""
@@ -221,8 +216,6 @@ def run_bursts(url: str, queries: list[str], sizes: list[int], pause_s: float) -
     return out
 
 
-# ---- replica deaths (Serve) -----------------------------------------------------------------------------------
-
 def after_kill(answers: list[Answer], kill_log: dict, elapsed: float) -> dict:
     """What the answers after the kill were (`kill_log` from `killer`)."""
     at = kill_log["at_s"]
@@ -267,8 +260,6 @@ def wait_answering(url: str, queries: list[str], timeout_s: float = 120.0) -> No
         time.sleep(1.0)
     raise TimeoutError(f"{url}: no 200 after {timeout_s} s")
 
-
-# ---- the run --------------------------------------------------------------------------------------------------
 
 def parse_args() -> argparse.Namespace:
     p = parser(__spec__.name, __doc__)
@@ -369,15 +360,13 @@ def main() -> None:
     results: dict[str, dict] = {}
     try:
         if topologies:
-            urls |= start_serve(manifest, 18442, args, topologies)
+            urls |= serve_apps(manifest, 18442, args, topologies)
             for topology in topologies:
                 wait_ready(urls[topology], 600)
         if plain is not None:
             wait_ready(urls["plain"], 600, plain)
         for name in apps:
             if name == DIRECT:  # asked now: a kill phase of the co-located app replaced its replica (a new port)
-                from benchmarks.speed.serve_api import direct_url
-
                 urls[DIRECT] = direct_url("madr_colocated")
             results[name] = measure(name, urls[name], queries, args)
     finally:

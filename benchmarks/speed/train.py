@@ -45,8 +45,6 @@ def machine() -> dict:
             **versions("torch", "ray", "deepspeed", "transformers"), "load_avg_start": os.getloadavg()}
 
 
-# -- A. throughput ------------------------------------------------------------------------------------
-
 def config(work: str, size: str, steps: int, batch: int, backend: str = "ddp"):
     from madr.config import load_config
 
@@ -183,8 +181,6 @@ def throughput(args: argparse.Namespace) -> dict:
     return out
 
 
-# -- B. GradCache memory ------------------------------------------------------------------------------
-
 MEM_CHILD = """
 import json, resource, time, psutil, torch
 torch.set_num_threads(1)
@@ -244,8 +240,6 @@ def memory(model_dir: str, batch_file: str, batch: int, chunk: int) -> dict:
         return {"chunk": chunk, "batch": batch, "error": proc.stderr[-2000:]}
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
-
-# -- report -------------------------------------------------------------------------------------------
 
 def print_table(t: dict) -> None:
     print(f"\nA. throughput, {t['size']} backbone, batch {t['batch']}, {t['steps']} steps (best of the runs)")
