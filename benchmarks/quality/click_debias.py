@@ -33,6 +33,7 @@ from madr.config_overrides import parse_overrides
 from madr.data.schema import Catalog
 from madr.index.encode import encode_documents, encode_queries
 from madr.index.lexical import word_pieces
+from madr.metrics import evaluate as metrics_evaluate
 from madr.search.sparse import BM25Index
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,13 +133,10 @@ def evaluate(model: Any, catalog: Catalog, cfg: ExperimentConfig, corpus_size: i
     d, _ = encode_documents(model, [catalog.product_text(p) for p in products])
     q, _ = encode_queries(model, [x.text for x in queries])
     top = np.argsort(-(q @ d.T), axis=1)[:, :10]
-    out = {}
-    for query, ranked in zip(queries, top, strict=True):
-        relevant = {p for p, r in qrels[query.query_id].items() if r >= cfg.eval.relevance_threshold}
-        hits = [products[i].product_id in relevant for i in ranked]
-        first = next((i + 1 for i, h in enumerate(hits) if h), None)
-        out[query.query_id] = {"recall@10": sum(hits) / len(relevant), "mrr@10": 1.0 / first if first else 0.0}
-    return out
+    run = {x.query_id: {products[i].product_id: float(-r) for r, i in enumerate(row)}
+           for x, row in zip(queries, top, strict=True)}
+    per = metrics_evaluate(run, qrels, METRICS, relevance_threshold=cfg.eval.relevance_threshold, per_query=True)
+    return {x.query_id: {m: per[m][x.query_id] for m in METRICS} for x in queries}
 
 
 def train_and_evaluate(cfg: ExperimentConfig, corpus_size: int) -> dict[str, Any]:

@@ -14,14 +14,13 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
 from benchmarks.common.config import RUN_OUT, parser
 from benchmarks.common.machine import load_average, machine_info
 from benchmarks.common.results import write_json, write_result_json
 from benchmarks.common.stats import paired_tests
 from madr.config import load_config
-from madr.metrics import Qrels, Run, evaluate
+from madr.metrics import Run, evaluate
+from pipelines.evaluate.io import read_qrels
 
 SINGLE_METRICS = ("click_auc", "ndcg@5", "nli_auc_en", "nli_auc_xx")  # multilingual: compared where both report
 PAIRS = {"fused": ("{model}", "bm25+{row}"), "encoder alone": ("{model}-dense", "{row}")}
@@ -50,13 +49,6 @@ def read_trec_run(path: Path) -> Run:
     return dict(run)
 
 
-def pipeline_qrels(out: Path) -> Qrels:
-    qrels: Qrels = defaultdict(dict)
-    for row in pq.read_table(out / "data" / "eval" / "qrels.parquet").to_pylist():
-        qrels[str(row["query_id"])][str(row["product_id"])] = float(row["relevance"])
-    return dict(qrels)
-
-
 def benchmark_per_query(export: Path, row: str, seed: int) -> dict[str, dict[str, dict[str, float]]]:
     """{pair: {metric: {query: value}}} of the benchmark's exported row (the retrieval metrics, `PAIRS`' rows)."""
     exported = json.loads((export / f"seed{seed}" / f"{row}.json").read_text())["per_query"]
@@ -72,7 +64,7 @@ def pipeline_per_query(pipeline_dir: Path, pair: str, metrics: list[str], querie
     """(the run's name, {metric: {query: value}}): the pipeline's TREC run of `pair` scored on `queries`."""
     stage_cfg = _experiment(pipeline_dir)
     ours = PAIRS[pair][0].format(model=stage_cfg.model.name)
-    qrels = pipeline_qrels(pipeline_dir)
+    qrels = read_qrels(pipeline_dir / "data" / "eval" / "qrels.parquet", doc_column="product_id")
     run = read_trec_run(pipeline_dir / "evaluation" / f"{ours}.trec")
     judged = {q: qrels.get(q, {}) for q in queries}
     return ours, evaluate(run, judged, metrics, relevance_threshold=stage_cfg.eval.relevance_threshold,
