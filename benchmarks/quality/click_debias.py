@@ -319,13 +319,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--noise", type=float, default=0.5)
     p.add_argument("--swap-share", type=float, default=0.0,
                    help="share of searches with two shown ranks swapped (interventions, as A/B tests leave)")
-    p.add_argument("--estimator", choices=tuple(ESTIMATORS), default="em",
-                   help="data.clicks.estimator of the debiased row")
+    p.add_argument("--estimator", choices=tuple(ESTIMATORS), default="em", help="the debiased row's estimator")
     p.add_argument("--min-interventions", type=int, default=20, help="data.clicks.min_interventions (harvest)")
-    p.add_argument("--curves-only", action="store_true",
-                   help="simulate the logs and report both estimators' curves, no training")
-    p.add_argument("--weights-only", action="store_true",
-                   help="simulate the logs and report where each weighting puts the positives' weight (no training)")
+    p.add_argument("--curves-only", action="store_true", help="the logs' examination curves only, no training")
+    p.add_argument("--weights-only", action="store_true", help="where each weighting puts the weight, no training")
     p.add_argument("--eta", type=float, default=1.0)
     p.add_argument("--epsilon", type=float, default=0.1)
     p.add_argument("--clip", type=float, default=10.0)
@@ -337,8 +334,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=str(ROOT / "runs" / "click_debias"))
     p.add_argument("--results-dir", default=str(ROOT / "benchmarks"))
-    p.add_argument("--tag", default=None, help="results file name (default click_debias, with --curves-only "
-                   "click_debias_curves: a curves-only run never replaces the trained study's results)")
+    p.add_argument("--tag", default=None, help="results name (default click_debias[_curves|_weights])")
     args = p.parse_args(argv)
     args.tag = args.tag or ("click_debias_curves" if args.curves_only else
                             "click_debias_weights" if args.weights_only else "click_debias")

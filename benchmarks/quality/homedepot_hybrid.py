@@ -352,9 +352,7 @@ def main(argv: list[str] | None = None) -> dict:
     add_run_args(p, ROOT / "configs" / "real" / "homedepot_hybrid.yaml", "real_homedepot_hybrid")
     p.add_argument("--out-dir", default=str(RUN_OUT), help="results/ and plots/ go under it")
     p.add_argument("--device", default="cpu", help="where the trained rows train and encode (cpu, cuda)")
-    p.add_argument("--export", default=None,
-                   help="write each trained row-seed's per-query test metrics under this folder (`export_row`) "
-                        "instead of the tables (paired per query by benchmarks.quality.pipeline_equivalence)")
+    p.add_argument("--export", default=None, help="per-query test metrics of each trained row-seed here, no tables")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     start = time.perf_counter()

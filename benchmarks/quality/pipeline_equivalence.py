@@ -166,17 +166,11 @@ def table(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__spec__.name, __doc__)
-    p.add_argument("--pipeline-dir", nargs="*", default=[],
-                   help="the pipeline run's output_dir (multilingual and --between-seeds: one per --seed, in the "
-                        "same order; --between-seeds without it: the benchmark's seeds only)")
+    p.add_argument("--pipeline-dir", nargs="*", default=[], help="the pipeline's output_dir, one per --seed")
     p.add_argument("--export", help="the benchmark's --export folder (product search)")
-    p.add_argument("--multilingual", help="the published multilingual benchmark JSON (compares the multilingual "
-                                          "recipe's run instead)")
-    p.add_argument("--between-seeds", action="store_true",
-                   help="product search: each side's seed A against its seed B (--seed A B), not one against the "
-                        "other: how far two trainings of the same code fall apart per query")
-    p.add_argument("--over-seeds", nargs="+", default=[], metavar="RESULT",
-                   help="product search: this module's result JSONs of several seeds, paired by seed")
+    p.add_argument("--multilingual", help="the published multilingual JSON (the multilingual recipe's runs)")
+    p.add_argument("--between-seeds", action="store_true", help="each side's seed A against its seed B (--seed A B)")
+    p.add_argument("--over-seeds", nargs="+", default=[], metavar="RESULT", help="per-seed results, paired by seed")
     p.add_argument("--row", default="bibert_mined")
     p.add_argument("--seed", type=int, nargs="+", default=[0])
     p.add_argument("--draws", type=int, default=10000)

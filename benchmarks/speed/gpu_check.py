@@ -317,8 +317,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = parser("benchmarks.speed.gpu_check", __doc__)
     p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "/tmp/madr_gpu_check"),
                    help="the JSON and the logs' tails")
-    p.add_argument("--work", type=Path, default=Path("/tmp/madr_gpu_check_work"),
-                   help="models, corpus, index (emptied first)")
+    p.add_argument("--work", type=Path, default=Path("/tmp/madr_gpu_check_work"), help="emptied first")
     p.add_argument("--dry-run", action="store_true", help="tiny sizes on the CPU (the wiring check)")
     p.add_argument("--model-dir", type=Path, default=None, help="a BertModel directory (default: random e5-small)")
     p.add_argument("--tokenizer", type=Path, default=None, help="e5's tokenizer.json (default: the installed one)")

@@ -460,9 +460,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--check-queries", type=int, default=50)
-    p.add_argument("--peer-threads", type=int, default=1,
-                   help="the peer's torch / faiss threads (default 1, as each madr replica's torch_threads / "
-                        "faiss_threads in serve/serve_config.yaml; 0: the libraries' defaults, all cores)")
+    p.add_argument("--peer-threads", type=int, default=1, help="torch / faiss threads (1, as a replica; 0: all)")
     p.add_argument("--out-dir", default=str(ROOT / "runs" / "benchmarks"))
     p.add_argument("--tag", default=None, help="result name (default: recipe_serving_<docs>)")
     p.add_argument("--peer", default=None, help=argparse.SUPPRESS)  # the peer process: its JSON spec

@@ -259,9 +259,7 @@ def main() -> None:
                    help="Serve's @serve.batch wait for the encoder and searchers (default: the settings', 3 / 1 ms)")
     p.add_argument("--topologies", default="fanout,colocated", help="Serve topologies to deploy (serve/colocated.py)")
     p.add_argument("--serve-tuning", choices=("default", "latency", "throughput"), default="default",
-                   help=f"latency: {' '.join(f'{k}={v}' for k, v in LATENCY_ENV.items())} for the Ray cluster; "
-                        "throughput: Ray Serve's throughput mode (serve/direct_ingress.py), which adds the "
-                        "'colocated-direct' app: the co-located replica called on its own port, no proxy")
+                   help="latency: no separate Serve threads; throughput: Serve's throughput mode (+ colocated-direct)")
     args = p.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     print(machine_info(), flush=True)

@@ -281,20 +281,14 @@ def parse_args() -> argparse.Namespace:
                    help="the --kill-apps: the bursts again after the kills, on the replaced replicas")
     p.add_argument("--kill-apps", default="fanout", help="the Serve apps the kill phases run on")
     p.add_argument("--searcher-replicas", type=int, default=1)
-    p.add_argument("--kill-at", type=float, default=None, help="the steady runs of --kill-apps: SIGKILL a replica "
-                   "at S s")
+    p.add_argument("--kill-at", type=float, default=None, help="--kill-apps' steady runs: SIGKILL a replica at S s")
     p.add_argument("--route-timeout", type=float, default=1.0, help="Serve: route_timeout_s (no live replica: 503)")
     p.add_argument("--request-timeout", type=float, default=10.0, help="Serve: request_timeout_s (504 after it)")
     p.add_argument("--max-queued", type=int, default=256, help="Serve: the ingress's max_queued_requests")
     p.add_argument("--batch-size", type=int, default=64, help="Serve: the encoder's and searchers' max batch size")
-    p.add_argument("--queue-timeout", type=float, default=None,
-                   help="Serve: queue_timeout_s (None: half of --request-timeout)")
-    p.add_argument("--apps", default="plain,fanout,colocated",
-                   help="plain, the Serve topologies, and colocated-direct (the co-located replica's own HTTP port; "
-                        "turns Serve's throughput mode on for the whole run)")
-    p.add_argument("--throughput-mode", action="store_true",
-                   help="start Ray in Serve's throughput mode (RAY_SERVE_THROUGHPUT_OPTIMIZED=1: the router in the "
-                        "proxy's own event loop, direct ingress on); implied by colocated-direct")
+    p.add_argument("--queue-timeout", type=float, default=None, help="Serve: queue_timeout_s (half the request's)")
+    p.add_argument("--apps", default="plain,fanout,colocated", help="plain, fanout, colocated, colocated-direct")
+    p.add_argument("--throughput-mode", action="store_true", help="Serve's throughput mode (colocated-direct: on)")
     add_ray_niceness_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="/tmp/madr_bench_serve_mixed")

@@ -263,8 +263,7 @@ def main(argv: list[str] | None = None) -> dict:
                     help="Seismic builds as summary_energy:doc_cut (0.4:15 is the library's default)")
     ap.add_argument("--query-cuts", type=int, nargs="+", default=[5, 10, 20])
     ap.add_argument("--heap-factors", type=float, nargs="+", default=[0.5, 0.7, 0.9, 1.0])
-    ap.add_argument("--exact-only", action="store_true",
-                    help="only the exact engines' rows (no Seismic, no BM25): a quick timing run")
+    ap.add_argument("--exact-only", action="store_true", help="the exact engines only (no Seismic, no BM25)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tag", default="sparse_backends")
     args = ap.parse_args(argv)
