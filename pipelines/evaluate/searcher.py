@@ -54,10 +54,21 @@ class SearchQueries:
                          "scores": pa.array(list(scores), pa.list_(pa.float32()))})
 
 
-@functools.lru_cache(maxsize=2)
 def opened(model_dir: str, index: str, mmap: bool = True) -> tuple[Any, Any]:
-    """(the model in eval mode, the opened ``ShardedIndex``), loaded once per process: the runs of one evaluation
-    and its sweeps often share a model or an index (neither is changed by a search)."""
+    """(the model in eval mode, the opened ``ShardedIndex``), loaded once per process while neither is rewritten:
+    the runs of one evaluation and its sweeps often share a model or an index (neither is changed by a search)."""
+    return _opened(model_dir, index, mmap, _written_at(model_dir), _written_at(index))
+
+
+def _written_at(path: str) -> int:
+    """The modification time of a model's config or an index's manifest (0 when there is none to read)."""
+    p = Path(path)
+    p = p / ("config.json" if (p / "config.json").is_file() else "manifest.json") if p.is_dir() else p
+    return p.stat().st_mtime_ns if p.is_file() else 0
+
+
+@functools.lru_cache(maxsize=2)
+def _opened(model_dir: str, index: str, mmap: bool, *written_at: int) -> tuple[Any, Any]:
     from madr.modeling.model import BiEncoder
     from madr.search.sharded import ShardedIndex
 
