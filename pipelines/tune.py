@@ -120,7 +120,8 @@ def run_tune(cfg: ExperimentConfig, log=print, manifest_path: Path | None = None
 def choose_aspect_weight(cfg: ExperimentConfig, model: Any, texts: list[str], dense: list, bm25: list,
                          choice: FusionChoice, index: Any, as_run: Any, qrels: dict, k: int) -> AspectChoice:
     """The aspect-match weight of `tune.aspect_weights` best on the dev queries (`model`: the index's), over the
-    chosen fusion's whole candidate pool (`madr.search.sharded.candidate_pool`), the queries' aspect values computed once."""
+    chosen fusion's whole candidate pool (`madr.search.sharded.candidate_pool`), the queries' aspect values
+    computed once."""
     from madr.modeling.aspect_distributions import encode_aspects
     from madr.search.sharded import candidate_pool, fuse_candidates
 

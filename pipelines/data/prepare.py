@@ -93,10 +93,10 @@ def corpus_table(products: pa.Table, aspects: list[str]) -> pa.Table:
     return pa.table(columns)
 
 
-def write_corpus(ray: Any, products_path: Path, aspects: list[str], out: Path, in_process: bool = False) -> int:
-    """The corpus as Parquet files written by Ray Data (ids assigned in file order before distribution); with
-    `in_process`, one file written here."""
-    table = corpus_table(pq.read_table(products_path), aspects)
+def write_corpus(ray: Any, products: pa.Table, aspects: list[str], out: Path, in_process: bool = False) -> int:
+    """The corpus of the catalog's `products` as Parquet files written by Ray Data (ids assigned in file order
+    before distribution); with `in_process`, one file written here."""
+    table = corpus_table(products, aspects)
     if in_process:
         shutil.rmtree(out, ignore_errors=True)
         out.mkdir(parents=True)
@@ -147,9 +147,9 @@ def prepare(cfg: ExperimentConfig, log: Any = print) -> dict[str, Any]:
     log(f"[data] catalog from {origin}: {len(catalog.products)} products, {len(catalog.queries)} queries, "
         f"{len(catalog.judgments)} judgments -> {layout.catalog}")
     aspects = list(cfg.model.aspects)
-    products, queries = (pq.read_table(layout.catalog / f) for f in (PRODUCTS_FILE, QUERIES_FILE))
-    in_process = products.num_rows + queries.num_rows <= IN_PROCESS_ROWS
-    docs = write_corpus(ray, layout.catalog / PRODUCTS_FILE, aspects, layout.corpus, in_process)
+    in_process = len(catalog.products) + len(catalog.queries) <= IN_PROCESS_ROWS
+    products = pq.read_table(layout.catalog / PRODUCTS_FILE)
+    docs = write_corpus(ray, products, aspects, layout.corpus, in_process)
     log(f"[data] corpus: {docs} documents -> {layout.corpus} "
         f"({'in this process' if in_process else 'by Ray Data'}; corpus, vocabularies and statistics)")
     n_queries, n_qrels = write_split(layout.catalog, cfg.eval.split, layout.queries("eval"), layout.qrels("eval"))
@@ -162,6 +162,7 @@ def prepare(cfg: ExperimentConfig, log: Any = print) -> dict[str, Any]:
         log(f"[data] dev split: {n_dev} queries")
     tokenizer = tokenizer_path(cfg, catalog)
     if in_process:  # the same batch functions, without starting Ray Data tasks (pipelines.data.batched)
+        queries = pq.read_table(layout.catalog / QUERIES_FILE)
         annotated = pa.concat_tables([products.select(aspects), queries.select(aspects)], promote_options="default")
         sides = {"item": products, "query": queries}
     else:

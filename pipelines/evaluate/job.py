@@ -213,8 +213,8 @@ def write_trec_run(run: Run, path: Path, tag: str, log=print) -> str | None:
 
 def run_evaluate(cfg: EvaluateConfig, log=print, local: bool = False) -> dict[str, Any]:
     """Evaluate every run of ``cfg`` (Ray must be initialised, unless ``local``: the searches run in this
-    process, as they do when the queries fit in one batch, ``cfg.batch_size``); returns {"results": rows, "sweep": points, "comparisons": the first run against each other one,
-    "run_files": {name: TREC run file}, "validation": summary of BEIR / TREC inputs or None, ...}."""
+    process, as they do when the queries fit in one batch, ``cfg.batch_size``); returns {"results": rows,
+    "sweep": points, "comparisons": the first run against each other one, "run_files": {name: TREC run file}, "validation": summary of BEIR / TREC inputs or None, ...}."""
     if not cfg.runs:
         raise ValueError("evaluate: no runs given (each run names an index manifest)")
     out = Path(cfg.output)
