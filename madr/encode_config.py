@@ -99,7 +99,8 @@ class EncodeConfig:
     spread_actors: bool = False  # start every actor at once, SPREAD over nodes (see below)
     # ray_data: the Ray Data stream (read tasks -> actor pools); actors: plain Ray actors that read, tokenise and
     # encode whole pieces (no Ray Data executor to start: pipelines.encode.executors.ActorExecutor); auto: actors
-    # when the encode actors tokenise themselves (CPU runs), ray_data when a tokenise pool feeds them (GPU runs)
+    # when the encode actors tokenise themselves (CPU runs), ray_data when a tokenise pool feeds them (GPU runs), and
+    # this process for a corpus of at most 4,096 documents on a one-node cluster without GPUs (encodes_in_process)
     executor: str = "auto"
     tokenize_cpus: float = 0.5
     encode_cpus: float = 1.0

@@ -1,8 +1,9 @@
 """Where the job's stream and tasks run: ``RayExecutor`` (Ray Data: read tasks -> ``TokenizeDocs`` actors ->
 ``EncodeDocs`` actors on GPUs, writing part files, or read tasks -> ``TokenizeEncodeDocs`` actors on CPU; shard
 tasks as Ray tasks), ``ActorExecutor`` (``encode.executor: actors``: plain Ray actors that read, tokenise and encode
-whole pieces, without Ray Data's executor) and ``LocalExecutor`` (the same stages and tasks in this process). The
-encode actors all start at once (``min_encode_actors``).
+whole pieces, without Ray Data's executor) and ``LocalExecutor`` (the same stages and tasks in this process:
+``--local``, and ``executor: auto`` for a corpus of at most ``IN_PROCESS_DOCS`` rows on a one-node cluster without
+GPUs, ``encodes_in_process``). The encode actors all start at once (``min_encode_actors``).
 
 GPU runs: each encode actor asks Ray for one GPU (``encode_actor_resources``), so on an autoscaling cluster whose
 GPU node types start at zero the autoscaler adds a GPU node for it. ``encode_on_gpu`` decides: ``device: cuda``
@@ -21,6 +22,9 @@ import pyarrow as pa
 from madr.encode_config import EncodeConfig
 from pipelines.encode.corpus import Piece, read_piece
 from pipelines.encode.stages import EncodeDocs, TokenizeDocs, TokenizeEncodeDocs
+
+# corpus rows up to which `executor: auto` encodes in the job's own process on a one-node cluster without GPUs
+IN_PROCESS_DOCS = 4096
 
 
 def _datasource(pieces: list[Piece], cfg: EncodeConfig):
@@ -194,11 +198,12 @@ class ActorExecutor(RayExecutor):
 
 
 class LocalExecutor:
-    """The same stages and tasks in this process, one piece after the other (tests, tiny corpora, debugging);
-    produces the same files as ``RayExecutor`` (one piece = one batch in both)."""
+    """The same stages and tasks in this process, one piece after the other (small corpora, tests, debugging);
+    produces the same files as ``RayExecutor`` (one piece = one batch in both) at the same ``torch_threads``.
+    ``threads``: torch's threads while encoding (default: an encode actor's, ``torch_threads`` or its CPU share)."""
 
-    def __init__(self, cfg: EncodeConfig, expect: dict[str, int] | None = None) -> None:
-        self.cfg, self.expect = cfg, expect
+    def __init__(self, cfg: EncodeConfig, expect: dict[str, int] | None = None, threads: int | None = None) -> None:
+        self.cfg, self.expect, self.threads = cfg, expect, threads
 
     def stream(self, pieces: list[Piece], run: str) -> Iterator[pa.Table]:
         import torch
@@ -206,7 +211,7 @@ class LocalExecutor:
         threads = torch.get_num_threads()
         tokenize, encode = _stage_kwargs(self.cfg, False, run, self.expect)
         tok = TokenizeDocs(**tokenize)
-        enc = EncodeDocs(**{**encode, "device": self.cfg.device})
+        enc = EncodeDocs(**{**encode, "device": self.cfg.device, "torch_threads": self.threads or encode["torch_threads"]})
         try:
             for p in pieces:
                 yield enc(tok(read_piece(p, self.cfg.id_column, self.cfg.text_columns,
@@ -227,6 +232,20 @@ class LocalExecutor:
 @dataclass(eq=False)
 class _Done:
     value: Any
+
+
+def encodes_in_process(cfg: EncodeConfig, rows: int) -> int | None:
+    """Whether ``executor: auto`` encodes ``rows`` documents in this process, and with how many torch threads: on
+    a one-node Ray cluster without GPUs (nor a GPU node it can add) the actors would run on this machine anyway, and
+    starting one (a process importing torch and loading the model) costs more than encoding at most
+    ``IN_PROCESS_DOCS`` documents; the threads are ``torch_threads`` or the node's CPUs. None: Ray actors."""
+    if cfg.executor != "auto" or rows > IN_PROCESS_DOCS:
+        return None
+    import ray
+
+    if sum(1 for node in ray.nodes() if node["Alive"]) != 1 or encode_on_gpu(cfg):
+        return None
+    return cfg.torch_threads or max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
 def ray_executor(cfg: EncodeConfig, expect: dict[str, int] | None = None) -> RayExecutor:

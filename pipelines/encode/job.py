@@ -56,7 +56,7 @@ from madr.index.lexical import TOKENIZER_DIR, load_lexical_tokenizer, save_token
 from madr.index.manifest import MANIFEST_FILE, ShardInfo, atomic_write_text
 from madr.search.sparse.backend import SparseBackend
 from pipelines.encode.corpus import CorpusPlan, Piece, plan_corpus, read_piece
-from pipelines.encode.executors import LocalExecutor, ray_executor
+from pipelines.encode.executors import LocalExecutor, encodes_in_process, ray_executor
 from pipelines.encode.resume import (
     ModelInfo,
     clean_stale_parts,
@@ -211,7 +211,7 @@ def run_encode(cfg: EncodeConfig, fail_after_shards: int | None = None, log: Cal
                                  f"with it; re-run with overwrite to rebuild the index")
             sample = sample_pieces(plan, -(-cfg.train_size // plan.num_shards))
         expect = {"dim": info.dim, "vocab_size": info.vocab_size}  # what the manifest records: actors check it
-        executor = LocalExecutor(cfg, expect) if local else ray_executor(cfg, expect)
+        executor = LocalExecutor(cfg, expect) if local else _cluster_executor(cfg, plan, pending, expect, log)
         fin = _Finalizer(cfg, plan, run, info, trained, sample, fail_after_shards, executor, log, lex_vocab)
         _stream(plan, pending, fin, log)
         done.update(fin.infos)
@@ -219,6 +219,17 @@ def run_encode(cfg: EncodeConfig, fail_after_shards: int | None = None, log: Cal
             raise InjectedFailure(f"injected failure after {len(fin.infos)} shards: {sorted(fin.infos)}")
     shutil.rmtree(out / PARTS_DIR, ignore_errors=True)
     return _finish(cfg, plan, info, out, done, pending, start, lex_vocab, aspects)
+
+
+def _cluster_executor(cfg: EncodeConfig, plan: CorpusPlan, pending: list[int], expect: dict[str, int],
+                      log: Callable[[str], None]) -> Any:
+    """Ray actors, or this process for a small corpus on a one-node cluster (``encodes_in_process``)."""
+    threads = encodes_in_process(cfg, sum(plan.shard_rows[s] for s in pending))
+    if threads is None:
+        return ray_executor(cfg, expect)
+    log(f"encoding in this process with {threads} torch threads (a one-node cluster without GPUs, a corpus small "
+        f"enough that starting an actor would cost more)")
+    return LocalExecutor(cfg, expect, threads)
 
 
 def _finish(cfg: EncodeConfig, plan: CorpusPlan, info: ModelInfo, out: Path, done: dict[int, ShardInfo],

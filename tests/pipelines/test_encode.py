@@ -135,7 +135,7 @@ def _agree(got_ids, got_scores, exp_ids, exp_scores, tol=1e-4):
 def test_crash_resume_flat_hybrid_job(ray_local, corpus, models, tmp_path_factory):
     catalog, table, root = corpus
     out, ref = tmp_path_factory.mktemp("ray_index"), tmp_path_factory.mktemp("local_index")
-    cfg = encode_config(root, out, models["hybrid"], num_shards=3)
+    cfg = encode_config(root, out, models["hybrid"], num_shards=3, executor="actors")  # auto: this small corpus in process
     logs: list[str] = []
     with pytest.raises(InjectedFailure):
         run_encode(cfg, fail_after_shards=1, log=logs.append)
@@ -205,6 +205,29 @@ def test_ray_data_and_two_actor_executors_equal_the_local_run(ray_local, corpus,
         encode_config(root, ref, models["bibert"], num_shards=2, executor="dask")
 
 
+@pytest.mark.ray
+def test_auto_encodes_a_small_corpus_in_process_on_a_one_node_cluster(ray_local, corpus, models, tmp_path_factory):
+    """`executor: auto` on the one-node local Ray without GPUs: 2,000 documents are encoded in the job's process
+    (no actor to start) with the node's CPUs as torch threads, giving the vectors of the one-thread local run;
+    a larger corpus or a named executor goes to Ray."""
+    from pipelines.encode.executors import IN_PROCESS_DOCS, encodes_in_process
+
+    _, table, root = corpus
+    out, ref = tmp_path_factory.mktemp("auto_in_process"), tmp_path_factory.mktemp("auto_ref")
+    logs: list[str] = []
+    run_encode(encode_config(root, out, models["bibert"], num_shards=2, store_docs=False), log=logs.append)
+    assert any("encoding in this process with 2 torch threads" in line for line in logs), logs
+    run_encode(encode_config(root, ref, models["bibert"], num_shards=2, store_docs=False), local=True,
+               log=lambda _: None)
+    ids = table.column("doc_id").to_numpy()
+    np.testing.assert_allclose(ShardedIndex.open(out).reconstruct(ids), ShardedIndex.open(ref).reconstruct(ids),
+                               atol=1e-5)
+    cfg = encode_config(root, out, models["bibert"], num_shards=2)
+    assert encodes_in_process(cfg, IN_PROCESS_DOCS) == 2 and encodes_in_process(cfg, IN_PROCESS_DOCS + 1) is None
+    assert encodes_in_process(dataclasses.replace(cfg, executor="actors"), 10) is None
+    assert encodes_in_process(dataclasses.replace(cfg, torch_threads=1), 10) == 1
+
+
 def _recall_at_10(index: ShardedIndex, q: np.ndarray, ids: np.ndarray, **kw) -> float:
     vecs = index.reconstruct(ids)  # Flat / IVF-Flat / HNSW store the vectors exactly
     _, exact = _topk(q.astype(np.float64) @ vecs.T.astype(np.float64), ids, 10)
@@ -222,7 +245,7 @@ def test_ivf_job_crash_on_ray_resume_equals_uninterrupted(ray_local, corpus, mod
     out, ref = tmp_path_factory.mktemp("ivf_ray"), tmp_path_factory.mktemp("ivf_local")
     # the stages of a GPU run (a tokenise actor in front of the encoders; CPU runs fuse them, as the other tests)
     cfg = encode_config(root, out, models["bibert"], num_shards=2, index_factory="IVF16,Flat", store_docs=False,
-                        tokenize_in_encoder=False, min_encode_actors=1)
+                        tokenize_in_encoder=False, min_encode_actors=1, executor="ray_data")
     with pytest.raises(InjectedFailure):
         run_encode(cfg, fail_after_shards=1, log=lambda _: None)
     assert (out / "trained.faiss").is_file() and len(list(out.glob("shard-*.json"))) == 1
@@ -520,7 +543,8 @@ def test_lexical_bm25_job_crash_resume_and_fused_search(ray_local, corpus, token
                        max_doc_length=48, text_prefixes={"query": "query: ", "doc": "passage: "})
     model_dir = str(build_model(mcfg, tokenizer).save(base / "model"))
     out, ref = base / "ray", base / "local"
-    cfg = encode_config(root, out, model_dir, num_shards=2, lexical="bm25", fusion_lambda=0.6, store_docs=False)
+    cfg = encode_config(root, out, model_dir, num_shards=2, lexical="bm25", fusion_lambda=0.6, store_docs=False,
+                        executor="actors")
     with pytest.raises(InjectedFailure):
         run_encode(cfg, fail_after_shards=1, log=lambda _: None)
     assert len(list(out.glob("shard-*.lexical.npz"))) == 1 and not (out / "manifest.json").exists()
@@ -586,7 +610,7 @@ def test_lexical_job_with_its_own_tokenizer(ray_local, corpus, tokenizer, tmp_pa
     model_dir = str(build_model(mcfg, tokenizer).save(base / "model"))
     out, ref = base / "ray", base / "local"
     kw = {"num_shards": 2, "lexical": "bm25", "fusion_lambda": 0.6, "store_docs": False}
-    cfg = encode_config(root, out, model_dir, lexical_tokenizer=str(base / "own_tok"), **kw)
+    cfg = encode_config(root, out, model_dir, lexical_tokenizer=str(base / "own_tok"), executor="actors", **kw)
     with pytest.raises(InjectedFailure):
         run_encode(cfg, fail_after_shards=1, log=lambda _: None)
     assert len(list(out.glob("shard-*.lexical.npz"))) == 1 and (out / TOKENIZER_DIR).is_dir()
