@@ -1,6 +1,7 @@
 """Learning from clicks where the truth is known: a click log simulated from the Home Depot judgments, the recipe
 trained through the product's own stages on naive clicks, debiased clicks, rate-filtered clicks and the judgments;
-test recall / MRR with paired tests, and the examination curves' errors. Runs and logs are kept for a rerun.
+test recall / MRR with paired tests, and the debiased row's examination curve error. Runs and logs are kept for a
+rerun.
 
     python -m benchmarks.quality.click_debias --sizes 5000 20000 80000 --seeds 0 1 2 --corpus-size 12000
 """
@@ -20,8 +21,7 @@ import torch
 from benchmarks.common.config import parser
 from benchmarks.common.results import write_result_json
 from benchmarks.common.stats import paired_tests
-from madr.clicks.examination import ExaminationCurve, curve_error, estimate_examination
-from madr.clicks.harvesting import estimate_harvested
+from madr.clicks.examination import curve_error
 from madr.clicks.simulation import (
     ClickSimulation,
     graded_attractiveness,
@@ -207,89 +207,9 @@ def size_report(runs: dict[str, list[dict]], truth: np.ndarray, draws: int) -> d
             "estimated_curves": curves, "true_curve": truth.tolist()}
 
 
-ESTIMATORS = {"em": estimate_examination, "harvest": estimate_harvested}
-
-
-def log_curves(log: Path, truth: np.ndarray, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """Both estimators' curves on one log with their max abs error vs the truth, or why an estimator refused."""
-    rows = [json.loads(line) for line in log.read_text().splitlines()]
-    cols = [np.array([r[k] for r in rows]) for k in ("query", "doc_id", "position", "clicked")]
-    out = {}
-    for name, estimate in ESTIMATORS.items():
-        kwargs = {"min_interventions": args.min_interventions} if name == "harvest" else {}
-        try:
-            curve: ExaminationCurve = estimate(*cols, max_rank=args.top_k, **kwargs)
-        except ValueError as error:
-            out[name] = {"error": str(error)}
-            continue
-        out[name] = {"max_abs_error": round(curve_error(curve, truth), 4), "propensity": curve.propensity,
-                     "pairs_at_several_ranks": curve.pairs_at_several_ranks}
-    return out
-
-
-def curves_report(curves: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    """Per estimator, the max abs errors over the seeds' logs (None where it refused one) and their mean."""
-    out = {}
-    for name in ESTIMATORS:
-        errors = [c[name].get("max_abs_error") for c in curves]
-        done = [e for e in errors if e is not None]
-        out[name] = {"max_abs_error": errors, "mean": round(float(np.mean(done)), 4) if done else None,
-                     "refused": [c[name]["error"] for c in curves if "error" in c[name]]}
-    return out
-
-
-def positive_mass(log: Path, catalog: Catalog, truth: np.ndarray, args: argparse.Namespace,
-                  threshold: float) -> dict[str, dict[str, float]]:
-    """Where each weighting puts the click positives' weight (`madr.clicks.judgments.click_judgments`, no
-    training): the share on products judged >= `threshold` and on grade-0 / unjudged ones, for naive clicks,
-    inverse-propensity weights from the estimated and from the true curve, the affine correction with the
-    click-noise floor estimated from the log and with the simulation's own, and naive and IPW weights kept to the
-    pairs the posterior rate filter allows (`madr.clicks.noise.pair_rates_above` at `--rate-quantile`)."""
-    import dataclasses
-
-    from madr.clicks.judgments import click_judgments, log_curve
-    from madr.clicks.log import read_click_log
-    from madr.clicks.noise import estimate_click_noise, likely_above
-    from madr.config import ClickLogConfig
-
-    text = {q.query_id: q.text for q in catalog.queries}
-    grade = {(text[j.query_id], j.product_id): j.relevance for j in catalog.judgments}
-    impressions = read_click_log(str(log), "impressions").impressions
-    clicks = ClickLogConfig(path=str(log), format="impressions", max_rank=args.top_k, estimator=args.estimator,
-                            min_interventions=args.min_interventions)
-    estimated = log_curve(impressions, clicks)
-    true = dataclasses.replace(estimated, propensity=[float(x) for x in truth])
-    floor = estimate_click_noise(impressions, estimated)
-    weightings = {"naive": (None, 0.0), "ipw (estimated curve)": (estimated, 0.0), "ipw (true curve)": (true, 0.0),
-                  "affine (estimated curve and floor)": (estimated, floor.epsilon),
-                  "affine (true curve and floor)": (true, args.epsilon)}
-    allowed = likely_above(impressions, estimated, args.rate_quantile)
-    filtered = {f"naive, posterior rate filter (G {args.rate_quantile:g})": (None, 0.0, allowed),
-                f"ipw (estimated curve), posterior rate filter (G {args.rate_quantile:g})": (estimated, 0.0, allowed)}
-    out: dict[str, dict[str, float]] = {"click_noise": {"estimated": floor.epsilon, "true": args.epsilon}}
-    for name, (curve, noise, keep) in ({k: (*v, None) for k, v in weightings.items()} | filtered).items():
-        positives = [j for j in click_judgments(impressions, curve, clip=args.clip, noise=noise, allowed=keep)
-                     if j.relevant]
-        w = np.array([j.weight for j in positives])
-        g = np.array([grade.get((j.query, j.doc_id), 0) for j in positives])
-        out[name] = {"relevant_share": round(float(w[g >= threshold].sum() / w.sum()), 4),
-                     "grade0_share": round(float(w[g == 0].sum() / w.sum()), 4), "positives": len(positives)}
-    return out
-
-
 def report_text(result: dict[str, Any]) -> str:
     lines = []
     for size, rep in result["sizes"].items():
-        for seed, mass in enumerate(rep.get("positive_mass", [])):
-            lines.append(f"\n{size} searches, log {seed}: the positives' weight on relevant / grade-0 products: " +
-                         "; ".join(f"{name} {m['relevant_share']:.3f} / {m['grade0_share']:.3f}"
-                                   for name, m in mass.items() if "relevant_share" in m) +
-                         f"; click-noise floor estimated {mass['click_noise']['estimated']}, true {mass['click_noise']['true']}")
-        if "curves" in rep:
-            lines.append(f"\n{size} searches, curve max abs error vs truth per seed: " + "; ".join(
-                f"{name} {c['max_abs_error']} (mean {c['mean']})" for name, c in rep["curves"].items()))
-        if "means" not in rep:
-            continue
         lines.append(f"\n{size} searches: " + ", ".join(
             f"{row} R@10 {v['recall@10']:.4f} MRR@10 {v['mrr@10']:.4f}" for row, v in rep["means"].items()))
         for name, per_metric in rep["tests"].items():
@@ -319,26 +239,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--noise", type=float, default=0.5)
     p.add_argument("--swap-share", type=float, default=0.0,
                    help="share of searches with two shown ranks swapped (interventions, as A/B tests leave)")
-    p.add_argument("--estimator", choices=tuple(ESTIMATORS), default="em", help="the debiased row's estimator")
+    p.add_argument("--estimator", choices=("em", "harvest"), default="em", help="the debiased row's estimator")
     p.add_argument("--min-interventions", type=int, default=20, help="data.clicks.min_interventions (harvest)")
-    p.add_argument("--curves-only", action="store_true", help="the logs' examination curves only, no training")
-    p.add_argument("--weights-only", action="store_true", help="where each weighting puts the weight, no training")
     p.add_argument("--eta", type=float, default=1.0)
     p.add_argument("--epsilon", type=float, default=0.1)
     p.add_argument("--clip", type=float, default=10.0)
     p.add_argument("--rate-quantile", type=float, default=0.75,
-                   help="--weights-only: the posterior rate filter's quantile (data.clicks.rate_quantile)")
+                   help="the filtered row's posterior rate filter quantile (data.clicks.rate_quantile)")
     p.add_argument("--skip-share", type=float, default=0.5, help="train.finetune.judged_negative_share of click rows")
     p.add_argument("--corpus-size", type=int, default=12000)
     p.add_argument("--draws", type=int, default=10000)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=str(ROOT / "runs" / "click_debias"))
     p.add_argument("--results-dir", default=str(ROOT / "benchmarks"))
-    p.add_argument("--tag", default=None, help="results name (default click_debias[_curves|_weights])")
-    args = p.parse_args(argv)
-    args.tag = args.tag or ("click_debias_curves" if args.curves_only else
-                            "click_debias_weights" if args.weights_only else "click_debias")
-    return args
+    p.add_argument("--tag", default="click_debias", help="results name")
+    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -356,26 +271,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     truth = power_law_examination(args.top_k, args.eta)
     result: dict[str, Any] = {"args": vars(args), "sizes": {}, "runs": {}}
     judged: list[dict] = []
-    if "judgments" in args.rows and not (args.curves_only or args.weights_only):
+    if "judgments" in args.rows:
         for seed in args.seeds:
             cfg = run_config(base, "judgments", catalog_dir, None, out / "runs" / "judgments" / f"seed{seed}", seed,
                              args)
             judged.append(cached_run(cfg, args, None))
     for size in args.sizes:
         logs = [write_log(candidates, args, size, seed, log_path(out, args, size, seed)) for seed in args.seeds]
-        curves = curves_report([log_curves(log, truth, args) for log in logs])
-        result["sizes"][str(size)] = {"curves": curves}
-        if args.weights_only:
-            result["sizes"][str(size)]["positive_mass"] = [
-                positive_mass(log, catalog, truth, args, base.eval.relevance_threshold) for log in logs]
-        if args.curves_only or args.weights_only:
-            continue
         runs: dict[str, list[dict]] = {"judgments": judged}
         for row in (r for r in args.rows if r != "judgments"):
             runs[row] = [cached_run(run_config(base, row, catalog_dir, log, out / "runs" / row / f"n{size}" /
                                                f"seed{seed}", seed, args), args, log)
                          for seed, log in zip(args.seeds, logs, strict=True)]
-        result["sizes"][str(size)].update(size_report(runs, truth, args.draws))
+        result["sizes"][str(size)] = size_report(runs, truth, args.draws)
         result["runs"][str(size)] = {row: [{k: v for k, v in r.items() if k != "per_query"} for r in rs]
                                      for row, rs in runs.items()}
     print(report_text(result))
