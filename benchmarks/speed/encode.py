@@ -149,11 +149,6 @@ def child_st(corpus: Path, model_dir: Path, out: Path, threads: int, dtype: str 
 def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: int = 4,
               max_docs_per_shard: int | None = None, dtype: str = "auto", executor: str = "ray_data",
               **_) -> dict:
-    from pipelines.encode import trace
-
-    trace_path = out.parent / f".{out.name}.trace"
-    trace_path.unlink(missing_ok=True)
-    os.environ[trace.ENV] = str(trace_path)  # before Ray starts: its workers inherit it
     from madr.encode_config import EncodeConfig
     from madr.search.sharded import ShardedIndex
     from pipelines.encode.job import run_encode
@@ -174,16 +169,14 @@ def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: in
     arrivals: list[tuple[float, int]] = []  # (time, rows) of every encoded piece the driver sees
     chosen = ActorExecutor if executor == "actors" else RayExecutor
     stream = chosen.stream
-    stream_start: list[float] = []
 
     def timed_stream(self, pieces, run):  # instrumentation only: the job's own stream, timestamped
-        stream_start.append(time.time())
         for batch in stream(self, pieces, run):
             arrivals.append((time.perf_counter(), sum(batch.column("rows").to_pylist())))
             yield batch
 
     chosen.stream = timed_stream
-    start, wall_start = time.perf_counter(), time.time()
+    start = time.perf_counter()
     run_encode(cfg, log=lambda _: None)
     seconds = time.perf_counter() - start
     index = ShardedIndex.open(out)
@@ -191,30 +184,7 @@ def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: in
     first, last = arrivals[0][0], arrivals[-1][0]
     steady = sum(r for _, r in arrivals[1:]) / (last - first) if last > first else None
     return {"seconds": seconds, "first_output_s": first - start, "after_last_output_s": start + seconds - last,
-            "steady_docs_per_s": steady, "shards": index.num_shards, "ray_start_s": ray_start,
-            "startup": startup_phases(trace.read(str(trace_path)), wall_start, stream_start[0],
-                                      wall_start + first - start)}
-
-
-def startup_phases(events: list[tuple[float, int, float, str]], start: float, stream: float,
-                   first_out: float) -> dict:
-    """Where the job's start-up goes (`pipelines.encode.trace` events, s from its start), per actor."""
-    actors: dict[int, dict[str, float]] = {}
-    for t, pid, proc_start, what in events:
-        if "init start" in what and pid not in actors:
-            actors[pid] = {"stage": what.split()[0], "process_start": proc_start - start}
-        if pid in actors:
-            key = ("init_end" if "init end" in what else "first_call_end" if "first call end" in what else
-                   "init_start" if "init start" in what else None)
-            if key and key not in actors[pid]:
-                actors[pid][key] = t - start
-    for pid, a in actors.items():
-        imported = [t for t, p, _, w in events if p == pid and w == "stages imported"]
-        if imported:
-            a["code_imported"] = imported[0] - start
-    return {"driver_until_stream_s": stream - start, "first_piece_at_driver_s": first_out - start,
-            "actors": [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in a.items()}
-                       for a in actors.values()]}
+            "steady_docs_per_s": steady, "shards": index.num_shards, "ray_start_s": ray_start}
 
 
 CHILDREN = {"torch": child_torch, "st": child_st, "ray": child_ray,
@@ -323,7 +293,7 @@ def main() -> None:
             steady = res.get("steady_docs_per_s")
             extra = (f"  (first piece after {res['first_output_s']:.1f} s, tail {res['after_last_output_s']:.1f} s; "
                      f"steady {f'{steady:.0f}' if steady else '-'} docs/s; {res['shards']} shards; Ray start "
-                     f"{res['ray_start_s']:.1f} s, not counted)\n    start-up: {json.dumps(res['startup'])}"
+                     f"{res['ray_start_s']:.1f} s, not counted)"
                      if method.startswith("ray") else "")
             print(f"  {n:>8} docs  {method:<8} {n / res['seconds']:>8.0f} docs/s  {res['seconds']:>7.1f} s  "
                   f"peak PSS {res['peak_pss_mb']:>6.0f} MB  RSS {res['peak_rss_mb']:>6.0f} MB  CPU {res['cpu_s']:.0f} s"
