@@ -99,9 +99,8 @@ def _ray_pass(data: Path, tokenizer: str, args: argparse.Namespace, tree: Proces
 
     qdir = tempfile.mkdtemp(prefix="bench_quarantine_")
     span = Interval(tree)
-    split = -(-data.stat().st_size // args.ranges) if args.ranges > 1 else ("auto" if args.ranges == 0 else None)
     ds = read_tokenized("snli", str(data), tokenizer, quarantine_dir=qdir, max_length=args.max_length,
-                        workers=args.workers, rows_per_block=args.window, split_bytes=split)
+                        workers=args.workers, rows_per_block=args.window)  # the file split in byte ranges ("auto")
     rows = tokens = 0
     first = None
     for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
@@ -151,8 +150,8 @@ def child(args: argparse.Namespace) -> None:
 def spawn(mode: str, args: argparse.Namespace, data: Path, tok: str) -> dict:
     quiet = process.wait_quiet(args.quiet_below, args.quiet_wait) if args.quiet_wait > 0 else None
     cmd = [*process.module_command(__spec__.name), "--child", mode, "--data", str(data), "--tokenizer", tok,
-           "--window", str(args.window), "--max-length", str(args.max_length), "--ranges", str(args.ranges),
-           "--workers", str(args.workers), "--ray-worker-niceness", str(args.ray_worker_niceness)]
+           "--window", str(args.window), "--max-length", str(args.max_length), "--workers", str(args.workers),
+           "--ray-worker-niceness", str(args.ray_worker_niceness)]
     return {**process.child_result(cmd), "others_before": quiet}
 
 
@@ -254,8 +253,6 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[200_000], help="one size, or several (a sweep)")
     parser.add_argument("--window", type=int, default=2048, help="rows per validate/tokenise call")
     parser.add_argument("--max-length", type=int, default=64)
-    parser.add_argument("--ranges", type=int, default=0,
-                        help="0: the reader's split_bytes='auto' (default); N > 1: N byte ranges; 1: the file whole")
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="Ray tasks")
     parser.add_argument("--repeat", type=int, default=2, help="runs of each contender (best is reported)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
@@ -287,7 +284,7 @@ def main() -> None:
     rng = random.Random(1)
     train_wordpiece_tokenizer([sentence(rng) for _ in range(5000)], vocab_size=2000, out_dir=str(work / "tok"))
     print(f"data: {', '.join(f'{n:,}' for n in sizes)} rows, SNLI-layout JSONL, one file each; window {args.window}, "
-          f"max_length {args.max_length}, {'auto split' if args.ranges == 0 else f'{args.ranges} byte ranges'}, "
+          f"max_length {args.max_length}, auto split, "
           f"{args.workers} workers, Ray worker niceness {args.ray_worker_niceness}; setup "
           f"{time.perf_counter() - t:.1f} s", flush=True)
     per_size: dict[int, dict[str, dict]] = {}
