@@ -26,6 +26,7 @@ from pydantic import BaseModel
 
 from benchmarks.common.config import ROOT, parser
 from benchmarks.common.machine import load_1min, machine_line, run_command, usable_cores, versions
+from benchmarks.common.peer_fusion import fuse
 from benchmarks.common.process import child_env, module_command
 from benchmarks.common.results import write_result_json
 from pipelines.jobs.local_cluster import free_port
@@ -193,34 +194,6 @@ def prepare(args: argparse.Namespace, inputs: dict[str, Any]) -> tuple[Path, dic
                       "shards": len(real["manifest"].shards), "model_dir": str(real["model_dir"]),
                       "fusion_lambda": lex.fusion_lambda, "normalisation": lex.normalisation, "k1": lex.k1,
                       "b": lex.b, "cache": str(out)}
-
-
-def normalised(x: np.ndarray, how: str) -> np.ndarray:
-    """Min-max or z-score (population std) of one score vector, in float64; all equal: zeros; "none": as is."""
-    x = x.astype(np.float64)
-    if how == "minmax":
-        span = x.max() - x.min()
-        return (x - x.min()) / span if span > 0 else np.zeros_like(x)
-    if how == "zscore":
-        return (x - x.mean()) / x.std() if x.std() > 0 else np.zeros_like(x)
-    return x
-
-
-def fuse(dense: tuple[np.ndarray, np.ndarray], bm25: tuple[np.ndarray, np.ndarray], lam: float, how: str,
-         k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The peer's fusion, written by hand as a search engineer would (the rule of `madr.search.score_fusion`, in
-    numpy): top-k (ids, scores) of `lam * dense + (1 - lam) * bm25` over the union, each normalised (a miss: its
-    min)."""
-    cand = np.union1d(dense[0], bm25[0])
-
-    def column(ids: np.ndarray, scores: np.ndarray) -> np.ndarray:
-        col = np.full(cand.size, scores.min() if scores.size else 0.0, np.float64)
-        col[np.searchsorted(cand, ids)] = scores
-        return normalised(col, how)
-
-    final = lam * column(*dense) + (1.0 - lam) * column(*bm25)
-    top = np.lexsort((cand, -final))[:k]
-    return cand[top], final[top]
 
 
 def peer_bm25(corpus: Path, k1: float, b: float):

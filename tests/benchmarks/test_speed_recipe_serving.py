@@ -79,20 +79,3 @@ def test_recipe_serving_smoke(catalog, tokenizer, tmp_path):
         assert a["queries"] == 30 and a["overlap"] >= 0.9, a
     assert result["agreement"]["madr"]["identical"] == 1.0  # served = offline
     assert set(result["ratios"]["16" if "16" in result["ratios"] else "4"]) == {"p50", "p99", "qps"}
-
-
-def test_the_peers_fusion_ranks_as_madrs_weighted_fusion():
-    """The peer's few lines of fusion rank as madr.search.score_fusion.weighted_fusion does."""
-    from benchmarks.speed.recipe_serving import fuse
-    from madr.search.score_fusion import weighted_fusion
-
-    rng = np.random.default_rng(0)
-    dense_ids, bm25_ids = rng.choice(50, 20, replace=False), rng.choice(50, 15, replace=False)
-    dense_s, bm25_s = np.sort(rng.random(20))[::-1], np.sort(rng.random(15) * 10)[::-1]
-    for how in ("minmax", "zscore"):
-        for lam in (0.0, 0.3, 1.0):
-            rows, scores = fuse((dense_ids, dense_s), (bm25_ids, bm25_s), lam, how, 10)
-            ref_s, ref_ids = weighted_fusion([(dense_s[None], dense_ids[None]), (bm25_s[None], bm25_ids[None])],
-                                             [lam, 1 - lam], 10, how)
-            assert rows.tolist() == ref_ids[0].tolist()
-            np.testing.assert_allclose(scores, ref_s[0], rtol=1e-5, atol=1e-6)
