@@ -322,18 +322,6 @@ def start_madr(settings, direct: bool = False) -> str:
     return f"http://127.0.0.1:{settings.port}"
 
 
-def replica_url(settings) -> str:
-    """The co-located replica's own port (`serve.direct_ingress`), where `--direct-ingress` sends the load."""
-    if settings.topology != "colocated":
-        raise ValueError("--direct-ingress needs the co-located topology (a serve config with topology: colocated)")
-    from serve.direct_ingress import wait_for_replica_urls
-
-    urls = wait_for_replica_urls("madr_recipe", 120)
-    if not urls:
-        raise RuntimeError("no replica of madr_recipe answers on its own port (Serve's throughput mode is off?)")
-    return urls[0]
-
-
 def offline_top(manifest: Path, model_dir: str, settings, queries: list[str], k: int) -> np.ndarray:
     """madr's offline top k ids [Q, k] (`ShardedIndex`, the served search settings)."""
     from madr.index import encode_queries
@@ -398,9 +386,11 @@ def print_table(result: dict[str, Any]) -> None:
 
 def serve_both(args: argparse.Namespace, inputs: dict[str, Any], manifest: Path, info: dict[str, Any]) -> dict:
     """Offline reference, both apps up, agreement over HTTP, the load levels; Serve and the peer stopped after."""
-    from benchmarks.speed.serve_api import measure_levels, stop_apps, wait_ready
+    from benchmarks.speed.serve_api import direct_url, measure_levels, stop_apps, wait_ready
 
     settings = madr_settings(inputs["app"], manifest, free_port())
+    if args.direct_ingress and settings.topology != "colocated":
+        raise ValueError("--direct-ingress needs the co-located topology (a serve config with topology: colocated)")
     check = inputs["queries"][: args.check_queries]
     reference = offline_top(manifest, info["model_dir"], settings, check, 10)
     peer_port = free_port()
@@ -410,7 +400,7 @@ def serve_both(args: argparse.Namespace, inputs: dict[str, Any], manifest: Path,
         urls = {"madr": start_madr(settings, args.direct_ingress), "peer": f"http://127.0.0.1:{peer_port}"}
         wait_ready(urls["madr"], 600)
         if args.direct_ingress:
-            urls["madr"] = replica_url(settings)
+            urls["madr"] = direct_url("madr_recipe", 120)  # the co-located replica's own port
             wait_ready(urls["madr"], 600)
         wait_ready(urls["peer"], 1800, peer)
         print(f"both apps ready in {time.perf_counter() - t0:.1f} s", flush=True)
