@@ -34,6 +34,7 @@ from benchmarks.quality.aspect_models.evaluation import (
     Lists,
     bm25_lists,
     majority_accuracy,
+    metrics_of,
     search_depth,
     served_pieces,
 )
@@ -43,7 +44,6 @@ from benchmarks.quality.fusion_lists import (
     corpus_key,
     fingerprint,
     fuse,
-    metrics_of,
     model_lists,
     rrf,
     tune_weights,
