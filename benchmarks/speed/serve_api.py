@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common.config import ROOT, parser
-from benchmarks.common.hybrid_model import served_hybrid
 from benchmarks.common.machine import load_1min, machine_line, versions_line
+from benchmarks.common.models import served_hybrid
 from benchmarks.common.results import write_json
 from pipelines.runtime import apply_ray_env
 
@@ -35,7 +35,7 @@ def machine_info() -> str:
 
 
 def build_model(out: Path, backbone: str) -> Path:
-    """The served hybrid model (`benchmarks.common.hybrid_model`) saved under `out/model` (kept between runs)."""
+    """The served hybrid model (`benchmarks.common.models`) saved under `out/model` (kept between runs)."""
     from madr.data.synthetic.catalog import generate_catalog
 
     path = out / "model"
