@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common.config import parser
+from benchmarks.common.config import ROOT, parser
 from benchmarks.common.results import write_result_json
 from benchmarks.common.stats import paired_tests
 from madr.clicks.examination import curve_error
@@ -36,10 +36,15 @@ from madr.index.lexical import word_pieces
 from madr.metrics import evaluate as metrics_evaluate
 from madr.search.sparse import BM25Index
 
-ROOT = Path(__file__).resolve().parents[2]
 HOMEDEPOT = ROOT.parent / "shared" / "data" / "product_search" / "homedepot_relevance_dev.parquet"
 ROWS = ("naive", "debiased", "filtered", "judgments")  # filtered: naive weights, the posterior rate filter
 METRICS = ("recall@10", "mrr@10")
+# the simulation: the old ranker's score noise (x the scores' std), the share of searches with two shown ranks
+# swapped (interventions, as A/B tests leave), the examination curve's power, a grade-0 product's click chance
+SIMULATION = {"noise": 0.5, "swap_share": 0.0, "eta": 1.0, "epsilon": 0.1}
+# data.clicks of the click rows (IPW clip, harvest's minimum interventions), the filtered row's posterior rate
+# filter quantile, and train.finetune.judged_negative_share of click rows
+CLICKS, RATE_QUANTILE, SKIP_SHARE = {"clip": 10.0, "min_interventions": 20}, 0.75, 0.5
 
 
 def base_catalog(args: argparse.Namespace, out: Path) -> Path:
@@ -54,7 +59,7 @@ def base_catalog(args: argparse.Namespace, out: Path) -> Path:
     else:
         from madr.data.sources.homedepot import homedepot_catalog
 
-        catalog = homedepot_catalog(args.homedepot, seed=0, max_queries=args.max_queries)
+        catalog = homedepot_catalog(HOMEDEPOT, seed=0)
     catalog.write(where)
     return where
 
@@ -76,8 +81,7 @@ def old_ranker_candidates(catalog: Catalog, tokenizer: Any, pool: int) -> dict[s
 
 def simulation_settings(args: argparse.Namespace) -> dict[str, Any]:
     """What a simulated log depends on besides its size and seed."""
-    return {"top_k": args.top_k, "pool": args.pool, "noise": args.noise, "swap_share": args.swap_share,
-            "eta": args.eta, "epsilon": args.epsilon, "catalog": args.catalog, "max_queries": args.max_queries}
+    return {"top_k": args.top_k, "pool": args.pool, **SIMULATION, "catalog": args.catalog, "max_queries": None}
 
 
 def log_path(out: Path, args: argparse.Namespace, size: int, seed: int) -> Path:
@@ -89,9 +93,9 @@ def write_log(candidates: dict, args: argparse.Namespace, size: int, seed: int, 
     """The simulated impressions of `size` searches (one seed) as JSONL (the plain impressions layout)."""
     if path.is_file():
         return path
-    sim = ClickSimulation(size, args.top_k, power_law_examination(args.top_k, args.eta),
-                          graded_attractiveness(4, args.epsilon), noise=args.noise, seed=seed,
-                          swap_share=args.swap_share)
+    sim = ClickSimulation(size, args.top_k, power_law_examination(args.top_k, SIMULATION["eta"]),
+                          graded_attractiveness(4, SIMULATION["epsilon"]), noise=SIMULATION["noise"], seed=seed,
+                          swap_share=SIMULATION["swap_share"])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in simulate_impressions(candidates, sim)))
@@ -106,9 +110,8 @@ def run_config(base: ExperimentConfig, row: str, catalog_dir: Path, log: Path | 
     if row != "judgments":
         cfg = load_config(None, {**cfg.to_dict(), "data.clicks": {
             "path": str(log), "format": "impressions", "max_rank": args.top_k, "debias": row == "debiased",
-            "clip": args.clip, "estimator": args.estimator, "min_interventions": args.min_interventions,
-            "rate_quantile": args.rate_quantile if row == "filtered" else None},
-            "train.finetune.judged_negative_share": args.skip_share})
+            **CLICKS, "estimator": args.estimator, "rate_quantile": RATE_QUANTILE if row == "filtered" else None},
+            "train.finetune.judged_negative_share": SKIP_SHARE})
     return cfg
 
 
@@ -230,23 +233,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
     p.add_argument("--catalog", choices=("homedepot", "synthetic"), default="homedepot")
-    p.add_argument("--homedepot", default=str(HOMEDEPOT))
-    p.add_argument("--max-queries", type=int, default=None, help="a seeded sample of Home Depot search terms")
     p.add_argument("--synthetic-products", type=int, default=300)
     p.add_argument("--synthetic-queries", type=int, default=120)
     p.add_argument("--top-k", type=int, default=10)
     p.add_argument("--pool", type=int, default=50, help="the old ranker's candidates per query")
-    p.add_argument("--noise", type=float, default=0.5)
-    p.add_argument("--swap-share", type=float, default=0.0,
-                   help="share of searches with two shown ranks swapped (interventions, as A/B tests leave)")
     p.add_argument("--estimator", choices=("em", "harvest"), default="em", help="the debiased row's estimator")
-    p.add_argument("--min-interventions", type=int, default=20, help="data.clicks.min_interventions (harvest)")
-    p.add_argument("--eta", type=float, default=1.0)
-    p.add_argument("--epsilon", type=float, default=0.1)
-    p.add_argument("--clip", type=float, default=10.0)
-    p.add_argument("--rate-quantile", type=float, default=0.75,
-                   help="the filtered row's posterior rate filter quantile (data.clicks.rate_quantile)")
-    p.add_argument("--skip-share", type=float, default=0.5, help="train.finetune.judged_negative_share of click rows")
     p.add_argument("--corpus-size", type=int, default=12000)
     p.add_argument("--draws", type=int, default=10000)
     p.add_argument("--threads", type=int, default=2)
@@ -268,8 +259,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tokenizer = prepare_tokenizer(load_config(None, {**base.to_dict(), "output_dir": str(out / "old_ranker")}),
                                   catalog)
     candidates = old_ranker_candidates(catalog, tokenizer, args.pool)
-    truth = power_law_examination(args.top_k, args.eta)
-    result: dict[str, Any] = {"args": vars(args), "sizes": {}, "runs": {}}
+    truth = power_law_examination(args.top_k, SIMULATION["eta"])
+    settings = {**SIMULATION, **CLICKS, "rate_quantile": RATE_QUANTILE, "skip_share": SKIP_SHARE,
+                "homedepot": str(HOMEDEPOT), "max_queries": None}  # the run's settings, as when they were options
+    result: dict[str, Any] = {"args": {**vars(args), **settings}, "sizes": {}, "runs": {}}
     judged: list[dict] = []
     if "judgments" in args.rows:
         for seed in args.seeds:
