@@ -58,13 +58,25 @@ def make_data(path: Path, rows: int, seed: int = 0) -> int:
     return good
 
 
-def count_tokens(table) -> int:
-    return sum(len(table.column(c).combine_chunks().values) for c in ("premise_input_ids", "hypothesis_input_ids"))
+def consume(batches, span: Interval, qdir: str) -> dict:
+    """Rows, tokens, the first batch's arrival and the quarantine of tokenised `batches`, timed over `span`."""
+    from madr.data.quarantine import read_summary
+
+    rows = tokens = 0
+    first = None
+    for batch in batches:
+        first = time.perf_counter() - span.start if first is None else first
+        rows += batch.num_rows
+        tokens += sum(len(batch.column(c).combine_chunks().values)
+                      for c in ("premise_input_ids", "hypothesis_input_ids"))
+    measured = span.result()
+    summary = read_summary(qdir)
+    return {"rows": rows, "bad": summary.num_quarantined, "tokens": tokens, **measured, "first_batch": first,
+            "balanced": summary.balanced}
 
 
 def run_loop(data: Path, tokenizer: str, window: int, max_length: int) -> dict:
     """Single process: raw line blocks -> validate_block (+ quarantine) -> tokenize_table, one at a time."""
-    from madr.data.quarantine import read_summary
     from pipelines.data.file_parts import plan_parts
     from pipelines.data.raw_files import read_part
     from pipelines.data.readers import validate_block
@@ -74,47 +86,33 @@ def run_loop(data: Path, tokenizer: str, window: int, max_length: int) -> dict:
     qdir = tempfile.mkdtemp(prefix="bench_quarantine_")
     with ProcessTree() as tree:
         span = Interval(tree)
-        start = time.perf_counter()
         encoder = SharedEncoder(tokenizer, max_length).get()
         (part,) = plan_parts("snli", str(data))
         layouts = {part.display: (part.fmt, part.header)}
-        rows = tokens = 0
-        first = None
-        for raw in read_part(part, window):
-            good = validate_block(raw, source="snli", options=SourceOptions(), layouts=layouts, quarantine_dir=qdir,
-                                  strict=False, with_origin=False)
-            out = tokenize_table(good, None, "nli", encoder=encoder)
-            first = time.perf_counter() - start if first is None else first
-            rows += out.num_rows
-            tokens += count_tokens(out)
-        measured = span.result()
-    summary = read_summary(qdir)
-    return {"rows": rows, "bad": summary.num_quarantined, "tokens": tokens, **measured, "first_batch": first,
-            "peak_bytes": tree.peak, "balanced": summary.balanced}
+
+        def batches():
+            for raw in read_part(part, window):
+                good = validate_block(raw, source="snli", options=SourceOptions(), layouts=layouts,
+                                      quarantine_dir=qdir, strict=False, with_origin=False)
+                yield tokenize_table(good, None, "nli", encoder=encoder)
+
+        out = consume(batches(), span, qdir)
+    return {**out, "peak_bytes": tree.peak}
 
 
 def _ray_pass(data: Path, tokenizer: str, args: argparse.Namespace, tree: ProcessTree) -> dict:
-    from madr.data.quarantine import read_summary
     from pipelines.data.readers import read_tokenized
 
     qdir = tempfile.mkdtemp(prefix="bench_quarantine_")
     span = Interval(tree)
     ds = read_tokenized("snli", str(data), tokenizer, quarantine_dir=qdir, max_length=args.max_length,
                         workers=args.workers, rows_per_block=args.window)  # the file split in byte ranges ("auto")
-    rows = tokens = 0
-    first = None
-    for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
-        first = time.perf_counter() - span.start if first is None else first
-        rows += batch.num_rows
-        tokens += count_tokens(batch)
-    measured = span.result()
-    summary = read_summary(qdir)
+    out = consume(ds.iter_batches(batch_size=None, batch_format="pyarrow"), span, qdir)
     stats = ds.stats()
     tasks = [ln.strip() for ln in stats.splitlines() if "tasks executed" in ln]
     detail = [ln.strip() for ln in stats.splitlines() if "tasks executed" in ln or "Remote wall" in ln
               or "Remote cpu" in ln]
-    return {"rows": rows, "bad": summary.num_quarantined, "tokens": tokens, **measured, "first_batch": first,
-            "balanced": summary.balanced, "stats": detail, "tasks": tasks}
+    return {**out, "stats": detail, "tasks": tasks}
 
 
 def run_ray(data: Path, tokenizer: str, args: argparse.Namespace) -> dict:
