@@ -58,14 +58,6 @@ def config(work: str, size: str, steps: int, batch: int, backend: str = "ddp"):
     return load_config(ROOT / "configs" / "train_tiny.yaml", overrides)
 
 
-def prepare(work: str, size: str, steps: int, batch: int) -> str:
-    """The stage's init model and Parquet rows under `work` (what every contender starts from)."""
-    from pipelines.train.job import prepare_stage
-
-    spec = prepare_stage(config(work, size, steps, batch), "finetune")
-    return spec.init_model
-
-
 def plain_loop(work: str, size: str, steps: int, batch: int, threads: int) -> dict:
     """One process: the job's objective on the job's rows with a plain forward / backward / AdamW loop."""
     import pyarrow as pa
@@ -159,8 +151,10 @@ def spawn(mode: str, args: argparse.Namespace, work: str) -> dict:
 
 
 def throughput(args: argparse.Namespace) -> dict:
+    from pipelines.train.job import prepare_stage
+
     work = f"{args.work}/a_{args.size}"
-    prepare(work, args.size, args.steps, args.batch)
+    prepare_stage(config(work, args.size, args.steps, args.batch), "finetune")  # the init model and rows all start from
     runs: dict[str, list[dict]] = {m: [] for m in args.modes}
     for _ in range(args.repeat):
         for mode in args.modes:
