@@ -13,14 +13,13 @@ import json
 import math
 import os
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.common import process
 from benchmarks.common.config import parser as make_parser
-from benchmarks.common.machine import load_average, machine_line, versions_line
+from benchmarks.common.machine import load_average, machine_line, run_command, versions_line
 from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.process import Interval, ProcessTree
 from benchmarks.common.results import write_json
@@ -316,7 +315,7 @@ def main() -> None:
             print(f"plot: {args.plot}")
     if args.out:
         write_json(args.out, {
-            "command": " ".join(sys.argv), "machine": info, "load_before": load_before, "load_after": load_after,
+            "command": run_command(__spec__.name), "machine": info, "load_before": load_before, "load_after": load_after,
             "args": {k: v for k, v in vars(args).items() if k not in ("child", "data", "tokenizer")},
             "results": {str(n): per_size[n] for n in sizes}, "ratios": {str(n): all_ratios[n] for n in sizes},
             "crossing_rows": cross})

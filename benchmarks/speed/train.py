@@ -19,7 +19,7 @@ from pathlib import Path
 
 from benchmarks.common.config import ROOT
 from benchmarks.common.config import parser as make_parser
-from benchmarks.common.machine import cpu_model, memory_gib, usable_cores, versions
+from benchmarks.common.machine import cpu_model, memory_gib, run_command, usable_cores, versions
 from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.process import (
     Interval,
@@ -301,7 +301,7 @@ def main() -> None:
     if args.child:
         print_result(run_child(args.child, args))
         return
-    report: dict = {"command": " ".join(sys.argv), "machine": machine(), "throughput": [], "memory": []}
+    report: dict = {"command": run_command(__spec__.name), "machine": machine(), "throughput": [], "memory": []}
     print(json.dumps(report["machine"]), flush=True)
     if args.skip != "throughput":
         for size in args.sizes:
