@@ -1,6 +1,7 @@
 """Learning from clicks where the truth is known: a click log simulated from the Home Depot judgments, the recipe
 trained through the product's own stages on naive clicks, debiased clicks, rate-filtered clicks and the judgments;
-test recall / MRR with paired tests, and the examination curves' errors. Runs and logs are kept for a rerun.
+test recall / MRR with paired tests, and the debiased row's examination curve error. Runs and logs are kept for a
+rerun.
 
     python -m benchmarks.quality.click_debias --sizes 5000 20000 80000 --seeds 0 1 2 --corpus-size 12000
 """
@@ -17,11 +18,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common.config import parser
+from benchmarks.common.config import ROOT, parser
 from benchmarks.common.results import write_result_json
 from benchmarks.common.stats import paired_tests
-from madr.clicks.examination import ExaminationCurve, curve_error, estimate_examination
-from madr.clicks.harvesting import estimate_harvested
+from madr.clicks.examination import curve_error
 from madr.clicks.simulation import (
     ClickSimulation,
     graded_attractiveness,
@@ -36,10 +36,15 @@ from madr.index.lexical import word_pieces
 from madr.metrics import evaluate as metrics_evaluate
 from madr.search.sparse import BM25Index
 
-ROOT = Path(__file__).resolve().parents[2]
 HOMEDEPOT = ROOT.parent / "shared" / "data" / "product_search" / "homedepot_relevance_dev.parquet"
 ROWS = ("naive", "debiased", "filtered", "judgments")  # filtered: naive weights, the posterior rate filter
 METRICS = ("recall@10", "mrr@10")
+# the simulation: the old ranker's score noise (x the scores' std), the share of searches with two shown ranks
+# swapped (interventions, as A/B tests leave), the examination curve's power, a grade-0 product's click chance
+SIMULATION = {"noise": 0.5, "swap_share": 0.0, "eta": 1.0, "epsilon": 0.1}
+# data.clicks of the click rows (IPW clip, harvest's minimum interventions), the filtered row's posterior rate
+# filter quantile, and train.finetune.judged_negative_share of click rows
+CLICKS, RATE_QUANTILE, SKIP_SHARE = {"clip": 10.0, "min_interventions": 20}, 0.75, 0.5
 
 
 def base_catalog(args: argparse.Namespace, out: Path) -> Path:
@@ -54,7 +59,7 @@ def base_catalog(args: argparse.Namespace, out: Path) -> Path:
     else:
         from madr.data.sources.homedepot import homedepot_catalog
 
-        catalog = homedepot_catalog(args.homedepot, seed=0, max_queries=args.max_queries)
+        catalog = homedepot_catalog(HOMEDEPOT, seed=0)
     catalog.write(where)
     return where
 
@@ -76,8 +81,7 @@ def old_ranker_candidates(catalog: Catalog, tokenizer: Any, pool: int) -> dict[s
 
 def simulation_settings(args: argparse.Namespace) -> dict[str, Any]:
     """What a simulated log depends on besides its size and seed."""
-    return {"top_k": args.top_k, "pool": args.pool, "noise": args.noise, "swap_share": args.swap_share,
-            "eta": args.eta, "epsilon": args.epsilon, "catalog": args.catalog, "max_queries": args.max_queries}
+    return {"top_k": args.top_k, "pool": args.pool, **SIMULATION, "catalog": args.catalog, "max_queries": None}
 
 
 def log_path(out: Path, args: argparse.Namespace, size: int, seed: int) -> Path:
@@ -89,9 +93,9 @@ def write_log(candidates: dict, args: argparse.Namespace, size: int, seed: int, 
     """The simulated impressions of `size` searches (one seed) as JSONL (the plain impressions layout)."""
     if path.is_file():
         return path
-    sim = ClickSimulation(size, args.top_k, power_law_examination(args.top_k, args.eta),
-                          graded_attractiveness(4, args.epsilon), noise=args.noise, seed=seed,
-                          swap_share=args.swap_share)
+    sim = ClickSimulation(size, args.top_k, power_law_examination(args.top_k, SIMULATION["eta"]),
+                          graded_attractiveness(4, SIMULATION["epsilon"]), noise=SIMULATION["noise"], seed=seed,
+                          swap_share=SIMULATION["swap_share"])
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(r) + "\n" for r in simulate_impressions(candidates, sim)))
@@ -106,9 +110,8 @@ def run_config(base: ExperimentConfig, row: str, catalog_dir: Path, log: Path | 
     if row != "judgments":
         cfg = load_config(None, {**cfg.to_dict(), "data.clicks": {
             "path": str(log), "format": "impressions", "max_rank": args.top_k, "debias": row == "debiased",
-            "clip": args.clip, "estimator": args.estimator, "min_interventions": args.min_interventions,
-            "rate_quantile": args.rate_quantile if row == "filtered" else None},
-            "train.finetune.judged_negative_share": args.skip_share})
+            **CLICKS, "estimator": args.estimator, "rate_quantile": RATE_QUANTILE if row == "filtered" else None},
+            "train.finetune.judged_negative_share": SKIP_SHARE})
     return cfg
 
 
@@ -207,89 +210,9 @@ def size_report(runs: dict[str, list[dict]], truth: np.ndarray, draws: int) -> d
             "estimated_curves": curves, "true_curve": truth.tolist()}
 
 
-ESTIMATORS = {"em": estimate_examination, "harvest": estimate_harvested}
-
-
-def log_curves(log: Path, truth: np.ndarray, args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """Both estimators' curves on one log with their max abs error vs the truth, or why an estimator refused."""
-    rows = [json.loads(line) for line in log.read_text().splitlines()]
-    cols = [np.array([r[k] for r in rows]) for k in ("query", "doc_id", "position", "clicked")]
-    out = {}
-    for name, estimate in ESTIMATORS.items():
-        kwargs = {"min_interventions": args.min_interventions} if name == "harvest" else {}
-        try:
-            curve: ExaminationCurve = estimate(*cols, max_rank=args.top_k, **kwargs)
-        except ValueError as error:
-            out[name] = {"error": str(error)}
-            continue
-        out[name] = {"max_abs_error": round(curve_error(curve, truth), 4), "propensity": curve.propensity,
-                     "pairs_at_several_ranks": curve.pairs_at_several_ranks}
-    return out
-
-
-def curves_report(curves: list[dict[str, dict[str, Any]]]) -> dict[str, Any]:
-    """Per estimator, the max abs errors over the seeds' logs (None where it refused one) and their mean."""
-    out = {}
-    for name in ESTIMATORS:
-        errors = [c[name].get("max_abs_error") for c in curves]
-        done = [e for e in errors if e is not None]
-        out[name] = {"max_abs_error": errors, "mean": round(float(np.mean(done)), 4) if done else None,
-                     "refused": [c[name]["error"] for c in curves if "error" in c[name]]}
-    return out
-
-
-def positive_mass(log: Path, catalog: Catalog, truth: np.ndarray, args: argparse.Namespace,
-                  threshold: float) -> dict[str, dict[str, float]]:
-    """Where each weighting puts the click positives' weight (`madr.clicks.judgments.click_judgments`, no
-    training): the share on products judged >= `threshold` and on grade-0 / unjudged ones, for naive clicks,
-    inverse-propensity weights from the estimated and from the true curve, the affine correction with the
-    click-noise floor estimated from the log and with the simulation's own, and naive and IPW weights kept to the
-    pairs the posterior rate filter allows (`madr.clicks.noise.pair_rates_above` at `--rate-quantile`)."""
-    import dataclasses
-
-    from madr.clicks.judgments import click_judgments, log_curve
-    from madr.clicks.log import read_click_log
-    from madr.clicks.noise import estimate_click_noise, likely_above
-    from madr.config import ClickLogConfig
-
-    text = {q.query_id: q.text for q in catalog.queries}
-    grade = {(text[j.query_id], j.product_id): j.relevance for j in catalog.judgments}
-    impressions = read_click_log(str(log), "impressions").impressions
-    clicks = ClickLogConfig(path=str(log), format="impressions", max_rank=args.top_k, estimator=args.estimator,
-                            min_interventions=args.min_interventions)
-    estimated = log_curve(impressions, clicks)
-    true = dataclasses.replace(estimated, propensity=[float(x) for x in truth])
-    floor = estimate_click_noise(impressions, estimated)
-    weightings = {"naive": (None, 0.0), "ipw (estimated curve)": (estimated, 0.0), "ipw (true curve)": (true, 0.0),
-                  "affine (estimated curve and floor)": (estimated, floor.epsilon),
-                  "affine (true curve and floor)": (true, args.epsilon)}
-    allowed = likely_above(impressions, estimated, args.rate_quantile)
-    filtered = {f"naive, posterior rate filter (G {args.rate_quantile:g})": (None, 0.0, allowed),
-                f"ipw (estimated curve), posterior rate filter (G {args.rate_quantile:g})": (estimated, 0.0, allowed)}
-    out: dict[str, dict[str, float]] = {"click_noise": {"estimated": floor.epsilon, "true": args.epsilon}}
-    for name, (curve, noise, keep) in ({k: (*v, None) for k, v in weightings.items()} | filtered).items():
-        positives = [j for j in click_judgments(impressions, curve, clip=args.clip, noise=noise, allowed=keep)
-                     if j.relevant]
-        w = np.array([j.weight for j in positives])
-        g = np.array([grade.get((j.query, j.doc_id), 0) for j in positives])
-        out[name] = {"relevant_share": round(float(w[g >= threshold].sum() / w.sum()), 4),
-                     "grade0_share": round(float(w[g == 0].sum() / w.sum()), 4), "positives": len(positives)}
-    return out
-
-
 def report_text(result: dict[str, Any]) -> str:
     lines = []
     for size, rep in result["sizes"].items():
-        for seed, mass in enumerate(rep.get("positive_mass", [])):
-            lines.append(f"\n{size} searches, log {seed}: the positives' weight on relevant / grade-0 products: " +
-                         "; ".join(f"{name} {m['relevant_share']:.3f} / {m['grade0_share']:.3f}"
-                                   for name, m in mass.items() if "relevant_share" in m) +
-                         f"; click-noise floor estimated {mass['click_noise']['estimated']}, true {mass['click_noise']['true']}")
-        if "curves" in rep:
-            lines.append(f"\n{size} searches, curve max abs error vs truth per seed: " + "; ".join(
-                f"{name} {c['max_abs_error']} (mean {c['mean']})" for name, c in rep["curves"].items()))
-        if "means" not in rep:
-            continue
         lines.append(f"\n{size} searches: " + ", ".join(
             f"{row} R@10 {v['recall@10']:.4f} MRR@10 {v['mrr@10']:.4f}" for row, v in rep["means"].items()))
         for name, per_metric in rep["tests"].items():
@@ -310,35 +233,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
     p.add_argument("--catalog", choices=("homedepot", "synthetic"), default="homedepot")
-    p.add_argument("--homedepot", default=str(HOMEDEPOT))
-    p.add_argument("--max-queries", type=int, default=None, help="a seeded sample of Home Depot search terms")
     p.add_argument("--synthetic-products", type=int, default=300)
     p.add_argument("--synthetic-queries", type=int, default=120)
     p.add_argument("--top-k", type=int, default=10)
     p.add_argument("--pool", type=int, default=50, help="the old ranker's candidates per query")
-    p.add_argument("--noise", type=float, default=0.5)
-    p.add_argument("--swap-share", type=float, default=0.0,
-                   help="share of searches with two shown ranks swapped (interventions, as A/B tests leave)")
-    p.add_argument("--estimator", choices=tuple(ESTIMATORS), default="em", help="the debiased row's estimator")
-    p.add_argument("--min-interventions", type=int, default=20, help="data.clicks.min_interventions (harvest)")
-    p.add_argument("--curves-only", action="store_true", help="the logs' examination curves only, no training")
-    p.add_argument("--weights-only", action="store_true", help="where each weighting puts the weight, no training")
-    p.add_argument("--eta", type=float, default=1.0)
-    p.add_argument("--epsilon", type=float, default=0.1)
-    p.add_argument("--clip", type=float, default=10.0)
-    p.add_argument("--rate-quantile", type=float, default=0.75,
-                   help="--weights-only: the posterior rate filter's quantile (data.clicks.rate_quantile)")
-    p.add_argument("--skip-share", type=float, default=0.5, help="train.finetune.judged_negative_share of click rows")
+    p.add_argument("--estimator", choices=("em", "harvest"), default="em", help="the debiased row's estimator")
     p.add_argument("--corpus-size", type=int, default=12000)
     p.add_argument("--draws", type=int, default=10000)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=str(ROOT / "runs" / "click_debias"))
     p.add_argument("--results-dir", default=str(ROOT / "benchmarks"))
-    p.add_argument("--tag", default=None, help="results name (default click_debias[_curves|_weights])")
-    args = p.parse_args(argv)
-    args.tag = args.tag or ("click_debias_curves" if args.curves_only else
-                            "click_debias_weights" if args.weights_only else "click_debias")
-    return args
+    p.add_argument("--tag", default="click_debias", help="results name")
+    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -353,29 +259,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tokenizer = prepare_tokenizer(load_config(None, {**base.to_dict(), "output_dir": str(out / "old_ranker")}),
                                   catalog)
     candidates = old_ranker_candidates(catalog, tokenizer, args.pool)
-    truth = power_law_examination(args.top_k, args.eta)
-    result: dict[str, Any] = {"args": vars(args), "sizes": {}, "runs": {}}
+    truth = power_law_examination(args.top_k, SIMULATION["eta"])
+    settings = {**SIMULATION, **CLICKS, "rate_quantile": RATE_QUANTILE, "skip_share": SKIP_SHARE,
+                "homedepot": str(HOMEDEPOT), "max_queries": None}  # the run's settings, as when they were options
+    result: dict[str, Any] = {"args": {**vars(args), **settings}, "sizes": {}, "runs": {}}
     judged: list[dict] = []
-    if "judgments" in args.rows and not (args.curves_only or args.weights_only):
+    if "judgments" in args.rows:
         for seed in args.seeds:
             cfg = run_config(base, "judgments", catalog_dir, None, out / "runs" / "judgments" / f"seed{seed}", seed,
                              args)
             judged.append(cached_run(cfg, args, None))
     for size in args.sizes:
         logs = [write_log(candidates, args, size, seed, log_path(out, args, size, seed)) for seed in args.seeds]
-        curves = curves_report([log_curves(log, truth, args) for log in logs])
-        result["sizes"][str(size)] = {"curves": curves}
-        if args.weights_only:
-            result["sizes"][str(size)]["positive_mass"] = [
-                positive_mass(log, catalog, truth, args, base.eval.relevance_threshold) for log in logs]
-        if args.curves_only or args.weights_only:
-            continue
         runs: dict[str, list[dict]] = {"judgments": judged}
         for row in (r for r in args.rows if r != "judgments"):
             runs[row] = [cached_run(run_config(base, row, catalog_dir, log, out / "runs" / row / f"n{size}" /
                                                f"seed{seed}", seed, args), args, log)
                          for seed, log in zip(args.seeds, logs, strict=True)]
-        result["sizes"][str(size)].update(size_report(runs, truth, args.draws))
+        result["sizes"][str(size)] = size_report(runs, truth, args.draws)
         result["runs"][str(size)] = {row: [{k: v for k, v in r.items() if k != "per_query"} for r in rs]
                                      for row, rs in runs.items()}
     print(report_text(result))

@@ -12,15 +12,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks.quality.aspect_models.data import EvalSet, token_lengths
+from benchmarks.quality.aspect_models.data import EvalSet
 from benchmarks.quality.aspect_models.evaluation import (
-    Encoded,
     Lists,
     aspect_accuracy,
     dense_lists,
     encode,
-    per_query_metrics,
-    run_dicts,
     top_run,
 )
 from madr.config import ExperimentConfig
@@ -35,33 +32,19 @@ from madr.search.score_fusion import (
 )
 
 
-def encode_split(model: BiEncoder, texts: list[str], side: str, bs: int, desc: str) -> Encoded:
-    """`texts` as `model` encodes them (length-sorted batches, search vectors, top-1 aspect values)."""
-    max_len = model.config.max_query_length if side == "query" else model.config.max_doc_length
-    lengths = token_lengths(model.tokenizer, model.config.prefixed(texts, side), max_len)
-    return encode(model, texts, lengths, side, bs, desc)
-
-
-def encode_splits(model: BiEncoder, splits: dict[str, EvalSet], bs: int, label: str
-                  ) -> tuple[Encoded, dict[str, tuple[np.ndarray, Encoded]]]:
-    """Every split's products encoded once (their sorted union), and {split: (its rows in it, its queries)}."""
-    texts = sorted({t for ev in splits.values() for t in ev.doc_texts})
-    row = {t: i for i, t in enumerate(texts)}
-    docs = encode_split(model, texts, "doc", bs, f"{label}: corpus")
-    return docs, {name: (np.array([row[t] for t in ev.doc_texts]),
-                         encode_split(model, ev.query_texts, "query", bs, f"{label}: {name} queries"))
-                  for name, ev in splits.items()}
-
-
 def model_lists(model: BiEncoder, splits: dict[str, EvalSet], k: int, bs: int, label: str,
                 aspects: dict[str, dict[str, float]] | None = None) -> dict[str, Lists]:
-    """Exact top-k lists of `model` per split; `aspects` (when given) receives each split's Accuracy@1."""
-    docs, queries = encode_splits(model, splits, bs, label)
+    """Exact top-k lists of `model` per split, every split's products encoded once (their sorted union);
+    `aspects` (when given) receives each split's Accuracy@1."""
+    texts = sorted({t for ev in splits.values() for t in ev.doc_texts})
+    row = {t: i for i, t in enumerate(texts)}
+    docs = encode(model, texts, "doc", bs, f"{label}: corpus")
     out = {}
-    for name, (rows, q) in queries.items():
-        out[name] = dense_lists(q.vectors, docs.vectors[torch.from_numpy(rows)], splits[name], k)
+    for name, ev in splits.items():
+        rows = np.array([row[t] for t in ev.doc_texts])
+        q = encode(model, ev.query_texts, "query", bs, f"{label}: {name} queries")
+        out[name] = dense_lists(q.vectors, docs.vectors[torch.from_numpy(rows)], ev, k)
         if aspects is not None and docs.preds:
-            ev = splits[name]
             aspects[name] = {**aspect_accuracy(model, q.preds, ev.query_aspects, "query"),
                              **aspect_accuracy(model, {a: p[rows] for a, p in docs.preds.items()}, ev.doc_aspects,
                                                "doc")}
@@ -113,11 +96,6 @@ def rrf(parts: Sequence[Lists], k: int, rrf_k: int = 60) -> Lists:
         ranks = np.argsort(np.argsort(-key, axis=1, kind="stable"), axis=1) + 1
         judged += 1.0 / (rrf_k + ranks)
     return Lists(scores, ids, np.where(np.isnan(parts[0].judged), np.nan, judged))
-
-
-def metrics_of(lists: Lists, ev: EvalSet, cfg: ExperimentConfig) -> dict[str, dict[str, float]]:
-    """{metric: {query id: value}}: retrieval metrics over the top list, re-ranking ones over the judged."""
-    return per_query_metrics(*run_dicts(lists, ev), ev, cfg)
 
 
 def weight_grid(n: int, step: float) -> list[tuple[float, ...]]:

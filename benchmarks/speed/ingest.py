@@ -1,9 +1,8 @@
-"""Read + validate + tokenise of SNLI-layout rows (3% bad): the Ray Data pipeline (`read_tokenized`, cold, warm
-and with `ray.init`) vs a single-process loop of the same functions; rows/s, CPU, peak PSS of the process tree.
-Several `--rows` make a sweep, with the size where Ray crosses the loop.
+"""Read + validate + tokenise of SNLI-layout rows (3% bad): the Ray Data pipeline (`read_tokenized`, its tasks;
+cold, warm and with `ray.init`) vs a single-process loop of the same functions; rows/s, CPU, peak PSS of the process
+tree. Several `--rows` make a sweep, with the size where Ray crosses the loop.
 
-    python -m benchmarks.speed.ingest                   # 200k rows, every mode: the reported run
-    python -m benchmarks.speed.ingest --rows 50000 200000 1000000 --modes loop ray_tasks --repeat 1 \\
+    python -m benchmarks.speed.ingest --rows 50000 200000 1000000 --repeat 1 \\
         --out benchmarks/results/ingest_sweep.json --plot benchmarks/plots/ingest_sweep.png
 """
 
@@ -14,14 +13,13 @@ import json
 import math
 import os
 import random
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from benchmarks.common import process
 from benchmarks.common.config import parser as make_parser
-from benchmarks.common.machine import load_average, machine_line, versions_line
+from benchmarks.common.machine import load_average, machine_line, run_command, versions_line
 from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.process import Interval, ProcessTree
 from benchmarks.common.results import write_json
@@ -31,7 +29,7 @@ WORDS = ("a man woman child dog cat group people two three young old red blue gr
          "street park beach field table water ball bike car shirt hat hand front outside inside together "
          "while with under over sleeping talking laughing reading music guitar camera phone picture").split()
 LABELS = ("entailment", "neutral", "contradiction")
-MODES = ("loop", "loop_threads", "ray_tasks", "ray_actors", "ray_tasks_w1")
+MODES = ("loop", "ray_tasks")
 
 
 def sentence(rng: random.Random) -> str:
@@ -59,13 +57,25 @@ def make_data(path: Path, rows: int, seed: int = 0) -> int:
     return good
 
 
-def count_tokens(table) -> int:
-    return sum(len(table.column(c).combine_chunks().values) for c in ("premise_input_ids", "hypothesis_input_ids"))
+def consume(batches, span: Interval, qdir: str) -> dict:
+    """Rows, tokens, the first batch's arrival and the quarantine of tokenised `batches`, timed over `span`."""
+    from madr.data.quarantine import read_summary
+
+    rows = tokens = 0
+    first = None
+    for batch in batches:
+        first = time.perf_counter() - span.start if first is None else first
+        rows += batch.num_rows
+        tokens += sum(len(batch.column(c).combine_chunks().values)
+                      for c in ("premise_input_ids", "hypothesis_input_ids"))
+    measured = span.result()
+    summary = read_summary(qdir)
+    return {"rows": rows, "bad": summary.num_quarantined, "tokens": tokens, **measured, "first_batch": first,
+            "balanced": summary.balanced}
 
 
 def run_loop(data: Path, tokenizer: str, window: int, max_length: int) -> dict:
     """Single process: raw line blocks -> validate_block (+ quarantine) -> tokenize_table, one at a time."""
-    from madr.data.quarantine import read_summary
     from pipelines.data.file_parts import plan_parts
     from pipelines.data.raw_files import read_part
     from pipelines.data.readers import validate_block
@@ -73,64 +83,38 @@ def run_loop(data: Path, tokenizer: str, window: int, max_length: int) -> dict:
     from pipelines.data.tokenize import SharedEncoder, tokenize_table
 
     qdir = tempfile.mkdtemp(prefix="bench_quarantine_")
-    stages = {"read": 0.0, "validate": 0.0, "tokenize": 0.0}
     with ProcessTree() as tree:
         span = Interval(tree)
-        start = time.perf_counter()
         encoder = SharedEncoder(tokenizer, max_length).get()
-        stages["load_tokenizer"] = time.perf_counter() - start
         (part,) = plan_parts("snli", str(data))
         layouts = {part.display: (part.fmt, part.header)}
-        rows = tokens = 0
-        first = None
-        t = time.perf_counter()
-        for raw in read_part(part, window):
-            t1 = time.perf_counter()
-            good = validate_block(raw, source="snli", options=SourceOptions(), layouts=layouts, quarantine_dir=qdir,
-                                  strict=False, with_origin=False)
-            t2 = time.perf_counter()
-            out = tokenize_table(good, None, "nli", encoder=encoder)
-            t3 = time.perf_counter()
-            first = t3 - start if first is None else first
-            rows += out.num_rows
-            tokens += count_tokens(out)
-            stages["read"] += t1 - t
-            stages["validate"] += t2 - t1
-            stages["tokenize"] += t3 - t2
-            t = time.perf_counter()
-        measured = span.result()
-    summary = read_summary(qdir)
-    return {"rows": rows, "bad": summary.num_quarantined, "tokens": tokens, **measured, "first_batch": first,
-            "peak_bytes": tree.peak, "balanced": summary.balanced, "stages": stages}
+
+        def batches():
+            for raw in read_part(part, window):
+                good = validate_block(raw, source="snli", options=SourceOptions(), layouts=layouts,
+                                      quarantine_dir=qdir, strict=False, with_origin=False)
+                yield tokenize_table(good, None, "nli", encoder=encoder)
+
+        out = consume(batches(), span, qdir)
+    return {**out, "peak_bytes": tree.peak}
 
 
-def _ray_pass(data: Path, tokenizer: str, args: argparse.Namespace, compute: str, workers: int,
-              tree: ProcessTree) -> dict:
-    from madr.data.quarantine import read_summary
+def _ray_pass(data: Path, tokenizer: str, args: argparse.Namespace, tree: ProcessTree) -> dict:
     from pipelines.data.readers import read_tokenized
 
     qdir = tempfile.mkdtemp(prefix="bench_quarantine_")
     span = Interval(tree)
-    split = -(-data.stat().st_size // args.ranges) if args.ranges > 1 else ("auto" if args.ranges == 0 else None)
     ds = read_tokenized("snli", str(data), tokenizer, quarantine_dir=qdir, max_length=args.max_length,
-                        compute=compute, workers=workers, rows_per_block=args.window, split_bytes=split)
-    rows = tokens = 0
-    first = None
-    for batch in ds.iter_batches(batch_size=None, batch_format="pyarrow"):
-        first = time.perf_counter() - span.start if first is None else first
-        rows += batch.num_rows
-        tokens += count_tokens(batch)
-    measured = span.result()
-    summary = read_summary(qdir)
+                        workers=args.workers, rows_per_block=args.window)  # the file split in byte ranges ("auto")
+    out = consume(ds.iter_batches(batch_size=None, batch_format="pyarrow"), span, qdir)
     stats = ds.stats()
     tasks = [ln.strip() for ln in stats.splitlines() if "tasks executed" in ln]
     detail = [ln.strip() for ln in stats.splitlines() if "tasks executed" in ln or "Remote wall" in ln
               or "Remote cpu" in ln]
-    return {"rows": rows, "bad": summary.num_quarantined, "tokens": tokens, **measured, "first_batch": first,
-            "balanced": summary.balanced, "stats": detail, "tasks": tasks}
+    return {**out, "stats": detail, "tasks": tasks}
 
 
-def run_ray(data: Path, tokenizer: str, args: argparse.Namespace, compute: str, workers: int) -> dict:
+def run_ray(data: Path, tokenizer: str, args: argparse.Namespace) -> dict:
     from pipelines.runtime import apply_ray_env
 
     apply_ray_env()  # loopback defaults and the local-provider bootstrap file
@@ -143,30 +127,28 @@ def run_ray(data: Path, tokenizer: str, args: argparse.Namespace, compute: str, 
         ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, log_to_driver=False)
         ray.data.DataContext.get_current().enable_progress_bars = False
         init = span.result()
-        cold = _ray_pass(data, tokenizer, args, compute, workers, tree)
-        warm = _ray_pass(data, tokenizer, args, compute, workers, tree)
+        cold = _ray_pass(data, tokenizer, args, tree)
+        warm = _ray_pass(data, tokenizer, args, tree)
         ray.shutdown()
     return {**cold, "warm": warm, "init": init["seconds"], "init_cpu": init["cpu"], "peak_bytes": tree.peak}
 
 
 def child(args: argparse.Namespace) -> None:
-    os.environ["TOKENIZERS_PARALLELISM"] = "true" if args.mode == "loop_threads" else "false"
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     import madr.modeling.tokenization  # noqa: F401 - imports (transformers, torch: seconds) are not timed, for every mode
     import pipelines.data.readers  # noqa: F401
-    if args.mode.startswith("loop"):
+    if args.mode == "loop":
         out = run_loop(Path(args.data), args.tokenizer, args.window, args.max_length)
     else:
-        compute = "actors" if args.mode == "ray_actors" else "tasks"
-        workers = 1 if args.mode.endswith("_w1") else args.workers
-        out = run_ray(Path(args.data), args.tokenizer, args, compute, workers)
+        out = run_ray(Path(args.data), args.tokenizer, args)
     process.print_result(out)
 
 
 def spawn(mode: str, args: argparse.Namespace, data: Path, tok: str) -> dict:
     quiet = process.wait_quiet(args.quiet_below, args.quiet_wait) if args.quiet_wait > 0 else None
     cmd = [*process.module_command(__spec__.name), "--child", mode, "--data", str(data), "--tokenizer", tok,
-           "--window", str(args.window), "--max-length", str(args.max_length), "--ranges", str(args.ranges),
-           "--workers", str(args.workers), "--ray-worker-niceness", str(args.ray_worker_niceness)]
+           "--window", str(args.window), "--max-length", str(args.max_length), "--workers", str(args.workers),
+           "--ray-worker-niceness", str(args.ray_worker_niceness)]
     return {**process.child_result(cmd), "others_before": quiet}
 
 
@@ -207,27 +189,17 @@ def report(mode: str, runs: list[dict], good: int) -> dict:
                  f"{warm['others_cores']:.2f} cores; cold + ray.init: {good / best['with_init_seconds']:,.0f} rows/s "
                  f"(ray.init {best['init_best']:.1f} s)")
         line += "".join(f"\n{'':<15}{s}" for s in warm["stats"])
-    if "stages" in best:
-        line += f"\n{'':<13} stages (s): " + ", ".join(f"{k} {v:.2f}" for k, v in best["stages"].items())
     print(line, flush=True)
     return best
 
 
-def ratios(results: dict[str, dict], args: argparse.Namespace) -> dict[str, float]:
-    """Throughput of each Ray figure over each loop's (>1: Ray is faster), and the 1 -> N worker scaling."""
-    out: dict[str, float] = {}
-    for base in ("loop", "loop_threads"):
-        for mode in [m for m in results if m.startswith("ray")]:
-            if base not in results:
-                continue
-            b = results[base]["seconds"]
-            out[f"{mode}/{base} cold"] = b / results[mode]["seconds"]
-            out[f"{mode}/{base} warm"] = b / results[mode]["warm_best"]["seconds"]
-            out[f"{mode}/{base} cold+init"] = b / results[mode]["with_init_seconds"]
-    if "ray_tasks" in results and "ray_tasks_w1" in results:
-        one, many = results["ray_tasks_w1"]["warm_best"]["seconds"], results["ray_tasks"]["warm_best"]["seconds"]
-        out[f"ray_tasks {args.workers} workers / 1 worker warm"] = one / many
-    return out
+def ratios(results: dict[str, dict]) -> dict[str, float]:
+    """Throughput of each Ray figure over the loop's (>1: Ray is faster)."""
+    if not {"loop", "ray_tasks"} <= set(results):
+        return {}
+    b, ray = results["loop"]["seconds"], results["ray_tasks"]
+    return {"ray_tasks/loop cold": b / ray["seconds"], "ray_tasks/loop warm": b / ray["warm_best"]["seconds"],
+            "ray_tasks/loop cold+init": b / ray["with_init_seconds"]}
 
 
 def crossings(sizes: list[int], per_size: dict[int, dict[str, dict]]) -> dict[str, float | None]:
@@ -278,9 +250,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[200_000], help="one size, or several (a sweep)")
     parser.add_argument("--window", type=int, default=2048, help="rows per validate/tokenise call")
     parser.add_argument("--max-length", type=int, default=64)
-    parser.add_argument("--ranges", type=int, default=0,
-                        help="0: the reader's split_bytes='auto' (default); N > 1: N byte ranges; 1: the file whole")
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="Ray tasks/actors")
+    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="Ray tasks")
     parser.add_argument("--repeat", type=int, default=2, help="runs of each contender (best is reported)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     process.add_ray_niceness_arg(parser)
@@ -311,7 +281,7 @@ def main() -> None:
     rng = random.Random(1)
     train_wordpiece_tokenizer([sentence(rng) for _ in range(5000)], vocab_size=2000, out_dir=str(work / "tok"))
     print(f"data: {', '.join(f'{n:,}' for n in sizes)} rows, SNLI-layout JSONL, one file each; window {args.window}, "
-          f"max_length {args.max_length}, {'auto split' if args.ranges == 0 else f'{args.ranges} byte ranges'}, "
+          f"max_length {args.max_length}, auto split, "
           f"{args.workers} workers, Ray worker niceness {args.ray_worker_niceness}; setup "
           f"{time.perf_counter() - t:.1f} s", flush=True)
     per_size: dict[int, dict[str, dict]] = {}
@@ -329,7 +299,7 @@ def main() -> None:
         results = {mode: report(mode, r, good) for mode, r in runs.items()}
         assert len({r["tokens"] for r in results.values()}) == 1, "every contender must produce the same tokens"
         per_size[n] = results
-        all_ratios[n] = ratios(results, args)
+        all_ratios[n] = ratios(results)
         for key, value in all_ratios[n].items():
             print(f"{key}: {value:.2f}x")
     load_after = load()
@@ -345,7 +315,7 @@ def main() -> None:
             print(f"plot: {args.plot}")
     if args.out:
         write_json(args.out, {
-            "command": " ".join(sys.argv), "machine": info, "load_before": load_before, "load_after": load_after,
+            "command": run_command(__spec__.name), "machine": info, "load_before": load_before, "load_after": load_after,
             "args": {k: v for k, v in vars(args).items() if k not in ("child", "data", "tokenizer")},
             "results": {str(n): per_size[n] for n in sizes}, "ratios": {str(n): all_ratios[n] for n in sizes},
             "crossing_rows": cross})

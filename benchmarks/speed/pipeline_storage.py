@@ -6,7 +6,6 @@ server on loopback): the stages' sync cost.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
@@ -17,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from benchmarks.common.config import parser
+from benchmarks.common.results import write_json
 from pipelines.jobs import cli, markers
 from tests.cluster.test_pipeline_s3 import STAGES, s3_experiment
 from tests.s3_server import CREDENTIALS, create_bucket, moto_server
@@ -56,15 +57,14 @@ def measure(stages: str) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = parser(__spec__.name, __doc__)
     p.add_argument("--stages", default=STAGES, help=f"comma-separated stages (default {STAGES})")
     p.add_argument("--out", default=None, help="write the JSON here too")
     args = p.parse_args(argv)
     results = measure(args.stages)
-    text = json.dumps(results, indent=1)
-    print(text)
+    print(json.dumps(results, indent=1))
     if args.out:
-        Path(args.out).write_text(text + "\n")
+        write_json(args.out, results)
     return 0
 
 

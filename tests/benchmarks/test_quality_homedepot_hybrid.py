@@ -2,7 +2,7 @@
 `homedepot:` section): BM25 on two tokenizers, two untrained references and their fusions tuned on dev, BiBERT and
 MADRAL (Presence Weighting) fine-tuned with 2 seeds, alone and fused with BM25, paired tests, the per-row list
 cache a rerun resumes from (nothing recomputed; only the trained rows after a training change; only what a stop
-lost), the dev learning curve (an observer: the same lists with or without it) and the test aspect Accuracy@1.
+lost) and the test aspect Accuracy@1.
 
 The session's synthetic catalog is written in the `data.catalog_dir` layout; random 2-layer BERTs saved with the
 session's WordPiece stand in for all-MiniLM ("minilm") and multilingual-e5-small ("e5", also the trained rows'
@@ -25,7 +25,6 @@ import torch
 import yaml
 
 from benchmarks.quality import homedepot_hybrid as bench
-from benchmarks.quality.aspect_models.rows import ROWS as ROW_LABELS
 from benchmarks.quality.fusion_lists import weight_grid
 from tests.benchmarks.tiny_backbone import save_tiny_bert
 
@@ -79,8 +78,6 @@ def user_config(catalog, tokenizer, tmp_path_factory) -> Path:
             "draws": 200,
             "encode_batch_size": 64,
             "save_models": ["madral_pw"],
-            "curve_every": 2,
-            "curve_seeds": [0],
             "pretrain_frozen_backbone": True,
         },
         "name": "tiny_hybrid",
@@ -158,8 +155,8 @@ def _json(value) -> str:
 
 
 def _kept(config: Path) -> tuple[dict[str, dict], dict[str, dict[str, np.ndarray]]]:
-    """What the output dir keeps of each trained row now: its info (training, test aspect Accuracy@1, dev curve)
-    and its lists."""
+    """What the output dir keeps of each trained row now: its info (training, test aspect Accuracy@1) and its
+    lists."""
     lists = Path(yaml.safe_load(config.read_text())["output_dir"]) / "lists"
     trained = [k for k in LISTED if "@" in k]
     info = {k: json.loads((lists / f"{k}.info.json").read_text()) for k in trained}
@@ -174,7 +171,7 @@ def _kept(config: Path) -> tuple[dict[str, dict], dict[str, dict[str, np.ndarray
 def runs(user_config, tmp_path_factory) -> dict:
     """In this order (they share the output dir and its list cache): the first run; the same command again;
     one with another fine-tuning learning rate; and that one resumed after a stop that lost MADRAL's seed-1
-    lists, with the curve on seed 1 instead of 0 and BiBERT's models to save as well."""
+    lists, with BiBERT's models to save as well."""
     out = tmp_path_factory.mktemp("out")
     lr = "train.finetune.learning_rate=2.0e-3"
     runs = {
@@ -186,9 +183,7 @@ def runs(user_config, tmp_path_factory) -> dict:
     runs["kept"] = _kept(user_config)
     lists = Path(yaml.safe_load(user_config.read_text())["output_dir"]) / "lists"
     (lists / "madral_pw@1.npz").unlink()
-    runs["resumed"] = _main(
-        user_config, out, "resumed", lr, "bench.curve_seeds=[1]", "bench.save_models=[madral_pw, bibert]"
-    )
+    runs["resumed"] = _main(user_config, out, "resumed", lr, "bench.save_models=[madral_pw, bibert]")
     return runs
 
 
@@ -210,9 +205,7 @@ def test_the_table_has_every_reference_fusion_and_trained_row(runs, user_config,
     assert all(v == 0 for v in result["std"]["e5"].values()), "a reference has no seed"
     saved = json.loads((runs["out"] / "results" / "first.json").read_text())
     assert set(saved["mean"]) == ROWS and saved["seeds"] == SEEDS
-    assert (runs["out"] / "plots" / "first.png").is_file() and (
-        runs["out"] / "plots" / "first_curve.png"
-    ).is_file()
+    assert (runs["out"] / "plots" / "first.png").is_file()
     assert "Traceback" not in printed
 
 
@@ -285,13 +278,13 @@ def test_a_second_run_recomputes_nothing(runs):
     assert set(first["seconds"]) == set(again["seconds"]) == set(LISTED), sorted(first["seconds"])
     assert all(first["seconds"][k] > 0 for k in LISTED), first["seconds"]
     assert all(again["seconds"][k] == 0.0 for k in LISTED), again["seconds"]
-    assert printed.count("(kept)") == len(LISTED) and "curve " not in printed, printed[-3000:]
+    assert printed.count("(kept)") == len(LISTED), printed[-3000:]
     assert all(f"{labels[k].split(',')[0]}" in printed for k in LISTED)
     assert (
         again["mean"] == first["mean"] and again["std"] == first["std"] and again["tests"] == first["tests"]
     )
     assert _fusions(again) == _fusions(first), "same lists, same tuned weights"
-    for seed in SEEDS:  # the kept training info (curve, aspect accuracy) comes back with the kept lists
+    for seed in SEEDS:  # the kept training info (aspect accuracy) comes back with the kept lists
         assert _json(again["training"][seed]) == _json(first["training"][seed]), seed
 
 
@@ -318,11 +311,10 @@ def test_a_changed_training_setting_retrains_only_the_trained_rows(runs):
     assert retrained["config"]["train"]["finetune"]["learning_rate"] == 2.0e-3
 
 
-def test_a_stopped_run_resumes_and_the_curve_only_observes(runs, user_config):
+def test_a_stopped_run_resumes(runs, user_config):
     """A lost list (a run stopped before keeping it) and a model to save that the kept run did not save are
-    computed again, nothing else. Trained again with the same seed they are the very same lists, with a curve
-    where there was none and none where there was one: a dev point changes no weight and no random draw, also
-    while MADRAL pretrains on the memoised backbone."""
+    computed again, nothing else. Trained again with the same seed they are the very same lists, also while
+    MADRAL pretrains on the memoised backbone."""
     (retrained, _), (resumed, printed) = runs["retrained"], runs["resumed"]
     redone = {"madral_pw@1", "bibert@0", "bibert@1"}  # BiBERT: kept lists, but no model was saved
     assert {k for k in LISTED if resumed["seconds"][k] > 0} == redone, resumed["seconds"]
@@ -341,32 +333,16 @@ def test_a_stopped_run_resumes_and_the_curve_only_observes(runs, user_config):
     assert not any((run / f"seed{s}" / "bibert" / "model" / "aspect_calibration.json").exists() for s in SEEDS)
     fitted = info["madral_pw@1"]["calibration"]
     assert fitted and all(r["nll_after"] <= r["nll_before"] and r["temperature"] > 0 for r in fitted.values())
-    curves = {k: [(p["stage"], p["step"]) for p in v["curve"]] for k, v in info.items()}
-    assert curves["madral_pw@1"] == curves["madral_pw@0"] and len(curves["madral_pw@0"]) == 5, curves
-    assert curves["bibert@1"] == [("start", 0), ("finetune", 2), ("finetune", 4)] and curves["bibert@0"] == []
 
 
-def test_the_curve_and_the_test_aspect_accuracy(runs, user_config):
-    """Dev points every 2 steps of each stage of seed 0 (`bench.curve_seeds`), after one before training;
-    MADRAL pretrains (aspect losses only), BiBERT has nothing to pretrain; test aspect Accuracy@1 for MADRAL."""
-    result, printed = runs["retrained"]
+def test_the_training_info_and_the_test_aspect_accuracy(runs, user_config):
+    """MADRAL pretrains (aspect losses only), BiBERT has nothing to pretrain; test aspect Accuracy@1 for MADRAL."""
+    result, _ = runs["retrained"]
     kept = runs["kept"][0]  # what the output dir kept after it
-    stages = {
-        "bibert": [("start", 0), ("finetune", 2), ("finetune", 4)],
-        "madral_pw": [("start", 0), ("pretrain", 2), ("pretrain", 4), ("finetune", 2), ("finetune", 4)],
-    }
-    for row, want in stages.items():
+    for row in TRAINED:
         info = kept[f"{row}@0"]
         assert _json(info) == _json(result["training"][0][row]), row
-        points = info["curve"]
-        assert [(p["stage"], p["step"]) for p in points] == want, (row, points)
-        for p in points:
-            assert 0.0 <= p["recall@10"] <= 1.0 and 0.0 <= p["mrr@10"] <= 1.0, p
-        accs = [k for p in points for k in p if "_acc@1_" in k]
-        assert bool(accs) == (row == "madral_pw"), (row, accs)
-        assert kept[f"{row}@1"]["curve"] == [], "seed 1 is not in bench.curve_seeds"
         assert info["finetune"]["steps"] == 4 and ("pretrain" in info) == (row == "madral_pw"), info
-        assert printed.count(f"curve {ROW_LABELS[row][0]} seed 0 ") == len(want), printed[-3000:]
     madral, bibert = kept["madral_pw@0"], kept["bibert@0"]
     assert madral["pretrain"]["steps"] == 4 and math.isfinite(madral["pretrain"]["final_loss"])
     test_acc = madral["aspects"]["test"]
@@ -385,21 +361,13 @@ def test_the_curve_and_the_test_aspect_accuracy(runs, user_config):
 
 def test_a_bad_bench_setting_fails_naming_the_file(user_config, tmp_path):
     cfg = yaml.safe_load(user_config.read_text())
-    cfg["bench"]["curve_evry"] = 2
+    cfg["bench"]["save_model"] = ["bibert"]
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(cfg))
-    with pytest.raises(SystemExit, match=re.escape(f"{bad}: unknown bench key(s) ['curve_evry']")):
+    with pytest.raises(SystemExit, match=re.escape(f"{bad}: unknown bench key(s) ['save_model']")):
         _main(bad, tmp_path, "bad")
     with pytest.raises(SystemExit, match=re.escape(f"{user_config}: unknown bench key(s) ['tune']")):
         _main(user_config, tmp_path, "bad", "bench.tune=1")
-    # the curve reads the model when a stage logs (every train.<stage>.log_every = 2 steps): 3 would lose it
-    with pytest.raises(
-        SystemExit,
-        match=re.escape(
-            f"{user_config}: bench.curve_every (3) must be a multiple of train.pretrain.log_every (2)"
-        ),
-    ):
-        _main(user_config, tmp_path, "bad", "bench.curve_every=3")
     assert not (tmp_path / "results").exists(), "nothing ran"
 
 

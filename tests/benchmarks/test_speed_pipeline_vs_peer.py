@@ -45,7 +45,7 @@ def test_fuse_matches_madr_weighted_fusion():
     """The peer's few lines of fusion rank as madr.search.score_fusion.weighted_fusion does."""
     import numpy as np
 
-    from benchmarks.speed.pipeline_vs_peer import fuse
+    from benchmarks.common.peer import fuse
     from madr.search.score_fusion import weighted_fusion
 
     rng = np.random.default_rng(0)

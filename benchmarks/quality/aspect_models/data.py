@@ -70,8 +70,3 @@ class EvalSet:
                    [q.aspects for q in queries], qrels,
                    [np.array([row[pid] for pid in qrels[q.query_id]], dtype=np.int64) for q in queries])
 
-
-def token_lengths(tokenizer, texts: list[str], max_length: int) -> np.ndarray:
-    """Word-piece lengths (truncated): encoding in length order wastes little on padding."""
-    ids = tokenizer(texts, add_special_tokens=True, truncation=True, max_length=max_length)["input_ids"]
-    return np.array([len(x) for x in ids])

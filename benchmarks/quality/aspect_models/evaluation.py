@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 
 from benchmarks.quality.aspect_models.data import EvalSet
 from madr.config import ExperimentConfig
-from madr.metrics import evaluate
+from madr.metrics import aspect_accuracy_at_1, evaluate
 from madr.modeling.batching import model_device
 from madr.modeling.model import BiEncoder, objective_keys
 from madr.search.sparse.bm25 import BM25Index
@@ -29,11 +29,14 @@ class Encoded:
 
 
 @torch.no_grad()
-def encode(model: BiEncoder, texts: list[str], lengths: np.ndarray, side: str, batch_size: int,
-           desc: str) -> Encoded:
-    """`texts` encoded in length order: search vectors and the top-1 phrase value of each predicted aspect."""
+def encode(model: BiEncoder, texts: list[str], side: str, batch_size: int, desc: str) -> Encoded:
+    """`texts` as `model` encodes them, in batches of similar word-piece length (little padding): search vectors
+    and the top-1 phrase value of each predicted aspect."""
     model.eval()
     device = model_device(model)
+    max_len = model.config.max_query_length if side == "query" else model.config.max_doc_length
+    lengths = [len(x) for x in model.tokenizer(model.config.prefixed(texts, side), add_special_tokens=True,
+                                               truncation=True, max_length=max_len)["input_ids"]]
     keys = [k for k, _, g in objective_keys(model.config) if g == "phrase"]
     order = np.argsort(lengths, kind="stable")
     emb = torch.empty(len(texts), model.embedding_dim)
@@ -107,33 +110,27 @@ def top_run(scores: np.ndarray, ids: np.ndarray, ev: EvalSet) -> dict[str, dict[
             for qid, srow, irow in zip(ev.query_ids, scores, ids, strict=True)}
 
 
-def run_dicts(lists: Lists, ev: EvalSet) -> tuple[dict, dict]:
-    """(top-k run over the corpus, judged-products run) of `lists` as {query id: {product id: score}}."""
-    run = top_run(lists.scores, lists.ids, ev)
+def metrics_of(lists: Lists, ev: EvalSet, cfg: ExperimentConfig) -> dict[str, dict[str, float]]:
+    """{metric: {query id: value}}: retrieval metrics over the top list, re-ranking ones over the judged."""
+    e = cfg.eval
     rerank = {qid: {ev.product_ids[i]: float(s) for i, s in zip(j, lists.judged[qi, :len(j)], strict=True)}
               for qi, (qid, j) in enumerate(zip(ev.query_ids, ev.judged, strict=True))}
-    return run, rerank
-
-
-def per_query_metrics(run: dict, rerank: dict, ev: EvalSet, cfg: ExperimentConfig) -> dict[str, dict[str, float]]:
-    """{metric: {query id: value}}: retrieval metrics over the corpus run, re-ranking metrics over the judged."""
-    e = cfg.eval
-    out = evaluate(run, ev.qrels, e.retrieval_metrics, relevance_threshold=e.relevance_threshold, gains=e.gains,
-                   per_query=True)
+    out = evaluate(top_run(lists.scores, lists.ids, ev), ev.qrels, e.retrieval_metrics,
+                   relevance_threshold=e.relevance_threshold, gains=e.gains, per_query=True)
     out.update(evaluate(rerank, ev.qrels, e.rerank_metrics, relevance_threshold=e.relevance_threshold,
                         gains=e.gains, per_query=True))
     return out
 
 
 def aspect_accuracy(model: BiEncoder, preds: dict[str, np.ndarray], aspects: list[dict], side: str) -> dict:
-    """Accuracy@1 of the top phrase value per aspect over the items with an annotation in the vocabulary."""
+    """Accuracy@1 (`madr.metrics.aspect_accuracy_at_1`) of the top phrase value per aspect over the items with an
+    annotation in the vocabulary."""
     out = {}
     for key, aspect, _ in [x for x in objective_keys(model.config) if x[2] == "phrase"]:
         voc = model.vocabularies.get(aspect, "phrase")
         gold = [set(voc.encode(a.get(aspect, []))) for a in aspects]
-        rows = [i for i, g in enumerate(gold) if g]
-        if rows:
-            out[f"{side}_acc@1_{aspect}"] = float(np.mean([int(preds[key][i]) in gold[i] for i in rows]))
+        if any(gold):
+            out[f"{side}_acc@1_{aspect}"] = aspect_accuracy_at_1(preds[key].tolist(), gold)
     return out
 
 
@@ -142,11 +139,10 @@ def majority_accuracy(vocabularies, aspects: list[str], train: list[dict], items
     out = {}
     for aspect in aspects:
         voc = vocabularies.get(aspect, "phrase")
-        counts = np.bincount([i for a in train for i in voc.encode(a.get(aspect, []))], minlength=1)
+        most = int(np.bincount([i for a in train for i in voc.encode(a.get(aspect, []))], minlength=1).argmax())
         gold = [set(voc.encode(a.get(aspect, []))) for a in items]
-        rows = [g for g in gold if g]
-        if rows:
-            out[f"{side}_acc@1_{aspect}"] = float(np.mean([int(counts.argmax()) in g for g in rows]))
+        if any(gold):
+            out[f"{side}_acc@1_{aspect}"] = aspect_accuracy_at_1([most] * len(gold), gold)
     return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -56,14 +56,12 @@ def model_config(cfg: ExperimentConfig, key: str):
 
 
 def train_row(key: str, cfg: ExperimentConfig, catalog: Catalog, tokenizer, vocab, seed: int,
-              freeze_embeddings: bool, freeze_layers: int = 0,
-              on_log: Callable[[BiEncoder, str, int, dict], None] | None = None,
-              pretrain_frozen: bool = False, pretrain_frozen_params: Sequence[str] = (),
-              device: str | torch.device = "cpu") -> tuple[BiEncoder, dict]:
+              freeze_embeddings: bool, freeze_layers: int = 0, pretrain_frozen: bool = False,
+              pretrain_frozen_params: Sequence[str] = (), device: str | torch.device = "cpu") -> tuple[BiEncoder, dict]:
     """Row `key` built with torch seeded by `seed` (the word embeddings and lowest `freeze_layers` frozen), then
-    pretrained (when `stage_runs`) and fine-tuned; `on_log(model, stage, step, losses)` every `log_every` steps.
-    `pretrain_frozen`: the backbone (and `pretrain_frozen_params`) frozen while pretraining, the heads on memoised
-    token states (not MUR / MURAL: their aspect tokens enter the backbone)."""
+    pretrained (when `stage_runs`) and fine-tuned. `pretrain_frozen`: the backbone (and `pretrain_frozen_params`)
+    frozen while pretraining, the heads on memoised token states (not MUR / MURAL: their aspect tokens enter the
+    backbone)."""
     mcfg = model_config(cfg, key)
     torch.manual_seed(seed)
     model = build_catalog_model(mcfg, catalog, tokenizer, vocab).to(device)
@@ -71,18 +69,15 @@ def train_row(key: str, cfg: ExperimentConfig, catalog: Catalog, tokenizer, voca
     freeze_backbone(model, freeze_embeddings, freeze_layers)
     stages = {kind: stage_config(cfg, key, kind) for kind in ("pretrain", "finetune")}
     sampler = catalog_sampler(catalog, stages["finetune"], tokenizer, seed)
-    if on_log is not None:
-        on_log(model, "start", 0, {})
     history = {}
     for kind, stage in stages.items():
         if stage_runs(kind, stage, mcfg):
-            hook = None if on_log is None else (lambda step, rec, kind=kind: on_log(model, kind, step, rec))
             with contextlib.ExitStack() as frozen:
                 if kind == "pretrain":
                     frozen.enter_context(backbone_frozen(model, pretrain_frozen, pretrain_frozen_params))
                     if pretrain_frozen and not mcfg.uses_granularities:  # heads only, on cached token states
                         frozen.enter_context(memoised_backbones(model))
-                history[kind] = train_stage(model, sampler, stage, kind, seed=seed, on_log=hook)
+                history[kind] = train_stage(model, sampler, stage, kind, seed=seed)
     info = {kind: {"steps": len(h), "final_loss": float(np.mean([r["loss"] for r in h[-20:]]))}
             for kind, h in history.items()}
     info["parameters"] = sum(p.numel() for p in model.parameters())
