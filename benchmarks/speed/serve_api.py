@@ -122,16 +122,17 @@ def start_plain(manifest: Path, port: int, nprobe: int | None) -> subprocess.Pop
 LATENCY_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
 
 
-def start_serve(manifest: Path, port: int, topologies: list[str], direct: bool = False,
+def start_serve(manifest: Path, port: int, topologies: list[str], direct: bool = False, num_cpus: int = 2,
                 **settings) -> dict[str, str]:
     """The `topologies`' apps (`ServeSettings` fields `settings`) in one Serve instance on `port` ({topology: base
-    URL}); `direct`: also the co-located replica on its own port (Ray started in Serve's throughput mode)."""
+    URL}) of a Ray with `num_cpus`; `direct`: also the co-located replica on its own port (Ray started in Serve's
+    throughput mode)."""
     import ray
 
     from serve.app import run_local
     from serve.config import ServeSettings
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     urls = {}
     for topology in topologies:
