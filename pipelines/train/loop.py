@@ -187,6 +187,17 @@ def restore(engine: Engine) -> Position | None:
     return pos
 
 
+def _report_end(engine: Engine, module: StageModule, spec: JobSpec, teacher: BiEncoder | None, pos: Position,
+                rank: int, base: dict[str, Any], validator: Validator | None) -> None:
+    """Report a restored finished run's last step again, with its validation and a checkpoint of its model, so
+    that the driver exports the model and writes the stage's history from this report: a rerun after the stage's
+    output was deleted (but not its Ray Train run) gives the model back without training again."""
+    metrics = {**base, **pos.to_dict(), **(validator(module) if validator else {})}
+    checkpoint, tmp = save_checkpoint(engine, spec, teacher, pos, rank)
+    ray.train.report(metrics, checkpoint=checkpoint)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
 def maybe_fail(spec: JobSpec, cfg: ExperimentConfig, rank: int, step: int) -> None:
     """Failure drill: `distributed.fail_rank` SIGKILLs itself once, after reporting `fail_at_step`."""
     d = distributed_config(cfg)
@@ -233,6 +244,8 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             "rank": rank, "pid": os.getpid(), "node": ray.get_runtime_context().get_node_id()}
     if pos.step == 0:
         ray.train.report({**base, **pos.to_dict(), **(validator(module) if validator else {})})
+    elif pos.step >= stage.steps:  # a finished run restored (its stage directory deleted since): report its end again
+        _report_end(engine, module, spec, teacher, pos, rank, {**base, "resumed": True}, validator)
     clock, rows = time.perf_counter(), 0
     while pos.step < stage.steps:
         step = pos.step

@@ -14,6 +14,7 @@ things at once because a fit costs 15-25 s here.
 from __future__ import annotations
 
 import json
+import shutil
 import struct
 from pathlib import Path
 
@@ -105,6 +106,16 @@ def test_pretrain_job(ray_local, out_dir):
     model = BiEncoder.load(result.model_dir)
     emb = model.encode_texts(["red running shoes", "walnut desk"], "query")
     assert emb.shape == (2, 16) and torch.isfinite(emb).all()
+
+    # the stage's output deleted but not its Ray Train run: a rerun restores the finished run and exports its model
+    # again without training (one report of its last step, with validation), the curves plotted from that report
+    trained = model.state_dict()
+    shutil.rmtree(Path(cfg.output_dir) / "pretrain")
+    again = run_stage(cfg, "pretrain")
+    assert [(r["step"], r["resumed"]) for r in _history(again.log_dir, all=True)] == [(10, True)]
+    assert "val_loss" in _history(again.log_dir)[0] and Path(again.plot).is_file()
+    restored = BiEncoder.load(again.model_dir).state_dict()
+    assert all(torch.equal(restored[k], trained[k]) for k in trained)
 
 
 def test_finetune_job_survives_a_killed_worker(ray_local, out_dir):
