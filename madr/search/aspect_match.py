@@ -184,11 +184,14 @@ def condition_mask(docs: AspectTable, condition: Condition) -> np.ndarray:
 
 def apply_condition(scores: np.ndarray, ids: np.ndarray, mask: np.ndarray, mode: str) -> tuple[np.ndarray, np.ndarray]:
     """One query's ranked candidates after ``filter`` (matching only) or ``boost`` (matching first, each group in
-    the given order)."""
+    the given order). Boosted candidates' scores are raised above every other candidate's (by the score range + 1),
+    so the returned scores order the ranking (a run file's reader, or an API client, that sorts by score gets it)."""
     if mode not in ASPECT_FILTER_MODES:
         raise ValueError(f"aspect_filter.mode must be one of {', '.join(ASPECT_FILTER_MODES)}, got {mode!r}")
     if mode == "filter":
         return scores[mask], ids[mask]
+    if scores.size:
+        scores = np.where(mask, scores + (scores.max() - scores.min()) + 1.0, scores)
     order = np.concatenate([np.flatnonzero(mask), np.flatnonzero(~mask)])
     return scores[order], ids[order]
 
@@ -197,8 +200,7 @@ def predicted_filter(base: TopK, query: AspectTable, store: AspectStore, min_con
                      k: int) -> TopK:
     """Per query, the base candidates filtered / boosted (``apply_condition``) by the query's own predicted values
     of confidence >= ``min_confidence`` (``predicted_condition``), cut to ``k`` and padded; a query with no such
-    value keeps its ranking. Boosted candidates' scores are raised above every other candidate's (by the score
-    range + 1), so the scores order the ranking as a run file's reader sorts it."""
+    value keeps its ranking."""
     scores, ids = np.asarray(base[0], dtype=np.float64), np.asarray(base[1], dtype=np.int64)
     rows = []
     for q in range(ids.shape[0]):
@@ -206,10 +208,7 @@ def predicted_filter(base: TopK, query: AspectTable, store: AspectStore, min_con
         s, i = scores[q][live], ids[q][live]
         condition = predicted_condition(query, q, min_confidence, store)
         if condition and i.size:
-            mask = condition_mask(store.lookup(i), condition)
-            if mode == "boost":
-                s = np.where(mask, s + (s.max() - s.min()) + 1.0, s)
-            s, i = apply_condition(s, i, mask, mode)
+            s, i = apply_condition(s, i, condition_mask(store.lookup(i), condition), mode)
         rows.append((s[:k], i[:k]))
     return pad_rows(rows, k)
 

@@ -85,6 +85,7 @@ def test_aspect_weight_filter_boost_and_explain(aspect_index):
         b_ids = [h["id"] for h in boosted["results"]]
         n = min(len(kept_ids), K)
         assert b_ids[:n] == kept_ids[:n] and len(b_ids) == K
+        assert np.all(np.diff([h["score"] for h in boosted["results"]]) <= 1e-9)  # scores in ranking order
         assert brand not in _top_brand(store, b_ids[n:])
         # the query's own predicted values above a confidence
         pred = _search(url, query=query, aspect_filter={"mode": "filter", "min_confidence": 0.01}).json()

@@ -112,8 +112,10 @@ def test_filter_keeps_matching_products_only_and_boost_reorders(aspect_index):
     known = {i: {"brand": ["Acme" if b == 0 else "Zeta"]} for i, b in enumerate([0, 1, 0, 1, 1, 0])}
     assert filter_precision(kept, known, {"brand": ["acme"]}) == 1.0
     assert filter_precision(ids, known, {"brand": ["acme"]}) == 0.5
-    _, boosted = apply_condition(scores, ids, mask, "boost")
+    lifted, boosted = apply_condition(scores, ids, mask, "boost")
     assert boosted.tolist() == [0, 2, 5, 1, 3, 4]
+    assert np.all(np.diff(lifted) < 0), lifted  # the scores order the ranking: matching ones lifted above the rest
+    np.testing.assert_allclose(lifted[3:], scores[[1, 3, 4]])
     with pytest.raises(ValueError, match="aspects.brand"):
         store.condition({"brand": ["nike"]})
     with pytest.raises(ValueError, match="aspects.size"):
