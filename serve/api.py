@@ -49,7 +49,7 @@ from madr.search.aspect_match import (
 from madr.search.params import SearchParams
 from madr.search.sharded import candidate_pool
 from madr.search.timing import stage
-from madr.serve_config import ASPECT_MIN_CONFIDENCE
+from madr.serve_config import ASPECT_FILTER_MODES, ASPECT_MIN_CONFIDENCE
 from serve.backend import (
     Backend,
     BackendBadRequest,
@@ -115,7 +115,7 @@ class AspectFilter(BaseModel):
     query's own predicted values whose confidence (presence * calibrated probability) is >= `min_confidence`."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    mode: Literal["filter", "boost"] = "filter"
+    mode: Literal[ASPECT_FILTER_MODES] = "filter"  # type: ignore[valid-type]
     min_confidence: float = Field(ASPECT_MIN_CONFIDENCE, gt=0.0, le=1.0)
 
 
