@@ -45,16 +45,15 @@ from torch import nn
 
 from madr.modeling.model import BiEncoder
 from madr.search.query_encoder import LeanQueryEncoder
+from madr.serve_config import ENCODER_BACKENDS, ENCODER_PRECISIONS
 
-PRECISIONS = ("fp32", "int8")
-BACKENDS = ("torch", "onnx")
 ONNX_OPS = ("MatMul",)  # what the ONNX graph's Linear layers are; Gather (the word table) stays float
 
 
 def check_precision(precision: str) -> str:
-    """`precision` if it is one of `PRECISIONS`, else a ValueError naming them."""
-    if precision not in PRECISIONS:
-        raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+    """`precision` if it is one of `ENCODER_PRECISIONS`, else a ValueError naming them."""
+    if precision not in ENCODER_PRECISIONS:
+        raise ValueError(f"precision must be one of {', '.join(ENCODER_PRECISIONS)}, got {precision!r}")
     return precision
 
 
@@ -193,7 +192,7 @@ def int8_encoder(
     if backend == "torch":
         return Int8QueryEncoder(model, term_ids, side, batch_size, per_channel)
     if backend != "onnx":
-        raise ValueError(f"int8 encoder backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+        raise ValueError(f"int8 encoder backend must be one of {', '.join(ENCODER_BACKENDS)}, got {backend!r}")
     if term_ids is not None:
         raise ValueError(
             "the ONNX int8 encoder projects onto the whole vocabulary (term_ids needs backend 'torch')"
