@@ -4,7 +4,7 @@ demo:  ## run the main job end to end on embedded defaults
 	bash scripts/demo.sh
 
 test:  ## ruff and the test suite, less the slow integration tests and the e2e demo flow (CI runs both next: .ci/run)
-	bash scripts/test.sh -m "not slow and not multinode and not e2e"
+	MADR_TEST_WORKERS=$${MADR_TEST_WORKERS:-3} bash scripts/test.sh -m "not slow and not multinode and not e2e"
 
 test-slow:  ## the slow integration tests (Ray Train jobs, Serve failure drills, 2-node training, benchmark tables)
 	bash scripts/test.sh -m "slow and not multinode and not e2e"

@@ -183,11 +183,21 @@ def _resource_args(num_cpus: int | None, num_gpus: int | None, resources: dict[s
     return args
 
 
+# the longest socket Ray puts under its --temp-dir, and the longest path a Unix socket may have (sun_path, less NUL)
+SESSION_SOCKET = "session_2026-01-01_00-00-00_000000_4194304/sockets/plasma_store"
+UNIX_SOCKET_PATH_MAX = 107
+
+
 def head_temp_dir(temp_dir: str | None) -> tuple[Path, bool]:
     """(the head's --temp-dir, whether this start created it and so owns it)."""
     if temp_dir is None:
         return Path(tempfile.mkdtemp(prefix="madr-ray-")), True
-    path = Path(temp_dir)
+    path = Path(temp_dir).absolute()
+    longest = len(f"{path}/{SESSION_SOCKET}")
+    if longest > UNIX_SOCKET_PATH_MAX:
+        raise ValueError(f"--temp-dir {path} is too long for Ray: its sockets' paths would be {longest} characters "
+                         f"({path}/{SESSION_SOCKET}), over the {UNIX_SOCKET_PATH_MAX} a Unix socket allows; "
+                         f"name a shorter directory")
     path.mkdir(parents=True, exist_ok=True)
     return path, False
 

@@ -433,17 +433,28 @@ def test_local_cluster_and_the_deploy_stage_start_ray_in_serves_throughput_mode(
     assert _with_throughput_mode({"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"})["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "0"
 
 
-def test_local_cluster_removes_the_temp_dir_it_made_and_keeps_a_given_one(tmp_path, monkeypatch):
+@pytest.fixture()
+def short_tmp():
+    """A directory under /tmp short enough for Ray's sockets (tmp_path's names can be too long), removed after."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="lc-", dir="/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_local_cluster_removes_the_temp_dir_it_made_and_keeps_a_given_one(short_tmp, monkeypatch):
     """`start` without --temp-dir makes a /tmp/madr-ray-* directory that `stop` removes once the head is gone (every
     start used to leave one behind); a directory the caller named is the caller's, and stays."""
     import subprocess
 
     from pipelines.jobs.local_cluster import LocalCluster, head_temp_dir, stop
 
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", str(short_tmp))
     made, owned = head_temp_dir(None)
-    given, given_owned = head_temp_dir(str(tmp_path / "mine"))
-    assert owned and made.parent == tmp_path and made.name.startswith("madr-ray-")
+    given, given_owned = head_temp_dir(str(short_tmp / "mine"))
+    assert owned and made.parent == short_tmp and made.name.startswith("madr-ray-")
     assert not given_owned and given.is_dir()
     for path, own in ((made, owned), (given, given_owned)):
         (path / "session_latest").mkdir()
@@ -454,3 +465,16 @@ def test_local_cluster_removes_the_temp_dir_it_made_and_keeps_a_given_one(tmp_pa
         assert not cluster.alive() and path.exists() != own
     old = {"pid": 1, "gcs_port": 1, "dashboard_port": 2, "temp_dir": "t", "token_file": "k", "log_file": "l"}
     assert not LocalCluster(**old).owns_temp_dir  # a state file written before the field: nothing is removed
+
+
+def test_a_temp_dir_too_long_for_rays_sockets_is_refused_before_ray_starts(short_tmp):
+    """Ray puts Unix sockets under its --temp-dir; a socket path over 107 characters makes `ray start` fail deep in
+    its logs, so `start` refuses such a directory at once, naming it."""
+    from pipelines.jobs.local_cluster import SESSION_SOCKET, UNIX_SOCKET_PATH_MAX, head_temp_dir
+
+    fits = short_tmp / ("d" * (UNIX_SOCKET_PATH_MAX - len(SESSION_SOCKET) - len(str(short_tmp)) - 2))
+    assert head_temp_dir(str(fits)) == (fits, False)
+    long = fits.parent / (fits.name + "x")
+    with pytest.raises(ValueError, match=f"--temp-dir {long} is too long"):
+        head_temp_dir(str(long))
+    assert not long.exists()

@@ -24,9 +24,8 @@ pytestmark = [pytest.mark.ray, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def head(tmp_path_factory):
-    cluster = local_cluster.start(num_cpus=1, temp_dir=str(tmp_path_factory.mktemp("rayhead")),
-                                  object_store_memory=150 * 2**20)
+def head():
+    cluster = local_cluster.start(num_cpus=1, object_store_memory=150 * 2**20)  # its own short --temp-dir
     try:
         yield cluster
     finally:

@@ -110,7 +110,8 @@ def test_demo_pipeline_on_s3_resumes_after_a_killed_stage_and_serves_from_the_bu
 
 
 def serve_from_bucket(cfg) -> dict:
-    """Deploy the experiment's Serve app (its manifest_path is the bucket's) on a local Ray; one search."""
+    """Deploy the experiment's Serve app (its manifest_path is the bucket's) on a local Ray started with this test's
+    AWS variables (the session's Ray, if any, comes back after); one search."""
     import ray
     from ray import serve
 
@@ -124,6 +125,9 @@ def serve_from_bucket(cfg) -> dict:
     small = {"num_cpus": 0.2, "max_ongoing_requests": 8}
     settings = settings_from_dict({**args, "port": free_port(), "encoder": small, "searcher": small,
                                    "ingress": small})
+    had_session_ray = ray.is_initialized()  # started before the bucket's AWS variables were set: its workers lack them
+    if had_session_ray:
+        ray.shutdown()
     ray.init(**LOCAL_RAY)
     try:
         run_local(settings)
@@ -135,3 +139,5 @@ def serve_from_bucket(cfg) -> dict:
     finally:
         serve.shutdown()
         ray.shutdown()
+        if had_session_ray:
+            ray.init(**LOCAL_RAY)
