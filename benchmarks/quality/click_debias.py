@@ -18,8 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common.config import ROOT, parser
-from benchmarks.common.results import write_result_json
+from benchmarks.common.config import ROOT, parser, write_result_json
 from benchmarks.common.stats import paired_tests
 from madr.clicks.examination import curve_error
 from madr.clicks.simulation import (

@@ -23,12 +23,13 @@ from benchmarks.common.config import (
     add_run_args,
     over_seeds,
     parser,
+    pyplot,
     read_config,
     repo_path,
+    save_figure,
+    write_json,
 )
 from benchmarks.common.machine import load_average, machine_info, run_command
-from benchmarks.common.plotting import pyplot, save_figure
-from benchmarks.common.results import write_json
 from benchmarks.common.stats import format_mean_std, mean_std, paired_tests
 from madr.config import from_dict
 from madr.data.sources.hetpqa import HetPQAConfig, load_hetpqa

@@ -26,9 +26,9 @@ from benchmarks.common.config import (
     parser,
     read_config,
     repo_path,
+    write_result_json,
 )
 from benchmarks.common.machine import load_average, machine_info, run_command
-from benchmarks.common.results import write_result_json
 from benchmarks.quality.aspect_models.data import EvalSet, catalog_for
 from benchmarks.quality.aspect_models.evaluation import (
     Lists,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common.plotting import pyplot, save_figure
+from benchmarks.common.config import pyplot, save_figure
 from benchmarks.common.stats import paired_tests
 
 

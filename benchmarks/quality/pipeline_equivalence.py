@@ -14,9 +14,8 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks.common.config import RUN_OUT, parser
+from benchmarks.common.config import RUN_OUT, parser, write_json, write_result_json
 from benchmarks.common.machine import load_average, machine_info
-from benchmarks.common.results import write_json, write_result_json
 from benchmarks.common.stats import paired_tests
 from madr.config import load_config
 from madr.metrics import Run, evaluate

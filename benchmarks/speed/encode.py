@@ -19,12 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common.config import parser
+from benchmarks.common.config import parser, pyplot, save_figure, write_json
 from benchmarks.common.machine import machine_line, versions_line
 from benchmarks.common.models import bench_model
-from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.process import ProcessTree, child_result, module_command, print_result
-from benchmarks.common.results import write_json
 
 TINY = {"tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
                  "max_position_embeddings": 128},

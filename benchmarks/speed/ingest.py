@@ -19,10 +19,9 @@ from pathlib import Path
 
 from benchmarks.common import process
 from benchmarks.common.config import parser as make_parser
+from benchmarks.common.config import pyplot, save_figure, write_json
 from benchmarks.common.machine import load_average, machine_line, run_command, versions_line
-from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.process import Interval, ProcessTree
-from benchmarks.common.results import write_json
 
 WORDS = ("a man woman child dog cat group people two three young old red blue green small large is are "
          "playing running sitting standing eating walking looking holding wearing riding near on in at the "

@@ -16,8 +16,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.common.config import parser
-from benchmarks.common.results import write_json
+from benchmarks.common.config import parser, write_json
 from pipelines.jobs import cli, markers
 from tests.cluster.test_pipeline_s3 import STAGES, s3_experiment
 from tests.s3_server import CREDENTIALS, create_bucket, moto_server

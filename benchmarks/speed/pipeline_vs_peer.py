@@ -23,11 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common.config import ROOT, parser
+from benchmarks.common.config import ROOT, parser, write_result_json
 from benchmarks.common.machine import load_average, machine_line, run_command, versions
 from benchmarks.common.peer import bm25_index, dense_index, fuse
 from benchmarks.common.process import ProcessTree, child_env, module_command
-from benchmarks.common.results import write_result_json
 
 MODULE = "benchmarks.speed.pipeline_vs_peer"
 CONFIG = "configs/product_search.yaml"

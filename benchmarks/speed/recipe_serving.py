@@ -24,11 +24,10 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel
 
-from benchmarks.common.config import ROOT, parser
+from benchmarks.common.config import ROOT, parser, write_result_json
 from benchmarks.common.machine import load_1min, machine_line, run_command, usable_cores, versions
 from benchmarks.common.peer import bm25_index, dense_index, fuse
 from benchmarks.common.process import child_env, module_command
-from benchmarks.common.results import write_result_json
 from pipelines.jobs.local_cluster import free_port
 from pipelines.runtime import apply_ray_env
 

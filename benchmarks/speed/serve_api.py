@@ -20,10 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common.config import ROOT, parser
+from benchmarks.common.config import ROOT, parser, write_json
 from benchmarks.common.machine import load_1min, machine_line, versions_line
 from benchmarks.common.models import served_hybrid
-from benchmarks.common.results import write_json
 from pipelines.runtime import apply_ray_env
 
 apply_ray_env(offline=True)  # Ray network hygiene (scripts/ray_env.sh), before Ray is imported

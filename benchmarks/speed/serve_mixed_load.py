@@ -22,10 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common.config import parser
+from benchmarks.common.config import parser, write_json
 from benchmarks.common.machine import load_average
 from benchmarks.common.process import add_ray_niceness_arg, set_ray_worker_niceness
-from benchmarks.common.results import write_json
 from benchmarks.speed.serve_api import (
     build_corpus_index,
     build_model,

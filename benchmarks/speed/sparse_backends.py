@@ -16,10 +16,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from benchmarks.common.config import BENCHMARKS, ROOT, parser
+from benchmarks.common.config import BENCHMARKS, ROOT, parser, pyplot, save_figure, write_result_json
 from benchmarks.common.machine import load_1min, machine_line, versions_line
-from benchmarks.common.plotting import pyplot, save_figure
-from benchmarks.common.results import write_result_json
 from madr.search.sparse import BM25Index, InvertedIndex, SparseBatch
 from madr.search.sparse.seismic_index import SeismicParams, SeismicSparseIndex
 

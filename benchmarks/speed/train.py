@@ -17,10 +17,9 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common.config import ROOT
+from benchmarks.common.config import ROOT, pyplot, save_figure, write_json
 from benchmarks.common.config import parser as make_parser
 from benchmarks.common.machine import cpu_model, memory_gib, run_command, usable_cores, versions
-from benchmarks.common.plotting import pyplot, save_figure
 from benchmarks.common.process import (
     Interval,
     ProcessTree,
@@ -30,7 +29,6 @@ from benchmarks.common.process import (
     print_result,
     wait_quiet,
 )
-from benchmarks.common.results import write_json
 
 MODES = ("plain_1t", "plain_2t", "ray_ddp", "ray_deepspeed")
 SIZES = {
