@@ -305,22 +305,6 @@ def madr_settings(app: dict[str, Any], manifest: Path, port: int):
     return settings
 
 
-def start_madr(settings, direct: bool = False) -> str:
-    """The Serve app on a local Ray (`direct`: in Serve's throughput mode); its proxy URL."""
-    import ray
-
-    from serve.app import run_local
-
-    if direct:
-        from serve.direct_ingress import throughput_env
-
-        throughput_env()
-    ray.init(address="local", num_cpus=max(2, usable_cores()), include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
-    run_local(settings, name="madr_recipe", route_prefix="/")
-    return f"http://127.0.0.1:{settings.port}"
-
-
 def offline_top(manifest: Path, model_dir: str, settings, queries: list[str], k: int) -> np.ndarray:
     """madr's offline top k ids [Q, k] (`ShardedIndex`, the served search settings)."""
     from madr.index import encode_queries
@@ -385,7 +369,7 @@ def print_table(result: dict[str, Any]) -> None:
 
 def serve_both(args: argparse.Namespace, inputs: dict[str, Any], manifest: Path, info: dict[str, Any]) -> dict:
     """Offline reference, both apps up, agreement over HTTP, the load levels; Serve and the peer stopped after."""
-    from benchmarks.speed.serve_api import direct_url, measure_levels, stop_apps, wait_ready
+    from benchmarks.speed.serve_api import measure_levels, start_serve, stop_apps, wait_ready
 
     settings = madr_settings(inputs["app"], manifest, free_port())
     if args.direct_ingress and settings.topology != "colocated":
@@ -396,16 +380,16 @@ def serve_both(args: argparse.Namespace, inputs: dict[str, Any], manifest: Path,
     peer = start_peer(manifest.parent.parent, info, settings.search, peer_port, args.peer_threads)
     try:
         t0 = time.perf_counter()
-        urls = {"madr": start_madr(settings, args.direct_ingress), "peer": f"http://127.0.0.1:{peer_port}"}
+        served = start_serve(manifest, settings.port, [settings.topology], args.direct_ingress,
+                             max(2, usable_cores()), **vars(settings))
+        urls = {"madr": served["colocated-direct" if args.direct_ingress else settings.topology],
+                "peer": f"http://127.0.0.1:{peer_port}"}
         wait_ready(urls["madr"], 600)
-        if args.direct_ingress:
-            urls["madr"] = direct_url("madr_recipe", 120)  # the co-located replica's own port
-            wait_ready(urls["madr"], 600)
         wait_ready(urls["peer"], 1800, peer)
         print(f"both apps ready in {time.perf_counter() - t0:.1f} s", flush=True)
         agree = {name: agreement(reference, served_top(u, check, 10)) for name, u in urls.items()}
         levels = [int(c) for c in args.concurrency.split(",")]
-        results = measure_levels(urls, inputs["queries"], levels, args.warmup, args.duration, 10, alternate=True)
+        results = measure_levels(urls, inputs["queries"], levels, args.warmup, args.duration, alternate=True)
     finally:
         stop_apps(peer, 60)
     return {"agreement": agree, "results": results, "topology": settings.topology,
