@@ -10,7 +10,6 @@ plain loop).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -22,7 +21,7 @@ import numpy as np
 from benchmarks.common.config import parser, pyplot, save_figure, write_json
 from benchmarks.common.machine import machine_line, versions_line
 from benchmarks.common.models import bench_model
-from benchmarks.common.process import ProcessTree, child_result, module_command, print_result
+from benchmarks.common.process import ProcessTree, call_in_child
 
 TINY = {"tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
                  "max_position_embeddings": 128},
@@ -176,13 +175,14 @@ CHILDREN = {"torch": child_torch, "st": child_st, "ray": child_ray,
             "st_int8": partial(child_st, dtype="int8")}
 
 
-def run_child(method: str, corpus: Path, model_dir: Path, out: Path, args: argparse.Namespace) -> dict:
-    """One method in a fresh interpreter: its result with the peak memory."""
-    cmd = [*module_command(__spec__.name), "--child", method, "--corpus", str(corpus), "--model-dir", str(model_dir),
-           "--out", str(out), "--threads", str(args.threads), "--shards", str(args.shards)]
-    if args.max_docs_per_shard:
-        cmd += ["--max-docs-per-shard", str(args.max_docs_per_shard)]
-    return child_result(cmd, RAY_DEDUP_LOGS="1")
+def measured(method: str, corpus: str, model_dir: str, out: str, threads: int, shards: int,
+             max_docs_per_shard: int | None) -> dict:
+    """One method (in a fresh interpreter: `call_in_child`), with its process tree's peak memory and CPU seconds."""
+    with ProcessTree() as tree:
+        res = CHILDREN[method](Path(corpus), Path(model_dir), Path(out), threads, shards=shards,
+                               max_docs_per_shard=max_docs_per_shard)
+    return {**res, "peak_pss_mb": tree.peak / 2**20, "peak_rss_mb": tree.peak_rss / 2**20,
+            "cpu_s": tree.cpu_seconds(), "sampler_cpu_s": tree.sampler_cpu}
 
 
 def report(rows: list[dict], sizes: list[int], methods: list[str]) -> None:
@@ -235,21 +235,9 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="write the rows and the run's settings here")
     ap.add_argument("--plot", nargs="+", default=None, help="only plot memory vs size from these JSON files")
     ap.add_argument("--png", default="benchmarks/plots/encode_memory.png")
-    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--corpus", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.plot:
         plot_memory(args.plot, args.png)
-        return
-    if args.child:
-        with ProcessTree() as tree:
-            res = CHILDREN[args.child](Path(args.corpus), Path(args.model_dir), Path(args.out), args.threads,
-                                       shards=args.shards, max_docs_per_shard=args.max_docs_per_shard)
-        res["peak_pss_mb"], res["peak_rss_mb"] = tree.peak / 2**20, tree.peak_rss / 2**20
-        res["cpu_s"], res["sampler_cpu_s"] = tree.cpu_seconds(), tree.sampler_cpu
-        print_result(res)
         return
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -268,7 +256,9 @@ def main() -> None:
         checks = {}
         for method in args.methods:
             out = work / f"out_{args.model}_{method}_{n}"
-            res = run_child(method, corpus, model_dir, out, args)
+            res = call_in_child(__spec__.name, "measured", {"RAY_DEDUP_LOGS": "1"}, method=method, corpus=str(corpus),
+                                model_dir=str(model_dir), out=str(out), threads=args.threads, shards=args.shards,
+                                max_docs_per_shard=args.max_docs_per_shard)
             checks[method] = np.load(out / "check.npy")
             rows.append({"docs": n, "method": method, "docs_per_s": n / res["seconds"], **res})
             steady = res.get("steady_docs_per_s")

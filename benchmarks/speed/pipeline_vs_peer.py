@@ -26,7 +26,7 @@ import numpy as np
 from benchmarks.common.config import ROOT, parser, write_result_json
 from benchmarks.common.machine import load_average, machine_line, run_command, versions
 from benchmarks.common.peer import bm25_index, dense_index, fuse
-from benchmarks.common.process import ProcessTree, child_env, module_command
+from benchmarks.common.process import ProcessTree, call_in_child, child_env, module_command
 
 MODULE = "benchmarks.speed.pipeline_vs_peer"
 CONFIG = "configs/product_search.yaml"
@@ -275,21 +275,22 @@ def timed(stages: dict[str, dict], name: str, fn: Callable[[], Any]) -> Any:
     return out
 
 
-def run_peer(catalog: Path, s: dict[str, Any], work: Path) -> dict[str, Any]:
-    """The peer's five stages, timed (module docstring); its stage times, fusion choice and test metrics."""
+def run_peer(catalog: str, s: dict[str, Any], work: str) -> dict[str, Any]:
+    """The peer's five stages, timed (module docstring), in a fresh interpreter (`call_in_child`: its imports counted
+    in its stages); its stage times, fusion choice and test metrics."""
     stages: dict[str, dict] = {}
-    data = timed(stages, "data", lambda: read_catalog(catalog))
+    data = timed(stages, "data", lambda: read_catalog(Path(catalog)))
 
     def finetune() -> tuple[Any, list[float]]:
         triplets = mine_triplets(data, s)
         model = load_model(s)
         freeze(model, s)
         losses = train(model, triplets, s)
-        model.save(str(work / "model"))
+        model.save(str(Path(work) / "model"))
         return model, losses
 
     model, losses = timed(stages, "finetune", finetune)
-    index = timed(stages, "encode", lambda: build_index(model, data, s, work / "index"))
+    index = timed(stages, "encode", lambda: build_index(model, data, s, Path(work) / "index"))
     choice = timed(stages, "tune", lambda: tune(model, index, data, s))
     metrics = timed(stages, "evaluate", lambda: evaluate_test(model, index, data, s, choice))
     return {"stages": stages, "total_s": sum(v["seconds"] for v in stages.values()), "fusion": choice,
@@ -297,22 +298,11 @@ def run_peer(catalog: Path, s: dict[str, Any], work: Path) -> dict[str, Any]:
             "queries": {k: len(v[0]) for k, v in data["splits"].items()}}
 
 
-def peer_child(args: argparse.Namespace) -> None:
-    """`--child peer`: run the peer on `--catalog` with the settings JSON `--settings`, write `--result`."""
-    s = json.loads(Path(args.settings).read_text())
-    out = run_peer(Path(args.catalog), s, Path(args.work))
-    Path(args.result).write_text(json.dumps(out, indent=1, default=float))
-
-
 def measure_peer(catalog: Path, s: dict[str, Any], work: Path) -> dict[str, Any]:
-    """The peer in a fresh interpreter (its imports counted in its stages); its result plus process wall time."""
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "settings.json").write_text(json.dumps(s, indent=1))
-    cmd = [*module_command(MODULE), "--child", "peer", "--catalog", str(catalog), "--settings",
-           str(work / "settings.json"), "--work", str(work), "--result", str(work / "peer.json")]
+    """`run_peer` in a fresh interpreter; its result plus the process's wall time."""
     load, t0 = load_average(), time.perf_counter()
-    subprocess.run(cmd, env=child_env(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1"), check=True)
-    out = json.loads((work / "peer.json").read_text())
+    out = call_in_child(MODULE, "run_peer", {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"},
+                        catalog=str(catalog), s=s, work=str(work))
     return {**out, "process_s": time.perf_counter() - t0, "load_before": load}
 
 
@@ -408,18 +398,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="fine-tuning steps (smoke runs); default: the config's")
     p.add_argument("--only", choices=("peer", "madr", "both"), default="both")
     p.add_argument("--out-dir", default="runs/pipeline_vs_peer")
-    p.add_argument("--child", choices=("peer",), default=None, help=argparse.SUPPRESS)
-    p.add_argument("--settings", help=argparse.SUPPRESS)
-    p.add_argument("--work", help=argparse.SUPPRESS)
-    p.add_argument("--result", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    if args.child:
-        peer_child(args)
-        return None
     out = Path(args.out_dir)
     catalog = Path(args.catalog) if args.catalog else sample_catalog(args.config, out / "sample_catalog")
     key = settings_key(catalog, args.config, args.set, args.steps)
