@@ -1,12 +1,12 @@
 """The repository paths, the benchmarks' argument parser, a quality benchmark's YAML config with `--set key=value`
-overrides and its loop over training seeds, and writing a result: its JSON, and its plots (matplotlib on the
-file-only Agg backend, optional: without it a benchmark still writes its JSON)."""
+overrides, and writing a result: its JSON, and its plots (matplotlib on the file-only Agg backend, optional:
+without it a benchmark still writes its JSON)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,21 +44,6 @@ def local_backbone(name: str | None) -> str | None:
     if name and not name.startswith("pypi:") and not Path(name).is_absolute() and (ROOT / name).exists():
         return str(ROOT / name)
     return name
-
-
-def over_seeds(seeds: Sequence[int], run_seed: Callable[[int], tuple[Any, ...]],
-               test_rows: Callable[[tuple[Any, ...]], Mapping[str, Mapping[str, float]]],
-               metric: str = "mrr@5") -> list[list[Any]]:
-    """`run_seed(seed)` per seed, printing its test `metric` per row; the results transposed, in seed order."""
-    columns: list[list[Any]] = []
-    for seed in seeds:
-        result = run_seed(seed)
-        columns = columns or [[] for _ in result]
-        for column, value in zip(columns, result, strict=True):
-            column.append(value)
-        print(f"seed {seed} test {metric.upper()}: " + ", ".join(
-            f"{k} {v[metric]:.3f}" for k, v in test_rows(result).items()), flush=True)
-    return columns
 
 
 def add_run_args(parser: argparse.ArgumentParser, config: Path, tag: str) -> None:

@@ -21,7 +21,6 @@ from benchmarks.common.config import (
     RESULTS,
     ROOT,
     add_run_args,
-    over_seeds,
     parser,
     pyplot,
     read_config,
@@ -104,6 +103,10 @@ def means(rows: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, f
     return {k: {m: float(np.mean(list(v[m].values()))) for m in PQA_METRICS} for k, v in rows.items()}
 
 
+def mrr_line(rows: dict[str, dict[str, dict[str, float]]]) -> str:
+    return ", ".join(f"{k} {v['mrr@5']:.3f}" for k, v in means(rows).items())
+
+
 def seed_mean(rows: list[dict[str, dict[str, dict[str, float]]]]) -> dict[str, dict[str, dict[str, float]]]:
     """Per row and metric, the per-question value averaged over seeds (for the pooled paired test)."""
     return {k: {m: {q: float(np.mean([r[k][m][q] for r in rows])) for q in rows[0][k][m]} for m in PQA_METRICS}
@@ -140,6 +143,7 @@ def fine_tuned(cfg: PQAConfig, records: list, tokenizer, seed: int, timings: dic
         test[rep] = score_split(model, records, "test", ev.batch_size)
         timings[f"seed{seed}_score_{rep}_s"] = time.perf_counter() - t
     rows, chosen = rank_rows(dev, test, ev.grid, ev.normalisations, ev.prior_k)
+    print(f"seed {seed} test MRR@5: {mrr_line(rows)}", flush=True)
     return rows, chosen, finals
 
 
@@ -205,9 +209,9 @@ def main(argv: list[str] | None = None) -> dict:
     print("data: " + json.dumps(summary), flush=True)
 
     zs_rows, zs_chosen = zero_shot(cfg, records, tokenizer, timings)
-    print("zero-shot test MRR@5: " + ", ".join(f"{k} {v['mrr@5']:.3f}" for k, v in means(zs_rows).items()), flush=True)
-    ft_rows, ft_chosen, finals = over_seeds(cfg.seeds, lambda seed: fine_tuned(cfg, records, tokenizer, seed, timings),
-                                            lambda result: means(result[0]))
+    print(f"zero-shot test MRR@5: {mrr_line(zs_rows)}", flush=True)
+    runs = [fine_tuned(cfg, records, tokenizer, seed, timings) for seed in cfg.seeds]
+    ft_rows, ft_chosen, finals = map(list, zip(*runs, strict=True))
     timings["total_s"] = time.perf_counter() - start
 
     info = machine_info()
