@@ -19,7 +19,6 @@ import numpy as np
 import torch
 
 from benchmarks.common.config import ROOT, parser, write_result_json
-from benchmarks.common.stats import paired_tests
 from madr.clicks.examination import curve_error
 from madr.clicks.simulation import (
     ClickSimulation,
@@ -34,6 +33,7 @@ from madr.index.encode import encode_documents, encode_queries
 from madr.index.lexical import word_pieces
 from madr.metrics import evaluate as metrics_evaluate
 from madr.search.sparse import BM25Index
+from madr.significance import paired_tests
 
 HOMEDEPOT = ROOT.parent / "shared" / "data" / "product_search" / "homedepot_relevance_dev.parquet"
 ROWS = ("naive", "debiased", "filtered", "judgments")  # filtered: naive weights, the posterior rate filter

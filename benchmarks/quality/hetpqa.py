@@ -29,7 +29,6 @@ from benchmarks.common.config import (
     write_json,
 )
 from benchmarks.common.machine import load_average, machine_info, run_command
-from benchmarks.common.stats import format_mean_std, mean_std, paired_tests
 from madr.config import from_dict
 from madr.data.sources.hetpqa import HetPQAConfig, load_hetpqa
 from madr.metrics import evaluate
@@ -39,6 +38,7 @@ from madr.recipes.pqa.config import PQAConfig
 from madr.recipes.pqa.evaluation import PQA_METRICS, source_aware_scores, tune_lambda, tune_source_aware
 from madr.recipes.pqa.scoring import SplitScores, score_split
 from madr.recipes.pqa.train import pqa_model, train_pqa
+from madr.significance import paired_tests
 
 HEADERS = ("MAP", "R-Prec", "MRR@5", "NDCG", "Hit Rate@5", "P@1")
 PAPER = {  # paper 002 Table 3 (hetPQA test, 2,583 questions, ~112 candidates each, BERT-base)
@@ -101,6 +101,18 @@ def rank_rows(dev: dict[str, SplitScores], test: dict[str, SplitScores], grid, n
 
 def means(rows: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
     return {k: {m: float(np.mean(list(v[m].values()))) for m in PQA_METRICS} for k, v in rows.items()}
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation over seeds (ddof 1; 0.0 for a single value)."""
+    v = np.asarray(values, dtype=np.float64)
+    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
+
+
+def format_mean_std(values: list[float]) -> str:
+    """"0.512" for one value, "0.512 ± 0.013" for several."""
+    mean, std = mean_std(values)
+    return f"{mean:.3f}" if len(values) == 1 else f"{mean:.3f} ± {std:.3f}"
 
 
 def mrr_line(rows: dict[str, dict[str, dict[str, float]]]) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common.config import pyplot, save_figure
-from benchmarks.common.stats import paired_tests
+from madr.significance import paired_tests
 
 
 def significance(rows: dict[str, dict[str, dict[str, float]]], base: str, draws: int) -> dict[str, dict]:

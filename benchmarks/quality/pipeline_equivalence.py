@@ -17,9 +17,9 @@ from pathlib import Path
 
 from benchmarks.common.config import RUN_OUT, parser, write_json, write_result_json
 from benchmarks.common.machine import load_average, machine_info
-from benchmarks.common.stats import paired_tests
 from madr.config import load_config
 from madr.metrics import Run, evaluate
+from madr.significance import paired_tests
 from pipelines.evaluate.io import read_qrels
 
 SINGLE_METRICS = ("click_auc", "ndcg@5", "nli_auc_en", "nli_auc_xx")  # multilingual: compared where both report
