@@ -25,7 +25,7 @@ import torch
 import yaml
 
 from benchmarks.quality import homedepot_hybrid as bench
-from benchmarks.quality.fusion_lists import weight_grid
+from benchmarks.quality.aspect_models.evaluation import weight_grid
 from tests.benchmarks.tiny_backbone import save_tiny_bert
 
 pytestmark = pytest.mark.slow  # a marked step of its own: `make test-slow` (CI runs it)
