@@ -46,20 +46,13 @@ SIMULATION = {"noise": 0.5, "swap_share": 0.0, "eta": 1.0, "epsilon": 0.1}
 CLICKS, RATE_QUANTILE, SKIP_SHARE = {"clip": 10.0, "min_interventions": 20}, 0.75, 0.5
 
 
-def base_catalog(args: argparse.Namespace, out: Path) -> Path:
-    """The judged catalog (Home Depot, or a synthetic one for tests), written once under `out/catalog`."""
+def base_catalog(out: Path) -> Path:
+    """The judged catalog under `out/catalog`: the one there (a test's), else Home Depot's, written once."""
     where = out / "catalog"
-    if (where / "judgments.parquet").is_file():
-        return where
-    if args.catalog == "synthetic":
-        from madr.data.synthetic.catalog import generate_catalog
-
-        catalog = generate_catalog(args.synthetic_products, args.synthetic_queries, seed=0)
-    else:
+    if not (where / "judgments.parquet").is_file():
         from madr.data.sources.homedepot import homedepot_catalog
 
-        catalog = homedepot_catalog(HOMEDEPOT, seed=0)
-    catalog.write(where)
+        homedepot_catalog(HOMEDEPOT, seed=0).write(where)
     return where
 
 
@@ -80,7 +73,7 @@ def old_ranker_candidates(catalog: Catalog, tokenizer: Any, pool: int) -> dict[s
 
 def simulation_settings(args: argparse.Namespace) -> dict[str, Any]:
     """What a simulated log depends on besides its size and seed."""
-    return {"top_k": args.top_k, "pool": args.pool, **SIMULATION, "catalog": args.catalog, "max_queries": None}
+    return {"top_k": args.top_k, "pool": args.pool, **SIMULATION, "catalog": "homedepot", "max_queries": None}
 
 
 def log_path(out: Path, args: argparse.Namespace, size: int, seed: int) -> Path:
@@ -231,9 +224,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sizes", type=int, nargs="+", default=[5000, 20000, 80000], help="searches per simulated log")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
-    p.add_argument("--catalog", choices=("homedepot", "synthetic"), default="homedepot")
-    p.add_argument("--synthetic-products", type=int, default=300)
-    p.add_argument("--synthetic-queries", type=int, default=120)
     p.add_argument("--top-k", type=int, default=10)
     p.add_argument("--pool", type=int, default=50, help="the old ranker's candidates per query")
     p.add_argument("--estimator", choices=("em", "harvest"), default="em", help="the debiased row's estimator")
@@ -253,7 +243,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     base = load_config(args.config, parse_overrides(args.set))
-    catalog_dir = base_catalog(args, out)
+    catalog_dir = base_catalog(out)
     catalog = Catalog.read(catalog_dir, aspect_names=base.model.aspects)
     tokenizer = prepare_tokenizer(load_config(None, {**base.to_dict(), "output_dir": str(out / "old_ranker")}),
                                   catalog)
