@@ -25,7 +25,7 @@ import numpy as np
 
 from benchmarks.common.config import ROOT, parser, write_result_json
 from benchmarks.common.machine import load_average, machine_line, run_command, versions
-from benchmarks.common.peer import bm25_index, dense_index, fuse
+from benchmarks.common.peer import bm25_index, bm25_search, dense_index, fuse, word_pieces
 from benchmarks.common.process import ProcessTree, call_in_child, child_env, module_command
 
 MODULE = "benchmarks.speed.pipeline_vs_peer"
@@ -94,25 +94,6 @@ def read_catalog(catalog: Path) -> dict[str, Any]:
     return {"ids": products.product_id.astype(str).tolist(),
             "texts": (products.title + " " + products.description).str.strip().tolist(),
             "splits": splits, "qrels": qrels}
-
-
-def word_pieces(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    """Token ids of the lower-cased texts, no special tokens, no truncation."""
-    return tokenizer([t.lower() for t in texts], add_special_tokens=False, truncation=False,
-                     return_attention_mask=False, return_token_type_ids=False, verbose=False)["input_ids"]
-
-
-def bm25_search(model: Any, queries: list[list[int]], k: int, n_docs: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per query (rows, scores) of its top `k` products with a positive BM25 score (empty for no known piece)."""
-    known = [[t for t in q if t in model.unique_token_ids_set] for q in queries]
-    out = [(np.zeros(0, np.int64), np.zeros(0, np.float32))] * len(queries)
-    asked = [i for i, q in enumerate(known) if q]
-    if asked:
-        rows, scores = model.retrieve([known[i] for i in asked], k=min(k, n_docs), show_progress=False)
-        for i, r, sc in zip(asked, rows, scores, strict=True):
-            keep = sc > 0
-            out[i] = (r[keep].astype(np.int64), sc[keep])
-    return out
 
 
 def mine_triplets(data: dict[str, Any], s: dict[str, Any]) -> list[tuple[str, str, str]]:
