@@ -14,6 +14,7 @@ import dataclasses
 import gc
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -25,8 +26,8 @@ import numpy as np
 from pydantic import BaseModel
 
 from benchmarks.common.config import ROOT, parser, write_result_json
-from benchmarks.common.machine import load_1min, machine_line, run_command, usable_cores, versions
-from benchmarks.common.peer import bm25_index, dense_index, fuse
+from benchmarks.common.machine import load_average, machine_line, run_command, usable_cores, versions
+from benchmarks.common.peer import bm25_index, bm25_search, dense_index, fuse, word_pieces
 from benchmarks.common.process import child_env, module_command
 from pipelines.jobs.local_cluster import free_port
 from pipelines.runtime import apply_ray_env
@@ -244,11 +245,8 @@ def peer_app(corpus: Path, lam: float, how: str, candidates: int, k1: float, b: 
         t1 = time.perf_counter()
         d_scores, d_rows = flat.search(vec, depth)
         live = d_rows[0] >= 0
-        pieces = [t for t in tokenizer(q.query.lower(), add_special_tokens=False)["input_ids"]
-                  if t in bm25.unique_token_ids_set]
-        b_rows, b_scores = (bm25.retrieve([pieces], k=depth, n_threads=1, show_progress=False) if pieces
-                            else (np.zeros((1, 0), np.int64), np.zeros((1, 0), np.float32)))
-        rows, scores = fuse((d_rows[0][live], d_scores[0][live]), (b_rows[0], b_scores[0]), lam, how, q.k)
+        lexical = bm25_search(bm25, word_pieces(tokenizer, [q.query]), depth, ids.size)[0]
+        rows, scores = fuse((d_rows[0][live], d_scores[0][live]), lexical, lam, how, q.k)
         t2 = time.perf_counter()
         hits = docs.take(rows).to_pylist()
         results = [{"id": int(ids[r]), "score": float(s), "doc": h} for r, s, h in zip(rows, scores, hits,
@@ -260,28 +258,26 @@ def peer_app(corpus: Path, lam: float, how: str, candidates: int, k1: float, b: 
     return app
 
 
-def peer_main(args: argparse.Namespace) -> None:
-    """The peer process (`--peer`): threads as asked (0: the libraries' defaults), then uvicorn."""
-    import uvicorn
-
-    if args.peer_threads:
+def peer_from_env():
+    """The peer app of `start_peer`'s spec ($PEER_SPEC; uvicorn's `--factory`), with its torch / FAISS threads
+    (0: the libraries' defaults)."""
+    spec = json.loads(os.environ["PEER_SPEC"])
+    if threads := spec.pop("threads"):
         import faiss
         import torch
 
-        torch.set_num_threads(args.peer_threads)
-        faiss.omp_set_num_threads(args.peer_threads)
-    fusion = json.loads(args.peer)
-    app = peer_app(Path(fusion.pop("corpus")), **fusion)
-    uvicorn.run(app, host="127.0.0.1", port=args.peer_port, log_level="warning", access_log=False)
+        torch.set_num_threads(threads)
+        faiss.omp_set_num_threads(threads)
+    return peer_app(Path(spec.pop("corpus")), **spec)
 
 
 def start_peer(corpus: Path, info: dict[str, Any], search: Any, port: int, threads: int) -> subprocess.Popen:
     spec = {"corpus": str(corpus), "lam": info["fusion_lambda"], "how": info["normalisation"],
             "candidates": search.num_candidates, "k1": info["k1"], "b": info["b"],
-            "factory": info["index_factory"], "nprobe": search.nprobe}
-    cmd = [*module_command(MODULE), "--peer", json.dumps(spec), "--peer-port", str(port),
-           "--peer-threads", str(threads)]
-    return subprocess.Popen(cmd, cwd=ROOT, env=child_env())
+            "factory": info["index_factory"], "nprobe": search.nprobe, "threads": threads}
+    cmd = [*module_command("uvicorn"), f"{MODULE}:peer_from_env", "--factory", "--host", "127.0.0.1", "--port",
+           str(port), "--log-level", "warning", "--no-access-log"]
+    return subprocess.Popen(cmd, cwd=ROOT, env=child_env(PEER_SPEC=json.dumps(spec)))
 
 
 SETTING_OF = {"QueryEncoder": "encoder", "SearchIngress": "ingress", "Colocated": "colocated"}
@@ -355,7 +351,7 @@ def ratios(results: dict[str, dict[int, dict]]) -> dict[int, dict[str, float]]:
 def print_table(result: dict[str, Any]) -> None:
     print(f"\n{result['docs']:,} docs ({result['index']['real_docs']:,} real), {result['index']['index_factory']} in "
           f"{result['index']['shards']} shards, fusion lam {result['index']['fusion_lambda']:g} "
-          f"{result['index']['normalisation']}; load average at the end {result['load_average_end']:.1f}")
+          f"{result['index']['normalisation']}; load average at the end {result['load_average_end']}")
     for name, a in result["agreement"].items():
         print(f"top-10 agreement with madr offline, {name}: {a['identical']:.2f} identical, overlap "
               f"{a['overlap']:.3f} ({a['queries']} queries)")
@@ -401,7 +397,7 @@ def serve_both(args: argparse.Namespace, inputs: dict[str, Any], manifest: Path,
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = parser(MODULE, __doc__)
-    p.add_argument("--run", help="the pipeline run's output directory (its output_dir)")
+    p.add_argument("--run", required=True, help="the pipeline run's output directory (its output_dir)")
     p.add_argument("--config", default="configs/product_search.yaml", help="the run's experiment config")
     p.add_argument("--serve-config", default="serve/serve_config.yaml", help="the deploy stage's Serve config")
     p.add_argument("--docs", type=int, default=1_000_000, help="documents served: the real ones plus drawn ones")
@@ -418,26 +414,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peer-threads", type=int, default=1, help="torch / faiss threads (1, as a replica; 0: all)")
     p.add_argument("--out-dir", default=str(ROOT / "runs" / "benchmarks"))
     p.add_argument("--tag", default=None, help="result name (default: recipe_serving_<docs>)")
-    p.add_argument("--peer", default=None, help=argparse.SUPPRESS)  # the peer process: its JSON spec
-    p.add_argument("--peer-port", type=int, default=0, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.peer is None and not args.run:
-        p.error("--run is required")
-    return args
+    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.peer is not None:
-        return peer_main(args)
-    started = load_1min()
+    started = load_average()
     inputs = run_inputs(Path(args.run), args.config, args.serve_config)
     manifest, info = prepare(args, inputs)
     served = serve_both(args, inputs, manifest, info)
     result = {"benchmark": MODULE, "command": run_command(MODULE), "machine": machine_line(),
               "versions": versions("ray", "fastapi", "uvicorn", "torch", "faiss", "sentence_transformers", "bm25s",
                                    "numpy"),
-              "load_average_start": started, "load_average_end": load_1min(), "docs": args.docs,
+              "load_average_start": started, "load_average_end": load_average(), "docs": args.docs,
               "run": str(Path(args.run).resolve()), "index": info, "duration_s": args.duration,
               "warmup_s": args.warmup, "peer_threads": args.peer_threads, "queries": len(inputs["queries"]),
               **served, "ratios": ratios(served["results"])}
