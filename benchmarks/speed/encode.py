@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common.config import parser, pyplot, save_figure, write_json
-from benchmarks.common.machine import machine_line, versions_line
+from benchmarks.common.machine import machine_line, versions
 from benchmarks.common.models import bench_model
 from benchmarks.common.process import ProcessTree, call_in_child
 
@@ -243,7 +243,7 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0]
     header = {"machine": machine_line(), "load_before": load,
-              "versions": versions_line("torch", "transformers", "sentence_transformers", "ray", "faiss"),
+              "versions": versions("torch", "transformers", "sentence_transformers", "ray", "faiss"),
               "model": args.model, "max_length": MAX_LENGTH[args.model], "threads": args.threads,
               "sizes": args.sizes, "max_docs_per_shard": args.max_docs_per_shard, "shards": args.shards}
     print(f"machine: {header['machine']}, load avg {load:.2f}; {header['versions']}")

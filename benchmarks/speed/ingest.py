@@ -20,7 +20,7 @@ from pathlib import Path
 from benchmarks.common import process
 from benchmarks.common.config import parser as make_parser
 from benchmarks.common.config import pyplot, save_figure, write_json
-from benchmarks.common.machine import load_average, machine_line, run_command, versions_line
+from benchmarks.common.machine import load_average, machine_line, run_command, versions
 from benchmarks.common.process import Interval, ProcessTree
 
 WORDS = ("a man woman child dog cat group people two three young old red blue green small large is are "
@@ -251,7 +251,7 @@ def main() -> None:
     parser.add_argument("--out", default=None, help="write every run's numbers here (JSON)")
     parser.add_argument("--plot", default=None, help="rows/s against input size (PNG; with several --rows)")
     args = parser.parse_args()
-    info = f"machine: {machine_line()}\nversions: {versions_line('ray', 'pyarrow', 'transformers', 'tokenizers')}"
+    info = f"machine: {machine_line()}\nversions: {versions('ray', 'pyarrow', 'transformers', 'tokenizers')}"
     print(info, flush=True)
     load_before = load()
     print(f"before: {load_before}", flush=True)

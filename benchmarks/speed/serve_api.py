@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.common.config import ROOT, parser, write_json
-from benchmarks.common.machine import load_1min, machine_line, versions_line
+from benchmarks.common.machine import load_average, machine_line, versions
 from benchmarks.common.models import served_hybrid
 from pipelines.runtime import apply_ray_env
 
@@ -39,8 +39,8 @@ STEPS = ("encode", "search", "docs")  # the API's own timings_ms of a /search
 
 
 def machine_info() -> str:
-    return (f"machine: {machine_line()}; load average at start {load_1min():.1f}\n"
-            f"versions: {versions_line('ray', 'fastapi', 'uvicorn', 'torch', 'faiss', 'numpy', 'aiohttp')}")
+    return (f"machine: {machine_line()}; load average at start {load_average()}\n"
+            f"versions: {versions('ray', 'fastapi', 'uvicorn', 'torch', 'faiss', 'numpy', 'aiohttp')}")
 
 
 def build_model(out: Path, backbone: str) -> Path:
@@ -328,7 +328,7 @@ def report(args: argparse.Namespace, results: dict, levels: list[int]) -> None:
     print(f"\n{args.docs:,} docs, {SHARDS} shards, {INDEX} nprobe {NPROBE}, hybrid search, backbone {BACKBONE}, "
           f"k={K}, {args.duration:g} s per level after {WARMUP:g} s warm-up, Serve tuning {args.serve_tuning}, "
           f"batch wait {'default' if args.batch_wait_ms is None else f'{args.batch_wait_ms:g} ms'}; "
-          f"load average at the end {load_1min():.1f}")
+          f"load average at the end {load_average()}")
     print("| topology | concurrency | plain q/s | plain p50 / p99 ms | Serve q/s | Serve p50 / p99 ms | "
           "Serve/plain p50 | Serve/plain q/s |")
     print("|---|---|---|---|---|---|---|---|")

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from benchmarks.common.config import BENCHMARKS, ROOT, parser, pyplot, save_figure, write_result_json
-from benchmarks.common.machine import load_1min, machine_line, versions_line
+from benchmarks.common.machine import load_average, machine_line, versions
 from madr.search.sparse import BM25Index, InvertedIndex, SparseBatch
 from madr.search.sparse.seismic_index import SeismicParams, SeismicSparseIndex
 
@@ -266,9 +266,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     numba.set_num_threads(1)
     start = time.perf_counter()
-    info = {"machine": machine_line(), "load_average_before": load_1min(),
-            "versions": versions_line("numpy", "scipy", "numba", "bm25s", "torch")
-            + f", pyseismic-lsr {importlib.metadata.version('pyseismic-lsr')}"}
+    info = {"machine": machine_line(), "load_average_before": load_average(),
+            "versions": {**versions("numpy", "scipy", "numba", "bm25s", "torch"),
+                         "pyseismic-lsr": importlib.metadata.version("pyseismic-lsr")}}
     print(json.dumps(info))
     titles, query_texts = texts(args.max_docs, args.queries, SEED)
     cache = ROOT / "runs" / "bench_cache" / f"splade_titles_{len(titles)}_{len(query_texts)}_{SEED}.npz"
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> dict:
     if bm25:
         print(f"BM25 (word pieces): {json.dumps({k: round(v, 3) for k, v in bm25.items()})}", flush=True)
     out = {**info, "command": f"python -m {__spec__.name} " + " ".join(argv or []), "corpora": results,
-           "bm25": bm25, "wall_s": time.perf_counter() - start, "load_average_after": load_1min()}
+           "bm25": bm25, "wall_s": time.perf_counter() - start, "load_average_after": load_average()}
     write_result_json(BENCHMARKS, args.tag, out)
     plot(results, BENCHMARKS / "plots" / f"{args.tag}.png")
     print(f"wrote benchmarks/results/{args.tag}.json ({out['wall_s']:.0f} s)")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from benchmarks.common.config import ROOT, pyplot, save_figure, write_json
 from benchmarks.common.config import parser as make_parser
-from benchmarks.common.machine import cpu_model, memory_gib, run_command, usable_cores, versions
+from benchmarks.common.machine import machine_line, run_command, versions
 from benchmarks.common.process import Interval, ProcessTree, call_in_child, wait_quiet
 
 MODES = ("plain_1t", "plain_2t", "ray_ddp", "ray_deepspeed")
@@ -28,11 +28,6 @@ SIZES = {
     "small": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 1024,
               "max_position_embeddings": 128},
 }
-
-
-def machine() -> dict:
-    return {"cpu": cpu_model(), "cores": usable_cores(), "ram_gib": round(memory_gib(), 1),
-            **versions("torch", "ray", "deepspeed", "transformers"), "load_avg_start": os.getloadavg()}
 
 
 def config(work: str, size: str, steps: int, backend: str = "ddp"):
@@ -282,7 +277,9 @@ def main() -> None:
     parser.add_argument("--plot", default=None)
     parser.add_argument("--skip", choices=("throughput", "memory"), default=None)
     args = parser.parse_args()
-    report: dict = {"command": run_command(__spec__.name), "machine": machine(), "throughput": [], "memory": []}
+    report: dict = {"command": run_command(__spec__.name), "throughput": [], "memory": [],
+                    "machine": {"machine": machine_line(), **versions("torch", "ray", "deepspeed", "transformers"),
+                                "load_avg_start": os.getloadavg()}}
     print(json.dumps(report["machine"]), flush=True)
     if args.skip != "throughput":
         for size in SIZES:
