@@ -130,32 +130,22 @@ def per_question_record(rows: dict[str, dict[str, dict[str, float]]]) -> dict[st
     return {m: {k: {q: round(v, 6) for q, v in rows[k][m].items()} for k in rows} for m in PAIRED_METRICS}
 
 
-def zero_shot(cfg: PQAConfig, records: list, tokenizer, timings: dict) -> tuple[dict, dict]:
-    t = time.perf_counter()
-    model = pqa_model(cfg.model, tokenizer, 0)
-    model.eval()
-    ev = cfg.eval
-    dev = {"hybrid": score_split(model, records, "dev", ev.batch_size)}
-    test = {"hybrid": score_split(model, records, "test", ev.batch_size)}
-    rows, chosen = rank_rows(dev, test, ev.grid, ev.normalisations, ev.prior_k)
-    timings["zero_shot_s"] = time.perf_counter() - t
-    return rows, chosen
-
-
-def fine_tuned(cfg: PQAConfig, records: list, tokenizer, seed: int, timings: dict) -> tuple[dict, dict, dict]:
+def scored(cfg: PQAConfig, records: list, tokenizer, seed: int, timings: dict, train: bool = True
+           ) -> tuple[dict, dict, dict]:
+    """`rank_rows` of the models of `seed`: each of `cfg.representations` fine-tuned, or (`train` false) the backbone
+    untouched as the hybrid model (zero-shot); and the final training losses."""
     ev, dev, test, finals = cfg.eval, {}, {}, {}
-    for rep in cfg.representations:
+    for rep in cfg.representations if train else ["hybrid"]:
         model = pqa_model(cfg.model, tokenizer, seed)
         t = time.perf_counter()
-        history = train_pqa(model, records, cfg.finetune, None, seed=seed, representation=rep)
-        timings[f"seed{seed}_train_{rep}_s"] = time.perf_counter() - t
-        finals[rep] = history["finetune"][-1]
-        t = time.perf_counter()
+        if train:
+            finals[rep] = train_pqa(model, records, cfg.finetune, None, seed=seed, representation=rep)["finetune"][-1]
+        model.eval()
         dev[rep] = score_split(model, records, "dev", ev.batch_size)
         test[rep] = score_split(model, records, "test", ev.batch_size)
-        timings[f"seed{seed}_score_{rep}_s"] = time.perf_counter() - t
+        timings[f"seed{seed}_{rep}_s" if train else "zero_shot_s"] = time.perf_counter() - t
     rows, chosen = rank_rows(dev, test, ev.grid, ev.normalisations, ev.prior_k)
-    print(f"seed {seed} test MRR@5: {mrr_line(rows)}", flush=True)
+    print(f"{f'seed {seed}' if train else 'zero-shot'} test MRR@5: {mrr_line(rows)}", flush=True)
     return rows, chosen, finals
 
 
@@ -220,15 +210,12 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = load_tokenizer(resolve_backbone_path(cfg.model.backbone.name_or_path))
     print("data: " + json.dumps(summary), flush=True)
 
-    zs_rows, zs_chosen = zero_shot(cfg, records, tokenizer, timings)
-    print(f"zero-shot test MRR@5: {mrr_line(zs_rows)}", flush=True)
-    runs = [fine_tuned(cfg, records, tokenizer, seed, timings) for seed in cfg.seeds]
+    zs_rows, zs_chosen, _ = scored(cfg, records, tokenizer, 0, timings, train=False)
+    runs = [scored(cfg, records, tokenizer, seed, timings) for seed in cfg.seeds]
     ft_rows, ft_chosen, finals = map(list, zip(*runs, strict=True))
     timings["total_s"] = time.perf_counter() - start
 
-    info = machine_info()
-    info["load_average_start"] = load_start
-    info["load_average_end"] = load_average()
+    info = machine_info(load_average_start=load_start, load_average_end=load_average())
     sig = {"zero_shot": significance(zs_rows)}
     sig.update({f"fine_tuned_seed{s}": significance(r) for s, r in zip(cfg.seeds, ft_rows, strict=True)})
     sig["fine_tuned_seed_mean"] = significance(seed_mean(ft_rows))
