@@ -108,11 +108,7 @@ def _ray_pass(data: Path, tokenizer: str, tree: ProcessTree) -> dict:
     ds = read_tokenized("snli", str(data), tokenizer, quarantine_dir=qdir, max_length=MAX_LENGTH, workers=WORKERS,
                         rows_per_block=WINDOW)  # the file split in byte ranges ("auto")
     out = consume(ds.iter_batches(batch_size=None, batch_format="pyarrow"), span, qdir)
-    stats = ds.stats()
-    tasks = [ln.strip() for ln in stats.splitlines() if "tasks executed" in ln]
-    detail = [ln.strip() for ln in stats.splitlines() if "tasks executed" in ln or "Remote wall" in ln
-              or "Remote cpu" in ln]
-    return {**out, "stats": detail, "tasks": tasks}
+    return {**out, "tasks": [ln.strip() for ln in ds.stats().splitlines() if "tasks executed" in ln]}
 
 
 def run_ray(data: Path, tokenizer: str) -> dict:
@@ -183,25 +179,27 @@ def report(mode: str, runs: list[dict], good: int) -> dict:
                  f"({1e6 * warm['cpu'] / good:.0f} us/row)  first batch {warm['first_batch']:.2f} s  others' load "
                  f"{warm['others_cores']:.2f} cores; cold + ray.init: {good / best['with_init_seconds']:,.0f} rows/s "
                  f"(ray.init {best['init_best']:.1f} s)")
-        line += "".join(f"\n{'':<15}{s}" for s in warm["stats"])
+        line += "".join(f"\n{'':<15}{s}" for s in warm["tasks"])
     print(line, flush=True)
     return best
+
+
+# the Ray figures of a size's best runs (`report`): their seconds
+FIGURES = {"cold": lambda r: r["seconds"], "warm": lambda r: r["warm_best"]["seconds"],
+           "cold+init": lambda r: r["with_init_seconds"]}
 
 
 def ratios(results: dict[str, dict]) -> dict[str, float]:
     """Throughput of each Ray figure over the loop's (>1: Ray is faster)."""
     if not {"loop", "ray_tasks"} <= set(results):
         return {}
-    b, ray = results["loop"]["seconds"], results["ray_tasks"]
-    return {"ray_tasks/loop cold": b / ray["seconds"], "ray_tasks/loop warm": b / ray["warm_best"]["seconds"],
-            "ray_tasks/loop cold+init": b / ray["with_init_seconds"]}
+    return {f"ray_tasks/loop {k}": results["loop"]["seconds"] / f(results["ray_tasks"]) for k, f in FIGURES.items()}
 
 
 def crossings(sizes: list[int], per_size: dict[int, dict[str, dict]]) -> dict[str, float | None]:
     """The row count where ray_tasks reaches the loop's rows/s per Ray figure (log-linear interpolation)."""
     out: dict[str, float | None] = {}
-    for key, seconds in (("warm", lambda r: r["warm_best"]["seconds"]), ("cold", lambda r: r["seconds"]),
-                         ("cold+init", lambda r: r["with_init_seconds"])):
+    for key, seconds in FIGURES.items():
         ratio = [per_size[n]["loop"]["seconds"] / seconds(per_size[n]["ray_tasks"]) for n in sizes]
         out[key] = None
         for i, r in enumerate(ratio):
@@ -224,13 +222,10 @@ def plot(path: str, sizes: list[int], per_size: dict[int, dict[str, dict]], titl
     fig, ax = plt.subplots(figsize=(7, 4.2))
     modes = list(per_size[sizes[0]])
     for mode in modes:
-        ax.plot(sizes, [_rate(per_size[n][mode]) for n in sizes], marker="o",
-                label=mode if mode.startswith("loop") else f"{mode} cold")
-        if mode.startswith("ray"):
-            ax.plot(sizes, [per_size[n][mode]["rows"] / per_size[n][mode]["warm_best"]["seconds"] for n in sizes],
-                    marker="s", linestyle="--", label=f"{mode} warm")
-            ax.plot(sizes, [per_size[n][mode]["rows"] / per_size[n][mode]["with_init_seconds"] for n in sizes],
-                    marker="^", linestyle=":", label=f"{mode} cold + ray.init")
+        for (figure, seconds), style in zip(FIGURES.items(), ("o-", "s--", "^:"), strict=True):
+            if figure == "cold" or mode.startswith("ray"):
+                ax.plot(sizes, [per_size[n][mode]["rows"] / seconds(per_size[n][mode]) for n in sizes], style,
+                        label=mode if mode == "loop" else f"{mode} {figure.replace('+', ' + ray.')}")
     ax.set_xscale("log")
     ax.set_xlabel("input rows (SNLI-layout JSONL, 3% bad)")
     ax.set_ylabel("good rows/s (read + validate + tokenise)")
