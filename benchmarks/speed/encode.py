@@ -17,11 +17,13 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
 from benchmarks.common.config import parser, pyplot, save_figure, write_json
 from benchmarks.common.machine import machine_line, versions
 from benchmarks.common.models import bench_model
 from benchmarks.common.process import ProcessTree, call_in_child
+from madr.data.synthetic.catalog import generate_catalog
 
 TINY = {"tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
                  "max_position_embeddings": 128},
@@ -34,9 +36,6 @@ CHECK_ROWS = 256  # vectors compared between methods (same model -> same vectors
 def make_corpus(work: Path, n: int) -> Path:
     """`n` synthetic products (the first 10,000 repeated) as Parquet files of 5,000 rows."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from madr.data.synthetic.catalog import generate_catalog
 
     corpus = work / f"corpus_{n}"
     if corpus.exists():
@@ -56,8 +55,6 @@ def make_corpus(work: Path, n: int) -> Path:
 
 def make_model(work: Path, kind: str) -> Path:
     """A saved madr ``bibert`` (CLS, cosine, shared towers) of ``kind`` (module docstring)."""
-    from madr.data.synthetic.catalog import generate_catalog
-
     model_dir = work / f"model_{kind}"
     if not model_dir.exists():
         catalog = generate_catalog(num_products=3000, num_queries=10, seed=0) if kind in TINY else None
@@ -68,8 +65,6 @@ def make_model(work: Path, kind: str) -> Path:
 
 
 def _texts_ids(corpus: Path) -> tuple[list[str], np.ndarray]:
-    import pyarrow.parquet as pq
-
     t = pq.read_table(corpus)
     texts = [f"{a} {b}".strip() for a, b in zip(t.column("title").to_pylist(), t.column("description").to_pylist(),
                                                   strict=True)]

@@ -23,6 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import scipy.sparse as sp
 from pydantic import BaseModel
 
 from benchmarks.common.config import ROOT, parser, write_result_json
@@ -56,9 +59,6 @@ def run_inputs(run: Path, config: str, serve_config: str) -> dict[str, Any]:
 
 def real_corpus(manifest_path: Path) -> dict[str, Any]:
     """The run's documents as stored: ids, vectors, term counts, display rows, lexical tokenizer, model dir."""
-    import pyarrow.parquet as pq
-    import scipy.sparse as sp
-
     from madr.index.lexical import LexicalInfo, load_term_counts
     from madr.index.manifest import Manifest
     from madr.modeling.tokenization import load_tokenizer
@@ -93,8 +93,6 @@ def draw_dense(real: np.ndarray, n: int, noise: float, rng: np.random.Generator)
 
 def draw_term_counts(tf, n: int, rng: np.random.Generator):
     """`n` word-piece documents (CSR): lengths drawn from the real ones, pieces from their unigram frequencies."""
-    import scipy.sparse as sp
-
     lengths = np.asarray(tf.sum(axis=1)).ravel().astype(np.int64)
     unigram = np.asarray(tf.sum(axis=0)).ravel().astype(np.float64)
     drawn_len = rng.choice(lengths, n)
@@ -105,8 +103,6 @@ def draw_term_counts(tf, n: int, rng: np.random.Generator):
 
 def drawn_docs(docs, src: np.ndarray, ids: np.ndarray):
     """Display rows of drawn documents: their source document's fields under their own id (and product id)."""
-    import pyarrow as pa
-
     out = docs.take(pa.array(src)).set_column(docs.column_names.index("doc_id"), "doc_id", pa.array(ids, pa.int64()))
     if "product_id" in out.column_names:
         out = out.set_column(out.column_names.index("product_id"), "product_id",
@@ -116,10 +112,6 @@ def drawn_docs(docs, src: np.ndarray, ids: np.ndarray):
 
 def scaled_corpus(real: dict[str, Any], docs: int, noise: float, seed: int, out: Path) -> None:
     """The real documents plus drawn ones up to `docs`, ids ascending, written to `out` (once)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    import scipy.sparse as sp
-
     from madr.index.lexical import save_term_counts
     from madr.index.manifest import atomic_save_npy, atomic_write
     from madr.search.sparse import SparseBatch
@@ -149,8 +141,6 @@ def scaled_corpus(real: dict[str, Any], docs: int, noise: float, seed: int, out:
 
 def build_scaled_index(real: dict[str, Any], corpus: Path, factory: str, seed: int) -> Path:
     """madr's index of the scaled corpus in `corpus/index`, laid out as the run's (shards, BM25 part, fusion)."""
-    import pyarrow.parquet as pq
-
     from madr.index.build import build_index
     from madr.index.lexical import load_term_counts
     from madr.index.manifest import MANIFEST_FILE, record_fusion
@@ -220,7 +210,6 @@ class PeerQuery(BaseModel):
 def peer_app(corpus: Path, lam: float, how: str, candidates: int, k1: float, b: float, factory: str = "Flat",
              nprobe: int | None = None):
     """The hand-built service: POST /search {"query", "k"} -> results [{id, score, doc}] and timings_ms."""
-    import pyarrow.parquet as pq
     from fastapi import FastAPI
     from sentence_transformers import SentenceTransformer
     from transformers import AutoTokenizer

@@ -23,11 +23,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 
 from benchmarks.common.config import ROOT, parser, write_json
 from benchmarks.common.machine import load_average, machine_line, versions
 from benchmarks.common.models import served_hybrid
+from madr.data.synthetic.catalog import generate_catalog
 from pipelines.runtime import apply_ray_env
 
 apply_ray_env(offline=True)  # Ray network hygiene (scripts/ray_env.sh), before Ray is imported
@@ -45,8 +47,6 @@ def machine_info() -> str:
 
 def build_model(out: Path, backbone: str) -> Path:
     """The served hybrid model (`benchmarks.common.models`) saved under `out/model` (kept between runs)."""
-    from madr.data.synthetic.catalog import generate_catalog
-
     path = out / "model"
     if (path / "config.json").is_file():
         return path
@@ -57,8 +57,6 @@ def build_model(out: Path, backbone: str) -> Path:
 
 def bench_queries() -> list[str]:
     """The synthetic catalog's queries the serving benchmarks send."""
-    from madr.data.synthetic.catalog import generate_catalog
-
     return [q.text for q in generate_catalog(300, 500, seed=1).queries]
 
 
@@ -175,8 +173,6 @@ def direct_url(app_name: str, timeout: float = 60.0) -> str:
 async def post(session, url: str, body: dict | bytes) -> tuple[int, str | None, bytes]:
     """POST `body` (a JSON object, or raw bytes sent as JSON) to `url`: (status, Retry-After, the answer's body);
     status 0 and the error for no HTTP answer."""
-    import aiohttp
-
     kw = {"data": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes) else {"json": body}
     try:
         async with session.post(url, **kw) as r:
@@ -209,8 +205,6 @@ async def closed_loop(url: str, queries: list[str], clients: int, duration: floa
     """`clients` clients, each sending its next request once the last is answered, for `warmup` s (not recorded),
     then `duration` s: POST /search {"query", "k": K} of the queries in turn, or with chance `bad_fraction` one of
     `bad` ({kind: (path, JSON body or raw bytes)}); `on_start()` (a coroutine) beside them. (answers, seconds)."""
-    import aiohttp
-
     answers: list[Answer] = []
     start = time.perf_counter() + warmup
     stop = start + duration

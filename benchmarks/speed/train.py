@@ -15,10 +15,15 @@ import os
 import time
 from pathlib import Path
 
+import torch
+
 from benchmarks.common.config import ROOT, pyplot, save_figure, write_json
 from benchmarks.common.config import parser as make_parser
 from benchmarks.common.machine import machine_line, run_command, versions
 from benchmarks.common.process import Interval, ProcessTree, call_in_child, wait_quiet
+from madr.config import StageConfig, load_config
+from madr.modeling.model import BiEncoder, build_model
+from madr.training.stage_module import FinetuneBatch, StageModule
 
 MODES = ("plain_1t", "plain_2t", "ray_ddp", "ray_deepspeed")
 BATCH, BIG_BATCH, CHUNKS = 32, 1024, (0, 64)  # A's global batch; B's batch and GradCache chunks (0: plain backprop)
@@ -31,8 +36,6 @@ SIZES = {
 
 
 def config(work: str, size: str, steps: int, backend: str = "ddp"):
-    from madr.config import load_config
-
     overrides = {
         "name": "bench", "output_dir": work, "train.finetune.steps": steps, "train.finetune.batch_size": BATCH,
         "train.finetune.log_every": 10, "train.finetune.validate_every": 0, "train.finetune.checkpoint_every": 0,
@@ -47,11 +50,8 @@ def plain_loop(work: str, size: str, steps: int, threads: int) -> dict:
     """One process: the job's objective on the job's rows with a plain forward / backward / AdamW loop."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    import torch
 
-    from madr.modeling.model import BiEncoder
     from madr.training.loop import Optimisation
-    from madr.training.stage_module import StageModule
     from pipelines.train.data import example_files
     from pipelines.train.engine import trainable
     from pipelines.train.examples import decode_batch
@@ -166,11 +166,7 @@ def gradcache_step(model_dir: str, batch_file: str, chunk: int) -> dict:
     import resource
 
     import psutil
-    import torch
 
-    from madr.config import StageConfig
-    from madr.modeling.model import BiEncoder
-    from madr.training.stage_module import StageModule
     from pipelines.train.engine import DDPEngine
 
     torch.set_num_threads(1)
@@ -187,13 +183,8 @@ def gradcache_step(model_dir: str, batch_file: str, chunk: int) -> dict:
 
 def memory_inputs(out: str) -> tuple[str, str]:
     """One model (4-layer, hidden-128, no dropout) and one batch of `BIG_BATCH` pairs, saved for the subprocesses."""
-    import torch
-
-    from madr.config import load_config
-    from madr.modeling.model import build_model
     from madr.recipes.aspects.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies
     from madr.training.loop import CatalogSampler, finetune_batches
-    from madr.training.stage_module import FinetuneBatch
 
     cfg = load_config(ROOT / "configs" / "train_tiny.yaml", {
         "output_dir": out, "data.synthetic_products": 4000, "data.synthetic_queries": 3000,
