@@ -36,13 +36,13 @@ from benchmarks.common.machine import load_average, machine_info, run_command
 from benchmarks.quality.aspect_models.evaluation import (
     EvalSet,
     Lists,
+    aspect_accuracy,
     bm25_lists,
     cached_lists,
     catalog_for,
     corpus_key,
     fingerprint,
     fuse,
-    majority_accuracy,
     metrics_of,
     model_lists,
     rrf,
@@ -382,10 +382,12 @@ def publish(run: Run, seeds: list[int], fusions: dict, training: dict, tag: str,
 
 def chance_accuracy(cfg: ExperimentConfig, catalog, vocab, ev: EvalSet) -> dict[str, float]:
     """Test aspect Accuracy@1 of the most frequent value of the training annotations (train queries, products)."""
-    aspects = list(cfg.model.aspects)
     train = [q.aspects for q in catalog.queries_in("train")] + [p.aspects for p in catalog.products]
-    return {**majority_accuracy(vocab, aspects, train, ev.query_aspects, "query"),
-            **majority_accuracy(vocab, aspects, train, ev.doc_aspects, "doc")}
+    most = {aspect: int(np.bincount([i for a in train for i in vocab.get(aspect, "phrase").encode(a.get(aspect, []))],
+                                    minlength=1).argmax()) for aspect in cfg.model.aspects}
+    return {**aspect_accuracy(vocab, {a: [m] * len(ev.query_aspects) for a, m in most.items()}, ev.query_aspects,
+                              "query"),
+            **aspect_accuracy(vocab, {a: [m] * len(ev.doc_aspects) for a, m in most.items()}, ev.doc_aspects, "doc")}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -95,7 +95,7 @@ class Encoded:
     """Texts as a model encodes them, in input order."""
 
     vectors: torch.Tensor  # [N, d] search vectors, L2-normalised for cosine models
-    preds: dict[str, np.ndarray]  # aspect key -> [N] top-1 phrase value, for the aspects the model predicts
+    preds: dict[str, np.ndarray]  # aspect -> [N] top-1 phrase value, for the aspects the model predicts
 
 
 @torch.no_grad()
@@ -107,18 +107,18 @@ def encode(model: BiEncoder, texts: list[str], side: str, batch_size: int, desc:
     max_len = model.config.max_query_length if side == "query" else model.config.max_doc_length
     lengths = [len(x) for x in model.tokenizer(model.config.prefixed(texts, side), add_special_tokens=True,
                                                truncation=True, max_length=max_len)["input_ids"]]
-    keys = [k for k, _, g in objective_keys(model.config) if g == "phrase"]
+    keys = {k: aspect for k, aspect, g in objective_keys(model.config) if g == "phrase"}
     order = np.argsort(lengths, kind="stable")
     emb = torch.empty(len(texts), model.embedding_dim)
-    preds = {k: np.zeros(len(texts), dtype=np.int64) for k in keys}
+    preds = {aspect: np.zeros(len(texts), dtype=np.int64) for aspect in keys.values()}
     for start in tqdm(range(0, len(texts), batch_size), desc=desc, leave=False, mininterval=5):
         idx = order[start:start + batch_size]
         enc = model.tokenize([texts[i] for i in idx], side)
         out = model.encode(enc["input_ids"].to(device), enc["attention_mask"].to(device), side)
         e = out.embedding.float().cpu()
         emb[torch.from_numpy(idx)] = F.normalize(e, dim=-1) if model.config.similarity == "cosine" else e
-        for k in keys:
-            preds[k][idx] = out.aspect_logits[k].argmax(-1).cpu().numpy()
+        for k, aspect in keys.items():
+            preds[aspect][idx] = out.aspect_logits[k].argmax(-1).cpu().numpy()
     return Encoded(emb, preds)
 
 
@@ -192,27 +192,14 @@ def metrics_of(lists: Lists, ev: EvalSet, cfg: ExperimentConfig) -> dict[str, di
     return out
 
 
-def aspect_accuracy(model: BiEncoder, preds: dict[str, np.ndarray], aspects: list[dict], side: str) -> dict:
-    """Accuracy@1 (`madr.metrics.aspect_accuracy_at_1`) of the top phrase value per aspect over the items with an
-    annotation in the vocabulary."""
+def aspect_accuracy(vocabularies, preds: dict[str, Sequence[int]], items: list[dict], side: str) -> dict:
+    """Accuracy@1 (`madr.metrics.aspect_accuracy_at_1`) of the predicted phrase values ({aspect: value per item})
+    over the items with an annotation in the vocabulary."""
     out = {}
-    for key, aspect, _ in [x for x in objective_keys(model.config) if x[2] == "phrase"]:
-        voc = model.vocabularies.get(aspect, "phrase")
-        gold = [set(voc.encode(a.get(aspect, []))) for a in aspects]
+    for aspect, pred in preds.items():
+        gold = [set(vocabularies.get(aspect, "phrase").encode(a.get(aspect, []))) for a in items]
         if any(gold):
-            out[f"{side}_acc@1_{aspect}"] = aspect_accuracy_at_1(preds[key].tolist(), gold)
-    return out
-
-
-def majority_accuracy(vocabularies, aspects: list[str], train: list[dict], items: list[dict], side: str) -> dict:
-    """The chance row of aspect Accuracy@1: the phrase value most frequent in `train`, scored on `items`."""
-    out = {}
-    for aspect in aspects:
-        voc = vocabularies.get(aspect, "phrase")
-        most = int(np.bincount([i for a in train for i in voc.encode(a.get(aspect, []))], minlength=1).argmax())
-        gold = [set(voc.encode(a.get(aspect, []))) for a in items]
-        if any(gold):
-            out[f"{side}_acc@1_{aspect}"] = aspect_accuracy_at_1([most] * len(gold), gold)
+            out[f"{side}_acc@1_{aspect}"] = aspect_accuracy_at_1(np.asarray(pred).tolist(), gold)
     return out
 
 
@@ -234,9 +221,9 @@ def model_lists(model: BiEncoder, splits: dict[str, EvalSet], k: int, bs: int, l
         q = encode(model, ev.query_texts, "query", bs, f"{label}: {name} queries")
         out[name] = dense_lists(q.vectors, docs.vectors[torch.from_numpy(rows)], ev, k)
         if aspects is not None and docs.preds:
-            aspects[name] = {**aspect_accuracy(model, q.preds, ev.query_aspects, "query"),
-                             **aspect_accuracy(model, {a: p[rows] for a, p in docs.preds.items()}, ev.doc_aspects,
-                                               "doc")}
+            doc_preds = {a: p[rows] for a, p in docs.preds.items()}
+            aspects[name] = {**aspect_accuracy(model.vocabularies, q.preds, ev.query_aspects, "query"),
+                             **aspect_accuracy(model.vocabularies, doc_preds, ev.doc_aspects, "doc")}
     return out
 
 
