@@ -5,7 +5,6 @@ plain loop).
 
     python -m benchmarks.speed.encode --model minilm --sizes 20000 --methods ray st
     python -m benchmarks.speed.encode --model micro --sizes 100000 1000000 --max-docs-per-shard 100000
-    python -m benchmarks.speed.encode --plot benchmarks/results/encode_memory_*.json
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from benchmarks.common.config import parser, pyplot, save_figure, write_json
+from benchmarks.common.config import parser, write_json
 from benchmarks.common.machine import machine_line, versions
 from benchmarks.common.models import bench_model
 from benchmarks.common.process import ProcessTree, call_in_child
@@ -180,8 +179,8 @@ def measured(method: str, corpus: str, model_dir: str, out: str, threads: int, s
             "cpu_s": tree.cpu_seconds(), "sampler_cpu_s": tree.sampler_cpu}
 
 
-def report(rows: list[dict], sizes: list[int], methods: list[str]) -> None:
-    print("\nratios (ray / peer docs/s) and memory growth (largest / smallest corpus):")
+def report(rows: list[dict], sizes: list[int]) -> None:
+    print("\nratios (ray / peer docs/s):")
     for n in sizes:
         by = {r["method"]: r for r in rows if r["docs"] == n}
         for job in (m for m in ("ray", "ray_bf16", "ray_actors", "ray_actors_bf16", "ray_actors_int8") if m in by):
@@ -190,32 +189,6 @@ def report(rows: list[dict], sizes: list[int], methods: list[str]) -> None:
                 f"{job}/{m} {by[job]['docs_per_s'] / by[m]['docs_per_s']:.2f} end-to-end"
                 + (f", {steady / by[m]['docs_per_s']:.2f} steady" if steady else "")
                 for m in by if not m.startswith("ray")))
-    if len(sizes) > 1:
-        for m in methods:
-            mem = [r["peak_pss_mb"] for r in rows if r["method"] == m]
-            print(f"  {m:<6} peak PSS {mem[0]:.0f} -> {mem[-1]:.0f} MB (x{mem[-1] / mem[0]:.2f} for "
-                  f"x{sizes[-1] / sizes[0]:.0f} docs)")
-
-
-def plot_memory(json_paths: list[str], png: str) -> None:
-    """Peak PSS vs corpus size, one line per method, from `--json` files of memory runs."""
-    plt = pyplot()
-    if plt is None:
-        return
-
-    rows = [r for p in json_paths for r in json.loads(Path(p).read_text())["rows"]]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for method in dict.fromkeys(r["method"] for r in rows):
-        pts = sorted((r["docs"], r["peak_pss_mb"]) for r in rows if r["method"] == method)
-        ax.plot([d for d, _ in pts], [m / 1024 for _, m in pts], marker="o", label=method)
-    ax.set_xscale("log")
-    ax.set_xlabel("corpus size (docs)")
-    ax.set_ylabel("peak memory, summed PSS (GiB)")
-    ax.set_title("encode: peak memory vs corpus size (all processes)")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    save_figure(fig, png)
-    print(f"plot -> {png}")
 
 
 def main() -> None:
@@ -228,12 +201,7 @@ def main() -> None:
     ap.add_argument("--max-docs-per-shard", type=int, default=None, help="fixed shard size (memory runs)")
     ap.add_argument("--work", default="/tmp/madr_bench_encode")
     ap.add_argument("--json", default=None, help="write the rows and the run's settings here")
-    ap.add_argument("--plot", nargs="+", default=None, help="only plot memory vs size from these JSON files")
-    ap.add_argument("--png", default="benchmarks/plots/encode_memory.png")
     args = ap.parse_args()
-    if args.plot:
-        plot_memory(args.plot, args.png)
-        return
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0]
@@ -268,7 +236,7 @@ def main() -> None:
         diffs = {m: float(np.abs(v - ref).max()) for m, v in checks.items()}
         print(f"  max |vector difference| vs {args.methods[0]} over the first {CHECK_ROWS} docs: {diffs}")
         rows[-1]["max_vector_diff"] = diffs
-    report(rows, args.sizes, args.methods)
+    report(rows, args.sizes)
     header["load_after"] = os.getloadavg()[0]
     print(f"load avg after: {header['load_after']:.2f}")
     if args.json:
