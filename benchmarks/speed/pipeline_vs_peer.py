@@ -194,12 +194,21 @@ def build_index(model: Any, data: dict[str, Any], s: dict[str, Any], out: Path) 
     return {"flat": flat, "bm25": bm25, "lexical": lexical, "n": len(data["texts"])}
 
 
-def candidates(model: Any, index: dict[str, Any], texts: list[str], s: dict[str, Any]) -> tuple[list, list]:
-    """Per query the dense and the BM25 top `candidates` as (rows, scores)."""
+def fused_metrics(model: Any, index: dict[str, Any], data: dict[str, Any], s: dict[str, Any],
+                  split: str) -> Callable[[float, str], dict[str, float]]:
+    """Per query of `split` the dense and the BM25 top `candidates` (searched once); the metrics of their fusion
+    at (lam, normalisation)."""
+    qids, texts = data["splits"][split]
     k = min(s["candidates"], index["n"])
     scores, rows = index["flat"].search(encode(model, texts, s["query_prefix"], s["max_query_length"]), k)
     dense = [(r[r >= 0].astype(np.int64), sc[r >= 0]) for r, sc in zip(rows, scores, strict=True)]
-    return dense, bm25_search(index["bm25"], word_pieces(index["lexical"], texts), k, index["n"])
+    bm25 = bm25_search(index["bm25"], word_pieces(index["lexical"], texts), k, index["n"])
+
+    def metrics(lam: float, how: str) -> dict[str, float]:
+        ranked = [fuse(d, b, lam, how, s["top_k"]) for d, b in zip(dense, bm25, strict=True)]
+        return score(to_run(qids, ranked, data["ids"]), qids, data, s)
+
+    return metrics
 
 
 def to_run(qids: list[str], ranked: list[tuple[np.ndarray, np.ndarray]], ids: list[str]) -> dict:
@@ -220,14 +229,12 @@ def score(run: dict, qids: list[str], data: dict[str, Any], s: dict[str, Any]) -
 
 def tune(model: Any, index: dict[str, Any], data: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
     """The (lam, normalisation) of the grid best on dev by `tune_metric` (first in grid order on ties)."""
-    qids, texts = data["splits"]["dev"]
-    dense, bm25 = candidates(model, index, texts, s)
+    metrics = fused_metrics(model, index, data, s, "dev")
     n = int(round(1.0 / s["lambda_step"]))
     best: dict[str, Any] = {"value": -1.0}
     for how in s["normalisations"]:
         for lam in (round(i * s["lambda_step"], 10) for i in range(n + 1)):
-            fused = [fuse(d, b, lam, how, s["top_k"]) for d, b in zip(dense, bm25, strict=True)]
-            value = score(to_run(qids, fused, data["ids"]), qids, data, s)[s["tune_metric"]]
+            value = metrics(lam, how)[s["tune_metric"]]
             if value > best["value"]:
                 best = {"lam": lam, "normalisation": how, "value": value}
     return best
@@ -236,14 +243,9 @@ def tune(model: Any, index: dict[str, Any], data: dict[str, Any], s: dict[str, A
 def evaluate_test(model: Any, index: dict[str, Any], data: dict[str, Any], s: dict[str, Any],
                   choice: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Test metrics of the chosen fusion and of its halves (lam 1: dense, lam 0: BM25)."""
-    qids, texts = data["splits"]["test"]
-    dense, bm25 = candidates(model, index, texts, s)
-    lams = {"fused": choice["lam"], "dense": 1.0, "bm25": 0.0}
-    out = {}
-    for name, lam in lams.items():
-        ranked = [fuse(d, b, lam, choice["normalisation"], s["top_k"]) for d, b in zip(dense, bm25, strict=True)]
-        out[name] = score(to_run(qids, ranked, data["ids"]), qids, data, s)
-    return out
+    metrics = fused_metrics(model, index, data, s, "test")
+    return {name: metrics(lam, choice["normalisation"])
+            for name, lam in {"fused": choice["lam"], "dense": 1.0, "bm25": 0.0}.items()}
 
 
 def timed(stages: dict[str, dict], name: str, fn: Callable[[], Any]) -> Any:
@@ -325,18 +327,14 @@ def measure_madr(catalog: Path, run: Path, config: str, sets: list[str], steps: 
 
 
 def compare(madr: dict[str, Any], peer: dict[str, Any]) -> dict[str, Any]:
-    """Per-stage and total ratios madr / peer, and where madr's extra seconds go (stage by stage)."""
+    """Per-stage and total ratios madr / peer, and madr's extra seconds per stage."""
     stages = {n: {"madr_s": madr["stages"][n]["seconds"], "peer_s": peer["stages"][n]["seconds"]} for n in STAGES}
     for v in stages.values():
         v["ratio"] = v["madr_s"] / v["peer_s"] if v["peer_s"] > 0 else float("nan")
         v["extra_s"] = v["madr_s"] - v["peer_s"]
-    gap = madr["total_s"] - peer["total_s"]
-    worst = max(STAGES, key=lambda n: stages[n]["extra_s"])
     return {"stages": stages, "total": {"madr_s": madr["total_s"], "peer_s": peer["total_s"],
                                         "ratio": madr["total_s"] / peer["total_s"]},
-            "process": {"madr_s": madr["process_s"], "peer_s": peer["process_s"]},
-            "extra": {"seconds": gap, "largest_stage": worst,
-                      "share": stages[worst]["extra_s"] / gap if gap > 0 else float("nan")}}
+            "process": {"madr_s": madr["process_s"], "peer_s": peer["process_s"]}}
 
 
 def print_report(result: dict[str, Any]) -> None:
@@ -349,8 +347,6 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"{name:10s} {v['madr_s']:9.1f} {v['peer_s']:9.1f} {v['ratio']:7.2f} {v['extra_s']:9.1f}")
     t = cmp["total"]
     print(f"{'total':10s} {t['madr_s']:9.1f} {t['peer_s']:9.1f} {t['ratio']:7.2f}  (target <= 1.3)")
-    e = cmp["extra"]
-    print(f"madr's extra {e['seconds']:.1f} s: most in {e['largest_stage']} ({100 * e['share']:.0f}%)")
     for side in ("madr", "peer"):
         f = result[side]["fusion"]
         print(f"{side} fusion: lam {f['lam']:g}, {f['normalisation']}, dev {f['value']:.4f}")
