@@ -145,11 +145,10 @@ def throughput(args: argparse.Namespace) -> dict:
         for mode in MODES:
             r = spawn(mode, args, work)
             runs[mode].append(r)
-            print(json.dumps({k: v for k, v in r.items() if k != "error"} if "error" not in r else r), flush=True)
-    best = {}
-    for mode, rs in runs.items():
-        ok = [r for r in rs if "error" not in r]
-        best[mode] = max(ok, key=lambda r: r["pairs_per_s_steady"]) if ok else rs[-1]
+            print(json.dumps(r), flush=True)
+    ok = {mode: [r for r in rs if "error" not in r] for mode, rs in runs.items()}
+    best = {mode: max(ok[mode], key=lambda r: r["pairs_per_s_steady"]) if ok[mode] else runs[mode][-1]
+            for mode in runs}  # the best run, else the last error
     out = {"size": args.size, "steps": args.steps, "batch": BATCH, "runs": runs, "best": best, "ratios": {}}
     for base in ("plain_1t", "plain_2t"):
         for mode in ("ray_ddp", "ray_deepspeed"):
@@ -236,7 +235,7 @@ def plot(path: str, report: dict) -> None:
     if plt is None:
         return
 
-    panels = [t for t in report["throughput"]]
+    panels = report["throughput"]
     fig, axes = plt.subplots(1, len(panels) + 1, figsize=(4.2 * (len(panels) + 1), 3.8))
     for ax, t in zip(axes, panels, strict=False):
         modes = [m for m, r in t["best"].items() if "error" not in r]
@@ -283,8 +282,6 @@ def main() -> None:
             report["memory"].append(memory(model_dir, batch_file, chunk))
             print(json.dumps(report["memory"][-1]), flush=True)
     report["machine"]["load_avg_end"] = os.getloadavg()
-    for t in report["throughput"]:
-        print_table(t)
     if args.out:
         write_json(args.out, report)
     if args.plot and report["throughput"]:
