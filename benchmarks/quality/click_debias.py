@@ -76,13 +76,10 @@ def simulation_settings(args: argparse.Namespace) -> dict[str, Any]:
     return {"top_k": args.top_k, "pool": args.pool, **SIMULATION, "catalog": "homedepot", "max_queries": None}
 
 
-def log_path(out: Path, args: argparse.Namespace, size: int, seed: int) -> Path:
-    """Where the log of (`size`, `seed`) under the simulation's settings is kept: a name per settings."""
-    return out / "logs" / f"n{size}-seed{seed}-{config_hash(simulation_settings(args))[:10]}.jsonl"
-
-
-def write_log(candidates: dict, args: argparse.Namespace, size: int, seed: int, path: Path) -> Path:
-    """The simulated impressions of `size` searches (one seed) as JSONL (the plain impressions layout)."""
+def write_log(candidates: dict, args: argparse.Namespace, size: int, seed: int, out: Path) -> Path:
+    """The simulated impressions of `size` searches (one seed) as JSONL (the plain impressions layout), kept under
+    `out/logs` in a file named after the simulation's settings."""
+    path = out / "logs" / f"n{size}-seed{seed}-{config_hash(simulation_settings(args))[:10]}.jsonl"
     if path.is_file():
         return path
     sim = ClickSimulation(size, args.top_k, power_law_examination(args.top_k, SIMULATION["eta"]),
@@ -189,13 +186,10 @@ def size_report(runs: dict[str, list[dict]], truth: np.ndarray, draws: int) -> d
             tests[f"{a} vs {b}"] = {m: paired_tests({q: v[m] for q, v in per_query[a].items()},
                                                     {q: v[m] for q, v in per_query[b].items()}, draws)
                                     for m in METRICS}
-    recovered = {}
-    for row in ("debiased", "filtered"):
-        if not all(r in means for r in (row, "naive", "judgments")):
-            continue
-        for m in METRICS:
-            gap = means["judgments"][m] - means["naive"][m]
-            recovered.setdefault(row, {})[m] = (means[row][m] - means["naive"][m]) / gap if abs(gap) > 1e-9 else None
+    both = {"naive", "judgments"} <= set(means)  # the share of the naive -> judgments gap a row recovers
+    gap = {m: means["judgments"][m] - means["naive"][m] for m in METRICS} if both else {}
+    recovered = {row: {m: (means[row][m] - means["naive"][m]) / gap[m] if abs(gap[m]) > 1e-9 else None
+                       for m in METRICS} for row in ("debiased", "filtered") if row in means and gap}
     curves = [r["examination"] for r in runs.get("debiased", []) if "examination" in r]
     errors = [curve_error(SimpleNamespace(propensity=c), truth) for c in curves]  # the JSON curves
     return {"means": means, "tests": tests, "gap_recovered": recovered, "curve_max_abs_error": errors,
@@ -259,7 +253,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              args)
             judged.append(cached_run(cfg, args, None))
     for size in args.sizes:
-        logs = [write_log(candidates, args, size, seed, log_path(out, args, size, seed)) for seed in args.seeds]
+        logs = [write_log(candidates, args, size, seed, out) for seed in args.seeds]
         runs: dict[str, list[dict]] = {"judgments": judged}
         for row in (r for r in args.rows if r != "judgments"):
             runs[row] = [cached_run(run_config(base, row, catalog_dir, log, out / "runs" / row / f"n{size}" /
