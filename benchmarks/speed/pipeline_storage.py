@@ -57,10 +57,9 @@ def measure(stages: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__spec__.name, __doc__)
-    p.add_argument("--stages", default=STAGES, help=f"comma-separated stages (default {STAGES})")
     p.add_argument("--out", default=None, help="write the JSON here too")
     args = p.parse_args(argv)
-    results = measure(args.stages)
+    results = measure(STAGES)
     print(json.dumps(results, indent=1))
     if args.out:
         write_json(args.out, results)
