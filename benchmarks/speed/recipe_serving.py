@@ -39,6 +39,7 @@ apply_ray_env(offline=True)  # Ray network hygiene (scripts/ray_env.sh), before 
 
 MODULE = "benchmarks.speed.recipe_serving"
 CHUNK = 100_000
+NOISE, SEED = 0.5, 0  # a drawn vector's noise (x the real vectors' per-dimension std); the draws' and IVF's seed
 PEER_MODEL, PEER_BM25 = "peer_model", "peer_bm25s"
 
 
@@ -158,20 +159,15 @@ def build_scaled_index(real: dict[str, Any], corpus: Path, factory: str, seed: i
     return Path(path)
 
 
-def cache_dir(args: argparse.Namespace, manifest: Path, factory: str) -> Path:
-    """`--cache`/<docs>-<hash of the input manifest, docs, seed, noise, index type>."""
-    key = hashlib.sha256(manifest.read_bytes() + json.dumps(
-        [args.docs, args.seed, args.noise, factory]).encode()).hexdigest()[:12]
-    return Path(args.cache) / f"{args.docs}-{key}"
-
-
 def prepare(args: argparse.Namespace, inputs: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
-    """The scaled corpus, its madr index and the peer's sentence-transformers model, in the cache directory."""
+    """The scaled corpus, its madr index and the peer's sentence-transformers model, in the cache directory
+    (`--cache`/<docs>-<hash of the input manifest, docs, seed, noise, index type>)."""
     real = real_corpus(inputs["manifest"])
     factory = args.index_factory or real["manifest"].index_factory
-    out = cache_dir(args, inputs["manifest"], factory)
-    scaled_corpus(real, args.docs, args.noise, args.seed, out)
-    manifest = build_scaled_index(real, out, factory, args.seed)
+    key = hashlib.sha256(inputs["manifest"].read_bytes() + json.dumps([args.docs, SEED, NOISE, factory]).encode())
+    out = Path(args.cache) / f"{args.docs}-{key.hexdigest()[:12]}"
+    scaled_corpus(real, args.docs, NOISE, SEED, out)
+    manifest = build_scaled_index(real, out, factory, SEED)
     if not (out / PEER_MODEL / "modules.json").is_file():
         from madr.export.sentence_transformers import export_sentence_transformers
         from madr.modeling.model import BiEncoder
@@ -390,9 +386,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--config", default="configs/product_search.yaml", help="the run's experiment config")
     p.add_argument("--serve-config", default="serve/serve_config.yaml", help="the deploy stage's Serve config")
     p.add_argument("--docs", type=int, default=1_000_000, help="documents served: the real ones plus drawn ones")
-    p.add_argument("--noise", type=float, default=0.5, help="drawn vectors' noise, x the real per-dimension std")
     p.add_argument("--index-factory", default=None, help="FAISS index type (default: the run's)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", default=str(ROOT / "runs" / "bench_cache" / "recipe_serving"))
     p.add_argument("--concurrency", default="1,16")
     p.add_argument("--direct-ingress", action="store_true",
