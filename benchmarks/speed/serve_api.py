@@ -257,15 +257,14 @@ def measure_levels(urls: dict[str, str], queries: list[str], levels: list[int], 
 
 
 def stop_apps(child: subprocess.Popen | None, timeout_s: float) -> None:
-    """SIGTERM the plain / peer app's process (if any) and wait for it, then shut Serve down if Ray started."""
+    """SIGTERM the plain / peer app's process (if any) and wait for it, then stop the local Ray this process
+    started, Serve with it (`serve.shutdown` first would wait up to 30 s for its controller's graceful exit)."""
     import ray
-    from ray import serve
 
     if child is not None:
         child.send_signal(signal.SIGTERM)
         child.wait(timeout=timeout_s)
-    if ray.is_initialized():
-        serve.shutdown()  # logs "nothing to shut down" when Serve did not start
+    ray.shutdown()
 
 
 def serve_apps(args: argparse.Namespace, manifest: Path, port: int, topologies: list[str]) -> dict[str, str]:
