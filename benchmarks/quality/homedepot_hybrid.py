@@ -350,8 +350,9 @@ def plot_rows(order: list[str], labels: dict, mean: dict, std: dict, metrics: li
 
 
 def publish(run: Run, seeds: list[int], fusions: dict, training: dict, tag: str, out_dir: Path, start: float,
-            sizes: dict) -> dict:
-    """The table (values and relative to the target with paired tests), JSON and plot."""
+            sizes: dict, final: bool) -> dict:
+    """The table (values and relative to the target with paired tests) and JSON of the rows so far; the plot once
+    they are all there (`final`)."""
     b, cfg = run.bench, run.cfg
     metrics = list(cfg.eval.retrieval_metrics) + list(cfg.eval.rerank_metrics)
     per_q, mean, std = seed_rows(run, seeds)
@@ -375,7 +376,8 @@ def publish(run: Run, seeds: list[int], fusions: dict, training: dict, tag: str,
               "fusions": fusions, "training": training, "seconds": run.seconds, "machine": info,
               "wall_s": time.perf_counter() - start, "table": "\n".join(text)}
     path = write_result_json(out_dir, tag, result)
-    plot_rows(order, labels, mean, std, metrics, out_dir / "plots" / f"{tag}.png", b["target"])
+    if final:
+        plot_rows(order, labels, mean, std, metrics, out_dir / "plots" / f"{tag}.png", b["target"])
     print(f"wrote {path}")
     return result
 
@@ -412,7 +414,8 @@ def main(argv: list[str] | None = None) -> dict:
               export=Path(args.export) if args.export else None)
     fusions = reference_rows(run)
     publishing = run.export is None
-    result = publish(run, seeds, fusions, {}, args.tag, Path(args.out_dir), start, sizes) if publishing else {}
+    result = (publish(run, seeds, fusions, {}, args.tag, Path(args.out_dir), start, sizes, not bench["trained"])
+              if publishing else {})
     if bench["trained"]:
         tokenizer = prepare_tokenizer(cfg, catalog)
         vocab = prepare_vocabularies(cfg, catalog, tokenizer)
@@ -421,7 +424,8 @@ def main(argv: list[str] | None = None) -> dict:
         for seed in seeds:
             training[seed] = trained_rows_of_seed(run, catalog, tokenizer, vocab, seed)
             if publishing:
-                result = publish(run, seeds, fusions, training, args.tag, Path(args.out_dir), start, sizes)
+                result = publish(run, seeds, fusions, training, args.tag, Path(args.out_dir), start, sizes,
+                                 seed == seeds[-1])
     return result
 
 
