@@ -1,10 +1,12 @@
-"""The repository paths, the benchmarks' argument parser, and a quality benchmark's YAML config with `--set
-key=value` overrides and its loop over training seeds."""
+"""The repository paths, the benchmarks' argument parser, a quality benchmark's YAML config with `--set key=value`
+overrides, and writing a result: its JSON, and its plots (matplotlib on the file-only Agg backend, optional:
+without it a benchmark still writes its JSON)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping, Sequence
+import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,21 +46,6 @@ def local_backbone(name: str | None) -> str | None:
     return name
 
 
-def over_seeds(seeds: Sequence[int], run_seed: Callable[[int], tuple[Any, ...]],
-               test_rows: Callable[[tuple[Any, ...]], Mapping[str, Mapping[str, float]]],
-               metric: str = "mrr@5") -> list[list[Any]]:
-    """`run_seed(seed)` per seed, printing its test `metric` per row; the results transposed, in seed order."""
-    columns: list[list[Any]] = []
-    for seed in seeds:
-        result = run_seed(seed)
-        columns = columns or [[] for _ in result]
-        for column, value in zip(columns, result, strict=True):
-            column.append(value)
-        print(f"seed {seed} test {metric.upper()}: " + ", ".join(
-            f"{k} {v[metric]:.3f}" for k, v in test_rows(result).items()), flush=True)
-    return columns
-
-
 def add_run_args(parser: argparse.ArgumentParser, config: Path, tag: str) -> None:
     """--config (default `config`), --set (repeatable), --seeds (default: the config's), --threads, --tag."""
     parser.add_argument("--config", default=str(config))
@@ -67,3 +54,40 @@ def add_run_args(parser: argparse.ArgumentParser, config: Path, tag: str) -> Non
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="training seeds (default: the config's)")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads")
     parser.add_argument("--tag", default=tag, help="name of the JSON / PNG")
+
+
+def write_json(path: str | Path, result: Any, indent: int = 1) -> Path:
+    """`result` as JSON at `path` (folders created; numpy scalars as floats); the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=indent, default=float))
+    return path
+
+
+def write_result_json(out_dir: str | Path, tag: str, result: dict[str, Any]) -> Path:
+    """`result` at `<out_dir>/results/<tag>.json`."""
+    return write_json(Path(out_dir) / "results" / f"{tag}.json", result)
+
+
+def pyplot() -> Any | None:
+    """`matplotlib.pyplot` on Agg, or None (saying so) when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: no plot")
+        return None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig: Any, path: str | Path, dpi: int = 120) -> Path:
+    import matplotlib.pyplot as plt
+
+    path = Path(path)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    plt.close(fig)
+    return path

@@ -20,10 +20,6 @@ def cpu_model() -> str:
     return _proc_field("/proc/cpuinfo", "model name") or "unknown cpu"
 
 
-def memory_gib() -> float:
-    return int((_proc_field("/proc/meminfo", "MemTotal") or "0 kB").split()[0]) / 2**20
-
-
 def usable_cores() -> int:
     """The cores this process may run on (its affinity mask), not the machine's count."""
     return len(os.sched_getaffinity(0))
@@ -33,12 +29,9 @@ def load_average() -> str:
     return " / ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def load_1min() -> float:
-    return os.getloadavg()[0]
-
-
 def machine_line() -> str:
-    return (f"{cpu_model()}; {usable_cores()} usable cores; RAM {memory_gib():.1f} GiB; {platform.system()} "
+    ram_gib = int((_proc_field("/proc/meminfo", "MemTotal") or "0 kB").split()[0]) / 2**20
+    return (f"{cpu_model()}; {usable_cores()} usable cores; RAM {ram_gib:.1f} GiB; {platform.system()} "
             f"{platform.release()}")
 
 
@@ -46,10 +39,6 @@ def versions(*packages: str) -> dict[str, str]:
     """{"python": ..., package: its __version__}; underscores become dashes in the keys."""
     return {"python": platform.python_version(),
             **{name.replace("_", "-"): str(importlib.import_module(name).__version__) for name in packages}}
-
-
-def versions_line(*packages: str) -> str:
-    return ", ".join(f"{k} {v}" for k, v in versions(*packages).items())
 
 
 def machine_info(**extra: str) -> dict[str, str]:

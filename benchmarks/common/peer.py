@@ -1,6 +1,7 @@
 """What the hand-written peers of the speed benchmarks (`speed.recipe_serving`, `speed.pipeline_vs_peer`) share,
 written as a search engineer would with the libraries alone (so the peers import none of madr's search code):
-`bm25s` over token ids, a FAISS index, and the fusion, the same rule as `madr.search.score_fusion` in numpy."""
+`bm25s` over word-piece ids and its search, a FAISS index, and the fusion, the same rule as
+`madr.search.score_fusion` in numpy."""
 
 from __future__ import annotations
 
@@ -18,6 +19,25 @@ def bm25_index(docs: list[list[int]], vocab_size: int, k1: float, b: float) -> A
     model = bm25s.BM25(k1=k1, b=b, method="lucene", backend="numba")
     model.index((docs, {str(t): t for t in range(vocab_size)}), show_progress=False, create_empty_token=False)
     return model
+
+
+def word_pieces(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """Token ids of the lower-cased texts, no special tokens, no truncation."""
+    return tokenizer([t.lower() for t in texts], add_special_tokens=False, truncation=False,
+                     return_attention_mask=False, return_token_type_ids=False, verbose=False)["input_ids"]
+
+
+def bm25_search(model: Any, queries: list[list[int]], k: int, n_docs: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per query (rows, scores) of its top `k` products with a positive BM25 score (empty for no known piece)."""
+    known = [[t for t in q if t in model.unique_token_ids_set] for q in queries]
+    out = [(np.zeros(0, np.int64), np.zeros(0, np.float32))] * len(queries)
+    asked = [i for i, q in enumerate(known) if q]
+    if asked:
+        rows, scores = model.retrieve([known[i] for i in asked], k=min(k, n_docs), show_progress=False)
+        for i, r, sc in zip(asked, rows, scores, strict=True):
+            keep = sc > 0
+            out[i] = (r[keep].astype(np.int64), sc[keep])
+    return out
 
 
 def dense_index(dense: np.ndarray, factory: str = "Flat", nprobe: int | None = None, seed: int = 0) -> Any:

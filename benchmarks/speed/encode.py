@@ -5,12 +5,10 @@ plain loop).
 
     python -m benchmarks.speed.encode --model minilm --sizes 20000 --methods ray st
     python -m benchmarks.speed.encode --model micro --sizes 100000 1000000 --max-docs-per-shard 100000
-    python -m benchmarks.speed.encode --plot benchmarks/results/encode_memory_*.json
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -18,13 +16,13 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 
-from benchmarks.common.config import parser
-from benchmarks.common.machine import machine_line, versions_line
+from benchmarks.common.config import parser, write_json
+from benchmarks.common.machine import machine_line, versions
 from benchmarks.common.models import bench_model
-from benchmarks.common.plotting import pyplot, save_figure
-from benchmarks.common.process import ProcessTree, child_result, module_command, print_result
-from benchmarks.common.results import write_json
+from benchmarks.common.process import ProcessTree, call_in_child
+from madr.data.synthetic.catalog import generate_catalog
 
 TINY = {"tiny": {"hidden_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 256,
                  "max_position_embeddings": 128},
@@ -37,9 +35,6 @@ CHECK_ROWS = 256  # vectors compared between methods (same model -> same vectors
 def make_corpus(work: Path, n: int) -> Path:
     """`n` synthetic products (the first 10,000 repeated) as Parquet files of 5,000 rows."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from madr.data.synthetic.catalog import generate_catalog
 
     corpus = work / f"corpus_{n}"
     if corpus.exists():
@@ -59,8 +54,6 @@ def make_corpus(work: Path, n: int) -> Path:
 
 def make_model(work: Path, kind: str) -> Path:
     """A saved madr ``bibert`` (CLS, cosine, shared towers) of ``kind`` (module docstring)."""
-    from madr.data.synthetic.catalog import generate_catalog
-
     model_dir = work / f"model_{kind}"
     if not model_dir.exists():
         catalog = generate_catalog(num_products=3000, num_queries=10, seed=0) if kind in TINY else None
@@ -71,8 +64,6 @@ def make_model(work: Path, kind: str) -> Path:
 
 
 def _texts_ids(corpus: Path) -> tuple[list[str], np.ndarray]:
-    import pyarrow.parquet as pq
-
     t = pq.read_table(corpus)
     texts = [f"{a} {b}".strip() for a, b in zip(t.column("title").to_pylist(), t.column("description").to_pylist(),
                                                   strict=True)]
@@ -178,17 +169,18 @@ CHILDREN = {"torch": child_torch, "st": child_st, "ray": child_ray,
             "st_int8": partial(child_st, dtype="int8")}
 
 
-def run_child(method: str, corpus: Path, model_dir: Path, out: Path, args: argparse.Namespace) -> dict:
-    """One method in a fresh interpreter: its result with the peak memory."""
-    cmd = [*module_command(__spec__.name), "--child", method, "--corpus", str(corpus), "--model-dir", str(model_dir),
-           "--out", str(out), "--threads", str(args.threads), "--shards", str(args.shards)]
-    if args.max_docs_per_shard:
-        cmd += ["--max-docs-per-shard", str(args.max_docs_per_shard)]
-    return child_result(cmd, RAY_DEDUP_LOGS="1")
+def measured(method: str, corpus: str, model_dir: str, out: str, threads: int, shards: int,
+             max_docs_per_shard: int | None) -> dict:
+    """One method (in a fresh interpreter: `call_in_child`), with its process tree's peak memory and CPU seconds."""
+    with ProcessTree() as tree:
+        res = CHILDREN[method](Path(corpus), Path(model_dir), Path(out), threads, shards=shards,
+                               max_docs_per_shard=max_docs_per_shard)
+    return {**res, "peak_pss_mb": tree.peak / 2**20, "peak_rss_mb": tree.peak_rss / 2**20,
+            "cpu_s": tree.cpu_seconds(), "sampler_cpu_s": tree.sampler_cpu}
 
 
-def report(rows: list[dict], sizes: list[int], methods: list[str]) -> None:
-    print("\nratios (ray / peer docs/s) and memory growth (largest / smallest corpus):")
+def report(rows: list[dict], sizes: list[int]) -> None:
+    print("\nratios (ray / peer docs/s):")
     for n in sizes:
         by = {r["method"]: r for r in rows if r["docs"] == n}
         for job in (m for m in ("ray", "ray_bf16", "ray_actors", "ray_actors_bf16", "ray_actors_int8") if m in by):
@@ -197,32 +189,6 @@ def report(rows: list[dict], sizes: list[int], methods: list[str]) -> None:
                 f"{job}/{m} {by[job]['docs_per_s'] / by[m]['docs_per_s']:.2f} end-to-end"
                 + (f", {steady / by[m]['docs_per_s']:.2f} steady" if steady else "")
                 for m in by if not m.startswith("ray")))
-    if len(sizes) > 1:
-        for m in methods:
-            mem = [r["peak_pss_mb"] for r in rows if r["method"] == m]
-            print(f"  {m:<6} peak PSS {mem[0]:.0f} -> {mem[-1]:.0f} MB (x{mem[-1] / mem[0]:.2f} for "
-                  f"x{sizes[-1] / sizes[0]:.0f} docs)")
-
-
-def plot_memory(json_paths: list[str], png: str) -> None:
-    """Peak PSS vs corpus size, one line per method, from `--json` files of memory runs."""
-    plt = pyplot()
-    if plt is None:
-        return
-
-    rows = [r for p in json_paths for r in json.loads(Path(p).read_text())["rows"]]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for method in dict.fromkeys(r["method"] for r in rows):
-        pts = sorted((r["docs"], r["peak_pss_mb"]) for r in rows if r["method"] == method)
-        ax.plot([d for d, _ in pts], [m / 1024 for _, m in pts], marker="o", label=method)
-    ax.set_xscale("log")
-    ax.set_xlabel("corpus size (docs)")
-    ax.set_ylabel("peak memory, summed PSS (GiB)")
-    ax.set_title("encode: peak memory vs corpus size (all processes)")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    save_figure(fig, png)
-    print(f"plot -> {png}")
 
 
 def main() -> None:
@@ -235,29 +201,12 @@ def main() -> None:
     ap.add_argument("--max-docs-per-shard", type=int, default=None, help="fixed shard size (memory runs)")
     ap.add_argument("--work", default="/tmp/madr_bench_encode")
     ap.add_argument("--json", default=None, help="write the rows and the run's settings here")
-    ap.add_argument("--plot", nargs="+", default=None, help="only plot memory vs size from these JSON files")
-    ap.add_argument("--png", default="benchmarks/plots/encode_memory.png")
-    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--corpus", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--model-dir", default=None, help=argparse.SUPPRESS)
-    ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.plot:
-        plot_memory(args.plot, args.png)
-        return
-    if args.child:
-        with ProcessTree() as tree:
-            res = CHILDREN[args.child](Path(args.corpus), Path(args.model_dir), Path(args.out), args.threads,
-                                       shards=args.shards, max_docs_per_shard=args.max_docs_per_shard)
-        res["peak_pss_mb"], res["peak_rss_mb"] = tree.peak / 2**20, tree.peak_rss / 2**20
-        res["cpu_s"], res["sampler_cpu_s"] = tree.cpu_seconds(), tree.sampler_cpu
-        print_result(res)
-        return
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()[0]
     header = {"machine": machine_line(), "load_before": load,
-              "versions": versions_line("torch", "transformers", "sentence_transformers", "ray", "faiss"),
+              "versions": versions("torch", "transformers", "sentence_transformers", "ray", "faiss"),
               "model": args.model, "max_length": MAX_LENGTH[args.model], "threads": args.threads,
               "sizes": args.sizes, "max_docs_per_shard": args.max_docs_per_shard, "shards": args.shards}
     print(f"machine: {header['machine']}, load avg {load:.2f}; {header['versions']}")
@@ -270,7 +219,9 @@ def main() -> None:
         checks = {}
         for method in args.methods:
             out = work / f"out_{args.model}_{method}_{n}"
-            res = run_child(method, corpus, model_dir, out, args)
+            res = call_in_child(__spec__.name, "measured", {"RAY_DEDUP_LOGS": "1"}, method=method, corpus=str(corpus),
+                                model_dir=str(model_dir), out=str(out), threads=args.threads, shards=args.shards,
+                                max_docs_per_shard=args.max_docs_per_shard)
             checks[method] = np.load(out / "check.npy")
             rows.append({"docs": n, "method": method, "docs_per_s": n / res["seconds"], **res})
             steady = res.get("steady_docs_per_s")
@@ -285,7 +236,7 @@ def main() -> None:
         diffs = {m: float(np.abs(v - ref).max()) for m, v in checks.items()}
         print(f"  max |vector difference| vs {args.methods[0]} over the first {CHECK_ROWS} docs: {diffs}")
         rows[-1]["max_vector_diff"] = diffs
-    report(rows, args.sizes, args.methods)
+    report(rows, args.sizes)
     header["load_after"] = os.getloadavg()[0]
     print(f"load avg after: {header['load_after']:.2f}")
     if args.json:

@@ -19,10 +19,9 @@ from pathlib import Path
 
 from benchmarks.common import process
 from benchmarks.common.config import parser as make_parser
-from benchmarks.common.machine import load_average, machine_line, run_command, versions_line
-from benchmarks.common.plotting import pyplot, save_figure
+from benchmarks.common.config import pyplot, save_figure, write_json
+from benchmarks.common.machine import load_average, machine_line, run_command, versions
 from benchmarks.common.process import Interval, ProcessTree
-from benchmarks.common.results import write_json
 
 WORDS = ("a man woman child dog cat group people two three young old red blue green small large is are "
          "playing running sitting standing eating walking looking holding wearing riding near on in at the "
@@ -30,6 +29,8 @@ WORDS = ("a man woman child dog cat group people two three young old red blue gr
          "while with under over sleeping talking laughing reading music guitar camera phone picture").split()
 LABELS = ("entailment", "neutral", "contradiction")
 MODES = ("loop", "ray_tasks")
+WINDOW, MAX_LENGTH = 2048, 64  # rows per validate / tokenise call; tokens per sentence
+WORKERS = len(os.sched_getaffinity(0))  # Ray's read tasks: the usable cores
 
 
 def sentence(rng: random.Random) -> str:
@@ -74,7 +75,7 @@ def consume(batches, span: Interval, qdir: str) -> dict:
             "balanced": summary.balanced}
 
 
-def run_loop(data: Path, tokenizer: str, window: int, max_length: int) -> dict:
+def run_loop(data: Path, tokenizer: str) -> dict:
     """Single process: raw line blocks -> validate_block (+ quarantine) -> tokenize_table, one at a time."""
     from pipelines.data.file_parts import plan_parts
     from pipelines.data.raw_files import read_part
@@ -85,12 +86,12 @@ def run_loop(data: Path, tokenizer: str, window: int, max_length: int) -> dict:
     qdir = tempfile.mkdtemp(prefix="bench_quarantine_")
     with ProcessTree() as tree:
         span = Interval(tree)
-        encoder = SharedEncoder(tokenizer, max_length).get()
+        encoder = SharedEncoder(tokenizer, MAX_LENGTH).get()
         (part,) = plan_parts("snli", str(data))
         layouts = {part.display: (part.fmt, part.header)}
 
         def batches():
-            for raw in read_part(part, window):
+            for raw in read_part(part, WINDOW):
                 good = validate_block(raw, source="snli", options=SourceOptions(), layouts=layouts,
                                       quarantine_dir=qdir, strict=False, with_origin=False)
                 yield tokenize_table(good, None, "nli", encoder=encoder)
@@ -99,27 +100,22 @@ def run_loop(data: Path, tokenizer: str, window: int, max_length: int) -> dict:
     return {**out, "peak_bytes": tree.peak}
 
 
-def _ray_pass(data: Path, tokenizer: str, args: argparse.Namespace, tree: ProcessTree) -> dict:
+def _ray_pass(data: Path, tokenizer: str, tree: ProcessTree) -> dict:
     from pipelines.data.readers import read_tokenized
 
     qdir = tempfile.mkdtemp(prefix="bench_quarantine_")
     span = Interval(tree)
-    ds = read_tokenized("snli", str(data), tokenizer, quarantine_dir=qdir, max_length=args.max_length,
-                        workers=args.workers, rows_per_block=args.window)  # the file split in byte ranges ("auto")
+    ds = read_tokenized("snli", str(data), tokenizer, quarantine_dir=qdir, max_length=MAX_LENGTH, workers=WORKERS,
+                        rows_per_block=WINDOW)  # the file split in byte ranges ("auto")
     out = consume(ds.iter_batches(batch_size=None, batch_format="pyarrow"), span, qdir)
-    stats = ds.stats()
-    tasks = [ln.strip() for ln in stats.splitlines() if "tasks executed" in ln]
-    detail = [ln.strip() for ln in stats.splitlines() if "tasks executed" in ln or "Remote wall" in ln
-              or "Remote cpu" in ln]
-    return {**out, "stats": detail, "tasks": tasks}
+    return {**out, "tasks": [ln.strip() for ln in ds.stats().splitlines() if "tasks executed" in ln]}
 
 
-def run_ray(data: Path, tokenizer: str, args: argparse.Namespace) -> dict:
+def run_ray(data: Path, tokenizer: str) -> dict:
     from pipelines.runtime import apply_ray_env
 
-    apply_ray_env()  # loopback defaults and the local-provider bootstrap file
+    apply_ray_env()  # loopback defaults (Ray's workers at niceness 0) and the local-provider bootstrap file
     os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")  # a loaded 2-core machine starts slowly
-    process.set_ray_worker_niceness(args.ray_worker_niceness)
     import ray
 
     with ProcessTree() as tree:
@@ -127,29 +123,24 @@ def run_ray(data: Path, tokenizer: str, args: argparse.Namespace) -> dict:
         ray.init(num_cpus=len(os.sched_getaffinity(0)), include_dashboard=False, log_to_driver=False)
         ray.data.DataContext.get_current().enable_progress_bars = False
         init = span.result()
-        cold = _ray_pass(data, tokenizer, args, tree)
-        warm = _ray_pass(data, tokenizer, args, tree)
+        cold = _ray_pass(data, tokenizer, tree)
+        warm = _ray_pass(data, tokenizer, tree)
         ray.shutdown()
     return {**cold, "warm": warm, "init": init["seconds"], "init_cpu": init["cpu"], "peak_bytes": tree.peak}
 
 
-def child(args: argparse.Namespace) -> None:
+def child(mode: str, data: str, tokenizer: str) -> dict:
+    """One contender's run (in a fresh interpreter: `call_in_child`)."""
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     import madr.modeling.tokenization  # noqa: F401 - imports (transformers, torch: seconds) are not timed, for every mode
     import pipelines.data.readers  # noqa: F401
-    if args.mode == "loop":
-        out = run_loop(Path(args.data), args.tokenizer, args.window, args.max_length)
-    else:
-        out = run_ray(Path(args.data), args.tokenizer, args)
-    process.print_result(out)
+    return (run_loop if mode == "loop" else run_ray)(Path(data), tokenizer)
 
 
 def spawn(mode: str, args: argparse.Namespace, data: Path, tok: str) -> dict:
     quiet = process.wait_quiet(args.quiet_below, args.quiet_wait) if args.quiet_wait > 0 else None
-    cmd = [*process.module_command(__spec__.name), "--child", mode, "--data", str(data), "--tokenizer", tok,
-           "--window", str(args.window), "--max-length", str(args.max_length), "--workers", str(args.workers),
-           "--ray-worker-niceness", str(args.ray_worker_niceness)]
-    return {**process.child_result(cmd), "others_before": quiet}
+    return {**process.call_in_child(__spec__.name, "child", mode=mode, data=str(data), tokenizer=tok),
+            "others_before": quiet}
 
 
 def prefix_file(big: Path, rows: int, path: Path) -> None:
@@ -188,25 +179,27 @@ def report(mode: str, runs: list[dict], good: int) -> dict:
                  f"({1e6 * warm['cpu'] / good:.0f} us/row)  first batch {warm['first_batch']:.2f} s  others' load "
                  f"{warm['others_cores']:.2f} cores; cold + ray.init: {good / best['with_init_seconds']:,.0f} rows/s "
                  f"(ray.init {best['init_best']:.1f} s)")
-        line += "".join(f"\n{'':<15}{s}" for s in warm["stats"])
+        line += "".join(f"\n{'':<15}{s}" for s in warm["tasks"])
     print(line, flush=True)
     return best
+
+
+# the Ray figures of a size's best runs (`report`): their seconds
+FIGURES = {"cold": lambda r: r["seconds"], "warm": lambda r: r["warm_best"]["seconds"],
+           "cold+init": lambda r: r["with_init_seconds"]}
 
 
 def ratios(results: dict[str, dict]) -> dict[str, float]:
     """Throughput of each Ray figure over the loop's (>1: Ray is faster)."""
     if not {"loop", "ray_tasks"} <= set(results):
         return {}
-    b, ray = results["loop"]["seconds"], results["ray_tasks"]
-    return {"ray_tasks/loop cold": b / ray["seconds"], "ray_tasks/loop warm": b / ray["warm_best"]["seconds"],
-            "ray_tasks/loop cold+init": b / ray["with_init_seconds"]}
+    return {f"ray_tasks/loop {k}": results["loop"]["seconds"] / f(results["ray_tasks"]) for k, f in FIGURES.items()}
 
 
 def crossings(sizes: list[int], per_size: dict[int, dict[str, dict]]) -> dict[str, float | None]:
     """The row count where ray_tasks reaches the loop's rows/s per Ray figure (log-linear interpolation)."""
     out: dict[str, float | None] = {}
-    for key, seconds in (("warm", lambda r: r["warm_best"]["seconds"]), ("cold", lambda r: r["seconds"]),
-                         ("cold+init", lambda r: r["with_init_seconds"])):
+    for key, seconds in FIGURES.items():
         ratio = [per_size[n]["loop"]["seconds"] / seconds(per_size[n]["ray_tasks"]) for n in sizes]
         out[key] = None
         for i, r in enumerate(ratio):
@@ -229,13 +222,10 @@ def plot(path: str, sizes: list[int], per_size: dict[int, dict[str, dict]], titl
     fig, ax = plt.subplots(figsize=(7, 4.2))
     modes = list(per_size[sizes[0]])
     for mode in modes:
-        ax.plot(sizes, [_rate(per_size[n][mode]) for n in sizes], marker="o",
-                label=mode if mode.startswith("loop") else f"{mode} cold")
-        if mode.startswith("ray"):
-            ax.plot(sizes, [per_size[n][mode]["rows"] / per_size[n][mode]["warm_best"]["seconds"] for n in sizes],
-                    marker="s", linestyle="--", label=f"{mode} warm")
-            ax.plot(sizes, [per_size[n][mode]["rows"] / per_size[n][mode]["with_init_seconds"] for n in sizes],
-                    marker="^", linestyle=":", label=f"{mode} cold + ray.init")
+        for (figure, seconds), style in zip(FIGURES.items(), ("o-", "s--", "^:"), strict=True):
+            if figure == "cold" or mode.startswith("ray"):
+                ax.plot(sizes, [per_size[n][mode]["rows"] / seconds(per_size[n][mode]) for n in sizes], style,
+                        label=mode if mode == "loop" else f"{mode} {figure.replace('+', ' + ray.')}")
     ax.set_xscale("log")
     ax.set_xlabel("input rows (SNLI-layout JSONL, 3% bad)")
     ax.set_ylabel("good rows/s (read + validate + tokenise)")
@@ -248,26 +238,15 @@ def plot(path: str, sizes: list[int], per_size: dict[int, dict[str, dict]], titl
 def main() -> None:
     parser = make_parser(__spec__.name, __doc__)
     parser.add_argument("--rows", type=int, nargs="+", default=[200_000], help="one size, or several (a sweep)")
-    parser.add_argument("--window", type=int, default=2048, help="rows per validate/tokenise call")
-    parser.add_argument("--max-length", type=int, default=64)
-    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)), help="Ray tasks")
     parser.add_argument("--repeat", type=int, default=2, help="runs of each contender (best is reported)")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    process.add_ray_niceness_arg(parser)
     parser.add_argument("--quiet-below", type=float, default=0.3,
                         help="before each run, wait until the other jobs use fewer cores than this ...")
     parser.add_argument("--quiet-wait", type=float, default=0.0, help="... for at most this many seconds (0: no wait)")
     parser.add_argument("--out", default=None, help="write every run's numbers here (JSON)")
     parser.add_argument("--plot", default=None, help="rows/s against input size (PNG; with several --rows)")
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--data", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--tokenizer", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        args.mode = args.child
-        return child(args)
-
-    info = f"machine: {machine_line()}\nversions: {versions_line('ray', 'pyarrow', 'transformers', 'tokenizers')}"
+    info = f"machine: {machine_line()}\nversions: {versions('ray', 'pyarrow', 'transformers', 'tokenizers')}"
     print(info, flush=True)
     load_before = load()
     print(f"before: {load_before}", flush=True)
@@ -280,10 +259,9 @@ def main() -> None:
 
     rng = random.Random(1)
     train_wordpiece_tokenizer([sentence(rng) for _ in range(5000)], vocab_size=2000, out_dir=str(work / "tok"))
-    print(f"data: {', '.join(f'{n:,}' for n in sizes)} rows, SNLI-layout JSONL, one file each; window {args.window}, "
-          f"max_length {args.max_length}, auto split, "
-          f"{args.workers} workers, Ray worker niceness {args.ray_worker_niceness}; setup "
-          f"{time.perf_counter() - t:.1f} s", flush=True)
+    print(f"data: {', '.join(f'{n:,}' for n in sizes)} rows, SNLI-layout JSONL, one file each; window {WINDOW}, "
+          f"max_length {MAX_LENGTH}, auto split, {WORKERS} workers, Ray worker niceness "
+          f"{os.environ.get('RAY_worker_niceness', 0)}; setup {time.perf_counter() - t:.1f} s", flush=True)
     per_size: dict[int, dict[str, dict]] = {}
     all_ratios: dict[int, dict[str, float]] = {}
     for n in sizes:
@@ -310,13 +288,13 @@ def main() -> None:
         print("ray_tasks reaches the loop's rows/s at: " + ", ".join(
             f"{k} {'never (in this range)' if v is None else f'~{v:,.0f} rows'}" for k, v in cross.items()))
         if args.plot:
-            plot(args.plot, sizes, per_size, f"benchmarks.speed.ingest on dev-cpu ({args.workers} cores), "
+            plot(args.plot, sizes, per_size, f"benchmarks.speed.ingest on dev-cpu ({WORKERS} cores), "
                                                f"best of {args.repeat}; {load_before}")
             print(f"plot: {args.plot}")
     if args.out:
         write_json(args.out, {
             "command": run_command(__spec__.name), "machine": info, "load_before": load_before, "load_after": load_after,
-            "args": {k: v for k, v in vars(args).items() if k not in ("child", "data", "tokenizer")},
+            "args": {**vars(args), "window": WINDOW, "max_length": MAX_LENGTH, "workers": WORKERS},
             "results": {str(n): per_size[n] for n in sizes}, "ratios": {str(n): all_ratios[n] for n in sizes},
             "crossing_rows": cross})
         print(f"results: {args.out}")

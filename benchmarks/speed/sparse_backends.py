@@ -16,10 +16,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
-from benchmarks.common.config import BENCHMARKS, ROOT, parser
-from benchmarks.common.machine import load_1min, machine_line, versions_line
-from benchmarks.common.plotting import pyplot, save_figure
-from benchmarks.common.results import write_result_json
+from benchmarks.common.config import BENCHMARKS, ROOT, parser, pyplot, save_figure, write_result_json
+from benchmarks.common.machine import load_average, machine_line, versions
 from madr.search.sparse import BM25Index, InvertedIndex, SparseBatch
 from madr.search.sparse.seismic_index import SeismicParams, SeismicSparseIndex
 
@@ -30,6 +28,10 @@ SETS = {"homedepot": ("product_search/homedepot_relevance_dev.parquet", "product
 TOP_TERMS = 64
 K = 10
 ROUNDS = 3
+SEED = 0
+# Seismic: builds as (summary_energy, doc_cut) (0.4 / 15: the library's default), n_postings (at least 2% of the
+# documents), and the grid each build is searched over
+BUILDS, N_POSTINGS, QUERY_CUTS, HEAP_FACTORS = ((0.4, 15), (0.9, 50)), 4000, (5, 10, 20), (0.5, 0.7, 0.9, 1.0)
 
 
 def texts(max_docs: int | None, n_queries: int, seed: int) -> tuple[list[str], list[str]]:
@@ -143,15 +145,15 @@ def exact_rows(index: InvertedIndex, queries: SparseBatch, single: int) -> tuple
 
 
 def seismic_curve(index: InvertedIndex, queries: SparseBatch, exact: np.ndarray, builds: list[SeismicParams],
-                  cuts: list[int], heaps: list[float], single: int) -> dict:
+                  single: int) -> dict:
     """Recall@10 and q/s of Seismic per build x query_cut x heap_factor; the fastest point at recall >= 0.97."""
     points, built, indexes = [], [], []
     for b, params in enumerate(builds):
         t0 = time.perf_counter()
         indexes.append(SeismicSparseIndex.build(index, params))
         built.append(time.perf_counter() - t0)
-        for cut in cuts:
-            for heap in heaps:
+        for cut in QUERY_CUTS:
+            for heap in HEAP_FACTORS:
                 rate, got = qps(lambda s=indexes[b], c=cut, h=heap: s.search(queries, k=K, query_cut=c, heap_factor=h),
                                 len(queries))
                 points.append({"build": b, "summary_energy": params.summary_energy, "doc_cut": params.doc_cut,
@@ -202,25 +204,21 @@ def run_corpus(name: str, docs: SparseBatch, queries: SparseBatch, args) -> dict
           flush=True)
     exact, ref = exact_rows(index, queries, args.single)
     print(f"[{name}] exact q/s: {json.dumps({k: round(v, 1) for k, v in exact.items()})}", flush=True)
-    today = exact["scipy batched"]
     ratios = {f"{e} / scipy {how}": exact[f"{e} {how}"] / exact[f"scipy {how}"]
               for e in ("compiled", "maxscore") for how in ("batched", "one at a time")}
     ratios.update({f"maxscore / compiled {how}": exact[f"maxscore {how}"] / exact[f"compiled {how}"]
                    for how in ("batched", "one at a time")})
-    if args.exact_only:
-        print(f"[{name}] ratios: {json.dumps({k: round(v, 2) for k, v in ratios.items()})}", flush=True)
-        return {"docs": len(docs), "postings": int(docs.nnz), "queries": len(queries), "exact_qps": exact,
-                "seismic": None, "ratios": ratios}
-    builds = [SeismicParams(n_postings=max(args.n_postings, 2 * len(docs) // 100), centroid_fraction=0.1,
-                            summary_energy=float(e), doc_cut=int(c))
-              for e, c in (b.split(":") for b in args.builds)]
-    curve = seismic_curve(index, queries, ref, builds, args.query_cuts, args.heap_factors, args.single)
-    print(f"[{name}] seismic: builds {[round(t, 1) for t in curve['build_s']]} s, best at recall >= 0.97: "
-          f"{curve['best_at_0.97']}", flush=True)
-    if curve["best_at_0.97"]:
-        ratios["seismic@0.97 / scipy batched"] = curve["best_at_0.97"]["qps"] / today
-        ratios["seismic@0.97 / scipy one at a time"] = (curve["best_at_0.97"]["qps one at a time"]
-                                                        / exact["scipy one at a time"])
+    curve = None
+    if not args.exact_only:
+        builds = [SeismicParams(n_postings=max(N_POSTINGS, 2 * len(docs) // 100), centroid_fraction=0.1,
+                                summary_energy=e, doc_cut=c) for e, c in BUILDS]
+        curve = seismic_curve(index, queries, ref, builds, args.single)
+        best = curve["best_at_0.97"]
+        print(f"[{name}] seismic: builds {[round(t, 1) for t in curve['build_s']]} s, best at recall >= 0.97: "
+              f"{best}", flush=True)
+        if best:
+            ratios["seismic@0.97 / scipy batched"] = best["qps"] / exact["scipy batched"]
+            ratios["seismic@0.97 / scipy one at a time"] = best["qps one at a time"] / exact["scipy one at a time"]
     print(f"[{name}] ratios: {json.dumps({k: round(v, 2) for k, v in ratios.items()})}", flush=True)
     return {"docs": len(docs), "postings": int(docs.nnz), "queries": len(queries), "exact_qps": exact,
             "seismic": curve, "ratios": ratios}
@@ -258,37 +256,31 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--queries", type=int, default=1000)
     ap.add_argument("--single", type=int, default=300, help="queries timed one at a time")
     ap.add_argument("--synthetic-docs", type=int, default=0, help="also a corpus of N drawn documents")
-    ap.add_argument("--n-postings", type=int, default=4000, help="Seismic's n_postings (at least 2%% of docs)")
-    ap.add_argument("--builds", nargs="+", default=["0.4:15", "0.9:50"],
-                    help="Seismic builds as summary_energy:doc_cut (0.4:15 is the library's default)")
-    ap.add_argument("--query-cuts", type=int, nargs="+", default=[5, 10, 20])
-    ap.add_argument("--heap-factors", type=float, nargs="+", default=[0.5, 0.7, 0.9, 1.0])
     ap.add_argument("--exact-only", action="store_true", help="the exact engines only (no Seismic, no BM25)")
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tag", default="sparse_backends")
     args = ap.parse_args(argv)
     import numba
 
     numba.set_num_threads(1)
     start = time.perf_counter()
-    info = {"machine": machine_line(), "load_average_before": load_1min(),
-            "versions": versions_line("numpy", "scipy", "numba", "bm25s", "torch")
-            + f", pyseismic-lsr {importlib.metadata.version('pyseismic-lsr')}"}
+    info = {"machine": machine_line(), "load_average_before": load_average(),
+            "versions": {**versions("numpy", "scipy", "numba", "bm25s", "torch"),
+                         "pyseismic-lsr": importlib.metadata.version("pyseismic-lsr")}}
     print(json.dumps(info))
-    titles, query_texts = texts(args.max_docs, args.queries, args.seed)
-    cache = ROOT / "runs" / "bench_cache" / f"splade_titles_{len(titles)}_{len(query_texts)}_{args.seed}.npz"
+    titles, query_texts = texts(args.max_docs, args.queries, SEED)
+    cache = ROOT / "runs" / "bench_cache" / f"splade_titles_{len(titles)}_{len(query_texts)}_{SEED}.npz"
     docs, queries, tokenizer = splade_vectors(titles, query_texts, cache)
     results = {"real titles": run_corpus("real titles", docs, queries, args)}
     if args.synthetic_docs:
         t0 = time.perf_counter()
-        drawn = drawn_corpus(docs, args.synthetic_docs, args.seed)
+        drawn = drawn_corpus(docs, args.synthetic_docs, SEED)
         print(f"drew {len(drawn):,} documents in {time.perf_counter() - t0:.0f} s", flush=True)
         results[f"{args.synthetic_docs:,} drawn"] = run_corpus("drawn", drawn, queries, args)
     bm25 = None if args.exact_only else bm25_rows(titles, query_texts, tokenizer, args.single)
     if bm25:
         print(f"BM25 (word pieces): {json.dumps({k: round(v, 3) for k, v in bm25.items()})}", flush=True)
     out = {**info, "command": f"python -m {__spec__.name} " + " ".join(argv or []), "corpora": results,
-           "bm25": bm25, "wall_s": time.perf_counter() - start, "load_average_after": load_1min()}
+           "bm25": bm25, "wall_s": time.perf_counter() - start, "load_average_after": load_average()}
     write_result_json(BENCHMARKS, args.tag, out)
     plot(results, BENCHMARKS / "plots" / f"{args.tag}.png")
     print(f"wrote benchmarks/results/{args.tag}.json ({out['wall_s']:.0f} s)")

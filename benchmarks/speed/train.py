@@ -1,6 +1,6 @@
 """A. Training throughput of the Ray Train job (DDP, DeepSpeed ZeRO-2 on CPU) vs a plain PyTorch loop on the same
-model, rows, batch and steps (steady and end-to-end pairs/s); B. GradCache's peak memory vs plain backprop at
-batch `--big-batch`.
+model, rows, batch (`BATCH`) and steps (steady and end-to-end pairs/s); B. GradCache's peak memory vs plain
+backprop at batch `BIG_BATCH`.
 
     python -m benchmarks.speed.train --out benchmarks/results/train_cpu.json --plot benchmarks/plots/train_cpu.png
     python -m benchmarks.speed.train --steps 20 --repeat 1 --skip memory       # smoke check
@@ -12,27 +12,22 @@ import argparse
 import itertools
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-from benchmarks.common.config import ROOT
+import torch
+
+from benchmarks.common.config import ROOT, pyplot, save_figure, write_json
 from benchmarks.common.config import parser as make_parser
-from benchmarks.common.machine import cpu_model, memory_gib, run_command, usable_cores, versions
-from benchmarks.common.plotting import pyplot, save_figure
-from benchmarks.common.process import (
-    Interval,
-    ProcessTree,
-    child_env,
-    child_result,
-    module_command,
-    print_result,
-    wait_quiet,
-)
-from benchmarks.common.results import write_json
+from benchmarks.common.machine import machine_line, run_command, versions
+from benchmarks.common.process import Interval, ProcessTree, call_in_child, wait_quiet
+from madr.config import StageConfig, load_config
+from madr.modeling.model import BiEncoder, build_model
+from madr.training.stage_module import FinetuneBatch, StageModule
 
 MODES = ("plain_1t", "plain_2t", "ray_ddp", "ray_deepspeed")
+BATCH, BIG_BATCH, CHUNKS = 32, 1024, (0, 64)  # A's global batch; B's batch and GradCache chunks (0: plain backprop)
+QUIET_BELOW = 0.3  # --quiet-wait: until the other jobs use fewer cores than this
 SIZES = {
     "tiny": None,  # configs/train_tiny.yaml's backbone (hidden 64, 2 layers)
     "small": {"hidden_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4, "intermediate_size": 1024,
@@ -40,16 +35,9 @@ SIZES = {
 }
 
 
-def machine() -> dict:
-    return {"cpu": cpu_model(), "cores": usable_cores(), "ram_gib": round(memory_gib(), 1),
-            **versions("torch", "ray", "deepspeed", "transformers"), "load_avg_start": os.getloadavg()}
-
-
-def config(work: str, size: str, steps: int, batch: int, backend: str = "ddp"):
-    from madr.config import load_config
-
+def config(work: str, size: str, steps: int, backend: str = "ddp"):
     overrides = {
-        "name": "bench", "output_dir": work, "train.finetune.steps": steps, "train.finetune.batch_size": batch,
+        "name": "bench", "output_dir": work, "train.finetune.steps": steps, "train.finetune.batch_size": BATCH,
         "train.finetune.log_every": 10, "train.finetune.validate_every": 0, "train.finetune.checkpoint_every": 0,
         "distributed.cpus_per_worker": 0.5, "distributed.torch_threads": 1, "distributed.backend": backend,
         "distributed.zero_stage": 2, "distributed.run_name": f"bench-{backend}-{time.time_ns()}"}
@@ -58,22 +46,19 @@ def config(work: str, size: str, steps: int, batch: int, backend: str = "ddp"):
     return load_config(ROOT / "configs" / "train_tiny.yaml", overrides)
 
 
-def plain_loop(work: str, size: str, steps: int, batch: int, threads: int) -> dict:
+def plain_loop(work: str, size: str, steps: int, threads: int) -> dict:
     """One process: the job's objective on the job's rows with a plain forward / backward / AdamW loop."""
     import pyarrow as pa
     import pyarrow.parquet as pq
-    import torch
 
-    from madr.modeling.model import BiEncoder
     from madr.training.loop import Optimisation
-    from madr.training.stage_module import StageModule
     from pipelines.train.data import example_files
     from pipelines.train.engine import trainable
     from pipelines.train.examples import decode_batch
     from pipelines.train.job import stage_dir
 
     torch.set_num_threads(threads)
-    cfg = config(work, size, steps, batch)
+    cfg = config(work, size, steps)
     stage = cfg.train.finetune
     with ProcessTree() as tree:
         span = Interval(tree)
@@ -86,9 +71,9 @@ def plain_loop(work: str, size: str, steps: int, batch: int, threads: int) -> di
         logged, steady_start = [], None
         module.train()
         for step in range(steps):
-            while table.num_rows < batch:  # the files in order, epoch after epoch
+            while table.num_rows < BATCH:  # the files in order, epoch after epoch
                 table = pa.concat_tables([table, pq.read_table(next(files))])
-            rows, table = table.slice(0, batch), table.slice(batch)
+            rows, table = table.slice(0, BATCH), table.slice(BATCH)
             numpy_rows = {c: rows.column(c).to_numpy(zero_copy_only=False) for c in rows.column_names}
             loss, _ = module("loss", decode_batch("finetune", numpy_rows, model), step)
             optimisation.step(loss)
@@ -99,12 +84,12 @@ def plain_loop(work: str, size: str, steps: int, batch: int, threads: int) -> di
         end = span.result()
     steady_steps = steps - stage.log_every
     return {"mode": f"plain_{threads}t", "seconds": end["seconds"], "cpu": end["cpu"],
-            "others_cores": end["others_cores"], "pairs_per_s_end_to_end": steps * batch / end["seconds"],
-            "pairs_per_s_steady": steady_steps * batch / (span.start + end["seconds"] - steady_start),
+            "others_cores": end["others_cores"], "pairs_per_s_end_to_end": steps * BATCH / end["seconds"],
+            "pairs_per_s_steady": steady_steps * BATCH / (span.start + end["seconds"] - steady_start),
             "final_loss": sum(logged[-3:]) / len(logged[-3:]), "peak_pss": tree.peak}
 
 
-def ray_job(work: str, size: str, steps: int, batch: int, backend: str) -> dict:
+def ray_job(work: str, size: str, steps: int, backend: str) -> dict:
     import ray
 
     from pipelines.train.job import run_stage
@@ -117,7 +102,7 @@ def ray_job(work: str, size: str, steps: int, batch: int, backend: str) -> dict:
                  configure_logging=False)
         init = time.perf_counter() - t0
         span = Interval(tree)
-        result = run_stage(config(work, size, steps, batch, backend), "finetune")
+        result = run_stage(config(work, size, steps, backend), "finetune")
         end = span.result()
         ray.shutdown()
     rows = [r for r in read_history(result.log_dir) if r["step"] > 0 and "pairs_per_s" in r]
@@ -127,24 +112,24 @@ def ray_job(work: str, size: str, steps: int, batch: int, backend: str) -> dict:
     steady_rate = sum(window) / sum(w / r["pairs_per_s"] for w, r in zip(window, steady, strict=True))
     last = rows[-1]
     return {"mode": f"ray_{backend}", "seconds": end["seconds"], "cpu": end["cpu"], "init": init,
-            "others_cores": end["others_cores"], "pairs_per_s_end_to_end": steps * batch / end["seconds"],
+            "others_cores": end["others_cores"], "pairs_per_s_end_to_end": steps * BATCH / end["seconds"],
             "pairs_per_s_steady": steady_rate, "final_loss": sum(r["loss"] for r in rows[-3:]) / len(rows[-3:]),
             "backend": last.get("backend"), "zero_stage": last.get("zero_stage"),
             "world_size": last.get("world_size"), "peak_pss": tree.peak}
 
 
-def run_child(mode: str, args: argparse.Namespace) -> dict:
+def child(mode: str, work: str, size: str, steps: int) -> dict:
+    """One contender's run (in a fresh interpreter: `call_in_child`)."""
     if mode.startswith("plain"):
-        return plain_loop(args.work_dir, args.size, args.steps, args.batch, int(mode[-2]))
-    return ray_job(args.work_dir, args.size, args.steps, args.batch, mode.removeprefix("ray_"))
+        return plain_loop(work, size, steps, int(mode[-2]))
+    return ray_job(work, size, steps, mode.removeprefix("ray_"))
 
 
 def spawn(mode: str, args: argparse.Namespace, work: str) -> dict:
-    quiet = wait_quiet(args.quiet_below, args.quiet_wait) if args.quiet_wait > 0 else None
-    cmd = [*module_command(__spec__.name), "--child", mode, "--work-dir", work, "--size", args.size,
-           "--steps", str(args.steps), "--batch", str(args.batch)]
+    quiet = wait_quiet(QUIET_BELOW, args.quiet_wait) if args.quiet_wait > 0 else None
+    env = {"TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "2" if mode == "plain_2t" else "1"}
     try:
-        result = child_result(cmd, TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="2" if mode == "plain_2t" else "1")
+        result = call_in_child(__spec__.name, "child", env, mode=mode, work=work, size=args.size, steps=args.steps)
     except RuntimeError as err:
         return {"mode": mode, "error": str(err)}
     return {**result, "others_before": quiet}
@@ -154,18 +139,17 @@ def throughput(args: argparse.Namespace) -> dict:
     from pipelines.train.job import prepare_stage
 
     work = f"{args.work}/a_{args.size}"
-    prepare_stage(config(work, args.size, args.steps, args.batch), "finetune")  # the init model and rows all start from
-    runs: dict[str, list[dict]] = {m: [] for m in args.modes}
+    prepare_stage(config(work, args.size, args.steps), "finetune")  # the init model and rows all start from
+    runs: dict[str, list[dict]] = {m: [] for m in MODES}
     for _ in range(args.repeat):
-        for mode in args.modes:
+        for mode in MODES:
             r = spawn(mode, args, work)
             runs[mode].append(r)
-            print(json.dumps({k: v for k, v in r.items() if k != "error"} if "error" not in r else r), flush=True)
-    best = {}
-    for mode, rs in runs.items():
-        ok = [r for r in rs if "error" not in r]
-        best[mode] = max(ok, key=lambda r: r["pairs_per_s_steady"]) if ok else rs[-1]
-    out = {"size": args.size, "steps": args.steps, "batch": args.batch, "runs": runs, "best": best, "ratios": {}}
+            print(json.dumps(r), flush=True)
+    ok = {mode: [r for r in rs if "error" not in r] for mode, rs in runs.items()}
+    best = {mode: max(ok[mode], key=lambda r: r["pairs_per_s_steady"]) if ok[mode] else runs[mode][-1]
+            for mode in runs}  # the best run, else the last error
+    out = {"size": args.size, "steps": args.steps, "batch": BATCH, "runs": runs, "best": best, "ratios": {}}
     for base in ("plain_1t", "plain_2t"):
         for mode in ("ray_ddp", "ray_deepspeed"):
             b, m = best.get(base, {}), best.get(mode, {})
@@ -175,36 +159,31 @@ def throughput(args: argparse.Namespace) -> dict:
     return out
 
 
-MEM_CHILD = """
-import json, resource, time, psutil, torch
-torch.set_num_threads(1)
-from madr.config import StageConfig
-from madr.modeling.model import BiEncoder
-from pipelines.train.engine import DDPEngine
-from madr.training.stage_module import StageModule
-model = BiEncoder.load({model!r})
-batch = torch.load({batch_file!r}, weights_only=False)
-stage = StageConfig(batch_size={batch}, aspect_weight=0.1, gradcache_chunk={chunk})
-engine = DDPEngine(StageModule("finetune", stage, model), stage, torch.device("cpu"))
-base = psutil.Process().memory_info().rss
-start = time.perf_counter()
-parts = engine.train_step([batch], step=0)
-seconds = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-print(json.dumps({{"chunk": {chunk}, "batch": {batch}, "seconds": seconds, "rss_before_step": base, "peak_rss": peak,
-                  "loss": parts["loss"], "sce": parts["sce"], "params": sum(p.numel() for p in model.parameters())}}))
-"""
+def gradcache_step(model_dir: str, batch_file: str, chunk: int) -> dict:
+    """One training step of the job's engine on the saved batch (GradCache in chunks of `chunk`; 0: plain backprop),
+    in a fresh interpreter (`call_in_child`): seconds, peak RSS and the loss."""
+    import resource
+
+    import psutil
+
+    from pipelines.train.engine import DDPEngine
+
+    torch.set_num_threads(1)
+    model = BiEncoder.load(model_dir)
+    stage = StageConfig(batch_size=BIG_BATCH, aspect_weight=0.1, gradcache_chunk=chunk)
+    engine = DDPEngine(StageModule("finetune", stage, model), stage, torch.device("cpu"))
+    base = psutil.Process().memory_info().rss
+    start = time.perf_counter()
+    parts = engine.train_step([torch.load(batch_file, weights_only=False)], step=0)
+    return {"chunk": chunk, "batch": BIG_BATCH, "seconds": time.perf_counter() - start, "rss_before_step": base,
+            "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "loss": float(parts["loss"]),
+            "sce": float(parts["sce"]), "params": sum(p.numel() for p in model.parameters())}
 
 
-def memory_inputs(out: str, batch: int) -> tuple[str, str]:
-    """One model (4-layer, hidden-128, no dropout) and one batch of `batch` pairs, saved for the subprocesses."""
-    import torch
-
-    from madr.config import load_config
-    from madr.modeling.model import build_model
+def memory_inputs(out: str) -> tuple[str, str]:
+    """One model (4-layer, hidden-128, no dropout) and one batch of `BIG_BATCH` pairs, saved for the subprocesses."""
     from madr.recipes.aspects.experiment import load_catalog, prepare_tokenizer, prepare_vocabularies
     from madr.training.loop import CatalogSampler, finetune_batches
-    from madr.training.stage_module import FinetuneBatch
 
     cfg = load_config(ROOT / "configs" / "train_tiny.yaml", {
         "output_dir": out, "data.synthetic_products": 4000, "data.synthetic_queries": 3000,
@@ -218,21 +197,20 @@ def memory_inputs(out: str, batch: int) -> tuple[str, str]:
     model = build_model(cfg.model, tok, prepare_vocabularies(cfg, catalog, tok))
     sampler = CatalogSampler(catalog, seed=0)
     examples: list = []
-    while len(examples) < batch:
-        examples += sampler.finetune_batch(min(batch - len(examples), len(sampler.train_queries)))
+    while len(examples) < BIG_BATCH:
+        examples += sampler.finetune_batch(min(BIG_BATCH - len(examples), len(sampler.train_queries)))
     model_dir = str(model.save(Path(out) / "model"))
     batch_file = str(Path(out) / "batch.pt")
     torch.save(FinetuneBatch(*finetune_batches(model, examples)), batch_file)
     return model_dir, batch_file
 
 
-def memory(model_dir: str, batch_file: str, batch: int, chunk: int) -> dict:
-    code = MEM_CHILD.format(model=model_dir, batch_file=batch_file, batch=batch, chunk=chunk)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False,
-                          env=child_env(OMP_NUM_THREADS="1"))
-    if proc.returncode != 0:
-        return {"chunk": chunk, "batch": batch, "error": proc.stderr[-2000:]}
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def memory(model_dir: str, batch_file: str, chunk: int) -> dict:
+    try:
+        return call_in_child(__spec__.name, "gradcache_step", {"OMP_NUM_THREADS": "1"}, model_dir=model_dir,
+                             batch_file=batch_file, chunk=chunk)
+    except RuntimeError as err:
+        return {"chunk": chunk, "batch": BIG_BATCH, "error": str(err)[-2000:]}
 
 
 def print_table(t: dict) -> None:
@@ -257,7 +235,7 @@ def plot(path: str, report: dict) -> None:
     if plt is None:
         return
 
-    panels = [t for t in report["throughput"]]
+    panels = report["throughput"]
     fig, axes = plt.subplots(1, len(panels) + 1, figsize=(4.2 * (len(panels) + 1), 3.8))
     for ax, t in zip(axes, panels, strict=False):
         modes = [m for m, r in t["best"].items() if "error" not in r]
@@ -282,40 +260,28 @@ def plot(path: str, report: dict) -> None:
 def main() -> None:
     parser = make_parser(__spec__.name, __doc__)
     parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=list(SIZES))
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
-    parser.add_argument("--repeat", type=int, default=2)
-    parser.add_argument("--big-batch", type=int, default=1024)
-    parser.add_argument("--chunks", type=int, nargs="+", default=[0, 64])
-    parser.add_argument("--quiet-below", type=float, default=0.3)
+    parser.add_argument("--repeat", type=int, default=2, help="runs of each contender (the best is reported)")
     parser.add_argument("--quiet-wait", type=float, default=0.0, help="wait up to this many s for a quiet machine")
     parser.add_argument("--work", default="/tmp/madr_bench_train")
     parser.add_argument("--out", default=None)
     parser.add_argument("--plot", default=None)
     parser.add_argument("--skip", choices=("throughput", "memory"), default=None)
-    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--work-dir", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--size", default="tiny", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.child:
-        print_result(run_child(args.child, args))
-        return
-    report: dict = {"command": run_command(__spec__.name), "machine": machine(), "throughput": [], "memory": []}
+    report: dict = {"command": run_command(__spec__.name), "throughput": [], "memory": [],
+                    "machine": {"machine": machine_line(), **versions("torch", "ray", "deepspeed", "transformers"),
+                                "load_avg_start": os.getloadavg()}}
     print(json.dumps(report["machine"]), flush=True)
     if args.skip != "throughput":
-        for size in args.sizes:
+        for size in SIZES:
             args.size = size
             report["throughput"].append(throughput(args))
             print_table(report["throughput"][-1])
     if args.skip != "memory":
-        model_dir, batch_file = memory_inputs(f"{args.work}/b", args.big_batch)
-        for chunk in args.chunks:
-            report["memory"].append(memory(model_dir, batch_file, args.big_batch, chunk))
+        model_dir, batch_file = memory_inputs(f"{args.work}/b")
+        for chunk in CHUNKS:
+            report["memory"].append(memory(model_dir, batch_file, chunk))
             print(json.dumps(report["memory"][-1]), flush=True)
     report["machine"]["load_avg_end"] = os.getloadavg()
-    for t in report["throughput"]:
-        print_table(t)
     if args.out:
         write_json(args.out, report)
     if args.plot and report["throughput"]:

@@ -74,7 +74,7 @@ def catalog_texts() -> list[str]:
     """Every search term and product text of the Home Depot catalog of configs/real/homedepot_hybrid.yaml, with
     e5's prefixes (what the benchmark tokenises)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-    from benchmarks.quality.aspect_models.data import catalog_for
+    from benchmarks.quality.aspect_models.evaluation import catalog_for
     from benchmarks.quality.homedepot_hybrid import load
 
     home, cfg, _ = load(Path(__file__).resolve().parents[2] / "configs/real/homedepot_hybrid.yaml", [])

@@ -8,7 +8,6 @@ Serve over that index (p50 / p99); results in `<out>/gpu_check.json`. `--dry-run
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import re
@@ -229,8 +228,7 @@ def serve_phase(manifest: Path, sizes: Sizes, ready_s: float, port: int = 18440)
     import ray
     from ray import serve
 
-    from benchmarks.speed.serve_api import closed_loop, start_serve, wait_ready
-    from madr.data.synthetic.catalog import generate_catalog
+    from benchmarks.speed.serve_api import bench_queries, measure_level, start_serve, wait_ready
     from madr.search.params import SearchParams
 
     try:  # the dry run's 2 cores declared as 8 to place the replicas (5.5 CPUs at 4 shards): a reservation only
@@ -238,9 +236,8 @@ def serve_phase(manifest: Path, sizes: Sizes, ready_s: float, port: int = 18440)
                           search=SearchParams(nprobe=sizes.nprobe), shard_groups=sizes.shards,
                           request_timeout_s=30)["fanout"]
         wait_ready(url, ready_s)
-        queries = [q.text for q in generate_catalog(300, 500, seed=1).queries]
-        levels = {str(c): asyncio.run(closed_loop(url, queries, c, sizes.warmup_s, sizes.duration_s, 10))
-                  for c in sizes.concurrency}
+        queries = bench_queries()
+        levels = {str(c): measure_level(url, queries, c, sizes.warmup_s, sizes.duration_s) for c in sizes.concurrency}
     finally:
         serve.shutdown()
         ray.shutdown()

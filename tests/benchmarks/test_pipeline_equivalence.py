@@ -43,20 +43,16 @@ def test_pipeline_runs_pair_with_the_benchmark_rows_per_query(tmp_path):
     assert dense["n"] == 2, "q3 has no relevant product: the benchmark does not evaluate it"
 
 
-def test_two_seeds_of_each_side_pair_with_each_other(tmp_path):
-    """The yardstick: the benchmark's seed 0 against its seed 1, and the pipeline's run 0 against run 1."""
-    run0, run1 = _pipeline_dir(tmp_path / "s0"), _pipeline_dir(tmp_path / "s1")
-    (run1 / "evaluation" / "bibert.trec").write_text("q1 Q0 b 1 0.9 bibert\nq1 Q0 a 2 0.5 bibert\nq2 Q0 c 1 0.9 b\n")
+def test_two_seeds_of_the_benchmark_pair_with_each_other(tmp_path):
+    """The yardstick: the benchmark's seed 0 against its seed 1."""
     for seed, q1 in ((0, 1.0), (1, 0.5)):
         per_query = {"bm25+bibert_mined": {"mrr@10": {"q1": q1, "q2": 0.0}},
                      "bibert_mined": {"mrr@10": {"q1": 1.0, "q2": 1.0}}}
         write_row(tmp_path / "export", "bibert_mined", seed, per_query, {k: k for k in per_query}, {}, "cpu")
-    result = compare_seeds([run0, run1], tmp_path / "export", "bibert_mined", [0, 1], draws=200)
+    result = compare_seeds(tmp_path / "export", "bibert_mined", [0, 1], draws=200)
     bench = result["benchmark seed 0 vs 1: fused"]["mrr@10"]
     assert (bench["pipeline"], bench["benchmark"], bench["diff"]) == (0.5, 0.25, 0.25)
-    ours = result["pipeline seed 0 vs 1: fused"]["mrr@10"]
-    assert (ours["pipeline"], ours["benchmark"], ours["n"]) == (0.5, 0.75, 2), "run 1 finds c for q2, a at rank 2"
-    assert result["pipeline seed 0 vs 1: encoder alone"]["mrr@10"]["diff"] == 0.0
+    assert result["benchmark seed 0 vs 1: encoder alone"]["mrr@10"]["diff"] == 0.0
     # the benchmark's seeds alone, from the command line (no pipeline runs)
     assert main(["--between-seeds", "--export", str(tmp_path / "export"), "--seed", "0", "1", "--draws", "200",
                  "--out-dir", str(tmp_path / "out"), "--tag", "seeds"]) == 0

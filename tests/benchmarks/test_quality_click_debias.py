@@ -1,6 +1,6 @@
-"""The click-debiasing study at a tiny size: a synthetic judged catalog, a random 2-layer BERT, two fine-tuning
-steps per run; every row trains, the report has its paired tests and curve error, and a second call resumes
-from the per-run cache without training."""
+"""The click-debiasing study at a tiny size: a synthetic judged catalog where the study keeps its catalog, a
+random 2-layer BERT, two fine-tuning steps per run; every row trains, the report has its paired tests and curve
+error, and a second call resumes from the per-run cache without training."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from benchmarks.quality.click_debias import main
+from madr.data.synthetic.catalog import generate_catalog
 
 pytestmark = pytest.mark.slow  # a marked step of its own: `make test-slow` (CI runs it)
 
@@ -25,9 +26,10 @@ def test_click_debias_tiny_and_resumable(tmp_path: Path) -> None:
            "eval": {"relevance_threshold": 3.0}}
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    argv = ["--config", str(path), "--catalog", "synthetic", "--synthetic-products", "120", "--synthetic-queries",
-            "60", "--sizes", "400", "--seeds", "0", "--top-k", "5", "--pool", "15", "--corpus-size", "0",
-            "--draws", "200", "--threads", "1", "--out", str(tmp_path / "study"), "--results-dir", str(tmp_path)]
+    generate_catalog(120, 60, seed=0).write(tmp_path / "study" / "catalog")  # used instead of Home Depot's
+    argv = ["--config", str(path), "--sizes", "400", "--seeds", "0", "--top-k", "5", "--pool", "15",
+            "--corpus-size", "0", "--draws", "200", "--threads", "1", "--out", str(tmp_path / "study"),
+            "--results-dir", str(tmp_path)]
     first = main(argv)
     report = first["sizes"]["400"]
     assert set(report["means"]) == {"naive", "debiased", "filtered", "judgments"}

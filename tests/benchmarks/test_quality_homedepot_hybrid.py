@@ -6,8 +6,8 @@ lost) and the test aspect Accuracy@1.
 
 The session's synthetic catalog is written in the `data.catalog_dir` layout; random 2-layer BERTs saved with the
 session's WordPiece stand in for all-MiniLM ("minilm") and multilingual-e5-small ("e5", also the trained rows'
-start); MADRAL pretrains its aspect heads 4 steps on the frozen, memoised backbone (`train.pretrain.mlm_weight
-0`, `bench.pretrain_frozen_backbone`), then every row fine-tunes 4 steps. This checks the wiring, not quality.
+start); MADRAL pretrains its aspect heads 2 steps on the frozen, memoised backbone (`train.pretrain.mlm_weight
+0`, `bench.pretrain_frozen_backbone`), then every row fine-tunes 2 steps. This checks the wiring, not quality.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 import yaml
 
 from benchmarks.quality import homedepot_hybrid as bench
-from benchmarks.quality.fusion_lists import weight_grid
+from benchmarks.quality.aspect_models.evaluation import weight_grid
 from tests.benchmarks.tiny_backbone import save_tiny_bert
 
 pytestmark = pytest.mark.slow  # a marked step of its own: `make test-slow` (CI runs it)
@@ -35,6 +35,7 @@ NORMS = ["minmax", "zscore"]  # bench.fusion_normalisations: each with every wei
 REFERENCES = ["minilm", "e5"]
 TRAINED = ["bibert", "madral_pw"]
 SEEDS = [0, 1]
+STEPS = 2  # pretraining and fine-tuning steps per row
 # the retrievers whose lists are kept in <output_dir>/lists (fusions are tuned from them on every run)
 LISTED = ["bm25", "bm25_model", *REFERENCES, *[f"{row}@{s}" for s in SEEDS for row in TRAINED]]
 ROWS = {
@@ -99,7 +100,7 @@ def user_config(catalog, tokenizer, tmp_path_factory) -> Path:
         },
         "train": {
             "pretrain": {
-                "steps": 4,
+                "steps": STEPS,
                 "batch_size": 8,
                 "learning_rate": 1.0e-3,
                 "aspect_weight": 1.0,
@@ -107,7 +108,7 @@ def user_config(catalog, tokenizer, tmp_path_factory) -> Path:
                 "log_every": 2,
             },
             "finetune": {
-                "steps": 4,
+                "steps": STEPS,
                 "batch_size": 8,
                 "learning_rate": 1.0e-3,
                 "aspect_weight": 0.1,
@@ -342,9 +343,9 @@ def test_the_training_info_and_the_test_aspect_accuracy(runs, user_config):
     for row in TRAINED:
         info = kept[f"{row}@0"]
         assert _json(info) == _json(result["training"][0][row]), row
-        assert info["finetune"]["steps"] == 4 and ("pretrain" in info) == (row == "madral_pw"), info
+        assert info["finetune"]["steps"] == STEPS and ("pretrain" in info) == (row == "madral_pw"), info
     madral, bibert = kept["madral_pw@0"], kept["bibert@0"]
-    assert madral["pretrain"]["steps"] == 4 and math.isfinite(madral["pretrain"]["final_loss"])
+    assert madral["pretrain"]["steps"] == STEPS and math.isfinite(madral["pretrain"]["final_loss"])
     test_acc = madral["aspects"]["test"]
     assert {f"{side}_acc@1_{a}" for side in ("query", "doc") for a in ("category", "brand", "color")} == set(
         test_acc

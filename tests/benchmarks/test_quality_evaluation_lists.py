@@ -6,9 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.quality.aspect_models.data import EvalSet
-from benchmarks.quality.aspect_models.evaluation import Lists
-from benchmarks.quality.fusion_lists import cached_lists, fuse, rrf, tune_weights, weight_grid
+from benchmarks.quality.aspect_models.evaluation import (
+    EvalSet,
+    Lists,
+    cached_lists,
+    fuse,
+    rrf,
+    tune_weights,
+    weight_grid,
+)
 from madr.config import ExperimentConfig
 
 

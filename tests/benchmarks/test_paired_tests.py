@@ -1,4 +1,5 @@
-"""benchmarks.common.stats: the one paired test and the mean ± std the quality benchmarks report."""
+"""madr.significance.paired_tests, the one paired test of the evaluate job and the benchmarks, and hetpqa's mean ±
+std over seeds."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks.common.stats import format_mean_std, mean_std, paired_tests
+from benchmarks.quality.hetpqa import format_mean_std, mean_std
+from madr.significance import paired_tests
 
 
 def test_paired_tests_detect_a_constant_shift():
