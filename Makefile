@@ -1,4 +1,4 @@
-.PHONY: demo test test-slow test-e2e test-integration test-multinode lint
+.PHONY: demo test test-slow test-e2e test-multinode lint
 
 demo:  ## run the main job end to end on embedded defaults
 	bash scripts/demo.sh
@@ -11,9 +11,6 @@ test-slow:  ## the slow integration tests (Ray Train jobs, Serve failure drills,
 
 test-e2e:  ## the demo flow through `ray job submit` on a local cluster; the README's cluster command on 2 nodes
 	bash scripts/test.sh -m e2e tests/cluster
-
-test-integration:  ## test-slow and test-e2e in one pool of test processes (what CI runs)
-	bash scripts/test.sh -m "(slow or e2e) and not multinode"
 
 test-multinode:  ## encode and Serve on a 3-node local cluster, a node killed under load (tests/multinode)
 	bash scripts/test.sh -m multinode tests/multinode

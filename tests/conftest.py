@@ -20,7 +20,7 @@ SHARED = ROOT.parent / "shared"
 def pytest_configure(config):
     config.addinivalue_line("markers", "e2e: the demo's flow through `ray job submit` and the README's cluster command "
                                        "on 2 nodes of a fresh install (minutes); `make test` leaves them out, .ci/run "
-                                       "runs them with the slow tests: make test-integration")
+                                       "runs them as their own required step: make test-e2e")
 
 
 @pytest.fixture(scope="session")

@@ -18,7 +18,7 @@ from pipelines import demo
 from pipelines.jobs.local_cluster import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
-# e2e: `make test` leaves it out (2+ minutes); .ci/run runs it with the slow tests (`make test-integration`)
+# e2e: `make test` leaves it out (2+ minutes); .ci/run runs it as its own required step (`pytest -m e2e`)
 pytestmark = [pytest.mark.ray, pytest.mark.slow, pytest.mark.e2e]
 STAGES = ("data", "finetune", "aspects", "encode", "tune", "baseline", "evaluate")  # pretrain: not in the recipe
 

@@ -149,7 +149,7 @@ def test_the_readme_and_local_yaml_still_have_what_the_e2e_test_runs(tmp_path):
     assert install.startswith(f'bash "{tmp_path}/madr/scripts/install.sh" --python {tmp_path}/madr-venv/bin/python')
 
 
-# e2e: `make test` leaves it out; .ci/run runs it with the slow tests (`make test-integration`)
+# e2e: `make test` leaves it out; .ci/run runs `make test-e2e` as its own required step
 @pytest.mark.ray
 @pytest.mark.slow
 @pytest.mark.e2e
