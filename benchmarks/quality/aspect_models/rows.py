@@ -28,12 +28,20 @@ ROWS: dict[str, tuple[str, dict[str, Any]]] = {
     "madral_ws": ("MADRAL (Weighted Sum)", {"name": "madral", "fusion": "weighted_sum"}),
     "madral_pw": ("MADRAL (Presence Weighting)", {"name": "madral", "fusion": "presence"}),
     "madral_cls": ("MADRAL (CLS-Gating)", {"name": "madral", "fusion": "cls_gating"}),
+    # the alternatives of the MADRAL reproducibility study (Bi et al., ECIR 2024): OTHER as the CLS encoding,
+    # and the aspects from the first content tokens with CLS as OTHER
+    "madral_cls_other": ("MADRAL (PW), CLS as OTHER", {"name": "madral", "fusion": "presence", "other_from": "cls"}),
+    "madral_first_tokens": ("MADRAL (PW), first tokens + CLS", {"name": "madral", "fusion": "presence",
+                                                                "aspect_extraction": "first_tokens",
+                                                                "other_from": "cls"}),
     "mur": ("MUR", {"name": "mur"}),
     "mural": ("MURAL", {"name": "mural"}),
 }
-# key -> (label, model row, changes of `train.<stage>`) for the rows that differ from their model's row in training
+# key -> (label, model row, changes of `train.<stage>`) for the rows that differ from their model's row in training:
+# every row also fine-tuned on BM25-mined negatives (`<row>_mined`), the product-search recipe's training
 ROW_TRAINING: dict[str, tuple[str, str, dict[str, dict[str, Any]]]] = {
-    "bibert_mined": ("BiBERT, BM25-mined negatives", "bibert", {"finetune": {"negatives": "mined"}}),
+    f"{key}_mined": (f"{label}, BM25-mined negatives", key, {"finetune": {"negatives": "mined"}})
+    for key, (label, _) in ROWS.items()
 }
 # every trainable row: the papers' models and the training variants
 TRAINED_ROWS = {**ROWS, **{key: (label, ROWS[base][1]) for key, (label, base, _) in ROW_TRAINING.items()}}

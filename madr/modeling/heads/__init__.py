@@ -1,7 +1,11 @@
 """Tower heads: what turns a backbone's sequence output into the retrieval vector (one module per head;
 `base` holds what they share)."""
 
-from madr.modeling.heads.aspect_attention import AspectAttentionHead, AspectExtractionNetwork
+from madr.modeling.heads.aspect_attention import (
+    AspectAttentionHead,
+    AspectExtractionNetwork,
+    first_content_tokens,
+)
 from madr.modeling.heads.aspect_tokens import AspectTokensHead, objective_token_index
 from madr.modeling.heads.base import run_backbone
 from madr.modeling.heads.cls import ClsHead
@@ -21,6 +25,7 @@ __all__ = [
     "HybridHead",
     "MultiPoolHead",
     "concat_fields",
+    "first_content_tokens",
     "objective_token_index",
     "run_backbone",
     "term_weights",

@@ -55,6 +55,27 @@ class AspectExtractionNetwork(nn.Module):
         return torch.einsum("bkl,blh->bkh", attn, v), attn
 
 
+def first_content_tokens(sequence_output: torch.Tensor, attention_mask: torch.Tensor,
+                         k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The encodings of the first `k` content tokens (positions 1..k, after CLS) as aspect embeddings [B, k, H]:
+    the "first-k" variant of the MADRAL reproducibility study (Bi et al., ECIR 2024, arXiv 2401.03648, Sec. 4),
+    which replaces the learned aspect queries with positions the pretrained encoder already fills. Returns the
+    embeddings, the one-hot attention [B, k, L] that picks them, and their mask [B, k] (0 where a text is
+    shorter than k tokens: those positions hold padding and take no fusion weight; a slot past the batch's
+    longest text is zeros)."""
+    batch, length, hidden = sequence_output.shape
+    stop = min(k + 1, length)
+    comps, mask = sequence_output[:, 1:stop], attention_mask[:, 1:stop]
+    missing = k - comps.shape[1]
+    if missing > 0:
+        comps = nn.functional.pad(comps, (0, 0, 0, missing))
+        mask = nn.functional.pad(mask, (0, missing))
+    attn = torch.zeros(batch, k, length, dtype=sequence_output.dtype, device=sequence_output.device)
+    rows = torch.arange(stop - 1, device=sequence_output.device)
+    attn[:, rows, rows + 1] = 1.0
+    return comps, attn, mask
+
+
 class AspectAttentionHead(nn.Module):
     """AEN over the backbone's sequence output, then fusion into one vector.
 
@@ -68,24 +89,43 @@ class AspectAttentionHead(nn.Module):
     Weighting's sigmoid layer reads the projected E_a (Eq. 5); and the aspect prediction softmax(E_a U_a^T +
     b_a) (Sec. 5) scores the projected E_a against d-wide value tables (`aspect_dim`). CLS-Gating still
     reads the H-wide CLS encoding (Sec. 6.3). One projection per tower serves every aspect.
+
+    The reproducibility study of MADRAL (Bi et al., ECIR 2024, arXiv 2401.03648) found that learning OTHER from
+    scratch hurts and proposed two alternatives, both here: `other_from="cls"` takes the CLS encoding as the OTHER
+    component ("cls-as-other"), and `extraction="first_tokens"` takes the explicit aspects (and OTHER, unless
+    from CLS) from the first content tokens' encodings instead of the AEN ("first-k", `first_content_tokens`).
     """
 
     def __init__(self, aspects: list[str], use_other: bool, hidden: int, fusion: str, predict_aspects: bool,
-                 projection_dim: int | None = None) -> None:
+                 projection_dim: int | None = None, extraction: str = "attention", other_from: str = "extraction") -> None:
         super().__init__()
         self.component_names = list(aspects) + ([OTHER] if use_other else [])
         self.predicted = list(aspects) if predict_aspects else []
-        self.aen = AspectExtractionNetwork(len(self.component_names), hidden)
+        self.extraction = extraction
+        self.other_from_cls = use_other and other_from == "cls"
+        extracted = len(self.component_names) - int(self.other_from_cls)
+        self.aen = AspectExtractionNetwork(extracted, hidden) if extraction == "attention" else None
+        self.num_extracted = extracted
         self.projection = nn.Linear(hidden, projection_dim) if projection_dim else None
         self.aspect_dim = projection_dim or hidden
         self.fusion = build_fusion(fusion, len(self.component_names), self.aspect_dim, cls_dim=hidden)
 
     def forward(self, backbone: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> TowerOutput:
         seq = run_backbone(backbone, input_ids, attention_mask)
-        comps, attn = self.aen(seq, attention_mask)
+        if self.aen is not None:
+            comps, attn = self.aen(seq, attention_mask)
+            mask = None
+        else:
+            comps, attn, mask = first_content_tokens(seq, attention_mask, self.num_extracted)
+        if self.other_from_cls:  # OTHER is the CLS encoding: it "attends" to position 0
+            comps = torch.cat([comps, seq[:, :1]], dim=1)
+            attn = torch.cat([attn, nn.functional.one_hot(torch.zeros_like(attn[:, :1, 0], dtype=torch.long),
+                                                          attn.shape[-1]).to(attn.dtype)], dim=1)
+            if mask is not None:
+                mask = torch.cat([mask, attention_mask[:, :1]], dim=1)
         if self.projection is not None:
             comps = self.projection(comps)
-        fused = self.fusion(comps, seq[:, 0])
+        fused = self.fusion(comps, seq[:, 0], mask)
         index = {name: i for i, name in enumerate(self.component_names)}
         return TowerOutput(
             embedding=fused.embedding, cls=seq[:, 0], sequence_output=seq,
