@@ -394,25 +394,44 @@ class BiEncoder(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path) -> BiEncoder:
-        path = Path(path)
-        if not (path / CONFIG_FILE).is_file():
-            raise ValueError(f"{path}: not a madr model directory (no {CONFIG_FILE})")
-        raw = json.loads((path / CONFIG_FILE).read_text())
-        cfg = from_dict(ModelConfig, raw)
-        tokenizer = AutoTokenizer.from_pretrained(str(path / "tokenizer"))
-        vocab = AspectVocabularies.load(path / VOCAB_FILE) if (path / VOCAB_FILE).is_file() else None
-        paths = saved_backbone_paths(path, cfg) if cfg.has_backbone else None
-        attention = path / FIELD_ATTENTION_FILE
-        scorer = json.loads(attention.read_text())["scorer"] if attention.is_file() else None
-        state = load_file(str(path / HEADS_FILE))
+        saved = SavedModel.read(path)
+        cfg, state = saved.config, saved.heads
         table = state.get("query_tower.head.embeddings.weight") if not cfg.has_backbone else None
-        model = cls(cfg, tokenizer, vocab, backbone_paths=paths, field_attention=scorer, dssm_embeddings=table)
+        model = cls(cfg, saved.tokenizer, saved.vocabularies, backbone_paths=saved.backbone_paths,
+                    field_attention=saved.field_attention, dssm_embeddings=table)
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if ".backbone." not in k]
         if missing or unexpected:
             raise ValueError(f"{path / HEADS_FILE}: missing {missing[:5]}, unexpected {unexpected[:5]}")
         model.calibration = AspectCalibration.load(path)
         return model
+
+
+@dataclasses.dataclass
+class SavedModel:
+    """What a saved model directory (`BiEncoder.save`) holds, read without building the model: its config,
+    tokenizer, aspect vocabularies, where its backbones are, its field-attention scorer and its head weights."""
+
+    path: Path
+    config: ModelConfig
+    tokenizer: PreTrainedTokenizerBase
+    vocabularies: AspectVocabularies | None
+    backbone_paths: dict[str, str] | None
+    field_attention: str | None
+    heads: dict[str, torch.Tensor]
+
+    @classmethod
+    def read(cls, path: str | Path) -> SavedModel:
+        path = Path(path)
+        if not (path / CONFIG_FILE).is_file():
+            raise ValueError(f"{path}: not a madr model directory (no {CONFIG_FILE})")
+        cfg = from_dict(ModelConfig, json.loads((path / CONFIG_FILE).read_text()))
+        attention = path / FIELD_ATTENTION_FILE
+        return cls(path=path, config=cfg, tokenizer=AutoTokenizer.from_pretrained(str(path / "tokenizer")),
+                   vocabularies=AspectVocabularies.load(path / VOCAB_FILE) if (path / VOCAB_FILE).is_file() else None,
+                   backbone_paths=saved_backbone_paths(path, cfg) if cfg.has_backbone else None,
+                   field_attention=json.loads(attention.read_text())["scorer"] if attention.is_file() else None,
+                   heads=load_file(str(path / HEADS_FILE)))
 
 
 def saved_backbone_paths(path: Path, cfg: ModelConfig) -> dict[str, str]:

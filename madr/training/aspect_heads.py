@@ -26,14 +26,14 @@ from madr.config import AspectHeadsConfig
 from madr.losses.aspect_prediction import AspectPredictionLoss
 from madr.modeling.aspect_vocabulary import AspectVocabularies
 from madr.modeling.calibration import correct_top
-from madr.modeling.model import BiEncoder, objective_keys, saved_backbone_paths
+from madr.modeling.model import BiEncoder, SavedModel, objective_keys
 from madr.recipes.aspects.calibration import Annotations, value_labels
 
 
 def with_aspect_heads(model_dir: str | Path, vocabularies: AspectVocabularies) -> BiEncoder:
     """The BiBERT saved at `model_dir` as an MtBERT: the same config but its name, the same tokenizer, backbones and
     head weights, and new aspect tables over `vocabularies`' phrase values of each of `model.aspects`."""
-    base = BiEncoder.load(model_dir)
+    base = SavedModel.read(model_dir)  # the backbones are read once, by the MtBERT below
     if base.config.name != "bibert":
         raise ValueError(f"{model_dir}: a {base.config.name} model; aspect heads on a frozen encoder are for bibert "
                          "(an aspect model has its own)")
@@ -43,9 +43,10 @@ def with_aspect_heads(model_dir: str | Path, vocabularies: AspectVocabularies) -
         if not len(vocabularies.get(aspect, "phrase")):
             raise ValueError(f"aspect {aspect!r}: the vocabularies hold no phrase value")
     cfg = dataclasses.replace(base.config, name="mtbert")
-    paths = saved_backbone_paths(Path(model_dir), cfg)
-    model = BiEncoder(cfg, base.tokenizer, vocabularies, backbone_paths=paths)
-    missing, unexpected = model.load_state_dict(base.state_dict(), strict=False)
+    model = BiEncoder(cfg, base.tokenizer, vocabularies, backbone_paths=base.backbone_paths,
+                      field_attention=base.field_attention)
+    missing, unexpected = model.load_state_dict(base.heads, strict=False)
+    missing = [k for k in missing if ".backbone." not in k]
     if unexpected or any(not k.startswith("aspect_predictor.") for k in missing):
         raise ValueError(f"{model_dir}: the BiBERT's weights do not fit an MtBERT (missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]})")

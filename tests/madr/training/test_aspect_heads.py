@@ -143,3 +143,14 @@ def test_stage_saves_a_calibrated_model_the_encode_job_reads_as_an_aspect_model(
     config.write_text(json.dumps(cfg.to_dict() | {"index": cfg.to_dict()["index"] | {"model_stage": "finetune"}}))
     assert main(["--config", str(config)]) == 1
     assert "train.aspects.epochs is 0" in capsys.readouterr().err
+
+
+def test_the_saved_backbones_are_read_once_per_tower(bibert_dir, vocabularies, monkeypatch):
+    import madr.modeling.model as model_module
+
+    reads: list[str] = []
+    load = model_module.load_pretrained_backbone
+    monkeypatch.setattr(model_module, "load_pretrained_backbone", lambda path, *a, **k: reads.append(path) or load(
+        path, *a, **k))
+    model = with_aspect_heads(bibert_dir, vocabularies)
+    assert reads and len(reads) == len(set(reads)) == len(model.towers()), reads
