@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from madr.search.spec import SearchSpec
 
+EXECUTORS = ("auto", "actors")
 DEFAULT_METRICS = ["recall@10", "recall@100", "ndcg@10", "mrr@10", "map@100", "p@1", "hit@10"]
 
 
@@ -36,6 +37,11 @@ class EvaluateConfig:
     search_actors: int = 1
     batch_size: int = 256
     plot: bool = True
+    # where the queries are searched: "auto", in the job's process with every CPU of a one-node cluster as torch
+    # threads (the node's actors would share its CPUs anyway; the model and index are loaded there for the sweep
+    # already), else on a pool of search_actors Ray actors; "actors": always the pool. Either way the job's own
+    # process searches queries that fit one batch (batch_size).
+    executor: str = "auto"
 
     def __post_init__(self) -> None:
         from madr.config import from_dict
@@ -44,6 +50,8 @@ class EvaluateConfig:
                      for i, r in enumerate(self.runs)]
         if self.k < 1:
             raise ValueError(f"evaluate.k must be >= 1, got {self.k}")
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"evaluate.executor: {self.executor!r} is not one of {', '.join(EXECUTORS)}")
         names = [r.name for r in self.runs]
         if len(set(names)) != len(names):
             raise ValueError(f"evaluate.runs: run names must be unique, got {names}")

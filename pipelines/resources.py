@@ -1,4 +1,5 @@
-"""Which GPUs the connected Ray cluster can give a stage's workers: those up now, and the ones its autoscaler can add.
+"""Which GPUs the connected Ray cluster can give a stage's workers: those up now, and the ones its autoscaler can add;
+and the CPUs of a cluster of one node (`single_node_cpus`), where a stage's work may use every CPU of the machine.
 
 An autoscaling cluster starts its GPU node types at `min_workers: 0` (cluster/*.yaml), so `ray.cluster_resources()`
 shows no GPU until a task, actor or placement group asks for one. `cluster_can_have_gpus` therefore also reads the
@@ -42,3 +43,14 @@ def cluster_can_have_gpus(gpu_nodes: bool | None = None) -> bool:
     if gpu_nodes is not None:
         return gpu_nodes
     return bool(declared_gpu_nodes())
+
+
+def single_node_cpus() -> int | None:
+    """The CPUs of the connected cluster when it has one live node (a laptop, one VM, the tests), else None. There a
+    stage's actors all run on this machine: a CPU stage may give its one worker every CPU as torch threads (or work
+    in the driver) instead of the worker's logical CPU share, which would leave the rest of the machine idle."""
+    import ray
+
+    if sum(1 for node in ray.nodes() if node["Alive"]) != 1:
+        return None
+    return max(1, int(ray.cluster_resources().get("CPU", 1)))

@@ -63,12 +63,13 @@ def _pool(actors: int, all_at_start: bool, min_size: int | None = None):
     return ray.data.ActorPoolStrategy(min_size=actors if all_at_start else (min_size or 1), max_size=actors)
 
 
-def _stage_kwargs(cfg: EncodeConfig, gpu: bool, run: str | None, expect: dict[str, int] | None
-                  ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Constructor arguments of ``TokenizeDocs`` and ``EncodeDocs`` for this job."""
+def _stage_kwargs(cfg: EncodeConfig, gpu: bool, run: str | None, expect: dict[str, int] | None,
+                  threads: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Constructor arguments of ``TokenizeDocs`` and ``EncodeDocs`` for this job; ``threads``: the encode actors'
+    torch threads (default: ``torch_threads``, else their CPU share rounded up)."""
     tokenize = {"model_dir": cfg.model_dir, "max_length": cfg.max_length, "lexical": cfg.lexical is not None,
                 "lexical_tokenizer": lexical_tokenizer_dir(cfg)}
-    threads = cfg.torch_threads or max(1, int(np.ceil(cfg.encode_cpus)))
+    threads = threads or cfg.torch_threads or max(1, int(np.ceil(cfg.encode_cpus)))
     encode = {"model_dir": cfg.model_dir, "batch_size": cfg.batch_size, "device": "cuda" if gpu else "cpu",
               "dtype": cfg.dtype, "torch_threads": threads, "out_dir": cfg.output if run else None, "run": run,
               "expect": expect, "aspect_top_k": cfg.aspect_top_k}
@@ -112,7 +113,7 @@ def _encoded_dataset(pieces: list[Piece], cfg: EncodeConfig, gpu: bool, run: str
     # batch_size=None: one piece = one block = one batch through every stage, so the forward batches (cut
     # from the length-sorted piece) and hence the vectors do not depend on scheduling: a re-run is identical.
     ds = ray.data.read_datasource(_datasource(pieces, cfg), override_num_blocks=len(pieces), num_cpus=cfg.io_cpus)
-    tokenize, encode = _stage_kwargs(cfg, gpu, run, expect)
+    tokenize, encode = _stage_kwargs(cfg, gpu, run, expect, actor_threads(cfg, gpu))
     spread = {"scheduling_strategy": "SPREAD"} if cfg.spread_actors else {}
     encoders = _pool(cfg.encode_actors, cfg.spread_actors, cfg.min_encode_actors or cfg.encode_actors)
     resources = encode_actor_resources(cfg, gpu)
@@ -172,7 +173,7 @@ class ActorExecutor(RayExecutor):
 
     def stream(self, pieces: list[Piece], run: str) -> Iterator[pa.Table]:
         ray, cfg = self.ray, self.cfg
-        tokenize, encode = _stage_kwargs(cfg, self.gpu, run, self.expect)
+        tokenize, encode = _stage_kwargs(cfg, self.gpu, run, self.expect, actor_threads(cfg, self.gpu))
         columns = (cfg.id_column, cfg.text_columns, cfg.docs_columns if cfg.store_docs else [])
         spread = {"scheduling_strategy": "SPREAD"} if cfg.spread_actors else {}
         worker = ray.remote(PieceEncoder).options(**encode_actor_resources(cfg, self.gpu), max_restarts=2,
@@ -234,18 +235,32 @@ class _Done:
     value: Any
 
 
+def actor_threads(cfg: EncodeConfig, gpu: bool) -> int:
+    """Torch threads of each encode actor: ``torch_threads``; else, for CPU actors on a one-node cluster, its CPUs
+    shared by the ``encode_actors`` (at least their CPU share: the actors all run on that machine, and a share of one
+    CPU each would leave the others idle while the job encodes); else their CPU share rounded up."""
+    from pipelines.resources import single_node_cpus
+
+    share = max(1, int(np.ceil(cfg.encode_cpus)))
+    if cfg.torch_threads or gpu:
+        return cfg.torch_threads or share
+    cpus = single_node_cpus()
+    return share if cpus is None else max(share, cpus // max(1, cfg.encode_actors))
+
+
 def encodes_in_process(cfg: EncodeConfig, rows: int) -> int | None:
     """Whether ``executor: auto`` encodes ``rows`` documents in this process, and with how many torch threads: on
     a one-node Ray cluster without GPUs (nor a GPU node it can add) the actors would run on this machine anyway, and
     starting one (a process importing torch and loading the model) costs more than encoding at most
     ``IN_PROCESS_DOCS`` documents; the threads are ``torch_threads`` or the node's CPUs. None: Ray actors."""
+    from pipelines.resources import single_node_cpus
+
     if cfg.executor != "auto" or rows > IN_PROCESS_DOCS:
         return None
-    import ray
-
-    if sum(1 for node in ray.nodes() if node["Alive"]) != 1 or encode_on_gpu(cfg):
+    cpus = single_node_cpus()
+    if cpus is None or encode_on_gpu(cfg):
         return None
-    return cfg.torch_threads or max(1, int(ray.cluster_resources().get("CPU", 1)))
+    return cfg.torch_threads or cpus
 
 
 def ray_executor(cfg: EncodeConfig, expect: dict[str, int] | None = None) -> RayExecutor:

@@ -56,7 +56,7 @@ from madr.index.lexical import TOKENIZER_DIR, load_lexical_tokenizer, save_token
 from madr.index.manifest import MANIFEST_FILE, ShardInfo, atomic_write_text
 from madr.search.sparse.backend import SparseBackend
 from pipelines.encode.corpus import CorpusPlan, Piece, plan_corpus, read_piece
-from pipelines.encode.executors import LocalExecutor, encodes_in_process, ray_executor
+from pipelines.encode.executors import LocalExecutor, actor_threads, encodes_in_process, ray_executor
 from pipelines.encode.resume import (
     ModelInfo,
     clean_stale_parts,
@@ -226,7 +226,10 @@ def _cluster_executor(cfg: EncodeConfig, plan: CorpusPlan, pending: list[int], e
     """Ray actors, or this process for a small corpus on a one-node cluster (``encodes_in_process``)."""
     threads = encodes_in_process(cfg, sum(plan.shard_rows[s] for s in pending))
     if threads is None:
-        return ray_executor(cfg, expect)
+        ex = ray_executor(cfg, expect)
+        log(f"encoding on {cfg.encode_actors} Ray actor(s), " + ("a GPU each" if ex.gpu else
+            f"{actor_threads(cfg, False)} torch threads each"))
+        return ex
     log(f"encoding in this process with {threads} torch threads (a one-node cluster without GPUs, a corpus small "
         f"enough that starting an actor would cost more)")
     return LocalExecutor(cfg, expect, threads)

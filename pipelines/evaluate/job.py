@@ -1,7 +1,8 @@
 """The evaluation job: queries + qrels -> search every model's sharded index -> metrics table + plot.
 
 For each run (``SearchSpec``: an index manifest and its model) the queries are searched on a Ray actor
-pool (``pipelines.evaluate.searcher``), index ids are mapped to the qrels' doc keys, and every metric of
+pool (``pipelines.evaluate.searcher``), or in this process with every CPU of a one-node cluster
+(``executor: auto``, ``search_threads``), index ids are mapped to the qrels' doc keys, and every metric of
 ``madr.metrics.evaluate`` is computed (Recall@k, NDCG@k, MRR@k, MAP, P@k, Hit@k, R-Prec, AUC, with the
 conventions of that module). Results go to ``results.csv`` and ``results.md`` (one row per run), and each
 run's ranking to a TREC run file ``<run name>.trec`` (``qid Q0 docid rank score tag``, tag = the run name)
@@ -107,9 +108,11 @@ def sweep_key(spec: SearchSpec) -> tuple:
     return spec.index, spec.model_dir, spec.encoder_backend, spec.encoder_precision, search
 
 
-def sweep(spec: SearchSpec, queries: Any, qrels: Qrels, keys: DocKeys, cfg: EvaluateConfig) -> list[dict[str, Any]]:
+def sweep(spec: SearchSpec, queries: Any, qrels: Qrels, keys: DocKeys, cfg: EvaluateConfig,
+          threads: int = 1) -> list[dict[str, Any]]:
     """(setting, ms/query, metric) points of one run's dense search, timed in this process (search only: the
-    index's own knob, `nprobe` or `ef_search`; no BM25 or aspect-match fusion)."""
+    index's own knob, `nprobe` or `ef_search`; no BM25 or aspect-match fusion); the queries are encoded with the
+    `threads` torch threads their search had, so the vectors are the table's."""
     import torch
 
     from madr.index import encode_queries
@@ -119,13 +122,13 @@ def sweep(spec: SearchSpec, queries: Any, qrels: Qrels, keys: DocKeys, cfg: Eval
     if cfg.sweep and param:
         values = list(cfg.sweep)
     texts, qids = queries.column("text").to_pylist(), queries.column("query_id").to_pylist()
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # as the search actors do, so the query vectors are the same as the table's
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
         with torch.no_grad():
             dense, sparse = encode_queries(model, texts)
     finally:
-        torch.set_num_threads(threads)
+        torch.set_num_threads(before)
     params = search_params(spec, cfg.k, sparse is not None and index.has_sparse).replace(aspect_weight=0.0)
     points = []
     for v in values:
@@ -211,6 +214,19 @@ def write_trec_run(run: Run, path: Path, tag: str, log=print) -> str | None:
         return None
 
 
+def search_threads(cfg: EvaluateConfig, queries: int, local: bool) -> int | None:
+    """The torch threads with which this process searches the ``queries``, or None where a Ray actor pool does:
+    1 for ``local`` runs and queries that fit one batch (as an actor would), every CPU of a one-node Ray cluster
+    with ``executor: auto`` (`pipelines.resources.single_node_cpus`)."""
+    if local or queries <= cfg.batch_size:
+        return 1
+    if cfg.executor == "auto":
+        from pipelines.resources import single_node_cpus
+
+        return single_node_cpus()
+    return None
+
+
 def run_evaluate(cfg: EvaluateConfig, log=print, local: bool = False) -> dict[str, Any]:
     """Evaluate every run of ``cfg`` (Ray must be initialised, unless ``local``: the searches run in this
     process, as they do when the queries fit in one batch, ``cfg.batch_size``); returns {"results": rows,
@@ -225,13 +241,14 @@ def run_evaluate(cfg: EvaluateConfig, log=print, local: bool = False) -> dict[st
     except ValueError as err:
         log(f"no TREC qrels file: {err}")
     rows, points, run_files, per_query, swept = [], [], {}, {}, {}
+    threads = search_threads(cfg, queries.num_rows, local)
     for spec in cfg.runs:
-        in_process = local or queries.num_rows <= cfg.batch_size  # one batch: an actor pool would only start up
-        log(f"run {spec.name}: searching {queries.num_rows} queries in {spec.index}"
-            + (" in this process" if in_process else f" on {cfg.search_actors} Ray actor(s)"))
+        where = f" on {cfg.search_actors} Ray actor(s)" if threads is None else " in this process" + (
+            f" ({threads} torch threads)" if threads > 1 else "")
+        log(f"run {spec.name}: searching {queries.num_rows} queries in {spec.index}{where}")
         keys = DocKeys(spec.index, cfg.doc_key)
-        searched = search_local(queries, spec, cfg.k, cfg.batch_size) if in_process else \
-            search_dataset(queries, spec, cfg.k, cfg.search_actors, cfg.batch_size)
+        searched = search_dataset(queries, spec, cfg.k, cfg.search_actors, cfg.batch_size) if threads is None \
+            else search_local(queries, spec, cfg.k, cfg.batch_size, threads)
         results = collect(searched)
         run = to_run(results, keys)
         per_query[spec.name] = evaluate(run, qrels, cfg.metrics, relevance_threshold=cfg.relevance_threshold,
@@ -245,7 +262,7 @@ def run_evaluate(cfg: EvaluateConfig, log=print, local: bool = False) -> dict[st
             log(f"  sweep: as run {swept[key]}'s (same index, model and dense search)")
         else:
             swept[key] = spec.name
-            points.extend(sweep(spec, queries, qrels, keys, cfg))
+            points.extend(sweep(spec, queries, qrels, keys, cfg, threads or 1))
     write_table(rows, out, "results")
     write_table(points, out, "sweep")
     comparisons = compare_to_first(per_query) if len(per_query) > 1 else []

@@ -146,10 +146,10 @@ def search_dataset(queries: pa.Table, spec: SearchSpec, k: int, actors: int = 1,
                           compute=ray.data.ActorPoolStrategy(min_size=1, max_size=actors))
 
 
-def search_local(queries: pa.Table, spec: SearchSpec, k: int, batch_size: int = 256) -> Any:
-    """``search_dataset`` in this process, without Ray: one ``SearchQueries`` over ``queries`` in batches of
-    ``batch_size`` (an iterable of result tables, what ``collect`` reads)."""
-    searcher = SearchQueries(dataclasses.asdict(spec), k)
+def search_local(queries: pa.Table, spec: SearchSpec, k: int, batch_size: int = 256, threads: int = 1) -> Any:
+    """``search_dataset`` in this process, without Ray: one ``SearchQueries`` (``threads`` torch threads) over
+    ``queries`` in batches of ``batch_size`` (an iterable of result tables, what ``collect`` reads)."""
+    searcher = SearchQueries(dataclasses.asdict(spec), k, torch_threads=threads)
     return (searcher(queries.slice(start, batch_size)) for start in range(0, queries.num_rows, batch_size))
 
 

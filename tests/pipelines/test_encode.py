@@ -228,6 +228,29 @@ def test_auto_encodes_a_small_corpus_in_process_on_a_one_node_cluster(ray_local,
     assert encodes_in_process(dataclasses.replace(cfg, torch_threads=1), 10) == 1
 
 
+@pytest.mark.ray
+def test_cpu_encode_actors_share_every_cpu_of_a_one_node_cluster(ray_local, corpus, models, tmp_path_factory):
+    """On the one-node local Ray (2 CPUs) the CPU encode actors' torch threads are the node's CPUs shared by the
+    actors, not their logical CPU share (1 each), which would leave a CPU idle while the job encodes; the vectors
+    are the one-thread local run's."""
+    from pipelines.encode.executors import actor_threads
+
+    _, table, root = corpus
+    out, ref = tmp_path_factory.mktemp("actor_threads"), tmp_path_factory.mktemp("actor_threads_ref")
+    cfg = encode_config(root, out, models["bibert"], num_shards=2, store_docs=False, executor="actors")
+    assert actor_threads(cfg, gpu=False) == 2 and actor_threads(cfg, gpu=True) == 1
+    assert actor_threads(dataclasses.replace(cfg, encode_actors=2), gpu=False) == 1
+    assert actor_threads(dataclasses.replace(cfg, torch_threads=3), gpu=False) == 3
+    logs: list[str] = []
+    run_encode(cfg, log=logs.append)
+    assert "encoding on 1 Ray actor(s), 2 torch threads each" in logs, logs
+    run_encode(encode_config(root, ref, models["bibert"], num_shards=2, store_docs=False), local=True,
+               log=lambda _: None)
+    ids = table.column("doc_id").to_numpy()
+    np.testing.assert_allclose(ShardedIndex.open(out).reconstruct(ids), ShardedIndex.open(ref).reconstruct(ids),
+                               atol=1e-5)
+
+
 def _recall_at_10(index: ShardedIndex, q: np.ndarray, ids: np.ndarray, **kw) -> float:
     vecs = index.reconstruct(ids)  # Flat / IVF-Flat / HNSW store the vectors exactly
     _, exact = _topk(q.astype(np.float64) @ vecs.T.astype(np.float64), ids, 10)

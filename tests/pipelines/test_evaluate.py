@@ -75,7 +75,7 @@ def _config(base, out: str, runs: list[SearchSpec] | None = None, **inputs) -> E
     inputs = inputs or {"queries": str(base / "queries.parquet"), "qrels": str(base / "qrels.parquet")}
     return EvaluateConfig(**inputs, runs=runs or _runs(base), output=str(base / out), doc_key="product_id",
                           qrels_doc_column="product_id", metrics=METRICS, k=50, relevance_threshold=2,
-                          sweep_metric="recall@10", batch_size=16)
+                          sweep_metric="recall@10", batch_size=16, executor="actors")
 
 
 @pytest.fixture(scope="module")
@@ -184,6 +184,28 @@ def test_queries_that_fit_one_batch_are_searched_in_the_driver_with_the_ray_jobs
     n = pq.read_table(base / "queries.parquet").num_rows
     assert [line for line in logged if line.startswith("run ")] == [
         f"run {spec.name}: searching {n} queries in {spec.index} in this process" for spec in _runs(base)]
+
+
+@pytest.mark.ray
+def test_on_a_one_node_cluster_auto_searches_in_the_driver_with_every_cpu(evaluated, setup, ray_local):
+    import ray
+
+    base, _ = setup
+    assert sum(1 for node in ray.nodes() if node["Alive"]) == 1
+    cpus = int(ray.cluster_resources()["CPU"])
+    logged: list[str] = []
+    auto = run_evaluate(dataclasses.replace(_config(base, "out_auto"), executor="auto", plot=False),
+                        log=logged.append)
+    n = pq.read_table(base / "queries.parquet").num_rows
+    where = " in this process" + (f" ({cpus} torch threads)" if cpus > 1 else "")
+    assert [line for line in logged if line.startswith("run ")] == [
+        f"run {spec.name}: searching {n} queries in {spec.index}{where}" for spec in _runs(base)]
+    for got, ray_job in zip(auto["results"], evaluated["results"], strict=True):  # the actor pool's numbers
+        assert {m: got[m] for m in METRICS} == pytest.approx({m: ray_job[m] for m in METRICS}, abs=1e-6)
+    own = {p["value"]: p["recall@10"] for p in auto["sweep"] if p["run"] == "dense-ivf"}
+    assert own[4] == pytest.approx(auto["results"][1]["recall@10"], abs=1e-12)  # its sweep encodes as it searched
+    with pytest.raises(ValueError, match="evaluate.executor"):
+        dataclasses.replace(_config(base, "x"), executor="threads")
 
 
 def test_an_int8_run_scores_the_int8_query_tower_the_serve_app_would_use(setup):
