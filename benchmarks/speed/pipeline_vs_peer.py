@@ -312,18 +312,46 @@ def read_madr_run(run: Path) -> dict[str, Any]:
             "fusion": {"lam": fusion["lam"], "normalisation": fusion["normalisation"], "value": fusion["value"]}}
 
 
-def measure_madr(catalog: Path, run: Path, config: str, sets: list[str], steps: int | None) -> dict[str, Any]:
-    """The pipeline as a subprocess under a process-tree sampler; `read_madr_run` plus wall time and peak PSS."""
+def node_sets(nodes: int, cpus: int) -> list[str]:
+    """The pipeline's settings for `nodes` worker nodes of `cpus` CPUs each: one training worker per node (half a
+    node's CPUs reserved, the other half left to Ray Data's readers; every CPU as torch threads), one encode actor
+    per node, spread."""
+    return [f"distributed.num_workers={nodes}", "distributed.placement_strategy=STRICT_SPREAD",
+            f"distributed.cpus_per_worker={cpus / 2:g}", f"distributed.torch_threads={cpus}",
+            f"encode.encode_actors={nodes}", "encode.spread_actors=true", f"encode.encode_cpus={cpus / 2:g}",
+            f"encode.torch_threads={cpus}"]
+
+
+def measure_madr(catalog: Path, run: Path, config: str, sets: list[str], steps: int | None,
+                 nodes: int = 0) -> dict[str, Any]:
+    """The pipeline as a subprocess under a process-tree sampler; `read_madr_run` plus wall time and peak PSS. With
+    `nodes`, each stage is a Ray job on a local cluster of a CPU-less head and `nodes` worker nodes sharing this
+    machine's CPUs (`pipelines.jobs.local_cluster`), as on a cluster of that many machines."""
+    import os
+
+    from pipelines.jobs import local_cluster
     from pipelines.runtime import apply_ray_env
 
     apply_ray_env(offline=True)  # Ray network hygiene (scripts/ray_env.sh) for the pipeline's processes
-    cmd = madr_command(catalog, run, config, sets, steps)
-    print("[madr] " + " ".join(cmd), flush=True)
-    load, t0 = load_average(), time.perf_counter()
-    with ProcessTree() as tree:
-        subprocess.run(cmd, env=child_env(), cwd=ROOT, check=True)
+    cpus = max(1, (os.cpu_count() or 1) // max(nodes, 1))
+    cmd = madr_command(catalog, run, config, [*sets, *(node_sets(nodes, cpus) if nodes else [])], steps)
+    head = local_cluster.start(num_cpus=0) if nodes else None
+    load, t0, workers = load_average(), time.perf_counter(), []
+    try:
+        for _ in range(nodes):
+            workers.append(local_cluster.add_node(head, num_cpus=cpus))
+        if head is not None:
+            cmd += ["--address", head.address, "--token-file", str(head.token_file)]
+        print("[madr] " + " ".join(cmd), flush=True)
+        with ProcessTree() as tree:
+            subprocess.run(cmd, env=child_env(), cwd=ROOT, check=True)
+    finally:
+        for node in reversed(workers):
+            local_cluster.stop(node)
+        if head is not None:
+            local_cluster.stop(head)
     return {**read_madr_run(run), "process_s": time.perf_counter() - t0, "peak_pss_gib": tree.peak / 2**30,
-            "command": cmd, "load_before": load}
+            "command": cmd, "load_before": load, "nodes": nodes}
 
 
 def compare(madr: dict[str, Any], peer: dict[str, Any]) -> dict[str, Any]:
@@ -375,6 +403,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None, help="fine-tuning steps (smoke runs); default: the config's")
     p.add_argument("--only", choices=("peer", "madr", "both"), default="both")
     p.add_argument("--out-dir", default="runs/pipeline_vs_peer")
+    p.add_argument("--nodes", type=int, default=0,
+                   help="run madr's stages as Ray jobs on a local cluster of this many worker nodes (0: each stage "
+                        "on its own local Ray, as on one machine)")
     return p.parse_args(argv)
 
 
@@ -389,15 +420,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         sides["peer"] = side_result(out, f"pipeline_vs_peer-peer-{key}",
                                     lambda: measure_peer(catalog, s, out / f"peer-{key}"))
     if args.only in ("madr", "both"):
-        sides["madr"] = side_result(out, f"pipeline_vs_peer-madr-{key}", lambda: measure_madr(
-            catalog, out / f"madr-{key}", args.config, args.set, args.steps))
+        madr = f"madr-{args.nodes}nodes-{key}" if args.nodes else f"madr-{key}"
+        sides["madr"] = side_result(out, f"pipeline_vs_peer-{madr}", lambda: measure_madr(
+            catalog, out / madr, args.config, args.set, args.steps, args.nodes))
     result = {"catalog": str(catalog), "settings": s, "command": run_command(MODULE), "machine": machine_line(),
               "versions": ", ".join(f"{k} {v}" for k, v in versions(
                   "torch", "transformers", "sentence_transformers", "faiss", "bm25s", "ray").items()),
               "load": load_average(), **sides}
     if len(sides) == 2:
         result["comparison"] = compare(sides["madr"], sides["peer"])
-        print(f"-> {write_result_json(out, f'pipeline_vs_peer-{key}', result)}")
+        print(f"-> {write_result_json(out, f'pipeline_vs_peer-{key}' + (f'-{args.nodes}nodes' if args.nodes else ''), result)}")
         print_report(result)
     return result
 

@@ -58,3 +58,19 @@ def test_fuse_matches_madr_weighted_fusion():
                                              [lam, 1 - lam], 10, how)
             assert rows.tolist() == ref_ids[0].tolist()
             np.testing.assert_allclose(scores, ref_s[0], rtol=1e-5, atol=1e-6)
+
+
+def test_node_settings_are_keys_the_pipeline_config_takes():
+    """`--nodes`: the settings that spread the stages over the worker nodes load with the pipeline's config (a
+    wrong key or value fails there), one training worker and one encode actor per node."""
+    from benchmarks.speed.pipeline_vs_peer import CONFIG, ROOT, node_sets
+    from madr.config import load_config
+    from madr.config_overrides import parse_overrides
+
+    cfg = load_config(ROOT / CONFIG, parse_overrides(node_sets(2, 1)))  # checks the sections' keys and values
+    d = cfg.distributed
+    assert (d["num_workers"], d["cpus_per_worker"], d["torch_threads"], d["placement_strategy"]) == (
+        2, 0.5, 1, "STRICT_SPREAD")
+    assert cfg.encode["encode_actors"] == 2 and cfg.encode["spread_actors"] is True
+    with pytest.raises(ValueError, match="distributed"):
+        load_config(ROOT / CONFIG, parse_overrides([*node_sets(2, 1), "distributed.placement_strategy=ROUND"]))
