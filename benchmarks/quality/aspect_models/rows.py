@@ -38,7 +38,7 @@ ROWS: dict[str, tuple[str, dict[str, Any]]] = {
     "mural": ("MURAL", {"name": "mural"}),
 }
 # key -> (label, model row, changes of `train.<stage>`) for the rows that differ from their model's row in training:
-# every row also fine-tuned on BM25-mined negatives (`<row>_mined`), the product-search recipe's training
+# every row also fine-tuned on BM25-mined negatives (`<row>_mined`), as the product-search recipe is
 ROW_TRAINING: dict[str, tuple[str, str, dict[str, dict[str, Any]]]] = {
     f"{key}_mined": (f"{label}, BM25-mined negatives", key, {"finetune": {"negatives": "mined"}})
     for key, (label, _) in ROWS.items()
