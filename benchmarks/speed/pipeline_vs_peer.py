@@ -312,29 +312,31 @@ def read_madr_run(run: Path) -> dict[str, Any]:
             "fusion": {"lam": fusion["lam"], "normalisation": fusion["normalisation"], "value": fusion["value"]}}
 
 
-def node_sets(nodes: int, cpus: int) -> list[str]:
-    """The pipeline's settings for `nodes` worker nodes of `cpus` CPUs each: one training worker per node (half a
-    node's CPUs reserved, the other half left to Ray Data's readers; every CPU as torch threads), one encode actor
-    per node, spread."""
+def node_sets(nodes: int, cpus: int, threads: int) -> list[str]:
+    """The pipeline's settings for `nodes` worker nodes of `cpus` logical CPUs and `threads` cores each: one training
+    worker per node (half the node's logical CPUs; the other half left to Ray Data's readers, which a worker holding
+    the whole node would starve) and one encode actor per node, spread, each with `threads` torch threads."""
     return [f"distributed.num_workers={nodes}", "distributed.placement_strategy=STRICT_SPREAD",
-            f"distributed.cpus_per_worker={cpus / 2:g}", f"distributed.torch_threads={cpus}",
+            f"distributed.cpus_per_worker={cpus / 2:g}", f"distributed.torch_threads={threads}",
             f"encode.encode_actors={nodes}", "encode.spread_actors=true", f"encode.encode_cpus={cpus / 2:g}",
-            f"encode.torch_threads={cpus}"]
+            f"encode.torch_threads={threads}"]
 
 
 def measure_madr(catalog: Path, run: Path, config: str, sets: list[str], steps: int | None,
                  nodes: int = 0) -> dict[str, Any]:
     """The pipeline as a subprocess under a process-tree sampler; `read_madr_run` plus wall time and peak PSS. With
     `nodes`, each stage is a Ray job on a local cluster of a CPU-less head and `nodes` worker nodes sharing this
-    machine's CPUs (`pipelines.jobs.local_cluster`), as on a cluster of that many machines."""
+    machine's cores (`pipelines.jobs.local_cluster`; each node declares every core as a logical CPU and its torch
+    threads take its share of them), as on a cluster of that many machines."""
     import os
 
     from pipelines.jobs import local_cluster
     from pipelines.runtime import apply_ray_env
 
     apply_ray_env(offline=True)  # Ray network hygiene (scripts/ray_env.sh) for the pipeline's processes
-    cpus = max(1, (os.cpu_count() or 1) // max(nodes, 1))
-    cmd = madr_command(catalog, run, config, [*sets, *(node_sets(nodes, cpus) if nodes else [])], steps)
+    cpus = max(2, os.cpu_count() or 1)
+    spread = node_sets(nodes, cpus, max(1, (os.cpu_count() or 1) // max(nodes, 1))) if nodes else []
+    cmd = madr_command(catalog, run, config, [*sets, *spread], steps)
     head = local_cluster.start(num_cpus=0) if nodes else None
     load, t0, workers = load_average(), time.perf_counter(), []
     try:

@@ -67,10 +67,10 @@ def test_node_settings_are_keys_the_pipeline_config_takes():
     from madr.config import load_config
     from madr.config_overrides import parse_overrides
 
-    cfg = load_config(ROOT / CONFIG, parse_overrides(node_sets(2, 1)))  # checks the sections' keys and values
+    cfg = load_config(ROOT / CONFIG, parse_overrides(node_sets(2, 2, 1)))  # checks the sections' keys and values
     d = cfg.distributed
     assert (d["num_workers"], d["cpus_per_worker"], d["torch_threads"], d["placement_strategy"]) == (
-        2, 0.5, 1, "STRICT_SPREAD")
+        2, 1, 1, "STRICT_SPREAD")
     assert cfg.encode["encode_actors"] == 2 and cfg.encode["spread_actors"] is True
     with pytest.raises(ValueError, match="distributed"):
-        load_config(ROOT / CONFIG, parse_overrides([*node_sets(2, 1), "distributed.placement_strategy=ROUND"]))
+        load_config(ROOT / CONFIG, parse_overrides([*node_sets(2, 2, 1), "distributed.placement_strategy=ROUND"]))
