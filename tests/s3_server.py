@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -13,14 +12,10 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from pipelines.jobs.local_cluster import free_port
+
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "madr-test", "AWS_SECRET_ACCESS_KEY": "madr-test",
                "AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextmanager

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -82,7 +83,23 @@ class LocalNode:
         return _alive(self.pid)
 
 
+QUIET_PORTS = (20000, 32767)  # above Ray's worker ports (10002-19999), below Linux's ephemeral range (32768-60999)
+
+
 def free_port() -> int:
+    """A port on 127.0.0.1 that nothing holds now, drawn from `QUIET_PORTS`: not from the ephemeral range, where
+    `bind(port 0)`, outgoing connections and the gRPC servers of every Ray process on the machine take their ports,
+    so a server that binds it seconds later (a Ray head, Serve's proxy) rarely finds it taken by another process
+    (tests running side by side start many). Falls back to a port the OS picks."""
+    draw = random.SystemRandom()
+    for _ in range(100):
+        port = draw.randint(*QUIET_PORTS)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -478,3 +478,22 @@ def test_a_temp_dir_too_long_for_rays_sockets_is_refused_before_ray_starts(short
     with pytest.raises(ValueError, match=f"--temp-dir {long} is too long"):
         head_temp_dir(str(long))
     assert not long.exists()
+
+
+def test_free_ports_come_from_outside_the_ephemeral_range_and_skip_a_held_port(monkeypatch):
+    """`local_cluster.free_port`: ports of servers started seconds later (a Ray head, Serve's proxy, the test servers)
+    come from `QUIET_PORTS`, where no process's `bind(port 0)` lands, and a port something holds is not given."""
+    import random
+    import socket
+
+    from pipelines.jobs import local_cluster
+
+    low, high = local_cluster.QUIET_PORTS
+    ports = [local_cluster.free_port() for _ in range(50)]
+    assert all(low <= p <= high for p in ports) and len(set(ports)) > 40
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", ports[0]))
+        other = next(p for p in ports if p != ports[0])
+        draws = iter([ports[0], other])  # the first draw is the held port: the next one is given
+        monkeypatch.setattr(random.SystemRandom, "randint", lambda self, a, b: next(draws))
+        assert local_cluster.free_port() == other

@@ -7,7 +7,6 @@ skips every stage by its completion marker."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ import requests
 
 from madr.config import load_config
 from pipelines.jobs import cli, markers
+from pipelines.jobs.local_cluster import free_port
 from pipelines.jobs.runner import Invocation, plan
 from pipelines.jobs.stages import select
 
@@ -130,12 +130,6 @@ def test_pipeline_runs_the_stages_then_skips_them(pipeline_run, capfd):
                                                      "encode": "run", "evaluate": "run"}, later
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.ray
 @pytest.mark.slow
 def test_the_deploy_stage_serves_the_index_through_the_int8_query_tower(pipeline_run, ray_local):
@@ -155,7 +149,7 @@ def test_the_deploy_stage_serves_the_index_through_the_int8_query_tower(pipeline
     out, _ = pipeline_run
     args = Invocation(str(CONFIG), overrides={"output_dir": str(out), **RUN_SETS}).serve_args()
     assert args["encoder_precision"] == "int8", f"the recipe serves its query tower in int8: {args}"
-    settings = settings_from_dict({**args, "port": _free_port()})
+    settings = settings_from_dict({**args, "port": free_port()})
     assert isinstance(LocalBackend(settings.manifest_path, encoder_precision="int8").encoder, Int8QueryEncoder)
 
     sets = read_sets(out / SETS_DIR)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -15,15 +14,11 @@ import pyarrow as pa
 import pytest
 import requests
 
+from pipelines.jobs.local_cluster import free_port  # noqa: F401  (the serve tests import it from here)
+
 TINY = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64,
         "max_position_embeddings": 64}
 ID_OFFSET, ID_STEP = 5, 3  # global ids are not row numbers
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager

@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from torch import nn
 
 from madr.losses import InBatchSoftmaxLoss
 from madr.training.distributed import GatheredInBatchSoftmaxLoss, gather_with_grad, world_size
+from pipelines.jobs.local_cluster import free_port
 
 
 @contextlib.contextmanager
@@ -39,12 +39,6 @@ def _float64() -> Iterator[None]:
         yield
     finally:
         torch.set_default_dtype(previous)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _init(rank: int, world: int, port: int) -> None:
@@ -190,7 +184,7 @@ def _two_workers(out: Path, catalog, tokenizer, vocabularies) -> dict:
     reference.train()
     loss, parts = reference("loss", batch, 0)
     loss.backward()
-    mp.spawn(_worker, args=(2, _free_port(), str(out)), nprocs=2)
+    mp.spawn(_worker, args=(2, free_port(), str(out)), nprocs=2)
     return {"result": torch.load(out / "result.pt", weights_only=False), "data": data, "reference": reference,
             "parts": parts}
 
