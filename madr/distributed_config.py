@@ -36,7 +36,8 @@ class DistributedConfig:
     fail_at_step / fail_rank: failure drill: that worker SIGKILLs itself once after reporting that step.
     val_corpus: fine-tuning's validation searches the dev queries over their judged products plus a seeded sample
     of the others, this many products in all (0: the whole catalog; a 12-layer encoder spends minutes per pass
-    over tens of thousands of products on CPU).
+    over tens of thousands of products on CPU); where the judged products alone are more, a seeded sample of the
+    dev queries whose judged products fill half of it.
     """
 
     backend: str = "auto"

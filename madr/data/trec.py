@@ -80,11 +80,11 @@ def check_tag(tag: str) -> str:
 def format_run(run: Run, tag: str) -> str:
     """`qid Q0 docid rank score tag` lines: queries in id order, documents in madr's ranking order."""
     check_tag(tag)
-    lines = []
+    lines: list[str] = []
     for qid in sorted(run):
         docs = run[qid]
-        for rank, doc_id in enumerate(rank_documents(docs), 1):
-            lines.append(f"{qid} Q0 {doc_id} {rank} {float(docs[doc_id])!r} {tag}")
+        lines.extend(f"{qid} Q0 {doc_id} {rank} {float(docs[doc_id])!r} {tag}"
+                     for rank, doc_id in enumerate(rank_documents(docs), 1))
     return "\n".join(lines) + ("\n" if lines else "")
 
 
@@ -110,7 +110,14 @@ def write_qrels(path: str | Path, qrels: Mapping[str, Mapping[str, float]]) -> P
 
 
 def _check_ids(table: Mapping[str, Mapping[str, Any]], what: str) -> None:
-    """TREC files are whitespace-separated: an id with whitespace would shift every column after it."""
+    """TREC files are whitespace-separated: an id with whitespace would shift every column after it (each distinct
+    id is checked once; the first query holding a bad one is named)."""
+    ids: set[str] = set()
+    for qid, docs in table.items():
+        ids.add(str(qid))
+        ids.update(map(str, docs))
+    if all(_TAG.match(value) for value in ids):
+        return
     for qid, docs in table.items():
         for value in (qid, *docs):
             if not _TAG.match(str(value)):

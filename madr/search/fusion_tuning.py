@@ -29,7 +29,8 @@ from madr.metrics import Qrels, Run, evaluate, query_means
 from madr.search.aspect_match import AspectStore, aspect_rescore
 from madr.search.params import NORMALISATIONS, SearchParams
 from madr.search.protocol import TopK
-from madr.search.sharded import fuse_candidates
+from madr.search.score_fusion import fuse_candidates as fuse_weighted
+from madr.search.sharded import fusion_inputs
 
 
 def lambda_grid(step: float) -> list[float]:
@@ -73,7 +74,8 @@ def tune_fusion(dense: Sequence[TopK], bm25: Sequence[TopK], to_run: Callable[[T
 
     `dense` / `bm25`: per-shard candidate lists of the same queries (``Shard.candidates``); `to_run` maps a fused
     [Q, k] result to a ``madr.metrics`` run (index ids to the qrels' document keys). `metrics`: also reported per
-    grid point. Fusion as served: ``madr.search.sharded.fuse_candidates``.
+    grid point. Fusion as served (``madr.search.sharded.fuse_candidates``), its lists merged and normalised once
+    per normalisation (``fusion_inputs``).
     """
     for norm in normalisations:
         if norm not in NORMALISATIONS:
@@ -83,9 +85,9 @@ def tune_fusion(dense: Sequence[TopK], bm25: Sequence[TopK], to_run: Callable[[T
     names = list(dict.fromkeys([metric, *metrics]))
     grid = []
     for norm in normalisations:
+        inputs = fusion_inputs(list(dense), list(bm25), SearchParams(k=k, candidates=candidates, normalisation=norm))
         for lam in lambdas:
-            params = SearchParams(k=k, candidates=candidates, lam=lam, normalisation=norm)
-            fused = fuse_candidates(list(dense), list(bm25), float(lam), params)
+            fused = fuse_weighted(inputs, [float(lam), 1.0 - float(lam)], k)
             values = evaluate(to_run(fused), qrels, names, relevance_threshold=relevance_threshold, gains=gains)
             grid.append(FusionPoint(float(lam), norm, {n: float(v) for n, v in values.items()}))
     best = max(range(len(grid)), key=lambda i: (grid[i].metrics[metric], -i))

@@ -53,7 +53,7 @@ from madr.index.manifest import MANIFEST_FILE, Manifest, ShardInfo, sha256_file
 from madr.search.aspect_match import AspectStore, aspect_rescore
 from madr.search.params import SearchParams, resolve
 from madr.search.protocol import PAD_ID, TopK, merge_topk
-from madr.search.score_fusion import hybrid_merge, union_candidates, weighted_fusion
+from madr.search.score_fusion import fusion_candidates, hybrid_merge, union_candidates, weighted_fusion
 from madr.search.sparse import InvertedIndex, SparseBatch
 from madr.search.sparse.backend import SparseBackend
 from madr.search.sparse.seismic_index import SeismicSparseIndex
@@ -103,6 +103,14 @@ def fuse_candidates(dense: list[TopK], bm25: list[TopK], lam: float, params: Sea
     n = params.num_candidates
     return weighted_fusion([merge_topk(dense, n), merge_topk(bm25, n)], [lam, 1.0 - lam], params.k,
                            params.normalisation_or(FUSED_NORMALISATION))
+
+
+def fusion_inputs(dense: list[TopK], bm25: list[TopK], params: SearchParams) -> list[tuple[np.ndarray, np.ndarray]]:
+    """What ``fuse_candidates`` fuses before the weight (``score_fusion.fusion_candidates`` of the merged lists):
+    ``score_fusion.fuse_candidates(inputs, [lam, 1 - lam], params.k)`` is ``fuse_candidates`` at that ``lam``,
+    so a grid of weights merges and normalises once."""
+    n = params.num_candidates
+    return fusion_candidates([merge_topk(dense, n), merge_topk(bm25, n)], params.normalisation_or(FUSED_NORMALISATION))
 
 
 class Shard:

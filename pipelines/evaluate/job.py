@@ -47,7 +47,10 @@ from pipelines.evaluate.searcher import (
     DocKeys,
     SearchSpec,
     collect,
+    encoder_key,
     opened,
+    query_encoder,
+    query_vectors,
     resolve_model_dir,
     search_dataset,
     search_local,
@@ -111,24 +114,32 @@ def sweep_key(spec: SearchSpec) -> tuple:
 def sweep(spec: SearchSpec, queries: Any, qrels: Qrels, keys: DocKeys, cfg: EvaluateConfig,
           threads: int = 1) -> list[dict[str, Any]]:
     """(setting, ms/query, metric) points of one run's dense search, timed in this process (search only: the
-    index's own knob, `nprobe` or `ef_search`; no BM25 or aspect-match fusion); the queries are encoded with the
-    `threads` torch threads their search had, so the vectors are the table's."""
+    index's own knob, `nprobe` or `ef_search`; no BM25 or aspect-match fusion); the queries are encoded as the run
+    encoded them, in its batches and with the `threads` torch threads its search had (`query_vectors`: the run's
+    own vectors when it searched in this process), so the vectors are the table's."""
     import torch
 
-    from madr.index import encode_queries
+    from madr.search.sparse.vectors import SparseBatch
 
-    model, index = opened(resolve_model_dir(spec), str(spec.index))
+    model_dir = resolve_model_dir(spec)
+    model, index = opened(model_dir, str(spec.index))
+    encoder = query_encoder(model, spec.encoder_backend, spec.encoder_precision)
     param, values = _sweep_param(index)
     if cfg.sweep and param:
         values = list(cfg.sweep)
     texts, qids = queries.column("text").to_pylist(), queries.column("query_id").to_pylist()
+    if not texts:
+        return []
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         with torch.no_grad():
-            dense, sparse = encode_queries(model, texts)
+            parts = [query_vectors(model, encoder, encoder_key(model_dir, spec), texts[at:at + cfg.batch_size])
+                     for at in range(0, len(texts), cfg.batch_size)]
     finally:
         torch.set_num_threads(before)
+    dense = np.concatenate([d for d, _ in parts])
+    sparse = None if parts[0][1] is None else SparseBatch.concat([s for _, s in parts])
     params = search_params(spec, cfg.k, sparse is not None and index.has_sparse).replace(aspect_weight=0.0)
     points = []
     for v in values:

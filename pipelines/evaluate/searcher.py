@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +44,15 @@ class SearchQueries:
         if torch_threads:
             torch.set_num_threads(torch_threads)
         self.spec, self.k = SearchSpec(**spec), k
-        self.model, self.index = opened(resolve_model_dir(self.spec), str(self.spec.index), mmap)
+        model_dir = resolve_model_dir(self.spec)
+        self.model, self.index = opened(model_dir, str(self.spec.index), mmap)
         self.encoder = query_encoder(self.model, self.spec.encoder_backend, self.spec.encoder_precision)
+        self.model_key = encoder_key(model_dir, self.spec)
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        scores, ids = search_texts(self.model, self.index, batch.column("text").to_pylist(), self.k, self.spec,
-                                   self.encoder)
+        texts = batch.column("text").to_pylist()
+        vectors = query_vectors(self.model, self.encoder, self.model_key, texts)
+        scores, ids = search_texts(self.model, self.index, texts, self.k, self.spec, self.encoder, vectors)
         return pa.table({"query_id": batch.column("query_id"),
                          "ids": pa.array(list(ids), pa.list_(pa.int64())),
                          "scores": pa.array(list(scores), pa.list_(pa.float32()))})
@@ -75,6 +79,34 @@ def _opened(model_dir: str, index: str, mmap: bool, *written_at: int) -> tuple[A
     return BiEncoder.load(model_dir).eval(), ShardedIndex.open(index, mmap=mmap, verify=False)
 
 
+_VECTORS: OrderedDict[tuple, tuple[np.ndarray, Any]] = OrderedDict()
+VECTOR_BATCHES = 64  # batches of query vectors a process keeps (`query_vectors`)
+
+
+def encoder_key(model_dir: str, spec: SearchSpec) -> tuple:
+    """What a query's vectors depend on: the model (its directory, as last written) and the query encoder."""
+    return model_dir, _written_at(model_dir), spec.encoder_backend, spec.encoder_precision
+
+
+def query_vectors(model: Any, encoder: Any, key: tuple, texts: list[str]) -> tuple[np.ndarray, Any]:
+    """(dense, sparse) vectors of ``texts`` (``encoder`` when given, else ``model``'s float towers), kept per process
+    under (``key``, texts) for the last `VECTOR_BATCHES` batches, read-only: the runs of one evaluation that share
+    a model (a run and its bm25 / dense / aspect references) and its sweep encode each batch of queries once."""
+    from madr.index import encode_queries
+
+    at = (*key, tuple(texts))
+    if at in _VECTORS:
+        _VECTORS.move_to_end(at)
+        return _VECTORS[at]
+    dense, sparse = encode_queries(model, texts) if encoder is None else encoder.encode(texts)
+    dense = np.asarray(dense)
+    dense.setflags(write=False)
+    _VECTORS[at] = dense, sparse
+    while len(_VECTORS) > VECTOR_BATCHES:
+        _VECTORS.popitem(last=False)
+    return dense, sparse
+
+
 def query_encoder(model: Any, backend: str, precision: str) -> Any:
     """None for torch fp32 (``search_texts`` encodes with the model itself); else the query encoder a Serve app
     with the same ``encoder_backend`` / ``encoder_precision`` builds (`madr.search.query_encoder.build_query_encoder`:
@@ -86,14 +118,17 @@ def query_encoder(model: Any, backend: str, precision: str) -> Any:
     return build_query_encoder(model, backend=backend, precision=precision)
 
 
-def search_texts(model: Any, index: Any, texts: list[str], k: int, spec: SearchSpec,
-                 encoder: Any = None) -> tuple[np.ndarray, np.ndarray]:
-    """Encode ``texts`` (with ``encoder``, a `LeanQueryEncoder`, when given; else ``model``'s float towers) and
-    search ``index`` with ``spec``'s settings: (scores [Q, k], ids [Q, k]); with ``spec.aspect_filter`` the top
-    ``k`` are then filtered / boosted by each query's predicted aspect values (``apply_aspect_filter``)."""
+def search_texts(model: Any, index: Any, texts: list[str], k: int, spec: SearchSpec, encoder: Any = None,
+                 vectors: tuple[np.ndarray, Any] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Encode ``texts`` (with ``encoder``, a `LeanQueryEncoder`, when given; else ``model``'s float towers; or take
+    their (dense, sparse) ``vectors``) and search ``index`` with ``spec``'s settings: (scores [Q, k], ids [Q, k]);
+    with ``spec.aspect_filter`` the top ``k`` are then filtered / boosted by each query's predicted aspect values
+    (``apply_aspect_filter``)."""
     from madr.index import encode_queries
 
-    dense, sparse = encode_queries(model, texts) if encoder is None else encoder.encode(texts)
+    if vectors is None:
+        vectors = encode_queries(model, texts) if encoder is None else encoder.encode(texts)
+    dense, sparse = vectors
     if getattr(index, "has_lexical", False):  # dense + BM25 fusion (madr.index.lexical)
         params = spec.search.replace(k=k)
         aspects = query_aspects(model, index, texts, params, spec)
@@ -187,10 +222,16 @@ class DocKeys:
         keys = [str(x) for x in store.table.column(key).to_pylist()]
         self._to_key = dict(zip(ids, keys, strict=True))
         self._to_id = dict(zip(keys, ids, strict=True))
+        self._dense = _dense_keys(ids, keys)
 
     def keys(self, ids: np.ndarray) -> list[str]:
         if self.key is None:
             return [str(int(i)) for i in ids]
+        ids = np.asarray(ids)
+        if self._dense is not None and ids.size and 0 <= ids.min() and ids.max() < len(self._dense):
+            out = self._dense[ids].tolist()
+            if None not in out:
+                return out
         return [self._to_key.get(int(i), str(int(i))) for i in ids]
 
     def id_of(self, key: str) -> int | None:
@@ -200,3 +241,13 @@ class DocKeys:
             except ValueError:
                 return None
         return self._to_id.get(key)
+
+
+def _dense_keys(ids: list[int], keys: list[str]) -> np.ndarray | None:
+    """The keys as an array indexed by id (None where no document has the id), so that a whole top-k maps in one
+    take; None when the ids are negative or too sparse for it (more than 16 slots of 8 bytes per document)."""
+    if not ids or min(ids) < 0 or max(ids) >= 16 * len(ids) + 1024:
+        return None
+    out = np.full(max(ids) + 1, None, dtype=object)
+    out[np.asarray(ids, dtype=np.int64)] = keys
+    return out

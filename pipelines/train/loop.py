@@ -70,16 +70,40 @@ def validation_split(catalog: Catalog) -> str:
 
 
 def validation_catalog(catalog: Catalog, split: str, size: int, seed: int) -> Catalog:
-    """`catalog` with its products cut to the `split` queries' judged products plus a seeded sample of the
-    others, `size` in all (0, or a catalog that small already: unchanged)."""
+    """`catalog` with its products cut to `size`: the `split` queries' judged products plus a seeded sample of the
+    others (0, or a catalog that small already: unchanged). When the judged products alone exceed `size`, a seeded
+    sample of the `split` queries is kept whose judged products fill half of it, the other half sampled from the
+    rest, so that the search is over a corpus with distractors and costs the same on any catalog."""
     if size <= 0 or len(catalog.products) <= size:
         return catalog
-    judged = {pid for docs in catalog.qrels(split).values() for pid in docs}
-    others = [p.product_id for p in catalog.products if p.product_id not in judged]
     rng = random.Random(seed)
+    qrels = catalog.qrels(split)
+    queries = catalog.queries
+    judged = {pid for docs in qrels.values() for pid in docs}
+    if len(judged) > size:
+        kept_ids, judged = _queries_filling(qrels, size // 2, rng)
+        queries = [q for q in catalog.queries if q.split != split or q.query_id in kept_ids]
+    others = [p.product_id for p in catalog.products if p.product_id not in judged]
     keep = judged | set(rng.sample(others, max(0, min(len(others), size - len(judged)))))
-    return Catalog([p for p in catalog.products if p.product_id in keep], catalog.queries,
-                   [j for j in catalog.judgments if j.product_id in keep], catalog.aspect_names)
+    ids = {q.query_id for q in queries}
+    return Catalog([p for p in catalog.products if p.product_id in keep], queries,
+                   [j for j in catalog.judgments if j.product_id in keep and j.query_id in ids], catalog.aspect_names)
+
+
+def _queries_filling(qrels: dict[str, dict[str, int]], budget: int, rng: random.Random) -> tuple[set[str], set[str]]:
+    """(query ids, their judged products): queries taken in a seeded order while their judged products fit in
+    `budget` (the first query always)."""
+    order = sorted(qrels)
+    rng.shuffle(order)
+    kept: set[str] = set()
+    judged: set[str] = set()
+    for qid in order:
+        union = judged | set(qrels[qid])
+        if kept and len(union) > budget:
+            continue
+        kept.add(qid)
+        judged = union
+    return kept, judged
 
 
 class Validator:

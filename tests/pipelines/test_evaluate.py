@@ -245,6 +245,45 @@ def test_an_int8_run_scores_the_int8_query_tower_the_serve_app_would_use(setup):
         SearchSpec(index="x", encoder_precision="fp16")
 
 
+def test_runs_sharing_a_model_encode_each_batch_of_queries_once_with_the_direct_numbers(setup, monkeypatch):
+    """A run and its dense reference on one index (and both their sweeps) take the first run's query vectors
+    (`query_vectors`); each run's metrics are still those of its own direct search."""
+    import madr.index
+    from pipelines.evaluate import searcher
+
+    base, catalog = setup
+    real, encoded = madr.index.encode_queries, []
+    monkeypatch.setattr(madr.index, "encode_queries", lambda model, texts: encoded.append(len(texts)) or
+                        real(model, texts))
+    searcher._VECTORS.clear()
+    runs = [SearchSpec(name="hybrid", index=str(base / "flat"), search=SearchParams(candidates=200)),
+            SearchSpec(name="hybrid-dense", index=str(base / "flat"), search=SearchParams(candidates=200, lam=1.0))]
+    out = run_evaluate(dataclasses.replace(_config(base, "out_shared", runs), plot=False), log=lambda _: None,
+                       local=True)
+    assert sum(encoded) == len(catalog.queries) and max(encoded) == 16  # once, in the job's batches
+    assert len({p["run"] for p in out["sweep"]}) == 2  # a hybrid index: the two lams are two sweeps
+    for row, spec in zip(out["results"], runs, strict=True):
+        assert {m: row[m] for m in METRICS} == pytest.approx(_direct(spec, catalog, 50), abs=1e-12), spec.name
+    assert out["results"][0]["recall@10"] != out["results"][1]["recall@10"]
+    vectors = next(iter(searcher._VECTORS.values()))[0]
+    with pytest.raises(ValueError, match="read-only"):
+        vectors[0, 0] = 1.0  # a search cannot change what the next run reads
+
+
+def test_doc_keys_map_ids_by_array_or_dict_alike(setup):
+    base, _ = setup
+    keys = DocKeys(str(base / "flat"), "product_id")
+    assert keys._dense is not None
+    known = sorted(keys._to_key)
+    ids = np.array([known[5], known[0], known[17], known[5]])
+    by_dict = [keys._to_key[int(i)] for i in ids]
+    assert keys.keys(ids) == by_dict
+    absent = next(i for i in range(known[-1]) if i not in keys._to_key)
+    assert keys.keys(np.array([known[0], absent, 10**9])) == [by_dict[1], str(absent), str(10**9)]
+    keys._dense = None
+    assert keys.keys(ids) == by_dict
+
+
 def test_an_onnx_run_scores_the_onnx_query_tower_the_serve_app_would_use(setup):
     """`encoder_backend: onnx` on a run: the job encodes its queries in onnxruntime, with the encoder a Serve app
     with the same `encoder_backend` / `encoder_precision` builds (`build_query_encoder`): fp32 scores as torch

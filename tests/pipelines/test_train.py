@@ -265,3 +265,24 @@ def test_finetune_validation_searches_a_capped_corpus_with_every_judged_product(
     assert small.qrels("dev") == catalog.qrels("dev") and small.queries == catalog.queries
     assert kept == {p.product_id for p in validation_catalog(catalog, "dev", 330, seed=0).products}
     assert validation_catalog(catalog, "dev", 0, seed=0) is catalog
+
+
+def test_finetune_validation_samples_dev_queries_when_their_judged_products_exceed_the_corpus():
+    """Judged products over `distributed.val_corpus`: a seeded sample of dev queries with every judged product of
+    theirs, half the corpus, and distractors for the rest; the other splits' queries are untouched."""
+    from madr.data.synthetic.catalog import generate_catalog
+    from pipelines.train.loop import validation_catalog
+
+    catalog = generate_catalog(400, 200, seed=0)
+    judged = {pid for docs in catalog.qrels("dev").values() for pid in docs}
+    size = len(judged) // 2
+    small = validation_catalog(catalog, "dev", size, seed=0)
+    kept = {p.product_id for p in small.products}
+    dev = small.qrels("dev")
+    assert len(kept) == size and 0 < len(dev) < len(catalog.qrels("dev"))
+    assert all(docs == catalog.qrels("dev")[qid] for qid, docs in dev.items())
+    sampled = {pid for docs in dev.values() for pid in docs}
+    assert len(sampled) <= size // 2 and sampled <= kept and len(kept - sampled) >= size - size // 2
+    assert small.queries_in("train") == catalog.queries_in("train")
+    again = validation_catalog(catalog, "dev", size, seed=0)
+    assert again.qrels("dev") == dev and validation_catalog(catalog, "dev", size, seed=1).qrels("dev") != dev

@@ -44,6 +44,7 @@ def test_tuning_matches_a_brute_force_evaluation_of_the_served_fusion():
             fused = fuse_candidates(*shards, lam, SearchParams(k=10, lam=lam, normalisation=norm))
             brute[(lam, norm)] = evaluate(to_run(fused), qrels, ["mrr@10"])["mrr@10"]
     best = max(brute.values())
+    assert {(p.lam, p.normalisation): p.metrics["mrr@10"] for p in choice.grid} == brute  # each point as served
     assert choice.value == pytest.approx(best)
     assert brute[(choice.lam, choice.normalisation)] == pytest.approx(best)
     assert len(choice.grid) == 15 and all("recall@10" in p.metrics for p in choice.grid)
