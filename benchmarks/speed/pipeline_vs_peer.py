@@ -437,4 +437,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
+    from pipelines.runtime import exit_on_sigterm
+
+    exit_on_sigterm()  # a SIGTERM stops a --nodes cluster through measure_madr's finally, as Ctrl-C does
     main()
