@@ -53,7 +53,8 @@ from madr.index.manifest import MANIFEST_FILE, Manifest, ShardInfo, sha256_file
 from madr.search.aspect_match import AspectStore, aspect_rescore
 from madr.search.params import SearchParams, resolve
 from madr.search.protocol import PAD_ID, TopK, merge_topk
-from madr.search.score_fusion import fusion_candidates, hybrid_merge, union_candidates, weighted_fusion
+from madr.search.score_fusion import fuse_candidates as fuse_weighted
+from madr.search.score_fusion import fusion_candidates, hybrid_merge, union_candidates
 from madr.search.sparse import InvertedIndex, SparseBatch
 from madr.search.sparse.backend import SparseBackend
 from madr.search.sparse.seismic_index import SeismicSparseIndex
@@ -100,9 +101,7 @@ def fuse_candidates(dense: list[TopK], bm25: list[TopK], lam: float, params: Sea
     """Dense + BM25 fusion of per-shard (or per-shard-group) candidate lists: each kind merged to the global
     top ``params.num_candidates``, then ``weighted_fusion([dense, bm25], [lam, 1 - lam], params.k)`` with
     ``params.normalisation`` (default min-max)."""
-    n = params.num_candidates
-    return weighted_fusion([merge_topk(dense, n), merge_topk(bm25, n)], [lam, 1.0 - lam], params.k,
-                           params.normalisation_or(FUSED_NORMALISATION))
+    return fuse_weighted(fusion_inputs(dense, bm25, params), [lam, 1.0 - lam], params.k)
 
 
 def fusion_inputs(dense: list[TopK], bm25: list[TopK], params: SearchParams) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -92,19 +92,25 @@ def query_vectors(model: Any, encoder: Any, key: tuple, texts: list[str]) -> tup
     """(dense, sparse) vectors of ``texts`` (``encoder`` when given, else ``model``'s float towers), kept per process
     under (``key``, texts) for the last `VECTOR_BATCHES` batches, read-only: the runs of one evaluation that share
     a model (a run and its bm25 / dense / aspect references) and its sweep encode each batch of queries once."""
-    from madr.index import encode_queries
-
     at = (*key, tuple(texts))
     if at in _VECTORS:
         _VECTORS.move_to_end(at)
         return _VECTORS[at]
-    dense, sparse = encode_queries(model, texts) if encoder is None else encoder.encode(texts)
+    dense, sparse = encode_texts(model, texts, encoder)
     dense = np.asarray(dense)
     dense.setflags(write=False)
     _VECTORS[at] = dense, sparse
     while len(_VECTORS) > VECTOR_BATCHES:
         _VECTORS.popitem(last=False)
     return dense, sparse
+
+
+def encode_texts(model: Any, texts: list[str], encoder: Any = None) -> tuple[np.ndarray, Any]:
+    """(dense, sparse) query vectors of ``texts``: with ``encoder`` (``query_encoder``'s) when given, else with
+    ``model``'s float towers."""
+    from madr.index import encode_queries
+
+    return encode_queries(model, texts) if encoder is None else encoder.encode(texts)
 
 
 def query_encoder(model: Any, backend: str, precision: str) -> Any:
@@ -124,11 +130,7 @@ def search_texts(model: Any, index: Any, texts: list[str], k: int, spec: SearchS
     their (dense, sparse) ``vectors``) and search ``index`` with ``spec``'s settings: (scores [Q, k], ids [Q, k]);
     with ``spec.aspect_filter`` the top ``k`` are then filtered / boosted by each query's predicted aspect values
     (``apply_aspect_filter``)."""
-    from madr.index import encode_queries
-
-    if vectors is None:
-        vectors = encode_queries(model, texts) if encoder is None else encoder.encode(texts)
-    dense, sparse = vectors
+    dense, sparse = encode_texts(model, texts, encoder) if vectors is None else vectors
     if getattr(index, "has_lexical", False):  # dense + BM25 fusion (madr.index.lexical)
         params = spec.search.replace(k=k)
         aspects = query_aspects(model, index, texts, params, spec)
