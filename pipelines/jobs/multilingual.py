@@ -34,7 +34,9 @@ STAGES: dict[str, Stage] = {s.name: s for s in (
     Stage("encode", MODULE, ("encode", "--config", "{config}"), ignores=("eval", "serve"),
           help="held-out English candidates -> FAISS shards + manifest (pipelines.encode)"),
     Stage("evaluate", MODULE, ("evaluate", "--config", "{config}"), ignores=("serve",),
-          help="click NDCG, NLI AUC, cross-lingual top-1 of every encoder and through the index -> metrics.json"),
+          reads=("serve.encoder_backend", "serve.encoder_precision"),
+          help="click NDCG, NLI AUC, cross-lingual top-1 of every encoder and through the index, the served query "
+               "tower (serve: encoder_backend / encoder_precision) paired with fp32 -> metrics.json"),
     Stage("deploy", "serve", (), kind="deploy", optional=True,
           help="deploy the Ray Serve app over the index and the served encoder"),
 )}

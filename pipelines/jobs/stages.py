@@ -25,7 +25,8 @@ class Stage:
 
     kind "module" runs the module; kind "deploy" deploys the Serve config (see `deploy`).
     `optional` stages are left out of `pipeline` unless named in --stages. `ignores`: config sections this stage
-    never reads, top-level ("serve") or one level down ("train.aspects"), left out of its key. GPUs are not a
+    never reads, top-level ("serve") or one level down ("train.aspects"), left out of its key; `reads`: the keys of
+    an ignored section it does read ("serve.encoder_precision"), kept in its key. GPUs are not a
     property of the stage: its config asks for them (`distributed.use_gpu`, `encode.device`, the Serve
     deployments' `num_gpus`) on the workers it starts.
     """
@@ -37,6 +38,7 @@ class Stage:
     optional: bool = False
     help: str = ""
     ignores: tuple[str, ...] = ()
+    reads: tuple[str, ...] = ()
 
     def argv(self, config: str) -> list[str]:
         return [a.replace("{config}", config) for a in self.args]
@@ -86,7 +88,7 @@ def load_table(path: str | Path | None) -> dict[str, Stage]:
     if not isinstance(entries, list) or not entries:
         raise ValueError(f"{path}: expected a non-empty `stages:` list")
     table: dict[str, Stage] = {}
-    known = {"name", "module", "args", "kind", "optional", "help", "ignores"}
+    known = {"name", "module", "args", "kind", "optional", "help", "ignores", "reads"}
     for i, entry in enumerate(entries):
         where = f"{path}: stages[{i}]"
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str) or not entry.get("module"):
@@ -105,10 +107,13 @@ def load_table(path: str | Path | None) -> dict[str, Stage]:
         ignores = entry.get("ignores", [])
         if not isinstance(ignores, list) or not all(isinstance(x, str) for x in ignores):
             raise ValueError(f"{where}: `ignores` must be a list of top-level config section names")
+        reads = entry.get("reads", [])
+        if not isinstance(reads, list) or not all(isinstance(x, str) and "." in x for x in reads):
+            raise ValueError(f"{where}: `reads` must be a list of SECTION.KEY names")
         table[entry["name"]] = Stage(entry["name"], str(entry["module"]), tuple(str(a) for a in args),
                                      kind=entry.get("kind", "module"),
                                      optional=bool(entry.get("optional", False)), help=str(entry.get("help", "")),
-                                     ignores=tuple(ignores))
+                                     ignores=tuple(ignores), reads=tuple(reads))
     return table
 
 
@@ -168,20 +173,25 @@ def stage_keys(stages: Sequence[Stage], configs: Mapping[str, dict[str, Any]],
     keys: dict[str, str] = {}
     previous = ""
     for stage in table.values():
-        cfg = _without(configs.get(stage.name, {}), stage.ignores)
+        cfg = _without(configs.get(stage.name, {}), stage.ignores, stage.reads)
         previous = config_hash({"stage": stage.name, "module": stage.module, "args": list(stage.args),
                                 "kind": stage.kind, "config": cfg, "previous": previous})
         keys[stage.name] = previous
     return {s.name: keys[s.name] for s in stages}
 
 
-def _without(config: Mapping[str, Any], ignores: Sequence[str]) -> dict[str, Any]:
-    """`config` less the sections named in `ignores`: top-level ("serve") or one level down ("train.aspects")."""
+def _without(config: Mapping[str, Any], ignores: Sequence[str], reads: Sequence[str] = ()) -> dict[str, Any]:
+    """`config` less the sections named in `ignores`: top-level ("serve") or one level down ("train.aspects"),
+    but for the keys named in `reads` ("serve.encoder_precision")."""
     out = {k: v for k, v in config.items() if k not in ignores}
     for name in ignores:
         section, _, key = name.partition(".")
         if key and isinstance(out.get(section), Mapping):
             out[section] = {k: v for k, v in out[section].items() if k != key}
+    for name in reads:
+        section, _, key = name.partition(".")
+        if isinstance(config.get(section), Mapping) and key in config[section]:
+            out.setdefault(section, {})[key] = config[section][key]
     return out
 
 

@@ -7,7 +7,12 @@ through the built index, in a Ray task; `metrics.json` beside the model.
 * through the index: each held-out non-English sentence is encoded by the served query tower and searched in
   the FAISS shards of the encode stage (`madr.search.sharded.ShardedIndex`, top `index.top_k`); top-1 accuracy
   per source language and their mean (`index_xling_top1`, the quantity `xling_top1` measures, now served by
-  the index: equal for a Flat index up to ties), and recall@k.
+  the index: equal for a Flat index up to ties), and recall@k;
+* the served query tower (`served_tower`, when the config's `serve:` asks Serve for another backend or precision
+  than fp32 torch, e.g. the recipe's int8 onnxruntime tower): the tower `build_query_encoder` builds for the app,
+  scored on the held-out click pairs (its query vectors against the fp32 document tower's) and through the index,
+  each paired with the fp32 query tower on the same items: click AUC by a paired bootstrap over the pairs, NDCG and
+  top-1 per query / sentence by `madr.significance.paired_tests`.
 """
 
 from __future__ import annotations
@@ -18,15 +23,21 @@ from typing import Any
 
 import numpy as np
 
-from madr.data.records import MultilingualData, ParallelRecord
+from madr.data.records import ClickRecord, MultilingualData, ParallelRecord
 
 METRICS_FILE = "metrics.json"
+BOOTSTRAP = 2000  # resamples of the click pairs for the paired click-AUC difference
+
+
+def gold_rows(records: list[ParallelRecord], candidates: list[str]) -> np.ndarray:
+    """Each held-out sentence's target as its row among the index's candidates [Q]."""
+    position = {text: i for i, text in enumerate(candidates)}
+    return np.array([position[r.target] for r in records])
 
 
 def index_top1(ids: np.ndarray, records: list[ParallelRecord], candidates: list[str]) -> dict[str, float]:
     """Top-1 accuracy per source language and its mean, and recall@k, from the index's ids [Q, k]."""
-    position = {text: i for i, text in enumerate(candidates)}
-    gold = np.array([position[r.target] for r in records])
+    gold = gold_rows(records, candidates)
     top1 = ids[:, 0] == gold
     langs = sorted({r.source_lang for r in records})
     per = {f"index_xling_top1_{lang}": float(top1[[r.source_lang == lang for r in records]].mean()) for lang in langs}
@@ -35,7 +46,7 @@ def index_top1(ids: np.ndarray, records: list[ParallelRecord], candidates: list[
 
 
 def _evaluate(recipe: dict[str, Any], models: dict[str, str], served: str, manifest: str, data: MultilingualData,
-              top_k: int, threads: int) -> dict[str, Any]:
+              top_k: int, threads: int, serve: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from madr.config import from_dict
@@ -52,22 +63,89 @@ def _evaluate(recipe: dict[str, Any], models: dict[str, str], served: str, manif
     rows = {name: encoder_metrics(BiEncoder.load(path).eval(), data, cfg) for name, path in models.items()}
     model = BiEncoder.load(served).eval()
     index = ShardedIndex.open(manifest)
+    params = SearchParams(k=min(top_k, index.ntotal))
     queries, _ = encode_queries(model, [r.source for r in data.parallel_eval], cfg.eval.batch_size)
-    _, ids = index.search(queries, SearchParams(k=min(top_k, index.ntotal)))
-    return {"rows": rows, "index": {"manifest": manifest, "documents": int(index.ntotal),
-                                    "shards": int(index.num_shards),
-                                    **index_top1(ids, data.parallel_eval, candidates(data))}}
+    _, ids = index.search(queries, params)
+    out = {"rows": rows, "index": {"manifest": manifest, "documents": int(index.ntotal),
+                                   "shards": int(index.num_shards),
+                                   **index_top1(ids, data.parallel_eval, candidates(data))}}
+    backend, precision = serve.get("encoder_backend", "torch"), serve.get("encoder_precision", "fp32")
+    if (backend, precision) != ("torch", "fp32"):
+        out["served_tower"] = served_tower(model, index, params, ids, data, cfg, backend, precision, threads)
+    return out
+
+
+def served_tower(model: Any, index: Any, params: Any, fp32_ids: np.ndarray, data: MultilingualData, cfg: Any,
+                 backend: str, precision: str, threads: int) -> dict[str, Any]:
+    """The Serve app's query tower (`backend`, `precision`) against the fp32 one: click metrics of the held-out
+    pairs and top-1 through the index, each with its paired difference (see the module docstring)."""
+    from madr.recipes.multitask.evaluation import click_metrics, click_pair_scores
+    from madr.search.query_encoder import build_query_encoder
+    from madr.significance import paired_tests
+    from pipelines.multitask.encode import candidates
+
+    encoder = build_query_encoder(model, backend=backend, precision=precision, threads=threads)
+    clicks, order, ks = data.clicks_eval, cfg.tasks.click.field_order, cfg.eval.ndcg_at
+    fp32 = click_pair_scores(model, clicks, order, cfg.eval.batch_size)
+    vectors = encoder.encode([r.query for r in clicks], cfg.eval.batch_size)[0]
+    tower = click_pair_scores(model, clicks, order, cfg.eval.batch_size, query_vectors=vectors)
+    ids = index.search(encoder.encode([r.source for r in data.parallel_eval], cfg.eval.batch_size)[0], params)[1]
+    target = candidates(data)
+    gold = gold_rows(data.parallel_eval, target)
+    hit = {name: dict(enumerate((found[:, 0] == gold).astype(float).tolist()))
+           for name, found in (("tower", ids), ("fp32", fp32_ids))}
+    per_query = {name: click_ndcg_per_query(s, clicks, ks) for name, s in (("tower", tower), ("fp32", fp32))}
+    return {"encoder_backend": backend, "encoder_precision": precision,
+            "click": click_metrics(tower, clicks, ks),
+            "click_auc_minus_fp32": paired_auc_bootstrap(tower, fp32, clicks),
+            **{f"ndcg@{k}_minus_fp32": paired_tests(per_query["tower"][f"ndcg@{k}"], per_query["fp32"][f"ndcg@{k}"])
+               for k in ks},
+            "index": index_top1(ids, data.parallel_eval, target),
+            "index_top1_minus_fp32": paired_tests(hit["tower"], hit["fp32"])}
+
+
+def click_ndcg_per_query(scores: np.ndarray, records: list[ClickRecord], ks: list[int]) -> dict[str, dict[str, float]]:
+    """{ndcg@k: {query id: value}} over the queries whose shown documents differ in relevance (`click_metrics`'
+    NDCG, per query)."""
+    from madr.recipes.multitask.evaluation import click_ndcg, ranked_click_rows
+
+    ranked = ranked_click_rows(records)
+    if not ranked:
+        return {f"ndcg@{k}": {} for k in ks}
+    return click_ndcg(scores[ranked], [records[i] for i in ranked], ks, per_query=True)
+
+
+def paired_auc_bootstrap(a: np.ndarray, b: np.ndarray, records: list[ClickRecord], draws: int = BOOTSTRAP,
+                         seed: int = 0) -> dict[str, float]:
+    """ROC AUC of scores `a` minus that of `b` on the same click pairs (relevant: relevance > 0), with a 95%
+    interval and a two-sided p from `draws` paired resamples of the pairs (resamples with one class skipped)."""
+    from madr.metrics import roc_auc
+
+    labels = np.array([r.relevance > 0 for r in records])
+    diff = roc_auc(a, labels) - roc_auc(b, labels)
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(draws):
+        rows = rng.integers(0, labels.size, labels.size)
+        if labels[rows].all() or not labels[rows].any():
+            continue
+        samples.append(roc_auc(a[rows], labels[rows]) - roc_auc(b[rows], labels[rows]))
+    d = np.asarray(samples)
+    p = min(1.0, 2 * min(float((d <= 0).mean()), float((d >= 0).mean()))) if d.size else float("nan")
+    low, high = (np.quantile(d, [0.025, 0.975]) if d.size else (np.nan, np.nan))
+    return {"diff": float(diff), "low": float(low), "high": float(high), "p_bootstrap": p, "n": int(labels.size)}
 
 
 def run_evaluation(recipe: Any, models: dict[str, str], served: str, manifest: str, data: MultilingualData,
                    top_k: int, output_dir: Path, extra: dict[str, Any], cpus: float = 1.0,
-                   threads: int = 1) -> dict[str, Any]:
+                   threads: int = 1, serve: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run the evaluation task (`cpus` reserved, `threads` torch threads) and write
-    `metrics.json` (its result plus `extra`) under `output_dir`."""
+    `metrics.json` (its result plus `extra`) under `output_dir`; `serve`: the config's `serve:` section (its
+    `encoder_backend` / `encoder_precision` pick the served query tower scored beside the fp32 one)."""
     import ray
 
     task = ray.remote(num_cpus=cpus)(_evaluate)
-    result = ray.get(task.remote(recipe.to_dict(), models, served, manifest, data, top_k, threads))
+    result = ray.get(task.remote(recipe.to_dict(), models, served, manifest, data, top_k, threads, serve or {}))
     result.update(extra)
     (output_dir / METRICS_FILE).write_text(json.dumps(result, indent=1, default=float))
     return result

@@ -115,7 +115,7 @@ def evaluate_stage(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
               **({SERVED: served_model(cfg)} if cfg.recipe.student.enabled else {})}
     metrics = run_evaluation(cfg.recipe, models, served_model(cfg), str(out / INDEX_DIR / "manifest.json"),
                              data.sets, cfg.index.top_k, out, {"train_loss": train["loss"]},
-                             cfg.scaling.cpus_per_worker, cfg.scaling.threads)
+                             cfg.scaling.cpus_per_worker, cfg.scaling.threads, cfg.serve)
     seconds = {"data": data.summary.get("seconds"), "train": train.pop("seconds"),
                **({"distil": distil.pop("seconds")} if distil else {}), "encode": encode.pop("seconds"),
                "evaluate": time.perf_counter() - started}
@@ -125,6 +125,11 @@ def evaluate_stage(cfg: PipelineConfig, log: Log = print) -> dict[str, Any]:
     (out / PIPELINE_FILE).write_text(json.dumps(summary, indent=1, default=str))
     log(f"evaluate: index top-1 {metrics['index']['index_xling_top1']:.3f}; "
         + "; ".join(f"{name} xling_top1 {row['xling_top1']:.3f}" for name, row in metrics["rows"].items()))
+    if tower := metrics.get("served_tower"):
+        auc, top1 = tower["click_auc_minus_fp32"], tower["index_top1_minus_fp32"]
+        log(f"evaluate: served query tower ({tower['encoder_backend']} {tower['encoder_precision']}) minus fp32: "
+            f"click AUC {auc['diff']:+.4f} (p {auc['p_bootstrap']:.3f}), index top-1 {top1['diff']:+.4f} "
+            f"(p {top1['p_randomisation']:.3f})")
     return summary
 
 

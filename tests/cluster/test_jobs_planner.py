@@ -199,6 +199,22 @@ def test_stage_table_ignores_must_be_a_list(tmp_path):
         load_table(table)
     table.write_text(yaml.safe_dump({"stages": [{"name": "a", "module": "m", "ignores": ["serve"]}]}))
     assert load_table(table)["a"].ignores == ("serve",)
+    table.write_text(yaml.safe_dump({"stages": [{"name": "a", "module": "m", "reads": ["serve"]}]}))
+    with pytest.raises(ValueError, match=r"`reads` must be a list of SECTION.KEY"):
+        load_table(table)
+
+
+def test_a_stage_keeps_the_keys_it_reads_of_a_section_it_ignores():
+    from pipelines.jobs.stages import Stage, stage_keys
+
+    table = {"a": Stage("a", "m", ignores=("serve",), reads=("serve.encoder_precision",))}
+
+    def key(serve: dict) -> str:
+        return stage_keys(list(table.values()), {"a": {"seed": 0, "serve": serve}}, table)["a"]
+
+    base = key({"encoder_precision": "fp32", "log_level": "INFO"})
+    assert key({"encoder_precision": "fp32", "log_level": "DEBUG"}) == base, "an ignored key changes nothing"
+    assert key({"encoder_precision": "int8", "log_level": "INFO"}) != base, "a read key changes the stage's key"
 
 
 @pytest.mark.parametrize("key,value,named", [

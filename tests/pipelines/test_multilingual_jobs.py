@@ -71,9 +71,10 @@ def test_a_stage_key_changes_only_with_the_sections_it_reads(tmp_path):
     base = keys()
     changed = {name: [s for s in STAGES if keys(**{name: value})[s] != base[s]]
                for name, value in {"student.steps": 5, "index.num_shards": 1, "eval.batch_size": 64,
-                                   "serve.encoder_backend": "onnx", "steps": 10}.items()}
+                                   "serve.encoder_backend": "onnx", "serve.log_level": "INFO",
+                                   "steps": 10}.items()}
     assert changed == {"student.steps": ["distil", "encode", "evaluate"], "index.num_shards": ["encode", "evaluate"],
-                       "eval.batch_size": ["evaluate"], "serve.encoder_backend": [],
+                       "eval.batch_size": ["evaluate"], "serve.encoder_backend": ["evaluate"], "serve.log_level": [],
                        "steps": ["train", "distil", "encode", "evaluate"]}, changed
 
 

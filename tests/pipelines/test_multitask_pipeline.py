@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CONFIG = ROOT / "configs" / "multitask_pipeline.yaml"
 TINY = {"steps": 80, "data.click_queries": 60, "data.click_products": 150, "data.nli_train": 600,
         "data.nli_eval": 300, "data.parallel_train": 600, "data.parallel_eval": 300,
-        "model.tokenizer_vocab_size": 1000, "student.steps": 30, "scaling.log_every": 40}
+        "model.tokenizer_vocab_size": 1000, "student.steps": 30, "scaling.log_every": 40,
+        "serve.encoder_precision": "int8"}
 
 
 def test_shipped_config_loads_and_names_the_stages():
@@ -81,6 +82,10 @@ def test_pipeline_end_to_end(ray_local, fast_train_health_check, tmp_path):
     assert abs(index["index_xling_top1"] - served) < 0.03, \
         f"the index must answer as the served model's exact cosine: {index['index_xling_top1']:.3f} vs {served:.3f}"
     assert index["index_xling_top1"] > 5 / index["documents"] and index["index_recall@10"] >= index["index_xling_top1"]
+    tower = metrics["served_tower"]  # serve.encoder_precision: int8, the tower the deploy stage would serve
+    assert (tower["encoder_backend"], tower["encoder_precision"]) == ("torch", "int8")
+    assert tower["index_top1_minus_fp32"]["n"] >= index["documents"], "each held-out sentence paired once"
+    assert tower["click_auc_minus_fp32"]["n"] > 0 and tower["click"]["click_auc"] > 0
 
 
 def _targets(out: Path) -> list[str]:

@@ -23,8 +23,10 @@ def _embed(model: BiEncoder, texts: Sequence[str], side: str, batch_size: int) -
     return F.normalize(model.encode_texts(list(texts), side, batch_size), dim=-1)
 
 
-def click_ndcg(scores: np.ndarray, records: Sequence[ClickRecord], ks: Sequence[int]) -> dict[str, float]:
-    """NDCG@k (exp2 gains) of every held-out query's shown documents ranked by `scores` (one per record)."""
+def click_ndcg(scores: np.ndarray, records: Sequence[ClickRecord], ks: Sequence[int], per_query: bool = False
+               ) -> dict[str, float] | dict[str, dict[str, float]]:
+    """NDCG@k (exp2 gains) of every held-out query's shown documents ranked by `scores` (one per record);
+    `per_query`: {ndcg@k: {query id: value}} instead of the means."""
     run: dict[str, dict[str, float]] = {}
     qrels: dict[str, dict[str, float]] = {}
     for i, (r, s) in enumerate(zip(records, scores, strict=True)):
@@ -32,8 +34,16 @@ def click_ndcg(scores: np.ndarray, records: Sequence[ClickRecord], ks: Sequence[
             raise ValueError(f"click record {i} (query {r.query_id!r}, doc {r.doc_id!r}) has no relevance to judge")
         run.setdefault(r.query_id, {})[r.doc_id] = float(s)
         qrels.setdefault(r.query_id, {})[r.doc_id] = float(r.relevance)
-    return {f"ndcg@{k}": v for k, v in zip(ks, evaluate(run, qrels, [f"ndcg@{k}" for k in ks]).values(),
-                                           strict=True)}
+    values = evaluate(run, qrels, [f"ndcg@{k}" for k in ks], per_query=per_query).values()
+    return {f"ndcg@{k}": v for k, v in zip(ks, values, strict=True)}
+
+
+def ranked_click_rows(records: Sequence[ClickRecord]) -> list[int]:
+    """The records of the queries whose shown documents differ in relevance: the only ones a ranking can change."""
+    grades: dict[str, set[int]] = {}
+    for r in records:
+        grades.setdefault(r.query_id, set()).add(int(r.relevance))
+    return [i for i, r in enumerate(records) if len(grades[r.query_id]) > 1]
 
 
 def click_metrics(scores: np.ndarray, records: Sequence[ClickRecord], ks: Sequence[int]) -> dict[str, float]:
@@ -46,12 +56,9 @@ def click_metrics(scores: np.ndarray, records: Sequence[ClickRecord], ks: Sequen
         i = relevance.index(None)
         raise ValueError(f"click record {i} (query {records[i].query_id!r}, doc {records[i].doc_id!r}) has no "
                          "relevance to judge")
-    grades: dict[str, set[int]] = {}
-    for r in records:
-        grades.setdefault(r.query_id, set()).add(int(r.relevance))
-    ranked = [i for i, r in enumerate(records) if len(grades[r.query_id]) > 1]
+    ranked = ranked_click_rows(records)
     out = {"click_auc": roc_auc(scores, np.array(relevance) > 0),
-           "click_queries_ranked": float(sum(len(g) > 1 for g in grades.values()))}
+           "click_queries_ranked": float(len({records[i].query_id for i in ranked}))}
     if ranked:
         out.update(click_ndcg(np.asarray(scores)[ranked], [records[i] for i in ranked], ks))
     return out
@@ -80,11 +87,13 @@ def retrieval_top1(scores: np.ndarray, records: Sequence[ParallelRecord], candid
 
 
 def click_pair_scores(model: BiEncoder, records: Sequence[ClickRecord], order: Sequence[str],
-                      batch_size: int) -> np.ndarray:
+                      batch_size: int, query_vectors: np.ndarray | None = None) -> np.ndarray:
     """Cosine of each click record's query and document [N]: the document is its `order` fields concatenated,
-    or, for a model with field attention, those fields attended by the query (paper 004 Sec. IV, Eq. 8-9)."""
+    or, for a model with field attention, those fields attended by the query (paper 004 Sec. IV, Eq. 8-9);
+    `query_vectors` [N, d]: the queries as another tower encoded them (a served one), else the model's."""
     queries = [r.query for r in records]
-    q = _embed(model, queries, "query", batch_size)
+    q = (_embed(model, queries, "query", batch_size) if query_vectors is None
+         else F.normalize(torch.from_numpy(np.asarray(query_vectors, np.float32)), dim=-1))
     if model.field_attention is None:
         d = _embed(model, [doc_text(r, order) for r in records], "doc", batch_size)
     else:
