@@ -1,10 +1,14 @@
-"""The recommended product-search index (a pipeline run's fine-tuned e5, BM25 part and tuned fusion) scaled to
-`--docs` documents with drawn ones, served through the deploy stage's Ray Serve app, against one FastAPI process of
-sentence-transformers + FAISS + `bm25s` with the same fusion: top-10 agreement with the offline search, then
-closed-loop p50 / p99 and queries/s per `--concurrency` level (`--direct-ingress`: the co-located replica's port).
+"""A recommended index scaled to `--docs` documents with drawn ones, served through the deploy stage's Ray Serve
+app, against one FastAPI process of sentence-transformers + FAISS (+ `bm25s` with the same fusion where the index
+has a BM25 part): top-10 agreement with the offline search, then closed-loop p50 / p99 and queries/s per
+`--concurrency` level (`--direct-ingress`: the co-located replica's port). The run is a product-search pipeline's
+(fine-tuned e5, BM25 part and tuned fusion; the load: its test queries) or a multilingual one's (`recipe:
+multilingual`: the multi-task teacher's index of held-out English candidates, its `serve:` query tower; the load:
+the queries of its held-out click pairs).
 
     python -m benchmarks.speed.recipe_serving --run runs/product_search                        # 1M, the full run
     python -m benchmarks.speed.recipe_serving --run RUN --docs 20000 --duration 2 --tag smoke  # smoke
+    python -m benchmarks.speed.recipe_serving --run ML_RUN --config configs/real/multilingual.yaml
 """
 
 from __future__ import annotations
@@ -44,39 +48,60 @@ PEER_MODEL, PEER_BM25 = "peer_model", "peer_bm25s"
 
 
 def run_inputs(run: Path, config: str, serve_config: str) -> dict[str, Any]:
-    """The run's index manifest, test queries and the deploy stage's Serve application (args + deployments)."""
+    """The run's index manifest, queries and the deploy stage's Serve application (args + deployments)."""
     from madr.config import load_config
+    from madr.config_files import read_mapping
     from madr.layout import RunLayout
     from pipelines.evaluate.io import read_queries
     from pipelines.jobs.deploy import load_serve_config
     from pipelines.jobs.experiment import serve_args
 
-    cfg = load_config(config if Path(config).is_file() else ROOT / config, {"output_dir": str(run.resolve())})
+    path = config if Path(config).is_file() else ROOT / config
+    if read_mapping(path).get("recipe") == "multilingual":
+        return multilingual_inputs(run, path, serve_config)
+    cfg = load_config(path, {"output_dir": str(run.resolve())})
     layout = RunLayout.of(cfg)
     app = load_serve_config(str(ROOT / serve_config), serve_args(cfg))["applications"][0]
     queries = read_queries(layout.queries("eval")).column("text").to_pylist()
     return {"manifest": layout.manifest, "app": app, "queries": queries}
 
 
+def multilingual_inputs(run: Path, config: Path, serve_config: str) -> dict[str, Any]:
+    """A multilingual run's index manifest, the distinct queries of its held-out click pairs and its deploy stage's
+    Serve application (the config's `serve:` section over the index's args)."""
+    from pipelines.jobs.deploy import load_serve_config
+    from pipelines.jobs.multilingual import serve_args
+    from pipelines.multitask.config import load_pipeline_config
+    from pipelines.multitask.data import read_data_stage
+
+    cfg = load_pipeline_config(config, {"output_dir": str(run.resolve())})
+    args = serve_args(cfg)
+    app = load_serve_config(str(ROOT / serve_config), args)["applications"][0]
+    queries = list(dict.fromkeys(r.query for r in read_data_stage(cfg).sets.clicks_eval))
+    return {"manifest": Path(args["manifest_path"]), "app": app, "queries": queries}
+
+
 def real_corpus(manifest_path: Path) -> dict[str, Any]:
-    """The run's documents as stored: ids, vectors, term counts, display rows, lexical tokenizer, model dir."""
+    """The run's documents as stored: ids, vectors, display rows, model dir, and where the index has a BM25 part,
+    its term counts, settings and tokenizer (else None)."""
     from madr.index.lexical import LexicalInfo, load_term_counts
     from madr.index.manifest import Manifest
     from madr.modeling.tokenization import load_tokenizer
     from madr.search.sharded import load_shard
 
     manifest, base = Manifest.load(manifest_path), manifest_path.parent
-    if not manifest.has_lexical:
-        raise ValueError(f"{manifest_path}: no BM25 part; the recipe's index has one (index.lexical: bm25)")
     shards = [load_shard(manifest_path, s.shard) for s in manifest.shards]
     model_dir = Path(manifest.model_dir)
     model_dir = model_dir if model_dir.is_absolute() else base / model_dir
-    lex = LexicalInfo.from_dict(manifest.lexical)
-    tf = sp.vstack([load_term_counts(base / s.lexical_path).to_scipy() for s in manifest.shards]).tocsr()
-    return {"ids": np.concatenate([s.ids for s in shards]).astype(np.int64),
-            "dense": np.concatenate([s.reconstruct(s.ids) for s in shards]), "tf": tf,
-            "docs": pq.read_table(base / manifest.docs_path), "manifest": manifest, "lexical": lex,
-            "tokenizer": lex.tokenizer(base) or load_tokenizer(model_dir / "tokenizer"), "model_dir": model_dir}
+    out = {"ids": np.concatenate([s.ids for s in shards]).astype(np.int64),
+           "dense": np.concatenate([s.reconstruct(s.ids) for s in shards]), "tf": None, "lexical": None,
+           "tokenizer": None, "docs": pq.read_table(base / manifest.docs_path), "manifest": manifest,
+           "model_dir": model_dir}
+    if manifest.has_lexical:
+        lex = LexicalInfo.from_dict(manifest.lexical)
+        out.update(lexical=lex, tokenizer=lex.tokenizer(base) or load_tokenizer(model_dir / "tokenizer"),
+                   tf=sp.vstack([load_term_counts(base / s.lexical_path).to_scipy() for s in manifest.shards]).tocsr())
+    return out
 
 
 def draw_dense(real: np.ndarray, n: int, noise: float, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
@@ -112,7 +137,8 @@ def drawn_docs(docs, src: np.ndarray, ids: np.ndarray):
 
 
 def scaled_corpus(real: dict[str, Any], docs: int, noise: float, seed: int, out: Path) -> None:
-    """The real documents plus drawn ones up to `docs`, ids ascending, written to `out` (once)."""
+    """The real documents plus drawn ones up to `docs`, ids ascending (with word pieces where the index has a BM25
+    part), written to `out` (once)."""
     from madr.index.lexical import save_term_counts
     from madr.index.manifest import atomic_save_npy, atomic_write
     from madr.search.sparse import SparseBatch
@@ -120,7 +146,7 @@ def scaled_corpus(real: dict[str, Any], docs: int, noise: float, seed: int, out:
     if (out / "docs.parquet").is_file():
         return
     order = np.argsort(real["ids"])
-    ids, dense, tf = real["ids"][order], real["dense"][order], real["tf"][order]
+    ids, dense = real["ids"][order], real["dense"][order]
     extra = max(0, docs - ids.size)
     rng = np.random.default_rng(seed)
     t0 = time.perf_counter()
@@ -133,15 +159,18 @@ def scaled_corpus(real: dict[str, Any], docs: int, noise: float, seed: int, out:
     atomic_save_npy(out / "ids.npy", np.concatenate([ids, new_ids]))
     atomic_save_npy(out / "dense.npy", np.concatenate([dense, more]))
     del more
-    lexical = sp.vstack([tf, draw_term_counts(tf, extra, rng)]).tocsr()
-    save_term_counts(out / "lexical.npz", SparseBatch.from_scipy(lexical))
+    if real["tf"] is not None:
+        tf = real["tf"][order]
+        lexical = sp.vstack([tf, draw_term_counts(tf, extra, rng)]).tocsr()
+        save_term_counts(out / "lexical.npz", SparseBatch.from_scipy(lexical))
     rows = pa.concat_tables([table, drawn_docs(table, src, new_ids)])
     atomic_write(out / "docs.parquet", lambda tmp: pq.write_table(rows, tmp))
     print(f"corpus: {ids.size:,} real + {extra:,} drawn documents in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
 def build_scaled_index(real: dict[str, Any], corpus: Path, factory: str, seed: int) -> Path:
-    """madr's index of the scaled corpus in `corpus/index`, laid out as the run's (shards, BM25 part, fusion)."""
+    """madr's index of the scaled corpus in `corpus/index`, laid out as the run's (shards; its BM25 part and fusion
+    where it has one)."""
     from madr.index.build import build_index
     from madr.index.lexical import load_term_counts
     from madr.index.manifest import MANIFEST_FILE, record_fusion
@@ -150,11 +179,13 @@ def build_scaled_index(real: dict[str, Any], corpus: Path, factory: str, seed: i
     if (out / MANIFEST_FILE).is_file():
         return out / MANIFEST_FILE
     t0 = time.perf_counter()
+    bm25 = {} if lex is None else {"lexical": load_term_counts(corpus / "lexical.npz"),
+                                   "fusion_lambda": lex.fusion_lambda, "lexical_tokenizer": real["tokenizer"]}
     path = build_index(np.load(corpus / "dense.npy"), np.load(corpus / "ids.npy"), out, len(real["manifest"].shards),
                        factory, model_dir=str(real["model_dir"]), docs=pq.read_table(corpus / "docs.parquet"),
-                       seed=seed, lexical=load_term_counts(corpus / "lexical.npz"), fusion_lambda=lex.fusion_lambda,
-                       lexical_tokenizer=real["tokenizer"])
-    record_fusion(path, lex.fusion_lambda, lex.normalisation)
+                       seed=seed, **bm25)
+    if lex is not None:
+        record_fusion(path, lex.fusion_lambda, lex.normalisation)
     print(f"index built in {time.perf_counter() - t0:.1f} s", flush=True)
     return Path(path)
 
@@ -176,10 +207,11 @@ def prepare(args: argparse.Namespace, inputs: dict[str, Any]) -> tuple[Path, dic
         export_sentence_transformers(BiEncoder.load(real["model_dir"]).eval(), out / PEER_MODEL)
     lex = real["lexical"]
     served = int(np.load(out / "ids.npy", mmap_mode="r").size)
+    bm25 = ({"fusion_lambda": None, "normalisation": None, "k1": None, "b": None} if lex is None else
+            {"fusion_lambda": lex.fusion_lambda, "normalisation": lex.normalisation, "k1": lex.k1, "b": lex.b})
     return manifest, {"real_docs": int(real["ids"].size), "docs_served": served, "index_factory": factory,
-                      "shards": len(real["manifest"].shards), "model_dir": str(real["model_dir"]),
-                      "fusion_lambda": lex.fusion_lambda, "normalisation": lex.normalisation, "k1": lex.k1,
-                      "b": lex.b, "cache": str(out)}
+                      "shards": len(real["manifest"].shards), "model_dir": str(real["model_dir"]), **bm25,
+                      "cache": str(out)}
 
 
 def peer_bm25(corpus: Path, k1: float, b: float):
@@ -203,18 +235,20 @@ class PeerQuery(BaseModel):
     k: int = 10
 
 
-def peer_app(corpus: Path, lam: float, how: str, candidates: int, k1: float, b: float, factory: str = "Flat",
-             nprobe: int | None = None):
-    """The hand-built service: POST /search {"query", "k"} -> results [{id, score, doc}] and timings_ms."""
+def peer_app(corpus: Path, lam: float | None, how: str | None, candidates: int, k1: float | None, b: float | None,
+             factory: str = "Flat", nprobe: int | None = None):
+    """The hand-built service: POST /search {"query", "k"} -> results [{id, score, doc}] and timings_ms; BM25
+    fused at `lam` (`how` normalisation), or the dense top k alone where `lam` is None (no BM25 part)."""
     from fastapi import FastAPI
     from sentence_transformers import SentenceTransformer
     from transformers import AutoTokenizer
 
     model = SentenceTransformer(str(corpus / PEER_MODEL), device="cpu")
-    tokenizer = AutoTokenizer.from_pretrained(str(corpus / "index" / "lexical_tokenizer"))
     ids, dense = np.load(corpus / "ids.npy"), np.load(corpus / "dense.npy", mmap_mode="r")
     flat = dense_index(dense, factory, nprobe)
-    bm25 = peer_bm25(corpus, k1, b)
+    if lam is not None:
+        tokenizer = AutoTokenizer.from_pretrained(str(corpus / "index" / "lexical_tokenizer"))
+        bm25 = peer_bm25(corpus, k1, b)
     docs = pq.read_table(corpus / "docs.parquet")
     depth = min(candidates, ids.size)
     app = FastAPI()
@@ -228,10 +262,12 @@ def peer_app(corpus: Path, lam: float, how: str, candidates: int, k1: float, b: 
         t0 = time.perf_counter()
         vec = model.encode_query([q.query], convert_to_numpy=True, normalize_embeddings=True).astype(np.float32)
         t1 = time.perf_counter()
-        d_scores, d_rows = flat.search(vec, depth)
+        d_scores, d_rows = flat.search(vec, depth if lam is not None else q.k)
         live = d_rows[0] >= 0
-        lexical = bm25_search(bm25, word_pieces(tokenizer, [q.query]), depth, ids.size)[0]
-        rows, scores = fuse((d_rows[0][live], d_scores[0][live]), lexical, lam, how, q.k)
+        rows, scores = d_rows[0][live], d_scores[0][live]
+        if lam is not None:
+            lexical = bm25_search(bm25, word_pieces(tokenizer, [q.query]), depth, ids.size)[0]
+            rows, scores = fuse((rows, scores), lexical, lam, how, q.k)
         t2 = time.perf_counter()
         hits = docs.take(rows).to_pylist()
         results = [{"id": int(ids[r]), "score": float(s), "doc": h} for r, s, h in zip(rows, scores, hits,
@@ -287,13 +323,14 @@ def madr_settings(app: dict[str, Any], manifest: Path, port: int):
 
 
 def offline_top(manifest: Path, model_dir: str, settings, queries: list[str], k: int) -> np.ndarray:
-    """madr's offline top k ids [Q, k] (`ShardedIndex`, the served search settings)."""
+    """madr's offline top k ids [Q, k] (`ShardedIndex`, the served search settings), each query encoded alone as a
+    request is (no padding beside other queries)."""
     from madr.index import encode_queries
     from madr.modeling.model import BiEncoder
     from madr.search.sharded import ShardedIndex
 
     model, index = BiEncoder.load(model_dir).eval(), ShardedIndex.open(manifest)
-    dense, _ = encode_queries(model, queries)
+    dense, _ = encode_queries(model, queries, batch_size=1)
     ids = index.search(dense, settings.search.replace(k=k), lexical=index.query_terms(model.tokenizer, queries))[1]
     del index
     gc.collect()
@@ -334,9 +371,11 @@ def ratios(results: dict[str, dict[int, dict]]) -> dict[int, dict[str, float]]:
 
 
 def print_table(result: dict[str, Any]) -> None:
-    print(f"\n{result['docs']:,} docs ({result['index']['real_docs']:,} real), {result['index']['index_factory']} in "
-          f"{result['index']['shards']} shards, fusion lam {result['index']['fusion_lambda']:g} "
-          f"{result['index']['normalisation']}; load average at the end {result['load_average_end']}")
+    info = result["index"]
+    fusion = ("dense alone" if info["fusion_lambda"] is None else
+              f"fusion lam {info['fusion_lambda']:g} {info['normalisation']}")
+    print(f"\n{result['docs']:,} docs ({info['real_docs']:,} real), {info['index_factory']} in {info['shards']} "
+          f"shards, {fusion}; load average at the end {result['load_average_end']}")
     for name, a in result["agreement"].items():
         print(f"top-10 agreement with madr offline, {name}: {a['identical']:.2f} identical, overlap "
               f"{a['overlap']:.3f} ({a['queries']} queries)")

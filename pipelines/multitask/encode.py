@@ -34,8 +34,9 @@ def write_corpus(texts: list[str], out: Path) -> Path:
 
 
 def run_index(model_dir: str, data: MultilingualData, settings: IndexSettings, output_dir: Path,
-              log: Any = print) -> Any:
-    """Write the corpus and run the encode job on the current Ray cluster; returns its `EncodeResult`."""
+              log: Any = print, local: bool = False) -> Any:
+    """Write the corpus and run the encode job on the current Ray cluster (`local`: in this process); returns its
+    `EncodeResult`."""
     from madr.encode_config import EncodeConfig
     from pipelines.encode.job import run_encode
 
@@ -50,4 +51,4 @@ def run_index(model_dir: str, data: MultilingualData, settings: IndexSettings, o
                        rows_per_read=rows_per_read, encode_actors=settings.encode_actors,
                        tokenize_actors=settings.tokenize_actors, lexical=None, lexical_tokenizer=None,
                        overwrite=True, replace_other_job=True)
-    return run_encode(cfg, log=log)
+    return run_encode(cfg, log=log, local=local)

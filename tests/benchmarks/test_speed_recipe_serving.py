@@ -3,7 +3,8 @@ e5 prefixes and shared towers as the fine-tuned model, the encode job's index wi
 its own, the tune stage's fusion recorded, test queries), scaled to 2,000 documents, served by the deploy stage's
 Serve app of the co-located config on the replica's own port (the reported setup: one replica, so the quickest to
 start) and the hand-built FastAPI peer, one level of 0.5 s: the JSON has both apps' numbers and the top-10 agreement
-check."""
+check. A multilingual run (the data stage's sets, its index of held-out English candidates, no BM25 part) is served
+the same way, dense alone on both sides, under the queries of its held-out click pairs."""
 
 from __future__ import annotations
 
@@ -80,3 +81,45 @@ def test_recipe_serving_smoke(catalog, tokenizer, tmp_path):
         assert a["queries"] == 10 and a["overlap"] >= 0.9, a
     assert result["agreement"]["madr"]["identical"] == 1.0  # served = offline
     assert set(result["ratios"]["2"]) == {"p50", "p99", "qps"}
+
+
+def make_multilingual_run(run: Path) -> Path:
+    """`run` as the multilingual pipeline leaves it (configs/multilingual.yaml): the data stage's sets and untrained
+    encoder, the encode job's index of the held-out English candidates through that encoder; its config file with
+    the fp32 torch query tower (so the served top 10 is the offline one)."""
+    import yaml
+
+    from pipelines.multitask.config import load_pipeline_config
+    from pipelines.multitask.data import read_data_stage
+    from pipelines.multitask.encode import run_index
+    from pipelines.multitask.run import data_stage
+
+    data = yaml.safe_load((ROOT / "configs" / "multilingual.yaml").read_text())
+    data.update(output_dir=str(run), serve={"encoder_backend": "torch", "encoder_precision": "fp32"})
+    config = run.parent / "multilingual.yaml"
+    run.mkdir(parents=True)
+    config.write_text(yaml.safe_dump(data))
+    cfg = load_pipeline_config(config)
+    data_stage(cfg, log=lambda _: None)
+    stage = read_data_stage(cfg)
+    run_index(stage.init_model, stage.sets, cfg.index, cfg.output_dir, log=lambda _: None, local=True)
+    return config
+
+
+@pytest.mark.slow
+def test_multilingual_recipe_serving_smoke(tmp_path):
+    config = make_multilingual_run(tmp_path / "run")
+    cmd = [sys.executable, "-m", "benchmarks.speed.recipe_serving", "--run", str(tmp_path / "run"), "--config",
+           str(config), "--docs", "2000", "--serve-config", "serve/serve_config_colocated.yaml", "--direct-ingress",
+           "--duration", "0.5", "--warmup", "0.2", "--concurrency", "2", "--check-queries", "10",
+           "--cache", str(tmp_path / "cache"), "--out-dir", str(tmp_path), "--tag", "smoke"]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    result = json.loads((tmp_path / "results" / "smoke.json").read_text())
+    assert result["docs"] == 2000 and 0 < result["index"]["real_docs"] < 2000
+    assert result["index"]["fusion_lambda"] is None, "no BM25 part: dense alone on both sides"
+    for app in ("madr", "peer"):
+        r = result["results"][app]["2"]
+        assert r["n"] > 0 and r["errors"] == 0 and r["qps"] > 0
+        assert result["agreement"][app]["overlap"] >= 0.9, result["agreement"][app]
+    assert result["agreement"]["madr"]["identical"] == 1.0  # served = offline
