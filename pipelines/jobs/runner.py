@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -173,7 +175,7 @@ def run_stage_here(stage: Stage, inv: Invocation, force: bool = False, python: s
     started = time.time()
     if remote:
         sync(stage.name, "pull", remote)
-    rc = subprocess.call(cmd, env=stage_env(extra_env))
+    rc = run_stage_process(cmd, stage_env(extra_env))
     if rc != 0:
         print(f"[madr.jobs] {stage.name}: failed with exit code {rc}; no marker written", flush=True)
         return rc
@@ -185,6 +187,20 @@ def run_stage_here(stage: Stage, inv: Invocation, force: bool = False, python: s
                                 upstream_run=None if up_marker is None else up_marker.get("run_id"))
     print(f"[madr.jobs] {stage.name}: done in {time.time() - started:.1f} s; marker {path}", flush=True)
     return 0
+
+
+def run_stage_process(cmd: list[str], env: dict[str, str]) -> int:
+    """The stage's exit code. A SIGTERM to the runner while it waits is passed on to the stage, which stops itself
+    (a stage with a local Ray exits through Python, `pipelines.runtime.exit_on_sigterm`), and the runner reports
+    it as failed: a stopped runner leaves no stage running on."""
+    proc = subprocess.Popen(cmd, env=env)
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+        return proc.wait()
+    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: proc.send_signal(signum))
+    try:
+        return proc.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def remote_output_dir(config: str) -> str | None:

@@ -25,6 +25,11 @@ out = Path(cfg["output_dir"])
 out.mkdir(parents=True, exist_ok=True)
 with open(out / "runs.log", "a") as f:
     f.write(a.name + "\\n")
+if str(cfg.get("sleep_in", "")) == a.name:  # a long stage: its pid for the test, then it waits
+    (out / f"{a.name}.pid").write_text(str(os.getpid()))
+    import time
+
+    time.sleep(120)
 if str(cfg.get("fail", "")) == a.name:
     print(f"{a.name}: failing as configured", file=sys.stderr)
     sys.exit(3)

@@ -192,6 +192,36 @@ def test_a_stage_key_changes_only_with_the_sections_it_reads():
     assert changed("data", {**base["data"], "seed": 99}) == list(STAGES)
 
 
+def test_a_sigterm_to_the_runner_stops_the_running_stage(toy):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cfg = yaml.safe_load(toy["config"].read_text())
+    toy["config"].write_text(yaml.safe_dump({**cfg, "sleep_in": "train"}))
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(toy["mods"]), str(root)])}
+    runner = subprocess.Popen([sys.executable, "-m", "pipelines.jobs", "pipeline", "--config", str(toy["config"]),
+                               "--stage-table", str(toy["table"])], cwd=root, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+    pid_file = toy["out"] / "train.pid"
+    deadline = time.monotonic() + 60
+    while not pid_file.exists() and time.monotonic() < deadline and runner.poll() is None:
+        time.sleep(0.1)
+    assert pid_file.exists(), runner.communicate()[0]
+    stage = int(pid_file.read_text())
+    runner.send_signal(signal.SIGTERM)
+    out = runner.communicate(timeout=30)[0]
+    assert runner.returncode != 0 and "train: failed" in out, out
+    time.sleep(0.2)
+    with pytest.raises(ProcessLookupError):
+        os.kill(stage, 0)  # the stage stopped with the runner
+    assert runs(toy["out"]) == ["prep", "train"], "the stages after it did not start"
+    assert not (toy["out"] / "_stages" / "train.done.json").exists()
+
+
 def test_stage_table_ignores_must_be_a_list(tmp_path):
     table = tmp_path / "t.yaml"
     table.write_text(yaml.safe_dump({"stages": [{"name": "a", "module": "m", "ignores": "serve"}]}))
