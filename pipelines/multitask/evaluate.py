@@ -12,7 +12,7 @@ through the built index, in a Ray task; `metrics.json` beside the model.
   than fp32 torch, e.g. the recipe's int8 onnxruntime tower): the tower `build_query_encoder` builds for the app,
   scored on the held-out click pairs (its query vectors against the fp32 document tower's) and through the index,
   each paired with the fp32 query tower on the same items: click AUC by a paired bootstrap over the pairs, NDCG and
-  top-1 per query / sentence by `madr.significance.paired_tests`.
+  top-1 per query / sentence (`madr.significance`: `paired_auc_bootstrap`, `paired_tests`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ import numpy as np
 from madr.data.records import ClickRecord, MultilingualData, ParallelRecord
 
 METRICS_FILE = "metrics.json"
-BOOTSTRAP = 2000  # resamples of the click pairs for the paired click-AUC difference
 
 
 def gold_rows(records: list[ParallelRecord], candidates: list[str]) -> np.ndarray:
@@ -79,16 +78,17 @@ def served_tower(model: Any, index: Any, params: Any, fp32_ids: np.ndarray, data
                  backend: str, precision: str, threads: int) -> dict[str, Any]:
     """The Serve app's query tower (`backend`, `precision`) against the fp32 one: click metrics of the held-out
     pairs and top-1 through the index, each with its paired difference (see the module docstring)."""
-    from madr.recipes.multitask.evaluation import click_metrics, click_pair_scores
+    from madr.recipes.multitask.evaluation import click_doc_vectors, click_metrics, click_pair_scores
     from madr.search.query_encoder import build_query_encoder
-    from madr.significance import paired_tests
+    from madr.significance import paired_auc_bootstrap, paired_tests
     from pipelines.multitask.encode import candidates
 
     encoder = build_query_encoder(model, backend=backend, precision=precision, threads=threads)
     clicks, order, ks = data.clicks_eval, cfg.tasks.click.field_order, cfg.eval.ndcg_at
-    fp32 = click_pair_scores(model, clicks, order, cfg.eval.batch_size)
+    docs = click_doc_vectors(model, clicks, order, cfg.eval.batch_size)  # one document side for both towers
+    fp32 = click_pair_scores(model, clicks, order, cfg.eval.batch_size, doc_vectors=docs)
     vectors = encoder.encode([r.query for r in clicks], cfg.eval.batch_size)[0]
-    tower = click_pair_scores(model, clicks, order, cfg.eval.batch_size, query_vectors=vectors)
+    tower = click_pair_scores(model, clicks, order, cfg.eval.batch_size, query_vectors=vectors, doc_vectors=docs)
     ids = index.search(encoder.encode([r.source for r in data.parallel_eval], cfg.eval.batch_size)[0], params)[1]
     target = candidates(data)
     gold = gold_rows(data.parallel_eval, target)
@@ -97,7 +97,7 @@ def served_tower(model: Any, index: Any, params: Any, fp32_ids: np.ndarray, data
     per_query = {name: click_ndcg_per_query(s, clicks, ks) for name, s in (("tower", tower), ("fp32", fp32))}
     return {"encoder_backend": backend, "encoder_precision": precision,
             "click": click_metrics(tower, clicks, ks),
-            "click_auc_minus_fp32": paired_auc_bootstrap(tower, fp32, clicks),
+            "click_auc_minus_fp32": paired_auc_bootstrap(tower, fp32, np.array([r.relevance > 0 for r in clicks])),
             **{f"ndcg@{k}_minus_fp32": paired_tests(per_query["tower"][f"ndcg@{k}"], per_query["fp32"][f"ndcg@{k}"])
                for k in ks},
             "index": index_top1(ids, data.parallel_eval, target),
@@ -113,27 +113,6 @@ def click_ndcg_per_query(scores: np.ndarray, records: list[ClickRecord], ks: lis
     if not ranked:
         return {f"ndcg@{k}": {} for k in ks}
     return click_ndcg(scores[ranked], [records[i] for i in ranked], ks, per_query=True)
-
-
-def paired_auc_bootstrap(a: np.ndarray, b: np.ndarray, records: list[ClickRecord], draws: int = BOOTSTRAP,
-                         seed: int = 0) -> dict[str, float]:
-    """ROC AUC of scores `a` minus that of `b` on the same click pairs (relevant: relevance > 0), with a 95%
-    interval and a two-sided p from `draws` paired resamples of the pairs (resamples with one class skipped)."""
-    from madr.metrics import roc_auc
-
-    labels = np.array([r.relevance > 0 for r in records])
-    diff = roc_auc(a, labels) - roc_auc(b, labels)
-    rng = np.random.default_rng(seed)
-    samples = []
-    for _ in range(draws):
-        rows = rng.integers(0, labels.size, labels.size)
-        if labels[rows].all() or not labels[rows].any():
-            continue
-        samples.append(roc_auc(a[rows], labels[rows]) - roc_auc(b[rows], labels[rows]))
-    d = np.asarray(samples)
-    p = min(1.0, 2 * min(float((d <= 0).mean()), float((d >= 0).mean()))) if d.size else float("nan")
-    low, high = (np.quantile(d, [0.025, 0.975]) if d.size else (np.nan, np.nan))
-    return {"diff": float(diff), "low": float(low), "high": float(high), "p_bootstrap": p, "n": int(labels.size)}
 
 
 def run_evaluation(recipe: Any, models: dict[str, str], served: str, manifest: str, data: MultilingualData,

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import torch
 
-from madr.data.records import ClickRecord
 from madr.index.build import build_index
 from madr.index.encode import encode_documents, encode_queries
 from madr.recipes.multitask.config import load_multitask_config
@@ -17,8 +16,9 @@ from madr.recipes.multitask.encoders import build_encoder, build_tokenizer
 from madr.recipes.multitask.evaluation import click_pair_scores, encoder_metrics
 from madr.search.params import SearchParams
 from madr.search.sharded import ShardedIndex
+from madr.significance import paired_auc_bootstrap
 from pipelines.multitask.encode import candidates
-from pipelines.multitask.evaluate import paired_auc_bootstrap, served_tower
+from pipelines.multitask.evaluate import served_tower
 
 TINY = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
         "max_position_embeddings": 64, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
@@ -78,10 +78,8 @@ def test_given_query_vectors_replace_the_models_query_tower(tiny):
 
 
 def test_paired_auc_bootstrap_by_hand():
-    records = [ClickRecord("q", {"title": "t"}, False, doc_id=str(i), query_id=str(i), relevance=i % 2)
-               for i in range(40)]
     labels = np.array([i % 2 for i in range(40)], float)
-    same = paired_auc_bootstrap(labels, labels, records, draws=200)
+    same = paired_auc_bootstrap(labels, labels, labels > 0, draws=200)
     assert same["diff"] == 0.0 and same["p_bootstrap"] == 1.0
-    better = paired_auc_bootstrap(labels, -labels, records, draws=200)
+    better = paired_auc_bootstrap(labels, -labels, labels > 0, draws=200)
     assert better["diff"] == pytest.approx(1.0) and better["low"] > 0.9 and better["p_bootstrap"] < 0.01

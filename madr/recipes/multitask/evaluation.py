@@ -86,19 +86,25 @@ def retrieval_top1(scores: np.ndarray, records: Sequence[ParallelRecord], candid
     return {"xling_top1": float(np.mean(list(per.values()))), **per}
 
 
-def click_pair_scores(model: BiEncoder, records: Sequence[ClickRecord], order: Sequence[str],
-                      batch_size: int, query_vectors: np.ndarray | None = None) -> np.ndarray:
-    """Cosine of each click record's query and document [N]: the document is its `order` fields concatenated,
-    or, for a model with field attention, those fields attended by the query (paper 004 Sec. IV, Eq. 8-9);
-    `query_vectors` [N, d]: the queries as another tower encoded them (a served one), else the model's."""
-    queries = [r.query for r in records]
-    q = (_embed(model, queries, "query", batch_size) if query_vectors is None
-         else F.normalize(torch.from_numpy(np.asarray(query_vectors, np.float32)), dim=-1))
+def click_doc_vectors(model: BiEncoder, records: Sequence[ClickRecord], order: Sequence[str],
+                      batch_size: int) -> torch.Tensor:
+    """L2-normalised document vectors of the click records [N, d]: each record's `order` fields concatenated, or,
+    for a model with field attention, those fields attended by the record's query (paper 004 Sec. IV, Eq. 8-9)."""
     if model.field_attention is None:
-        d = _embed(model, [doc_text(r, order) for r in records], "doc", batch_size)
-    else:
-        fields = [[r.fields.get(name) or "" for name in order] for r in records]
-        d = F.normalize(model.encode_field_documents(queries, fields, batch_size).embedding, dim=-1)
+        return _embed(model, [doc_text(r, order) for r in records], "doc", batch_size)
+    fields = [[r.fields.get(name) or "" for name in order] for r in records]
+    return F.normalize(model.encode_field_documents([r.query for r in records], fields, batch_size).embedding, dim=-1)
+
+
+def click_pair_scores(model: BiEncoder, records: Sequence[ClickRecord], order: Sequence[str],
+                      batch_size: int, query_vectors: np.ndarray | None = None,
+                      doc_vectors: torch.Tensor | None = None) -> np.ndarray:
+    """Cosine of each click record's query and document [N] (the document as `click_doc_vectors` encodes it);
+    `query_vectors` [N, d]: the queries as another tower encoded them (a served one), else the model's;
+    `doc_vectors`: `click_doc_vectors`' output when already computed."""
+    q = (_embed(model, [r.query for r in records], "query", batch_size) if query_vectors is None
+         else F.normalize(torch.from_numpy(np.asarray(query_vectors, np.float32)), dim=-1))
+    d = click_doc_vectors(model, records, order, batch_size) if doc_vectors is None else doc_vectors
     return (q * d).sum(-1).numpy()
 
 
