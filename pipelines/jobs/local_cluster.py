@@ -27,7 +27,7 @@ import urllib.request
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from pipelines.runtime import PRIORITY_DEFAULTS
+from pipelines.runtime import PRIORITY_DEFAULTS, write_bootstrap
 from serve.direct_ingress import throughput_env
 
 DEFAULT_STATE = "runs/_cluster/local.json"
@@ -247,9 +247,7 @@ def cluster_env(token_file: str, python: str | None = None) -> dict[str, str]:
         env.pop("PYTHONPATH", None)
         env["VIRTUAL_ENV"] = str(Path(python).parent.parent)
     env["PATH"] = str(Path(python or sys.executable).parent) + os.pathsep + env.get("PATH", "")  # jobs' `python`
-    bootstrap = Path.home() / "ray_bootstrap_config.yaml"
-    if not bootstrap.exists():
-        bootstrap.write_text("provider:\n  type: local\n")
+    write_bootstrap()
     return env
 
 

@@ -28,6 +28,7 @@ from madr.config_overrides import apply_overrides as dotted
 from pipelines.jobs import markers
 from pipelines.jobs.recipes import Recipe, recipe_of
 from pipelines.jobs.stages import STAGES, Stage, StageConfigs, check_available, load_yaml, stage_keys
+from pipelines.runtime import write_bootstrap
 
 
 def parse_stage_configs(pairs: Sequence[str], table: Mapping[str, Stage] = STAGES) -> dict[str, str]:
@@ -193,14 +194,23 @@ def run_stage_process(cmd: list[str], env: dict[str, str]) -> int:
     """The stage's exit code. A SIGTERM to the runner while it waits is passed on to the stage, which stops itself
     (a stage with a local Ray exits through Python, `pipelines.runtime.exit_on_sigterm`), and the runner reports
     it as failed: a stopped runner leaves no stage running on."""
-    proc = subprocess.Popen(cmd, env=env)
-    if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
-        return proc.wait()
-    previous = signal.signal(signal.SIGTERM, lambda signum, _frame: proc.send_signal(signum))
+    with subprocess.Popen(cmd, env=env) as proc:
+        if threading.current_thread() is not threading.main_thread():  # signal handlers live in the main thread
+            return _wait_or_kill(proc)
+        previous = signal.signal(signal.SIGTERM, lambda signum, _frame: proc.send_signal(signum))
+        try:
+            return _wait_or_kill(proc)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _wait_or_kill(proc: subprocess.Popen) -> int:
+    """`proc`'s exit code; killed when the wait is interrupted (Ctrl-C in the runner), as `subprocess.call` does."""
     try:
         return proc.wait()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    except BaseException:
+        proc.kill()
+        raise
 
 
 def remote_output_dir(config: str) -> str | None:
@@ -248,9 +258,7 @@ def stage_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env.setdefault("PYTHONUNBUFFERED", "1")
     if not env.get("RAY_ADDRESS"):
         env.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-        bootstrap = Path.home() / "ray_bootstrap_config.yaml"
-        if not bootstrap.exists():
-            bootstrap.write_text("provider:\n  type: local\n")
+        write_bootstrap()
     env.update(extra or {})
     return env
 
