@@ -329,6 +329,13 @@ class StageConfig:
     init_from: str | None = None      # model directory to start from (default: previous stage's export / new)
     freeze_word_embeddings: bool = False  # the backbone's word-embedding table stays as pretrained in this stage
     freeze_layers: int = 0            # ... and its embeddings and lowest N transformer layers (madr.training.freezing)
+    freeze_backbone: bool = False     # every backbone weight stays as it is in this stage: only the heads train (an
+                                      # aspect model's heads learn on a pretrained retriever's states; a step costs
+                                      # the backbone's forward pass only)
+    freeze_params: list[str] = field(default_factory=list)  # ... and every other weight whose name contains one of
+                                      # these, e.g. [aen.w_v]: MADRAL's value projection keeps W^V = I (with
+                                      # model.aspect_init: pooled every aspect component stays a pooling of the
+                                      # backbone's states)
 
     def __post_init__(self) -> None:
         _check_choice("train.<stage>.lr_schedule", self.lr_schedule, LR_SCHEDULES)

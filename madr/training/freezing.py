@@ -57,16 +57,35 @@ def backbone_frozen(model: BiEncoder, frozen: bool = True, names: Sequence[str] 
             p.requires_grad_(True)
 
 
+def stage_frozen_parameters(model: BiEncoder, stage: StageConfig) -> list[nn.Parameter]:
+    """The trainable weights a stage keeps as they are: the word table and lowest layers it names
+    (`freeze_word_embeddings` / `freeze_layers`), every backbone weight with `freeze_backbone`, and every weight
+    whose name contains one of `freeze_params` (each weight once: shared towers name the same weights twice)."""
+    params = [p for tower in model.towers() if tower.backbone is not None
+              for p in (tower.backbone.parameters() if stage.freeze_backbone else
+                        backbone_frozen_parameters(tower.backbone, stage.freeze_word_embeddings,
+                                                   stage.freeze_layers))]
+    params += [p for name, p in model.named_parameters() if any(x in name for x in stage.freeze_params)]
+    return [p for p in {id(p): p for p in params}.values() if p.requires_grad]
+
+
+def freeze_stage(model: BiEncoder, stage: StageConfig) -> int:
+    """Stop training what the stage keeps as it is (`stage_frozen_parameters`), for good: a model built for one
+    stage (the distributed job builds one per stage). Returns the number of weights frozen."""
+    params = stage_frozen_parameters(model, stage)
+    for p in params:
+        p.requires_grad_(False)
+    return sum(p.numel() for p in params)
+
+
 @contextmanager
 def stage_frozen(model: BiEncoder, stage: StageConfig) -> Iterator[int]:
-    """Within the block the stage's `freeze_word_embeddings` / `freeze_layers` hold (`freeze_backbone`); the
-    previous `requires_grad` flags come back on exit, so a later stage trains what it names. Keeping the
-    pretrained word table and lowest layers is what lets a 12-layer multilingual encoder fine-tune on a few
-    thousand judged queries without drifting from its pretrained space. Yields the number of weights frozen."""
-    params = [p for tower in model.towers() if tower.backbone is not None
-              for p in backbone_frozen_parameters(tower.backbone, stage.freeze_word_embeddings, stage.freeze_layers)
-              if p.requires_grad]
-    params = list({id(p): p for p in params}.values())  # shared towers name the same weights twice
+    """Within the block what the stage keeps as it is (`stage_frozen_parameters`) is frozen; the previous
+    `requires_grad` flags come back on exit, so a later stage trains what it names. Keeping the pretrained word
+    table and lowest layers is what lets a 12-layer multilingual encoder fine-tune on a few thousand judged queries
+    without drifting from its pretrained space; keeping the whole backbone trains an aspect model's heads alone.
+    Yields the number of weights frozen."""
+    params = stage_frozen_parameters(model, stage)
     for p in params:
         p.requires_grad_(False)
     try:

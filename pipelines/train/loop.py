@@ -37,7 +37,7 @@ from madr.modeling.model import BiEncoder
 from madr.recipes.aspects.evaluation import aspect_accuracy, evaluate_model
 from madr.training.distill import attach_query_student, make_student, student_teacher_distance
 from madr.training.distributed import mean_over_ranks
-from madr.training.freezing import freeze_backbone
+from madr.training.freezing import freeze_stage
 from madr.training.objectives import pretrain_loss
 from madr.training.stage_module import StageModule, step_seed
 from pipelines.train.config import distributed_config
@@ -167,7 +167,7 @@ def build_module(spec: JobSpec, cfg: ExperimentConfig, stage: StageConfig) -> tu
         student = make_student(teacher, num_layers=cfg.train.distill.student_layers)
         return StageModule("distill", stage, student=student, teacher=teacher.query_tower), teacher, teacher
     model = BiEncoder.load(spec.init_model)
-    freeze_backbone(model, stage.freeze_word_embeddings, stage.freeze_layers)  # before DDP / DeepSpeed see it
+    freeze_stage(model, stage)  # before DDP / DeepSpeed see it
     return StageModule(spec.kind, stage, model, gather=gather), model, None
 
 

@@ -83,7 +83,8 @@ def test_pretrain_job(ray_local, out_dir):
 
     cfg = _config(out_dir, **{"train.pretrain.steps": 10, "train.pretrain.batch_size": 16,
                               "train.pretrain.grad_accum": 2, "train.pretrain.log_every": 2,
-                              "train.pretrain.validate_every": 0, "train.pretrain.checkpoint_every": 4})
+                              "train.pretrain.validate_every": 0, "train.pretrain.checkpoint_every": 4,
+                              "train.pretrain.freeze_params": ["aen.w_v"]})
     result = run_stage(cfg, "pretrain")
 
     rows = _history(result.log_dir)
@@ -104,6 +105,11 @@ def test_pretrain_job(ray_local, out_dir):
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
 
     model = BiEncoder.load(result.model_dir)
+    start = BiEncoder.load(Path(cfg.output_dir) / "pretrain" / "init_model").state_dict()
+    kept = {k for k in start if "aen.w_v" in k}
+    assert kept and all(torch.equal(model.state_dict()[k], start[k]) for k in kept), \
+        "freeze_params [aen.w_v] did not hold in Ray Train"
+    assert any(not torch.equal(model.state_dict()[k], start[k]) for k in start if "aen.w_q" in k)
     emb = model.encode_texts(["red running shoes", "walnut desk"], "query")
     assert emb.shape == (2, 16) and torch.isfinite(emb).all()
 

@@ -92,3 +92,35 @@ def test_a_stage_freezes_what_its_config_names_and_only_while_it_runs(catalog, t
     assert all(torch.equal(after[k], start[k]) for k in frozen)
     assert any(not torch.equal(after[k], start[k]) for k in moved)
     assert all(p.requires_grad for p in model.parameters()), "the flags must come back after the stage"
+
+
+def test_a_stage_that_keeps_the_backbone_trains_the_heads_alone(catalog, tokenizer, vocabularies):
+    """`freeze_backbone` + `freeze_params`: an aspect model's pretraining moves its heads only; the backbone and the
+    named weights (MADRAL's W^V) stay, in the in-process loop and for good with `freeze_stage` (the distributed
+    job's model is built for one stage)."""
+    from madr.config import StageConfig
+    from madr.training.freezing import freeze_stage, stage_frozen_parameters
+    from madr.training.loop import CatalogSampler, train_stage
+
+    torch.manual_seed(0)
+    tiny = {"hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 64,
+            "max_position_embeddings": 64}
+    cfg = ModelConfig(name="madral", backbone=BackboneConfig(tiny=tiny), aspects=catalog.aspect_names,
+                      max_query_length=16, max_doc_length=16)
+    model = build_model(cfg, tokenizer, vocabularies)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    stage = StageConfig(steps=3, batch_size=8, learning_rate=1e-2, mlm_weight=0.0, log_every=1,
+                        freeze_backbone=True, freeze_params=["aen.w_v"])
+    train_stage(model, CatalogSampler(catalog, "train", seed=0), stage, "pretrain", progress=False)
+    after = model.state_dict()
+    kept = [k for k in after if ".backbone." in k or "aen.w_v" in k]
+    heads = [k for k in after if k not in kept]
+    assert kept and heads and all(torch.equal(after[k], start[k]) for k in kept)
+    assert any(not torch.equal(after[k], start[k]) for k in heads), "no head trained"
+    assert all(p.requires_grad for p in model.parameters()), "the flags must come back after the stage"
+
+    n = freeze_stage(model, stage)
+    frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
+    assert frozen == {name for name in dict(model.named_parameters()) if ".backbone." in name or "aen.w_v" in name}
+    assert n == sum(p.numel() for name, p in model.named_parameters() if name in frozen)
+    assert stage_frozen_parameters(model, stage) == [], "already frozen: nothing left to freeze"
