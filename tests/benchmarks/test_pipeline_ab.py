@@ -60,3 +60,42 @@ def test_the_command_writes_its_table_and_refuses_unequal_seeds(tmp_path):
     assert "| fused | seed 0 | 1.0000 / 1.0000, +0.0000" in written["table"]
     with pytest.raises(SystemExit):
         main(["--a", str(a), str(a), "--b", str(b)])
+
+
+def test_dev_scores_each_query_as_the_fine_tuning_validation_does(tmp_path, catalog, tokenizer):
+    """`--dev`: a run's fine-tuned encoder over its validation catalog, per query; the means are the validation's
+    own numbers (`evaluate_model` on `validation_catalog`), and the second call reads the cache."""
+    import torch
+
+    from benchmarks.quality.pipeline_ab import dev_per_query
+    from madr.config import EvalConfig, load_config
+    from madr.modeling.model import build_model
+    from madr.recipes.aspects.evaluation import evaluate_model
+    from pipelines.train.loop import validation_catalog
+
+    catalog.write(tmp_path / "catalog")
+    run = tmp_path / "run"
+    cfg = load_config(None, {"name": "t", "output_dir": str(run), "data.catalog_dir": str(tmp_path / "catalog"),
+                             "model.name": "bibert", "model.aspects": catalog.aspect_names,
+                             "model.backbone.tiny": {"hidden_size": 16, "num_hidden_layers": 1,
+                                                     "num_attention_heads": 2, "intermediate_size": 32},
+                             "distributed.val_corpus": 120, "train.seed": 3})
+    (run / "_stages").mkdir(parents=True)
+    config = run / "exp.yaml"
+    cfg.save(config)
+    torch.manual_seed(0)
+    model = build_model(cfg.model, tokenizer, None)
+    model.save(run / "finetune" / "model")
+    (run / "_stages" / "finetune.done.json").write_text(json.dumps({"config": str(config)}))
+    metrics = ["recall@10", "mrr@10"]
+    _, per_query = dev_per_query(run, metrics)
+    held = validation_catalog(catalog, "dev", 120, 3)
+    expected = evaluate_model(model.eval(), held, EvalConfig(split="dev", retrieval_metrics=metrics,
+                                                             rerank_metrics=["auc"], top_k=cfg.eval.top_k,
+                                                             relevance_threshold=cfg.eval.relevance_threshold,
+                                                             gains=cfg.eval.gains))
+    assert set(per_query["recall@10"]) == {q.query_id for q in held.queries_in("dev")}
+    for m in metrics:
+        assert sum(per_query[m].values()) / len(per_query[m]) == pytest.approx(expected[m])
+    (run / "finetune" / "model" / "config.json").unlink()  # a second call must not load the model again
+    assert dev_per_query(run, metrics)[1] == per_query
