@@ -38,10 +38,12 @@ def run_per_query(run: Path, pair: str, metrics: list[str]) -> tuple[str, dict[s
 
 def dev_per_query(run: Path, metrics: list[str]) -> tuple[str, dict[str, dict[str, float]]]:
     """("encoder alone", {metric: {query: value}}): the run's fine-tuned encoder searched exactly over its
-    fine-tuning's validation catalog, scored as the evaluate stage scores (cached per run and metric list)."""
+    fine-tuning's validation catalog, scored as the evaluate stage scores (cached per fine-tuning, by its marker's
+    run id, and metric list)."""
+    marker = json.loads((run / "_stages" / "finetune.done.json").read_text())
     cache = run / "finetune" / "dev_per_query.json"
     cached = json.loads(cache.read_text()) if cache.is_file() else {}
-    if cached.get("metrics") == metrics:
+    if (cached.get("metrics"), cached.get("run_id")) == (metrics, marker.get("run_id")):
         return "encoder alone", cached["per_query"]
     import torch
 
@@ -53,7 +55,7 @@ def dev_per_query(run: Path, metrics: list[str]) -> tuple[str, dict[str, dict[st
     from pipelines.train.config import distributed_config
     from pipelines.train.loop import validation_catalog, validation_split
 
-    cfg = load_config(json.loads((run / "_stages" / "finetune.done.json").read_text())["config"])
+    cfg = load_config(marker["config"])
     catalog = Catalog.read(catalog_dir(cfg), aspect_names=cfg.model.aspects)  # what the training read
     split = validation_split(catalog)
     catalog = validation_catalog(catalog, split, distributed_config(cfg).val_corpus, cfg.train.seed)
@@ -66,7 +68,7 @@ def dev_per_query(run: Path, metrics: list[str]) -> tuple[str, dict[str, dict[st
               for q, row_s, row_i in zip(queries, scores, ids, strict=True)}
     per_query = evaluate(ranked, catalog.qrels(split), metrics, relevance_threshold=cfg.eval.relevance_threshold,
                          gains=cfg.eval.gains, per_query=True)
-    cache.write_text(json.dumps({"metrics": metrics, "per_query": per_query}))
+    cache.write_text(json.dumps({"metrics": metrics, "run_id": marker.get("run_id"), "per_query": per_query}))
     return "encoder alone", per_query
 
 

@@ -86,7 +86,7 @@ def test_dev_scores_each_query_as_the_fine_tuning_validation_does(tmp_path, cata
     torch.manual_seed(0)
     model = build_model(cfg.model, tokenizer, None)
     model.save(run / "finetune" / "model")
-    (run / "_stages" / "finetune.done.json").write_text(json.dumps({"config": str(config)}))
+    (run / "_stages" / "finetune.done.json").write_text(json.dumps({"config": str(config), "run_id": "r1"}))
     metrics = ["recall@10", "mrr@10"]
     _, per_query = dev_per_query(run, metrics)
     held = validation_catalog(catalog, "dev", 120, 3)
@@ -99,3 +99,6 @@ def test_dev_scores_each_query_as_the_fine_tuning_validation_does(tmp_path, cata
         assert sum(per_query[m].values()) / len(per_query[m]) == pytest.approx(expected[m])
     (run / "finetune" / "model" / "config.json").unlink()  # a second call must not load the model again
     assert dev_per_query(run, metrics)[1] == per_query
+    (run / "_stages" / "finetune.done.json").write_text(json.dumps({"config": str(config), "run_id": "r2"}))
+    with pytest.raises(ValueError, match="not a madr model directory"):  # fine-tuned again: the cache is stale
+        dev_per_query(run, metrics)
