@@ -100,10 +100,8 @@ def compare(runs_a: list[Path], runs_b: list[Path], metrics: list[str], draws: i
     out: dict = {"pairs": {}, "dev_fusion": {"a": [dev_fusion(r) for r in runs_a],
                                              "b": [dev_fusion(r) for r in runs_b]}}
     for pair in ["encoder alone (dev)"] if dev else PAIRS:
-        def score(run: Path) -> tuple[str, dict[str, dict[str, float]]]:
-            return dev_per_query(run, metrics) if dev else run_per_query(run, pair, metrics)
-
-        scored = [[score(r) for r in runs] for runs in (runs_a, runs_b)]
+        scored = [[dev_per_query(r, metrics) if dev else run_per_query(r, pair, metrics) for r in runs]
+                  for runs in (runs_a, runs_b)]
         rows: dict = {}
         for i, ((_, a), (_, b)) in enumerate(zip(*scored, strict=True)):
             rows[f"seed {i}"] = {m: side_by_side(a[m], b[m], draws) for m in metrics}
