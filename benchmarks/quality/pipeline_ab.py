@@ -50,7 +50,7 @@ def dev_per_query(run: Path, metrics: list[str]) -> tuple[str, dict[str, dict[st
     from madr.data.schema import Catalog
     from madr.metrics import evaluate
     from madr.modeling.model import BiEncoder
-    from madr.recipes.aspects.evaluation import search
+    from madr.recipes.aspects.evaluation import ranked_run
     from madr.recipes.aspects.experiment import catalog_dir
     from pipelines.train.config import distributed_config
     from pipelines.train.loop import validation_catalog, validation_split
@@ -60,12 +60,8 @@ def dev_per_query(run: Path, metrics: list[str]) -> tuple[str, dict[str, dict[st
     split = validation_split(catalog)
     catalog = validation_catalog(catalog, split, distributed_config(cfg).val_corpus, cfg.train.seed)
     model = BiEncoder.load(run / "finetune" / "model").eval()
-    products, queries = list(catalog.products), catalog.queries_in(split)
     with torch.no_grad():
-        docs = model.encode_texts([catalog.product_text(p) for p in products], "doc")
-        scores, ids = search(model, model.encode_texts([q.text for q in queries], "query"), docs, cfg.eval.top_k)
-    ranked = {q.query_id: {products[int(i)].product_id: float(v) for v, i in zip(row_s, row_i, strict=True)}
-              for q, row_s, row_i in zip(queries, scores, ids, strict=True)}
+        ranked = ranked_run(model, catalog, split, cfg.eval.top_k)[0]
     per_query = evaluate(ranked, catalog.qrels(split), metrics, relevance_threshold=cfg.eval.relevance_threshold,
                          gains=cfg.eval.gains, per_query=True)
     cache.write_text(json.dumps({"metrics": metrics, "run_id": marker.get("run_id"), "per_query": per_query}))

@@ -23,17 +23,26 @@ def search(model: BiEncoder, query_emb: torch.Tensor, doc_emb: torch.Tensor, k: 
 
 
 @torch.no_grad()
-def evaluate_model(model: BiEncoder, catalog: Catalog, cfg: EvalConfig) -> dict[str, float]:
-    queries = list(catalog.queries_in(cfg.split))
+def ranked_run(model: BiEncoder, catalog: Catalog, split: str, top_k: int
+               ) -> tuple[dict[str, dict[str, float]], torch.Tensor, torch.Tensor]:
+    """(the top `top_k` products of every `split` query by exact search over the whole catalog {query id:
+    {product id: score}}, the query vectors, the product vectors in catalog order)."""
+    queries = list(catalog.queries_in(split))
     if not queries:
-        raise ValueError(f"catalog has no queries in split {cfg.split!r}")
+        raise ValueError(f"catalog has no queries in split {split!r}")
     products = list(catalog.products)
     doc_emb = model.encode_texts([catalog.product_text(p) for p in products], "doc")
     q_emb = model.encode_texts([q.text for q in queries], "query")
-    qrels = catalog.qrels(cfg.split)
-    top_scores, top_idx = search(model, q_emb, doc_emb, cfg.top_k)
+    top_scores, top_idx = search(model, q_emb, doc_emb, top_k)
     run = {q.query_id: {products[int(i)].product_id: float(s) for s, i in zip(srow, irow, strict=True)}
            for q, srow, irow in zip(queries, top_scores, top_idx, strict=True)}
+    return run, q_emb, doc_emb
+
+
+def evaluate_model(model: BiEncoder, catalog: Catalog, cfg: EvalConfig) -> dict[str, float]:
+    run, q_emb, doc_emb = ranked_run(model, catalog, cfg.split, cfg.top_k)
+    queries, products = list(catalog.queries_in(cfg.split)), list(catalog.products)
+    qrels = catalog.qrels(cfg.split)
     results = evaluate(run, qrels, cfg.retrieval_metrics, relevance_threshold=cfg.relevance_threshold,
                        gains=cfg.gains)
     pid_index = {p.product_id: i for i, p in enumerate(products)}
