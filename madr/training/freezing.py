@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 from torch import nn
@@ -37,24 +37,6 @@ def freeze_backbone(model: BiEncoder, word_embeddings: bool = True, layers: int 
                 p.requires_grad_(False)
                 frozen += p.numel()
     return frozen
-
-
-@contextmanager
-def backbone_frozen(model: BiEncoder, frozen: bool = True, names: Sequence[str] = ()) -> Iterator[int]:
-    """Within the block every backbone weight (when `frozen`) and every other weight whose name contains one of
-    `names` (e.g. "aen.w_v": MADRAL's value projection) is frozen, so only the rest of the heads, aspect tables and
-    fusion train (with the backbone frozen a step costs its forward pass only); the previous `requires_grad`
-    flags come back on exit. Yields the number of weights frozen here."""
-    backbones = {id(p) for tower in model.towers() if tower.backbone is not None for p in tower.backbone.parameters()}
-    params = [p for n, p in model.named_parameters() if p.requires_grad
-              and ((frozen and id(p) in backbones) or any(x in n for x in names))]
-    for p in params:
-        p.requires_grad_(False)
-    try:
-        yield sum(p.numel() for p in params)
-    finally:
-        for p in params:
-            p.requires_grad_(True)
 
 
 def stage_frozen_parameters(model: BiEncoder, stage: StageConfig) -> list[nn.Parameter]:

@@ -24,6 +24,7 @@ from madr.data.schema import Catalog
 from madr.modeling.batching import TextBatch, make_batch, model_device
 from madr.modeling.model import BiEncoder
 from madr.training.freezing import stage_frozen
+from madr.training.memoised_backbone import stage_memoised
 from madr.training.negatives import (
     MinedNegatives,
     check_mined,
@@ -285,7 +286,7 @@ def train_stage(model: BiEncoder, sampler: CatalogSampler, stage: StageConfig, k
             on_log(step, record)
 
     model.train()
-    with stage_frozen(model, stage):
+    with stage_frozen(model, stage), stage_memoised(model, stage):
         params = [p for p in params if p.requires_grad]
         history = run_steps(Optimisation.for_stage(params, stage), stage.steps, step_fn, log,
                             desc=f"{model.config.name} {kind}" if progress else None)

@@ -38,6 +38,7 @@ from madr.recipes.aspects.evaluation import aspect_accuracy, evaluate_model
 from madr.training.distill import attach_query_student, make_student, student_teacher_distance
 from madr.training.distributed import mean_over_ranks
 from madr.training.freezing import freeze_stage
+from madr.training.memoised_backbone import memo_stats, memoise_backbones
 from madr.training.objectives import pretrain_loss
 from madr.training.stage_module import StageModule, step_seed
 from pipelines.train.config import distributed_config
@@ -168,6 +169,8 @@ def build_module(spec: JobSpec, cfg: ExperimentConfig, stage: StageConfig) -> tu
         return StageModule("distill", stage, student=student, teacher=teacher.query_tower), teacher, teacher
     model = BiEncoder.load(spec.init_model)
     freeze_stage(model, stage)  # before DDP / DeepSpeed see it
+    if stage.memoise_backbone:  # the worker's model serves this stage only: its frozen backbone memoised for good
+        memoise_backbones(model)
     return StageModule(spec.kind, stage, model, gather=gather), model, None
 
 
@@ -286,7 +289,7 @@ def train_loop_per_worker(config: dict[str, Any]) -> None:
             continue
         seconds = time.perf_counter() - clock
         metrics = {**base, **mean_over_ranks(parts), **pos.to_dict(), "data_crc": stream.take_crc(),
-                   "pairs_per_s": rows * world / max(seconds, 1e-9), "resumed": resumed}
+                   "pairs_per_s": rows * world / max(seconds, 1e-9), "resumed": resumed, **memo_stats(tok_model)}
         if do_val and validator is not None:
             metrics.update(validator(module))
         checkpoint, tmp = save_checkpoint(engine, spec, teacher, pos, rank) if do_ckpt else (None, None)

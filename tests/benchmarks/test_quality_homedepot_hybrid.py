@@ -7,7 +7,7 @@ lost) and the test aspect Accuracy@1.
 The session's synthetic catalog is written in the `data.catalog_dir` layout; random 2-layer BERTs saved with the
 session's WordPiece stand in for all-MiniLM ("minilm") and multilingual-e5-small ("e5", also the trained rows'
 start); MADRAL pretrains its aspect heads 2 steps on the frozen, memoised backbone (`train.pretrain.mlm_weight
-0`, `bench.pretrain_frozen_backbone`), then every row fine-tunes 2 steps. This checks the wiring, not quality.
+0`, `train.pretrain.freeze_backbone` / `memoise_backbone`), then every row fine-tunes 2 steps. This checks the wiring, not quality.
 """
 
 from __future__ import annotations
@@ -79,7 +79,6 @@ def user_config(catalog, tokenizer, tmp_path_factory) -> Path:
             "draws": 200,
             "encode_batch_size": 64,
             "save_models": ["madral_pw"],
-            "pretrain_frozen_backbone": True,
         },
         "name": "tiny_hybrid",
         "output_dir": str(root / "run"),
@@ -106,6 +105,8 @@ def user_config(catalog, tokenizer, tmp_path_factory) -> Path:
                 "aspect_weight": 1.0,
                 "mlm_weight": 0.0,
                 "log_every": 2,
+                "freeze_backbone": True,
+                "memoise_backbone": True,
             },
             "finetune": {
                 "steps": STEPS,

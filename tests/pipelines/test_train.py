@@ -1,13 +1,14 @@
-"""Ray Train jobs on a local Ray with 2 CPU workers (pipelines.train): three fits, chained through one output
-directory (pretrain -> fine-tune from its export), then a distillation, each checking several
-things at once because a fit costs 15-25 s here.
+"""Ray Train jobs on a local Ray with 2 CPU workers (pipelines.train): fits chained through one output
+directory (pretrain -> fine-tune from its export -> a distillation), and a heads-only pretraining of its own,
+each checking several things at once because a fit costs 15-25 s here.
 
 1. pretrain, DDP/gloo, gradient accumulation 2: completes, validation loss falls, keep-last-2 checkpoints,
    TensorBoard events + history + PNG, exported model loads and encodes.
 2. fine-tune, DDP/gloo, GradCache chunks, a worker SIGKILLed after step 12: the group is replaced, training
    resumes from the step-8 checkpoint, re-runs steps 9-12 on the same rows (same row-id CRC and data
    position per worker, same loss) and ends at step 24 with better validation retrieval metrics.
-3. distil, DeepSpeed ZeRO-2 on CPU/gloo: the engine reports ZeRO stage 2; a 1-layer student gets closer to
+3. heads-only pretraining on memoised backbone states: the backbone stays, the heads train, the export is whole.
+4. distil, DeepSpeed ZeRO-2 on CPU/gloo: the engine reports ZeRO stage 2; a 1-layer student gets closer to
    a 2-layer teacher; the exported model serves queries with the student, documents with the teacher.
 """
 
@@ -122,6 +123,28 @@ def test_pretrain_job(ray_local, out_dir):
     assert "val_loss" in _history(again.log_dir)[0] and Path(again.plot).is_file()
     restored = BiEncoder.load(again.model_dir).state_dict()
     assert all(torch.equal(restored[k], trained[k]) for k in trained)
+
+
+def test_a_heads_only_pretraining_runs_on_memoised_states(ray_local, tmp_path):
+    """`freeze_backbone` + `memoise_backbone` on Ray Train (DDP, 2 workers): each worker's frozen backbone runs
+    once per distinct text (the reports count the visits read from memory), the heads train, the backbone stays,
+    and the export has the model's own weights and keys."""
+    from pipelines.train.job import run_stage
+
+    cfg = _config(tmp_path, **{"train.pretrain.steps": 30, "train.pretrain.batch_size": 16,
+                               "train.pretrain.log_every": 10, "train.pretrain.validate_every": 0,
+                               "train.pretrain.mlm_weight": 0.0, "train.pretrain.freeze_backbone": True,
+                               "train.pretrain.memoise_backbone": True, "data.synthetic_queries": 60,
+                               "data.synthetic_products": 120})
+    result = run_stage(cfg, "pretrain")
+    last = _history(result.log_dir)[-1]
+    assert last["step"] == 30 and last["memo_misses"] > 0 and last["memo_hits"] > 0 and last["memo_gib"] > 0
+    start = BiEncoder.load(Path(cfg.output_dir) / "pretrain" / "init_model").state_dict()
+    trained = BiEncoder.load(result.model_dir).state_dict()
+    assert list(trained) == list(start)
+    backbone = [k for k in start if ".backbone." in k]
+    assert backbone and all(torch.equal(trained[k], start[k]) for k in backbone)
+    assert any(not torch.equal(trained[k], start[k]) for k in start if "aen." in k), "no head trained"
 
 
 def test_finetune_job_survives_a_killed_worker(ray_local, out_dir):

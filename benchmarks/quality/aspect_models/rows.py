@@ -3,9 +3,7 @@ variant of the config's `model:`, and their training from the shared start weigh
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -15,9 +13,8 @@ from madr.config import ExperimentConfig, StageConfig
 from madr.data.schema import Catalog
 from madr.modeling.model import BiEncoder
 from madr.recipes.aspects.experiment import build_catalog_model
-from madr.training.freezing import backbone_frozen, freeze_backbone
+from madr.training.freezing import freeze_backbone
 from madr.training.loop import catalog_sampler, stage_runs, train_stage
-from madr.training.memoised_backbone import memoised_backbones
 
 # key -> (row label, ModelConfig fields over the config's `model:`)
 ROWS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -64,28 +61,22 @@ def model_config(cfg: ExperimentConfig, key: str):
 
 
 def train_row(key: str, cfg: ExperimentConfig, catalog: Catalog, tokenizer, vocab, seed: int,
-              freeze_embeddings: bool, freeze_layers: int = 0, pretrain_frozen: bool = False,
-              pretrain_frozen_params: Sequence[str] = (), device: str | torch.device = "cpu") -> tuple[BiEncoder, dict]:
+              freeze_embeddings: bool, freeze_layers: int = 0, device: str | torch.device = "cpu") -> tuple[BiEncoder, dict]:
     """Row `key` built with torch seeded by `seed` (the word embeddings and lowest `freeze_layers` frozen), then
-    pretrained (when `stage_runs`) and fine-tuned. `pretrain_frozen`: the backbone (and `pretrain_frozen_params`)
-    frozen while pretraining, the heads on memoised token states (not MUR / MURAL: their aspect tokens enter the
-    backbone)."""
+    pretrained (when `stage_runs`) and fine-tuned, each stage as `train.<stage>` says; the rows share the config's
+    `train:`, so `train.pretrain.memoise_backbone` holds for the rows whose backbone input is text alone (not MUR /
+    MURAL: their aspect tokens enter the backbone)."""
     mcfg = model_config(cfg, key)
     torch.manual_seed(seed)
     model = build_catalog_model(mcfg, catalog, tokenizer, vocab).to(device)
     # word embeddings: 12M of all-MiniLM's 23M weights, a third of the step time on 2 CPU cores
     freeze_backbone(model, freeze_embeddings, freeze_layers)
     stages = {kind: stage_config(cfg, key, kind) for kind in ("pretrain", "finetune")}
+    if mcfg.uses_granularities:
+        stages["pretrain"] = dataclasses.replace(stages["pretrain"], memoise_backbone=False)
     sampler = catalog_sampler(catalog, stages["finetune"], tokenizer, seed)
-    history = {}
-    for kind, stage in stages.items():
-        if stage_runs(kind, stage, mcfg):
-            with contextlib.ExitStack() as frozen:
-                if kind == "pretrain":
-                    frozen.enter_context(backbone_frozen(model, pretrain_frozen, pretrain_frozen_params))
-                    if pretrain_frozen and not mcfg.uses_granularities:  # heads only, on cached token states
-                        frozen.enter_context(memoised_backbones(model))
-                history[kind] = train_stage(model, sampler, stage, kind, seed=seed)
+    history = {kind: train_stage(model, sampler, stage, kind, seed=seed)
+               for kind, stage in stages.items() if stage_runs(kind, stage, mcfg)}
     info = {kind: {"steps": len(h), "final_loss": float(np.mean([r["loss"] for r in h[-20:]]))}
             for kind, h in history.items()}
     info["parameters"] = sum(p.numel() for p in model.parameters())

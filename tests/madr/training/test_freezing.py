@@ -54,26 +54,6 @@ def test_word_embeddings_only_and_too_many_layers(tokenizer):
         freeze_backbone(model, word_embeddings=False, layers=4)
 
 
-def test_backbone_frozen_for_a_block_then_restored(tokenizer):
-    """`backbone_frozen`: the backbone and the named head weights are frozen inside the block only."""
-    import torch
-
-    from madr.config import BackboneConfig, ModelConfig
-    from madr.modeling.model import build_model
-    from madr.training.freezing import backbone_frozen
-
-    torch.manual_seed(0)
-    tiny = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
-    model = build_model(ModelConfig(name="madr", backbone=BackboneConfig(tiny=tiny)), tokenizer, None)
-    before = {n: p.requires_grad for n, p in model.named_parameters()}
-    with backbone_frozen(model, True, ["aen.w_v"]) as n:
-        frozen = {name for name, p in model.named_parameters() if not p.requires_grad}
-        assert n == sum(p.numel() for name, p in model.named_parameters() if name in frozen)
-    assert all(".backbone." in name or "aen.w_v" in name for name in frozen)
-    assert any("aen.w_v" in name for name in frozen) and any("aen.w_q" in name for name in before if name not in frozen)
-    assert {n: p.requires_grad for n, p in model.named_parameters()} == before
-
-
 def test_a_stage_freezes_what_its_config_names_and_only_while_it_runs(catalog, tokenizer):
     """`train.<stage>.freeze_word_embeddings` / `freeze_layers` hold in the in-process loop for that stage; the
     next stage trains everything again."""
