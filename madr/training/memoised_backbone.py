@@ -43,7 +43,7 @@ class MemoisedBackbone:
 
     def __init__(self, backbone: nn.Module, dtype: torch.dtype = torch.float16, max_bytes: int = MAX_BYTES) -> None:
         self.backbone = backbone
-        self.forward = type(backbone).forward.__get__(backbone)  # the backbone's own forward, bound
+        self.own_forward = type(backbone).forward.__get__(backbone)  # the backbone's own, bound
         self.dtype = dtype
         self.max_bytes = max_bytes
         self.states: dict[bytes, torch.Tensor] = {}
@@ -85,7 +85,7 @@ class MemoisedBackbone:
         training = self.backbone.training
         self.backbone.eval()  # the kept state is the text's, not one dropout draw's (class docstring)
         try:
-            seq = self.forward(input_ids=input_ids[index], attention_mask=attention_mask[index])
+            seq = self.own_forward(input_ids=input_ids[index], attention_mask=attention_mask[index])
         finally:
             self.backbone.train(training)
         states = seq.last_hidden_state[attention_mask[index].bool()].to(self.dtype)  # the rows' tokens, in order
