@@ -39,6 +39,7 @@ def ranked_run(model: BiEncoder, catalog: Catalog, split: str, top_k: int
     return run, q_emb, doc_emb
 
 
+@torch.no_grad()
 def evaluate_model(model: BiEncoder, catalog: Catalog, cfg: EvalConfig) -> dict[str, float]:
     run, q_emb, doc_emb = ranked_run(model, catalog, cfg.split, cfg.top_k)
     queries, products = list(catalog.queries_in(cfg.split)), list(catalog.products)
