@@ -116,18 +116,22 @@ def memoise_backbones(model: BiEncoder, dtype: torch.dtype = torch.float16,
     return list(memos.values())
 
 
+def installed_memos(model: BiEncoder) -> list[MemoisedBackbone]:
+    """The memos installed on the model's backbones, each once (shared towers share one)."""
+    memos = [t.backbone.__dict__.get("forward") for t in model.towers() if t.backbone is not None]
+    return list({id(m): m for m in memos if isinstance(m, MemoisedBackbone)}.values())
+
+
 def unmemoise_backbones(model: BiEncoder) -> None:
     """Every tower's backbone runs its own `forward` again."""
-    for tower in model.towers():
-        if tower.backbone is not None and isinstance(tower.backbone.__dict__.get("forward"), MemoisedBackbone):
-            del tower.backbone.forward
+    for memo in installed_memos(model):
+        del memo.backbone.forward
 
 
 def memo_stats(model: BiEncoder) -> dict[str, float]:
     """Visits read from memory, visits that ran the backbone, and GiB kept, over the model's memoised backbones
     (empty when none is)."""
-    memos = {id(m): m for t in model.towers() if t.backbone is not None
-             and isinstance(m := t.backbone.__dict__.get("forward"), MemoisedBackbone)}.values()
+    memos = installed_memos(model)
     if not memos:
         return {}
     return {"memo_hits": float(sum(m.hits for m in memos)), "memo_misses": float(sum(m.misses for m in memos)),
